@@ -1,0 +1,36 @@
+# Two commands on a fresh machine (python3 + pip only):
+#   make demo   set up .venv and run the main job on the CPU default
+#   make test   set up .venv and run the whole test suite (what CI runs)
+# Both are idempotent: .venv is rebuilt only when pyproject.toml or
+# constraints.txt change.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast venv constraints clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --no-compile -c constraints.txt -e '.[jax,torch-xla,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m compare --backend both
+
+test: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -m 'not slow'
+
+constraints: $(STAMP)
+	{ echo "# Exact versions CI installs (pip install -c constraints.txt ...)."; \
+	  echo "# Regenerate: make constraints (freezes the working .venv)."; \
+	  $(PY) -m pip freeze --exclude-editable | sort -f; } > constraints.txt
+
+clean:
+	rm -rf $(VENV) runs

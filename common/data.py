@@ -1,0 +1,207 @@
+"""Datasets and the deterministic global batch of every step.
+
+`make_dataset(spec).global_batch(step)` returns the same arrays for the same
+(dataset, data seed, step) on any machine and in any process: every random
+draw comes from `np.random.default_rng([seed, stream, index])` (PCG64, which
+numpy guarantees bit-stable across platforms), never from global state.
+`process_slice` cuts the global batch into a process's contiguous share.
+
+Batches are `Batch(inputs, targets)`:
+  classification  inputs float32 (B, *input_shape), targets int32 (B,)
+  tokens          inputs int32 (B, T), targets int32 (B, T) (inputs shifted by one)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from common.spec import MLPSpec, RunSpec
+
+# Independent random streams of one data seed.
+_TEACHER, _EXAMPLES, _EPOCH_ORDER, _OFFSETS, _CHAIN = range(5)
+
+
+class DataError(ValueError):
+    """Data that cannot feed this spec; one line naming the file or field."""
+
+
+class Batch(NamedTuple):
+    inputs: np.ndarray
+    targets: np.ndarray
+
+
+def _rng(seed: int, stream: int, index: int) -> np.random.Generator:
+    return np.random.default_rng([seed, stream, index])
+
+
+def _input_shape(spec: RunSpec) -> tuple[int, ...]:
+    m = spec.model
+    return (m.input_size,) if isinstance(m, MLPSpec) else tuple(m.input_shape)
+
+
+class SyntheticClassification:
+    """Gaussian inputs labelled by a fixed random two-layer tanh teacher: learnable, endless."""
+
+    def __init__(self, spec: RunSpec):
+        self.batch_size = spec.train.global_batch_size
+        self.shape = _input_shape(spec)
+        self.seed = spec.data.seed
+        n_in, n_hidden = int(np.prod(self.shape)), 64
+        rng = _rng(self.seed, _TEACHER, 0)
+        self.w1 = rng.standard_normal((n_in, n_hidden)) / np.sqrt(n_in)
+        self.w2 = rng.standard_normal((n_hidden, spec.model.num_classes))
+
+    def global_batch(self, step: int) -> Batch:
+        x = _rng(self.seed, _EXAMPLES, step).standard_normal((self.batch_size, *self.shape)).astype(np.float32)
+        logits = np.tanh(x.reshape(self.batch_size, -1).astype(np.float64) @ self.w1) @ self.w2
+        return Batch(x, logits.argmax(axis=1).astype(np.int32))
+
+
+class ArrayDataset:
+    """A fixed (x, y) set visited in a fresh seeded permutation every epoch."""
+
+    def __init__(self, spec: RunSpec, x: np.ndarray, y: np.ndarray, source: str):
+        want = _input_shape(spec)
+        if x.ndim == 2 and len(want) == 3 and x.shape[1] == int(np.prod(want)):
+            x = x.reshape(len(x), *want)  # flat images for a CNN
+        elif x.ndim == 4 and len(want) == 1 and int(np.prod(x.shape[1:])) == want[0]:
+            x = x.reshape(len(x), -1)  # images for an MLP
+        if tuple(x.shape[1:]) != want:
+            raise DataError(f"{source}: inputs have shape {tuple(x.shape[1:])} per example, the model needs {want}")
+        if y.shape != (len(x),):
+            raise DataError(f"{source}: labels have shape {y.shape}, expected ({len(x)},)")
+        classes = spec.model.num_classes
+        if len(y) and (y.min() < 0 or y.max() >= classes):
+            raise DataError(f"{source}: labels span {y.min()}..{y.max()}, model.num_classes={classes}")
+        self.x = np.ascontiguousarray(x, dtype=np.float32)
+        self.y = y.astype(np.int32)
+        self.batch_size = spec.train.global_batch_size
+        self.seed = spec.data.seed
+        self._orders: dict[int, np.ndarray] = {}
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            self._orders[epoch] = _rng(self.seed, _EPOCH_ORDER, epoch).permutation(len(self.x))
+        return self._orders[epoch]
+
+    def global_batch(self, step: int) -> Batch:
+        n = len(self.x)
+        flat = np.arange(step * self.batch_size, (step + 1) * self.batch_size)
+        idx = np.array([self._order(i // n)[i % n] for i in flat])
+        return Batch(self.x[idx], self.y[idx])
+
+
+def _digits(spec: RunSpec) -> ArrayDataset:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()  # 1,797 real 8x8 images, grey levels 0..16
+    images = (digits.images / 16.0).astype(np.float32)[..., None]  # NHWC
+    return ArrayDataset(spec, images, digits.target, "digits")
+
+
+def _npz(spec: RunSpec) -> ArrayDataset:
+    path = spec.data.path
+    try:
+        with np.load(path) as f:
+            if "x" not in f or "y" not in f:
+                raise DataError(f"{path}: an arrays file needs arrays named x and y, found {sorted(f.files)}")
+            x, y = f["x"], f["y"]
+    except (OSError, ValueError) as e:
+        if isinstance(e, DataError):
+            raise
+        raise DataError(f"cannot read arrays file {path}: {e}") from None
+    return ArrayDataset(spec, x, y, path)
+
+
+class TokenDataset:
+    """Random windows of a token stream, nanoGPT style: targets are inputs shifted by one."""
+
+    def __init__(self, spec: RunSpec, tokens: np.ndarray, source: str):
+        self.tokens, self.source = tokens, source
+        self.batch_size, self.seq_len = spec.train.global_batch_size, spec.seq_len
+        self.vocab_size = spec.model.vocab_size
+        self.seed = spec.data.seed
+        if len(tokens) < self.seq_len + 2:
+            raise DataError(f"{source}: {len(tokens)} tokens is too short for sequences of {self.seq_len}")
+
+    def global_batch(self, step: int) -> Batch:
+        starts = _rng(self.seed, _OFFSETS, step).integers(0, len(self.tokens) - self.seq_len - 1, self.batch_size)
+        windows = np.stack([np.asarray(self.tokens[s:s + self.seq_len + 1]) for s in starts]).astype(np.int32)
+        if windows.max() >= self.vocab_size:
+            raise DataError(f"{self.source}: token id {windows.max()} at step {step} is outside "
+                            f"model.vocab_size={self.vocab_size}")
+        return Batch(windows[:, :-1], windows[:, 1:])
+
+
+class SyntheticTokens:
+    """Sequences from a fixed sparse Markov chain: each token has 4 likely successors.
+
+    The best achievable loss is the chain's entropy (about 1.13 nats), so a
+    model that learns shows a falling loss well below log(vocab).
+    """
+
+    SUCCESSOR_PROBS = np.array([0.6, 0.2, 0.1, 0.1])
+
+    def __init__(self, spec: RunSpec):
+        self.batch_size, self.seq_len = spec.train.global_batch_size, spec.seq_len
+        self.vocab_size, self.seed = spec.model.vocab_size, spec.data.seed
+        rng = _rng(self.seed, _CHAIN, 0)
+        self.successors = rng.integers(0, self.vocab_size, size=(self.vocab_size, len(self.SUCCESSOR_PROBS)))
+
+    def global_batch(self, step: int) -> Batch:
+        rng = _rng(self.seed, _EXAMPLES, step)
+        b, t = self.batch_size, self.seq_len + 1
+        seq = np.empty((b, t), np.int64)
+        seq[:, 0] = rng.integers(0, self.vocab_size, b)
+        choice = rng.choice(len(self.SUCCESSOR_PROBS), size=(b, t - 1), p=self.SUCCESSOR_PROBS)
+        for i in range(1, t):
+            seq[:, i] = self.successors[seq[:, i - 1], choice[:, i - 1]]
+        seq = seq.astype(np.int32)
+        return Batch(seq[:, :-1], seq[:, 1:])
+
+
+def _token_file(spec: RunSpec) -> TokenDataset:
+    path = spec.data.path
+    if not Path(path).is_file():
+        raise DataError(f"tokens file {path} does not exist")
+    try:
+        if path.endswith(".npy"):
+            tokens = np.load(path, mmap_mode="r")
+            if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+                raise DataError(f"{path}: a .npy tokens file must be a 1-D integer array, "
+                                f"got {tokens.dtype} of shape {tokens.shape}")
+        else:  # nanoGPT's train.bin: a flat uint16 stream
+            tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    except (OSError, ValueError) as e:
+        if isinstance(e, DataError):
+            raise
+        raise DataError(f"cannot read tokens file {path}: {e}") from None
+    return TokenDataset(spec, tokens, path)
+
+
+def make_dataset(spec: RunSpec):
+    """The dataset object for a validated spec; `.global_batch(step)` gives a Batch."""
+    kind = spec.data.dataset
+    if kind == "synthetic-classification":
+        return SyntheticClassification(spec)
+    if kind == "digits":
+        return _digits(spec)
+    if kind == "arrays":
+        return _npz(spec)
+    if kind == "synthetic-tokens":
+        return SyntheticTokens(spec)
+    if kind == "tokens-file":
+        return _token_file(spec)
+    raise DataError(f"data.dataset={kind} is unknown")
+
+
+def process_slice(batch: Batch, process_index: int, process_count: int) -> Batch:
+    """This process's contiguous share of a global batch."""
+    n = len(batch.inputs)
+    if n % process_count:
+        raise DataError(f"global batch {n} is not divisible by {process_count} processes")
+    per = n // process_count
+    lo = process_index * per
+    return Batch(batch.inputs[lo:lo + per], batch.targets[lo:lo + per])

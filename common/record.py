@@ -1,0 +1,197 @@
+"""The run record: what each backend writes and `compare` reads.
+
+A run directory holds `record.json` (this schema) and, with `--parity`,
+`tensors.npz` (canonical layout, keys `<group>/<canonical name>`, groups
+`outputs`, `grads`, `params`). Both are written atomically (temp file +
+rename), so a reader never sees half a file. `read_record` validates and
+raises `RecordError` with one line on a missing, corrupt or wrong-schema file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from common.fsutil import atomic_path, write_json_atomic
+
+SCHEMA_VERSION = 1
+RECORD_FILE = "record.json"
+TENSORS_FILE = "tensors.npz"
+TENSOR_GROUPS = ("outputs", "grads", "params")
+STATUSES = ("ok", "nonfinite", "failed")
+PHASES = ("setup", "loop")
+
+# Environment variables that change numerics, devices or compilation.
+NUMERICS_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION",
+                "PJRT_DEVICE", "CPU_NUM_DEVICES", "PJRT_CPU_ASYNC_CLIENT", "XLA_USE_BF16", "XLA_DOWNCAST_BF16",
+                "XLA_USE_SPMD", "PT_XLA_DEBUG_LEVEL", "TPU_NUM_DEVICES")
+
+
+class RecordError(ValueError):
+    """A run record or tensor file that cannot be used; one line."""
+
+
+@dataclass
+class StepRecord:
+    step: int
+    loss: float | None  # None when the loss was NaN or Inf
+    wall_ms: float  # synced: the host waited for the device before the clock stopped
+
+
+@dataclass
+class CompileEvent:
+    fun_name: str
+    duration_s: float
+    step: int  # the train step running when it compiled; -1 in setup
+    phase: str  # "setup" (before the first train step) or "loop"
+
+
+@dataclass
+class RunRecord:
+    backend: str
+    spec: dict
+    status: str = "ok"
+    message: str = ""  # what went wrong, when status is not ok
+    versions: dict = field(default_factory=dict)
+    platform: dict = field(default_factory=dict)  # system, machine, device_kind, device_count, process_count
+    numerics: dict = field(default_factory=dict)  # dtype, matmul_precision, env, backend-specific settings
+    steps: list[StepRecord] = field(default_factory=list)
+    throughput: dict = field(default_factory=dict)  # pipelined: steps, seconds, steps_per_s, examples_per_s
+    compile_events: list[CompileEvent] = field(default_factory=list)
+    recompile_causes: list[dict] = field(default_factory=list)  # {step, fun_name, cause}
+    hlo_stats: dict | None = None  # op_histogram, flops, bytes_accessed, memory, hlo_file
+    tensors: str | None = None  # path of the tensor file, relative to the record
+    extra: dict = field(default_factory=dict)  # backend-specific facts (mode, loop API, ...)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def losses(self) -> list[float | None]:
+        return [s.loss for s in self.steps]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def finite_or_none(x: float) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def write_record(run_dir: str | Path, record: RunRecord) -> Path:
+    path = Path(run_dir) / RECORD_FILE
+    write_json_atomic(path, record.to_dict())
+    return path
+
+
+def _fail(path, what: str) -> RecordError:
+    return RecordError(f"run record {path} {what}")
+
+
+def read_record(path: str | Path) -> RunRecord:
+    """Read and validate a record.json (or a run directory holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RECORD_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise _fail(path, "does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise _fail(path, f"cannot be read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise _fail(path, f"is not valid JSON (truncated or corrupt): {e}") from None
+    if not isinstance(raw, dict):
+        raise _fail(path, "is not a JSON object")
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise _fail(path, f"has schema_version {version!r}; this toolkit reads {SCHEMA_VERSION} "
+                          "(re-run the backend with this version)")
+    names = {f.name for f in dataclasses.fields(RunRecord)}
+    required = {f.name for f in dataclasses.fields(RunRecord)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    missing = sorted(required - set(raw))
+    if missing:
+        raise _fail(path, f"lacks the field {missing[0]!r}")
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise _fail(path, f"has an unknown field {unknown[0]!r}")
+    try:
+        record = RunRecord(**raw)
+        record.steps = [StepRecord(**s) for s in raw.get("steps", [])]
+        record.compile_events = [CompileEvent(**e) for e in raw.get("compile_events", [])]
+    except TypeError as e:
+        raise _fail(path, f"has a malformed entry: {e}") from None
+    if record.status not in STATUSES:
+        raise _fail(path, f"has status {record.status!r}, expected one of {', '.join(STATUSES)}")
+    if not isinstance(record.spec, dict) or "model" not in record.spec:
+        raise _fail(path, "has no spec with a model section")
+    for e in record.compile_events:
+        if e.phase not in PHASES:
+            raise _fail(path, f"has a compile event with phase {e.phase!r}")
+    return record
+
+
+def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]]) -> str:
+    """Save canonical tensors as `<group>/<name>` in one npz; returns its relative path."""
+    arrays = {}
+    for group, tensors in groups.items():
+        if group not in TENSOR_GROUPS:
+            raise ValueError(f"unknown tensor group {group!r}")
+        for name, value in tensors.items():
+            arrays[f"{group}/{name}"] = np.asarray(value)
+    with atomic_path(Path(run_dir) / TENSORS_FILE) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+    return TENSORS_FILE
+
+
+def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, dict[str, np.ndarray]]:
+    """The tensor file a record points to, as {group: {name: array}}."""
+    if not record.tensors:
+        raise RecordError(f"run record {record_path} has no tensor file (run the backend with --parity)")
+    base = Path(record_path)
+    path = (base if base.is_dir() else base.parent) / record.tensors
+    groups: dict[str, dict[str, np.ndarray]] = {g: {} for g in TENSOR_GROUPS}
+    try:
+        with np.load(path) as f:
+            for key in f.files:
+                group, _, name = key.partition("/")
+                if group not in groups or not name:
+                    raise RecordError(f"tensor file {path} has an unexpected entry {key!r}")
+                groups[group][name] = f[key]
+    except FileNotFoundError:
+        raise RecordError(f"tensor file {path} does not exist") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        if isinstance(e, RecordError):
+            raise
+        raise RecordError(f"tensor file {path} is corrupt or truncated: {e}") from None
+    return groups
+
+
+def package_versions(*names: str) -> dict[str, str]:
+    """Installed versions (python, numpy and the given distributions), without importing them."""
+    out = {"python": platform.python_version(), "numpy": np.__version__}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def numerics_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in NUMERICS_ENV if k in os.environ}
+
+
+def host_platform() -> dict:
+    return {"system": platform.system(), "machine": platform.machine(), "node": platform.node(),
+            "python_executable": sys.executable}

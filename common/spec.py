@@ -1,0 +1,396 @@
+"""Model, train, mesh and data specs: the one input both twins obey.
+
+Every numeric setting that could differ between JAX and PyTorch/XLA is a
+field here, so no framework default can leak into a comparison. Specs are
+frozen dataclasses; `validate()` raises `SpecError` with one line that names
+the field, the value and the rule.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Union
+
+
+class SpecError(ValueError):
+    """A spec that cannot run; the message is one line naming field, value and rule."""
+
+
+Activation = Literal["relu", "gelu_tanh", "gelu_exact", "tanh"]
+GeluForm = Literal["tanh", "exact"]
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise SpecError(message)
+
+
+def _positive(section: str, obj, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        values = value if isinstance(value, tuple) else (value,)
+        _require(len(values) > 0, f"{section}.{name} is empty; it needs at least one value")
+        for v in values:
+            _require(v > 0, f"{section}.{name}={_fmt(value)} must be positive")
+
+
+def _fmt(value) -> str:
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """Dense classifier: input -> hidden layers (activation) -> logits."""
+
+    family: Literal["mlp"] = "mlp"
+    input_size: int = 784
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    num_classes: int = 10
+    activation: Activation = "relu"
+
+    def validate(self) -> None:
+        _positive("model", self, "input_size", "hidden_sizes", "num_classes")
+
+
+@dataclass(frozen=True)
+class CNNSpec:
+    """Conv classifier on NHWC images: convs (activation) -> pooling -> dense logits.
+
+    Paddings are explicit symmetric pixel counts (torch's `padding=p`), never
+    'SAME': XLA's SAME pads asymmetrically at stride 2 and then differs.
+    """
+
+    family: Literal["cnn"] = "cnn"
+    input_shape: tuple[int, ...] = (8, 8, 1)  # (H, W, C)
+    channels: tuple[int, ...] = (16, 32)
+    kernel_sizes: tuple[int, ...] = (3, 3)
+    strides: tuple[int, ...] = (1, 2)
+    paddings: tuple[int, ...] = (1, 1)
+    pooling: Literal["global_avg", "flatten"] = "global_avg"
+    num_classes: int = 10
+    activation: Activation = "relu"
+
+    def validate(self) -> None:
+        _positive("model", self, "input_shape", "channels", "kernel_sizes", "strides", "num_classes")
+        _require(len(self.input_shape) == 3, f"model.input_shape={_fmt(self.input_shape)} must be H,W,C (3 values)")
+        n = len(self.channels)
+        for name in ("kernel_sizes", "strides", "paddings"):
+            got = getattr(self, name)
+            _require(len(got) == n, f"model.{name}={_fmt(got)} has {len(got)} values; model.channels has {n}")
+        for p in self.paddings:
+            _require(p >= 0, f"model.paddings={_fmt(self.paddings)} must be >= 0")
+        h, w = self.feature_map_hw()
+        _require(h > 0 and w > 0, f"model.input_shape={_fmt(self.input_shape)} shrinks to {h}x{w} after the convs")
+
+    def feature_map_hw(self) -> tuple[int, int]:
+        """Spatial size after all convs (floor division, like both frameworks)."""
+        h, w = self.input_shape[0], self.input_shape[1]
+        for k, s, p in zip(self.kernel_sizes, self.strides, self.paddings):
+            h = (h + 2 * p - k) // s + 1
+            w = (w + 2 * p - k) // s + 1
+        return h, w
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """Decoder-only GPT. `seq_len` is the positional table (nanoGPT's block_size)."""
+
+    family: Literal["gpt"] = "gpt"
+    vocab_size: int = 256
+    seq_len: int = 64
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int = 256
+    pre_layernorm: bool = True
+    layernorm_eps: float = 1e-5
+    gelu: GeluForm = "tanh"
+    tied_embeddings: bool = True
+    dropout: float = 0.0
+
+    def validate(self) -> None:
+        _positive("model", self, "vocab_size", "seq_len", "d_model", "n_heads", "n_layers", "d_ff", "layernorm_eps")
+        _require(self.d_model % self.n_heads == 0,
+                 f"model.n_heads={self.n_heads} does not divide model.d_model={self.d_model}")
+        _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
+
+
+ModelSpec = Union[MLPSpec, CNNSpec, TransformerSpec]
+MODEL_FAMILIES: dict[str, type] = {"mlp": MLPSpec, "cnn": CNNSpec, "gpt": TransformerSpec}
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Optimizer, schedule and numerics. Every hyperparameter is explicit.
+
+    sgd: torch semantics (weight decay is L2 added to the gradient before
+    momentum). adamw: decoupled weight decay, applied to every parameter.
+    """
+
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    momentum: float = 0.0
+    nesterov: bool = False
+    schedule: Literal["constant", "warmup_cosine"] = "constant"
+    schedule_warmup_steps: int = 0  # linear warm-up of the lr schedule
+    min_lr_ratio: float = 0.1  # warmup_cosine decays to lr * min_lr_ratio at the last step
+    grad_clip: float = 1.0  # global-norm clip; 0 turns it off
+    global_batch_size: int = 64
+    steps: int = 50
+    timing_warmup_steps: int = 3  # first steps excluded from step-time statistics
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    matmul_precision: Literal["default", "high", "highest"] = "highest"
+    seed: int = 0  # parameter init
+
+    def validate(self) -> None:
+        _positive("train", self, "lr", "global_batch_size", "steps")
+        _require(0.0 <= self.beta1 < 1.0, f"train.beta1={self.beta1} must be in [0, 1)")
+        _require(0.0 <= self.beta2 < 1.0, f"train.beta2={self.beta2} must be in [0, 1)")
+        _require(self.eps > 0, f"train.eps={self.eps} must be positive")
+        _require(self.weight_decay >= 0, f"train.weight_decay={self.weight_decay} must be >= 0")
+        _require(0.0 <= self.momentum < 1.0, f"train.momentum={self.momentum} must be in [0, 1)")
+        _require(not (self.nesterov and self.momentum == 0.0),
+                 "train.nesterov=true needs train.momentum > 0")
+        _require(self.schedule_warmup_steps >= 0, f"train.schedule_warmup_steps={self.schedule_warmup_steps} must be >= 0")
+        _require(0.0 <= self.min_lr_ratio <= 1.0, f"train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        _require(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0 (0 turns clipping off)")
+        _require(0 <= self.timing_warmup_steps < self.steps,
+                 f"train.timing_warmup_steps={self.timing_warmup_steps} must be >= 0 and below train.steps={self.steps}")
+        _require(self.seed >= 0, f"train.seed={self.seed} must be >= 0")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate used at `step` (0-based); both twins implement exactly this."""
+        warm = self.schedule_warmup_steps
+        if warm and step < warm:
+            return self.lr * (step + 1) / warm
+        if self.schedule == "constant":
+            return self.lr
+        decay_steps = max(self.steps - warm - 1, 1)
+        progress = min(max(step - warm, 0) / decay_steps, 1.0)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine)
+
+
+AXES = ("data", "fsdp", "tensor")
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """Device mesh axis sizes; the device count is their product."""
+
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def validate(self) -> None:
+        _positive("mesh", self, *AXES)
+
+    @property
+    def device_count(self) -> int:
+        return self.data * self.fsdp * self.tensor
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in AXES}
+
+    @property
+    def batch_replicas(self) -> int:
+        """How many ways the global batch is split (data x fsdp)."""
+        return self.data * self.fsdp
+
+    @property
+    def strategy(self) -> str:
+        parts = [n for n, a in (("dp", "data"), ("fsdp", "fsdp"), ("tp", "tensor")) if getattr(self, a) > 1]
+        return "x".join(parts) or "single"
+
+
+DATASETS = ("synthetic-classification", "digits", "synthetic-tokens", "arrays", "tokens-file")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where batches come from. `path` is used by 'arrays' (.npz with x, y) and
+    'tokens-file' (flat uint16 .bin read with np.memmap, or a 1-D .npy)."""
+
+    dataset: Literal["synthetic-classification", "digits", "synthetic-tokens", "arrays", "tokens-file"] = "synthetic-classification"
+    path: str = ""
+    seed: int = 0  # batch order and synthetic data
+    seq_len: int = 0  # tokens per training sequence; 0 = model.seq_len
+
+    def validate(self) -> None:
+        _require(self.seed >= 0, f"data.seed={self.seed} must be >= 0")
+        _require(self.seq_len >= 0, f"data.seq_len={self.seq_len} must be >= 0 (0 = model.seq_len)")
+        if self.dataset in ("arrays", "tokens-file"):
+            _require(bool(self.path), f"data.dataset={self.dataset} needs data.path")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one run needs: the four sections `--set` addresses."""
+
+    model: ModelSpec
+    train: TrainSpec = field(default_factory=TrainSpec)
+    mesh: MeshSpec = field(default_factory=MeshSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    name: str = "custom"
+
+    def validate(self) -> "RunSpec":
+        for section in (self.model, self.train, self.mesh, self.data):
+            section.validate()
+        self._validate_together()
+        return self
+
+    def _validate_together(self) -> None:
+        m, t, mesh, d = self.model, self.train, self.mesh, self.data
+        _require(t.global_batch_size % mesh.batch_replicas == 0,
+                 f"train.global_batch_size={t.global_batch_size} is not divisible by the data-parallel size "
+                 f"mesh.data*mesh.fsdp={mesh.batch_replicas}")
+        token_data = d.dataset in ("synthetic-tokens", "tokens-file")
+        if isinstance(m, TransformerSpec):
+            _require(token_data, f"data.dataset={d.dataset} gives no tokens; model.family=gpt needs "
+                                 "synthetic-tokens or tokens-file")
+            _require(self.seq_len <= m.seq_len,
+                     f"data.seq_len={d.seq_len} is longer than the positional table model.seq_len={m.seq_len}")
+            _require(m.n_heads % mesh.tensor == 0,
+                     f"mesh.tensor={mesh.tensor} does not divide model.n_heads={m.n_heads}")
+        else:
+            _require(not token_data, f"data.dataset={d.dataset} gives tokens; model.family={m.family} needs "
+                                     "synthetic-classification, digits or arrays")
+            _require(d.seq_len == 0, f"data.seq_len={d.seq_len} only applies to model.family=gpt")
+        if d.dataset == "digits":
+            want = 64 if isinstance(m, MLPSpec) else (8, 8, 1)
+            got = m.input_size if isinstance(m, MLPSpec) else m.input_shape
+            _require(got == want and m.num_classes == 10,
+                     f"data.dataset=digits has 8x8x1 images in 10 classes; model input {_fmt(got)} "
+                     f"/ num_classes {m.num_classes} do not match")
+
+    @property
+    def seq_len(self) -> int:
+        """Training sequence length (GPT only)."""
+        assert isinstance(self.model, TransformerSpec)
+        return self.data.seq_len or self.model.seq_len
+
+    def to_dict(self) -> dict:
+        """Plain JSON types (tuples become lists), as written into run records."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @staticmethod
+    def from_dict(raw: dict, name: str = "custom") -> "RunSpec":
+        """Build from plain dicts (a parsed TOML/JSON file or a record's spec)."""
+        raw = dict(raw)
+        model_raw = dict(raw.get("model") or {})
+        family = model_raw.get("family")
+        _require(family in MODEL_FAMILIES,
+                 f"model.family={family!r} is unknown; choose one of {', '.join(MODEL_FAMILIES)}")
+        sections = {
+            "model": _build(MODEL_FAMILIES[family], model_raw, "model"),
+            "train": _build(TrainSpec, raw.get("train") or {}, "train"),
+            "mesh": _build(MeshSpec, raw.get("mesh") or {}, "mesh"),
+            "data": _build(DataSpec, raw.get("data") or {}, "data"),
+        }
+        unknown = sorted(set(raw) - set(sections) - {"name"})
+        if unknown:
+            raise SpecError(f"unknown spec section {unknown[0]!r}; sections are model, train, mesh, data")
+        return RunSpec(name=str(raw.get("name", name)), **sections)
+
+
+def _build(cls: type, raw: dict, section: str):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in raw.items():
+        _require(key in fields, f"unknown key {section}.{key}; {section} has: {', '.join(fields)}")
+        kwargs[key] = _coerce(f"{section}.{key}", value, hints[key])
+    return cls(**kwargs)
+
+
+def _coerce(where: str, value, hint):
+    """Convert a TOML/JSON value or a `--set` string to the field's type."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        _require(value in choices, f"{where}={value} is not one of {', '.join(map(str, choices))}")
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            text = value.strip().strip("[]()")
+            value = [v for v in (p.strip() for p in text.split(",")) if v]
+        _require(isinstance(value, (list, tuple)), f"{where}={value} must be a list of integers, e.g. 128,64")
+        return tuple(_coerce(where, v, int) for v in value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        _require(text in ("true", "false", "1", "0"), f"{where}={value} must be true or false")
+        return text in ("true", "1")
+    if hint is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise SpecError(f"{where}={value} must be an integer")
+        try:
+            return int(value) if not isinstance(value, str) else int(value.strip())
+        except ValueError:
+            raise SpecError(f"{where}={value} must be an integer") from None
+    if hint is float:
+        _require(not isinstance(value, bool), f"{where}={value} must be a number")
+        try:
+            result = float(value)
+        except (TypeError, ValueError):
+            raise SpecError(f"{where}={value} must be a number") from None
+        _require(math.isfinite(result), f"{where}={value} must be a finite number")
+        return result
+    if hint is str:
+        return str(value)
+    raise SpecError(f"{where}: unsupported field type {hint}")  # a bug in this file, not in the input
+
+
+def apply_overrides(spec: RunSpec, overrides: list[str]) -> RunSpec:
+    """Apply `section.field=value` strings, each parsed to the field's type."""
+    sections = {"model": spec.model, "train": spec.train, "mesh": spec.mesh, "data": spec.data}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        _require(bool(sep) and bool(dot) and bool(name),
+                 f"--set {item!r} must look like section.field=value (e.g. train.lr=3e-4)")
+        _require(section in sections, f"--set {key}: unknown section {section!r}; sections are model, train, mesh, data")
+        target = sections[section]
+        names = [f.name for f in dataclasses.fields(target)]
+        _require(name in names, f"--set {key}: unknown key {section}.{name}; {section} has: {', '.join(names)}")
+        _require(not (section == "model" and name == "family"),
+                 "--set model.family cannot switch model families; pick a preset or spec file with --spec")
+        hint = typing.get_type_hints(type(target))[name]
+        sections[section] = dataclasses.replace(target, **{name: _coerce(key, value, hint)})
+    return dataclasses.replace(spec, **sections)
+
+
+def load_spec(spec: str, overrides: list[str] | tuple[str, ...] = ()) -> RunSpec:
+    """A preset name or a .toml/.json file, then `--set` overrides, validated."""
+    from common.presets import PRESETS
+
+    if spec in PRESETS:
+        base = PRESETS[spec]
+    elif spec.endswith((".toml", ".json")):
+        path = Path(spec)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise SpecError(f"cannot read spec file {spec}: {e.strerror or e}") from None
+        try:
+            raw = tomllib.loads(text) if spec.endswith(".toml") else json.loads(text)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+            raise SpecError(f"spec file {spec} is not valid {path.suffix[1:].upper()}: {e}") from None
+        _require(isinstance(raw, dict), f"spec file {spec} must hold a table with model/train/mesh/data sections")
+        base = RunSpec.from_dict(raw, name=path.stem)
+    else:
+        raise SpecError(f"unknown spec {spec!r}: use a preset ({', '.join(PRESETS)}) or a .toml/.json file")
+    return apply_overrides(base, list(overrides)).validate()

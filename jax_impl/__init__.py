@@ -1,0 +1,1 @@
+"""JAX / Flax NNX twin. Never imports torch."""

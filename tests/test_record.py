@@ -1,0 +1,74 @@
+import json
+
+import numpy as np
+import pytest
+
+from common.record import (CompileEvent, RecordError, RunRecord, StepRecord, finite_or_none, package_versions,
+                           read_record, read_tensors, write_record, write_tensors)
+from common.spec import load_spec
+
+
+def _record(tmp_path) -> RunRecord:
+    spec = load_spec("mlp-tiny")
+    rec = RunRecord(backend="jax", spec=spec.to_dict(), versions=package_versions("jax"),
+                    numerics={"dtype": "float32", "matmul_precision": "highest"},
+                    steps=[StepRecord(0, 2.31, 5.0), StepRecord(1, finite_or_none(float("nan")), 1.5)],
+                    compile_events=[CompileEvent("train_step", 0.25, 0, "loop"), CompileEvent("init", 0.01, -1, "setup")])
+    rec.tensors = write_tensors(tmp_path, {"outputs": {"logits": np.arange(6.0).reshape(2, 3)},
+                                           "params": {"head.bias": np.ones(10, np.float32)}})
+    return rec
+
+
+def test_record_round_trip(tmp_path):
+    rec = _record(tmp_path)
+    path = write_record(tmp_path, rec)
+    back = read_record(tmp_path)
+    assert back == rec
+    assert back.losses == [2.31, None]
+    assert back.compile_events[0].fun_name == "train_step" and back.compile_events[0].phase == "loop"
+    assert back.versions["numpy"] == np.__version__
+    tensors = read_tensors(path, back)
+    assert np.array_equal(tensors["outputs"]["logits"], np.arange(6.0).reshape(2, 3))
+    assert tensors["params"]["head.bias"].dtype == np.float32
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json", "tensors.npz"]
+
+
+def test_truncated_record_is_a_one_line_error(tmp_path):
+    path = write_record(tmp_path, _record(tmp_path))
+    path.write_text(path.read_text()[:100])
+    with pytest.raises(RecordError, match="is not valid JSON") as err:
+        read_record(path)
+    assert "\n" not in str(err.value)
+
+
+def test_wrong_schema_missing_and_malformed_records(tmp_path):
+    path = write_record(tmp_path, _record(tmp_path))
+    raw = json.loads(path.read_text())
+    path.write_text(json.dumps({**raw, "schema_version": 0}))
+    with pytest.raises(RecordError, match="has schema_version 0"):
+        read_record(path)
+    path.write_text(json.dumps({k: v for k, v in raw.items() if k != "backend"}))
+    with pytest.raises(RecordError, match="lacks the field 'backend'"):
+        read_record(path)
+    path.write_text(json.dumps({**raw, "steps": [{"step": 0}]}))
+    with pytest.raises(RecordError, match="malformed entry"):
+        read_record(path)
+    with pytest.raises(RecordError, match="does not exist"):
+        read_record(tmp_path / "nowhere")
+
+
+def test_truncated_tensor_file_is_an_error(tmp_path):
+    rec = _record(tmp_path)
+    path = write_record(tmp_path, rec)
+    data = (tmp_path / "tensors.npz").read_bytes()
+    (tmp_path / "tensors.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(RecordError, match="corrupt or truncated"):
+        read_tensors(path, rec)
+
+
+def test_non_finite_json_is_refused(tmp_path):
+    rec = _record(tmp_path)
+    rec.throughput = {"steps_per_s": float("inf")}
+    with pytest.raises(ValueError):
+        write_record(tmp_path, rec)
+    assert not (tmp_path / "record.json").exists()  # nothing half-written

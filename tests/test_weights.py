@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+
+from common.spec import load_spec
+from common.weights import CheckpointError, init_params, load_checkpoint, param_count, param_infos, save_checkpoint
+
+
+def test_gpt2_small_has_124m_parameters():
+    assert param_count(load_spec("gpt2-small").model) == 124_439_808
+
+
+def test_canonical_names_and_layouts():
+    infos = param_infos(load_spec("gpt-tiny", ["model.tied_embeddings=false"]).model)
+    assert infos["blocks.0.attn.q.kernel"].shape == (64, 64)
+    assert infos["blocks.1.mlp.fc.kernel"].shape == (64, 256)  # (in, out)
+    assert infos["blocks.1.mlp.proj.kernel"].shape == (256, 64)
+    assert infos["lm_head.kernel"].shape == (64, 256)
+    assert "lm_head.kernel" not in param_infos(load_spec("gpt-tiny").model)
+    cnn = param_infos(load_spec("cnn-digits").model)
+    assert cnn["convs.0.kernel"].shape == (3, 3, 1, 16)  # HWIO
+    assert cnn["head.kernel"].shape == (32, 10)
+
+
+def test_init_is_deterministic_and_follows_documented_scales():
+    model = load_spec("gpt-tiny").model
+    a, b = init_params(model, seed=3), init_params(model, seed=3)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["wte.embedding"], init_params(model, seed=4)["wte.embedding"])
+    assert a["wte.embedding"].dtype == np.float32
+    assert a["wte.embedding"].std() == pytest.approx(0.02, rel=0.05)
+    assert a["blocks.0.attn.o.kernel"].std() == pytest.approx(0.02 / np.sqrt(4), rel=0.1)
+    assert np.all(a["blocks.0.ln1.scale"] == 1) and np.all(a["blocks.0.attn.q.bias"] == 0)
+    mlp = init_params(load_spec("mlp-tiny").model, 0)
+    assert mlp["hidden.0.kernel"].std() == pytest.approx(np.sqrt(1 / 784), rel=0.02)
+
+
+def test_init_of_a_tensor_does_not_depend_on_the_others():
+    small = init_params(load_spec("gpt-tiny", ["model.n_layers=1"]).model, 0)
+    big = init_params(load_spec("gpt-tiny", ["model.n_layers=2"]).model, 0)
+    assert np.array_equal(small["wte.embedding"], big["wte.embedding"])
+
+
+def test_checkpoint_round_trip_is_bit_identical(tmp_path):
+    model = load_spec("cnn-digits").model
+    params = init_params(model, 0)
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, params, {"spec": "cnn-digits"})
+    loaded = load_checkpoint(path, model)
+    assert list(loaded) == list(params) or set(loaded) == set(params)
+    for k in params:
+        assert loaded[k].dtype == params[k].dtype and np.array_equal(loaded[k], params[k]), k
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.safetensors"]  # no temp file left
+
+
+def test_checkpoint_mismatch_names_the_tensor(tmp_path):
+    model = load_spec("mlp-tiny").model
+    params = init_params(model, 0)
+    params["hidden.1.kernel"] = np.zeros((256, 255), np.float32)
+    save_checkpoint(tmp_path / "bad.safetensors", params)
+    with pytest.raises(CheckpointError, match=r"tensor hidden.1.kernel has shape \(256, 255\), the spec needs \(256, 256\)"):
+        load_checkpoint(tmp_path / "bad.safetensors", model)
+    del params["hidden.1.kernel"]
+    save_checkpoint(tmp_path / "missing.safetensors", params)
+    with pytest.raises(CheckpointError, match="tensor hidden.1.kernel is missing"):
+        load_checkpoint(tmp_path / "missing.safetensors", model)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        load_checkpoint(tmp_path / "junk.safetensors", model)

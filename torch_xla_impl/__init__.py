@@ -1,0 +1,1 @@
+"""PyTorch/XLA twin. Never imports jax."""
