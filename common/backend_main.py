@@ -1,0 +1,72 @@
+"""The `python -m <backend>` driver both twins share: flags, run directory, record, exit code.
+
+A backend supplies `train(spec, args, out_dir, progress) -> (record, tensors,
+is_writer)`; this module handles everything around it the same way for both.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from common.cli import (EXIT_BACKEND, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, INPUT_ERRORS, backend_parser, fail,
+                        resolve_spec)
+from common.record import RunRecord, write_record, write_tensors
+
+
+def progress_printer(enabled: bool):
+    """`--progress`: one machine-readable line per step on stdout, for `compare`'s live display."""
+    if not enabled:
+        return None
+
+    def show(step: int, loss: float, wall_ms: float) -> None:
+        print(f"progress step={step} loss={loss:.6g} ms={wall_ms:.3f}", flush=True)
+
+    return show
+
+
+def summary_line(record: RunRecord, out_dir: Path) -> str:
+    losses = [l for l in record.losses if l is not None]
+    settle = int(record.extra.get("settle_steps", 1))
+    warm = int(record.spec["train"]["timing_warmup_steps"])
+    timed = [s.wall_ms for s in record.steps[warm:]] or [s.wall_ms for s in record.steps]
+    loop = [e for e in record.compile_events if e.phase == "loop"]
+    steady = [e for e in loop if e.step >= settle]
+    first, last = (f"{losses[0]:.4f}", f"{losses[-1]:.4f}") if losses else ("-", "-")
+    median = f"{statistics.median(timed):.3f} ms" if timed else "-"
+    return (f"{record.backend}: {record.status} | loss {first} -> {last} | median step {median} | "
+            f"loop compiles {len(loop)} (steady-state {len(steady)}) | {out_dir}")
+
+
+def main(backend: str, argv, add_flags, train) -> int:
+    parser: argparse.ArgumentParser = backend_parser(backend)
+    parser.add_argument("--progress", action="store_true", help="print a progress line per step")
+    add_flags(parser)
+    args = parser.parse_args(argv)
+    try:
+        spec = resolve_spec(args)
+    except INPUT_ERRORS as e:
+        fail(str(e), EXIT_USAGE)
+    out_dir = args.out or Path("runs") / f"{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create run directory {out_dir}: {e.strerror or e}; pass a writable --out", EXIT_USAGE)
+    try:
+        record, tensors, is_writer = train(spec, args, out_dir, progress_printer(args.progress))
+    except INPUT_ERRORS as e:
+        if args.debug:
+            traceback.print_exc()
+        fail(str(e), EXIT_USAGE)
+    if is_writer:
+        if tensors:
+            record.tensors = write_tensors(out_dir, tensors)
+        write_record(out_dir, record)
+        print(summary_line(record, out_dir), flush=True)
+    if record.status == "nonfinite":
+        print(f"error: {record.message}; lower train.lr or use float32", file=sys.stderr)
+        return EXIT_NONFINITE
+    return EXIT_OK if record.status == "ok" else EXIT_BACKEND

@@ -1,0 +1,91 @@
+"""The command-line flags both backends share (`python -m jax_impl` / `python -m torch_xla_impl`).
+
+Exit codes (the same in `compare`): 0 ok, 1 parity failed (compare only),
+2 bad usage or input, 3 a backend failed, 4 interrupted, 5 non-finite loss.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from common.data import DataError
+from common.record import RecordError
+from common.spec import RunSpec, SpecError, load_spec
+from common.weights import CheckpointError
+
+EXIT_OK, EXIT_PARITY, EXIT_USAGE, EXIT_BACKEND, EXIT_INTERRUPTED, EXIT_NONFINITE = 0, 1, 2, 3, 4, 5
+INPUT_ERRORS = (SpecError, DataError, CheckpointError, RecordError)
+
+
+def parse_mesh(text: str) -> list[str]:
+    """'data=2,tensor=4' -> ['mesh.data=2', 'mesh.tensor=4']."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key not in ("data", "fsdp", "tensor"):
+            raise SpecError(f"--mesh {text!r}: each entry must be data=N, fsdp=N or tensor=N")
+        out.append(f"mesh.{key}={value}")
+    return out
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags that define a run; `compare` passes them through to both backends."""
+    parser.add_argument("--spec", default="gpt-tiny", help="preset name or .toml/.json spec file (default gpt-tiny)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override a spec field, e.g. --set model.d_model=128 (repeatable)")
+    parser.add_argument("--steps", type=int, help="train steps (train.steps)")
+    parser.add_argument("--mesh", help="mesh axis sizes, e.g. data=2,fsdp=1,tensor=4")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="train.dtype")
+    parser.add_argument("--seed", type=int, help="seed of parameter init and data (train.seed, data.seed)")
+
+
+def backend_parser(backend: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"python -m {backend}", description=f"Train a spec with the {backend} twin "
+                                     "and write a run record.")
+    add_run_flags(parser)
+    parser.add_argument("--out", type=Path, help="run directory (default runs/<backend>-<time>)")
+    parser.add_argument("--parity", action="store_true",
+                        help="also save step-0 outputs and gradients and the final parameters (canonical layout)")
+    parser.add_argument("--checkpoint", type=Path, help="start from this canonical safetensors checkpoint")
+    parser.add_argument("--throughput-steps", type=int, default=None,
+                        help="extra steps timed pipelined (one wait at the end); default: train.steps, 0 = off")
+    parser.add_argument("--shape-change-step", type=int, default=None,
+                        help="diagnostic: from this step on feed half the batch, to show a recompile and its cause")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
+    return parser
+
+
+def spec_overrides(args: argparse.Namespace) -> list[str]:
+    """--set first, then the dedicated flags (which win)."""
+    out = list(args.overrides)
+    if args.steps is not None:
+        out.append(f"train.steps={args.steps}")
+    if args.mesh:
+        out += parse_mesh(args.mesh)
+    if args.dtype:
+        out.append(f"train.dtype={args.dtype}")
+    if args.seed is not None:
+        out += [f"train.seed={args.seed}", f"data.seed={args.seed}"]
+    return out
+
+
+def run_flags_argv(args: argparse.Namespace) -> list[str]:
+    """Rebuild the run flags as argv for a backend subprocess."""
+    argv = ["--spec", args.spec]
+    for item in args.overrides:
+        argv += ["--set", item]
+    for flag in ("steps", "mesh", "dtype", "seed"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += [f"--{flag}", str(value)]
+    return argv
+
+
+def resolve_spec(args: argparse.Namespace) -> RunSpec:
+    return load_spec(args.spec, spec_overrides(args))
+
+
+def fail(message: str, code: int) -> "NoReturn":  # noqa: F821
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(code)

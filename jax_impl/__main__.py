@@ -1,0 +1,43 @@
+"""python -m jax_impl: train a spec with the JAX/Flax NNX twin and write a run record."""
+from __future__ import annotations
+
+import sys
+
+from common import backend_main
+from common.cli import EXIT_USAGE, fail
+
+try:
+    import jax  # noqa: F401  (imported before anything initialises a backend)
+    import flax  # noqa: F401
+    import optax  # noqa: F401
+except ImportError as e:
+    fail(f"the jax backend needs {e.name}, which is not installed in {sys.executable}; "
+         "install the extra (pip install -e '.[jax]') or pass compare --jax-python", EXIT_USAGE)
+
+
+def add_flags(parser) -> None:
+    group = parser.add_argument_group("multi-process (jax.distributed)")
+    group.add_argument("--coordinator", help="host:port of process 0, e.g. 127.0.0.1:12355")
+    group.add_argument("--num-processes", type=int, default=1)
+    group.add_argument("--process-id", type=int, default=0)
+
+
+def train(spec, args, out_dir, progress):
+    from jax_impl import sharding
+    from jax_impl.instrument import CompileMonitor
+    from jax_impl.train import run
+
+    if spec.mesh.device_count % args.num_processes:
+        fail(f"mesh of {spec.mesh.device_count} devices cannot be split over {args.num_processes} processes",
+             EXIT_USAGE)
+    sharding.set_cpu_device_count(spec.mesh.device_count // args.num_processes)
+    sharding.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    monitor = CompileMonitor()
+    record, tensors = run(spec, out_dir, parity=args.parity, checkpoint=args.checkpoint,
+                          throughput_steps=args.throughput_steps, shape_change_step=args.shape_change_step,
+                          monitor=monitor, progress=progress)
+    return record, tensors, jax.process_index() == 0
+
+
+if __name__ == "__main__":
+    sys.exit(backend_main.main("jax_impl", sys.argv[1:], add_flags, train))

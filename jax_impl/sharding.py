@@ -1,0 +1,68 @@
+"""Mesh and NamedShardings from `common/sharding.py`'s table; multi-process setup.
+
+The mesh uses Auto axis types explicitly: in JAX 0.10 `jax.make_mesh`
+defaults to Explicit axes, where the Megatron layout fails with "Contracting
+dimensions are sharded and it is ambiguous". With Auto axes GSPMD propagates
+shardings and inserts the collectives.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from common.data import Batch, process_slice
+from common.sharding import batch_partition_spec, param_partition_specs
+from common.spec import AXES, MeshSpec, ModelSpec, SpecError
+
+
+def set_cpu_device_count(n: int) -> None:
+    """Fake CPU devices for a mesh; must run before JAX initialises its backends."""
+    jax.config.update("jax_num_cpu_devices", n)
+
+
+def initialize_distributed(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
+    """Join a multi-process run: explicit coordinator flags, or automatic on a TPU pod slice."""
+    if coordinator:
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                   process_id=process_id)
+
+
+def make_mesh(mesh: MeshSpec) -> Mesh:
+    devices = jax.devices()
+    if len(devices) != mesh.device_count:
+        raise SpecError(f"mesh data={mesh.data},fsdp={mesh.fsdp},tensor={mesh.tensor} needs {mesh.device_count} "
+                        f"devices; this platform has {len(devices)} ({devices[0].platform}); change --mesh")
+    grid = np.array(devices).reshape(mesh.data, mesh.fsdp, mesh.tensor)
+    return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
+
+
+def param_shardings(model: ModelSpec, mesh_spec: MeshSpec, mesh: Mesh) -> dict[str, NamedSharding]:
+    return {name: NamedSharding(mesh, PartitionSpec(*spec))
+            for name, spec in param_partition_specs(model, mesh_spec).items()}
+
+
+def batch_sharding(mesh_spec: MeshSpec, mesh: Mesh, ndim: int) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec(*batch_partition_spec(mesh_spec, ndim)))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def put_batch(batch: Batch, mesh_spec: MeshSpec, mesh: Mesh) -> Batch:
+    """A global batch as sharded device arrays; each process supplies only its slice."""
+    shardings = [batch_sharding(mesh_spec, mesh, a.ndim) for a in batch]
+    if jax.process_count() == 1:
+        return Batch(*(jax.device_put(a, s) for a, s in zip(batch, shardings)))
+    local = process_slice(batch, jax.process_index(), jax.process_count())
+    return Batch(*(jax.make_array_from_process_local_data(s, a, a.shape[:0] + g.shape)
+                   for a, s, g in zip(local, shardings, batch)))
+
+
+def to_host(x) -> np.ndarray:
+    """A (possibly multi-process sharded) array gathered to a numpy array on every process."""
+    if jax.process_count() > 1 and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
