@@ -177,6 +177,15 @@ def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, dict[s
     return groups
 
 
+def throughput_summary(spec, steps: int, seconds: float) -> dict:
+    """Pipelined throughput of `steps` steps of a RunSpec that took `seconds` in all."""
+    examples = spec.train.global_batch_size * steps
+    out = {"steps": steps, "seconds": seconds, "steps_per_s": steps / seconds, "examples_per_s": examples / seconds}
+    if spec.model.family == "gpt":
+        out["tokens_per_s"] = examples * spec.seq_len / seconds
+    return out
+
+
 def package_versions(*names: str) -> dict[str, str]:
     """Installed versions (python, numpy and the given distributions), without importing them."""
     out = {"python": platform.python_version(), "numpy": np.__version__}

@@ -21,7 +21,8 @@ import optax
 from flax import nnx
 
 from common.data import Batch, make_dataset
-from common.record import RunRecord, StepRecord, finite_or_none, host_platform, numerics_env, package_versions
+from common.record import (RunRecord, StepRecord, finite_or_none, host_platform, numerics_env, package_versions,
+                           throughput_summary)
 from common.spec import RunSpec, TrainSpec
 from common.weights import init_params, load_checkpoint
 from jax_impl import convert, sharding
@@ -181,14 +182,6 @@ def _pipelined_throughput(trainer: JaxTrainer, spec: RunSpec, put, steps: int | 
     loss.block_until_ready()
     seconds = time.perf_counter() - start
     return throughput_summary(spec, steps, seconds)
-
-
-def throughput_summary(spec: RunSpec, steps: int, seconds: float) -> dict:
-    examples = spec.train.global_batch_size * steps
-    out = {"steps": steps, "seconds": seconds, "steps_per_s": steps / seconds, "examples_per_s": examples / seconds}
-    if spec.model.family == "gpt":
-        out["tokens_per_s"] = examples * spec.seq_len / seconds
-    return out
 
 
 def _new_record(spec: RunSpec) -> RunRecord:

@@ -1,0 +1,49 @@
+"""python -m torch_xla_impl: train a spec with the PyTorch/XLA twin and write a run record."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from common import backend_main
+from common.cli import EXIT_USAGE, fail
+
+for _module in ("torch", "torch_xla"):
+    if importlib.util.find_spec(_module) is None:
+        fail(f"the torch_xla backend needs {_module}, which is not installed in {sys.executable}; install the "
+             "extra (pip install -e '.[torch-xla]') or pass compare --torch-xla-python", EXIT_USAGE)
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--mode", choices=("spmd", "spawn"), default="spmd",
+                        help="multi-device: one process over all devices (SPMD) or one replica per device "
+                             "(xmp.spawn, data parallel)")
+
+
+def train(spec, args, out_dir, progress):
+    # Platform, device count, compile-cause printing and HLO dumps are read once,
+    # when torch_xla starts: set them first.
+    from torch_xla_impl import instrument, sharding
+
+    sharding.configure_platform(spec.mesh.device_count)
+    instrument.configure_debug(out_dir)
+    if args.mode == "spawn":
+        sharding.require_data_parallel_only(spec.mesh)
+        from torch_xla_impl.spawn import run_spawn
+        return run_spawn(spec, args, out_dir, progress)
+
+    import torch_xla.runtime as xr
+
+    from torch_xla_impl.train import run
+
+    if spec.mesh.device_count > 1:
+        xr.use_spmd()
+    with instrument.stderr_to(out_dir / instrument.DEBUG_LOG):
+        monitor = instrument.CompileMonitor()
+        record, tensors = run(spec, out_dir, parity=args.parity, monitor=monitor, checkpoint=args.checkpoint,
+                              throughput_steps=args.throughput_steps, shape_change_step=args.shape_change_step,
+                              mode="spmd" if spec.mesh.device_count > 1 else "single", progress=progress)
+    return record, tensors, True
+
+
+if __name__ == "__main__":
+    sys.exit(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train))

@@ -1,0 +1,147 @@
+"""torch.nn twins of the spec's models: MLP, CNN, GPT (same classes, same order as jax_impl).
+
+torch layouts differ from the canonical ones and `convert.py` bridges them:
+Linear weight (out, in), Conv2d weight OIHW with NCHW activations (NHWC data
+is permuted at the model boundary), and packed attention `attn.qkv` (3*D, D)
+as in nanoGPT. Every numeric choice comes from the spec: LayerNorm epsilon
+(torch defaults to 1e-5, NNX to 1e-6), GELU form, symmetric conv padding,
+causal mask, tied embeddings. The attention is written out with the same ops
+as the JAX twin (no fused SDPA kernel).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec
+
+ACTIVATIONS = {
+    "relu": F.relu,
+    "tanh": torch.tanh,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_exact": lambda x: F.gelu(x, approximate="none"),
+}
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: MLPSpec):
+        super().__init__()
+        sizes = (spec.input_size, *spec.hidden_sizes)
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.head = nn.Linear(sizes[-1], spec.num_classes)
+        self.activation = ACTIVATIONS[spec.activation]
+
+    def forward(self, x):  # (B, input_size) -> (B, classes)
+        for layer in self.hidden:
+            x = self.activation(layer(x))
+        return self.head(x)
+
+
+class CNN(nn.Module):
+    def __init__(self, spec: CNNSpec):
+        super().__init__()
+        convs, c_in = [], spec.input_shape[2]
+        for c_out, k, s, p in zip(spec.channels, spec.kernel_sizes, spec.strides, spec.paddings):
+            convs.append(nn.Conv2d(c_in, c_out, kernel_size=k, stride=s, padding=p))
+            c_in = c_out
+        self.convs = nn.ModuleList(convs)
+        h, w = spec.feature_map_hw()
+        n_features = c_in if spec.pooling == "global_avg" else h * w * c_in
+        self.head = nn.Linear(n_features, spec.num_classes)
+        self.activation = ACTIVATIONS[spec.activation]
+        self.pooling = spec.pooling
+
+    def forward(self, x):  # (B, H, W, C) -> (B, classes)
+        x = x.permute(0, 3, 1, 2)  # NHWC data -> NCHW for Conv2d
+        for conv in self.convs:
+            x = self.activation(conv(x))
+        if self.pooling == "global_avg":
+            x = x.mean(dim=(2, 3))  # (B, C)
+        else:
+            x = x.permute(0, 2, 3, 1).reshape(x.shape[0], -1)  # (B, H*W*C), HWC order like the twin
+        return self.head(x)
+
+
+class Attention(nn.Module):
+    """Causal self-attention; q, k, v packed in one Linear (3*D, D)."""
+
+    def __init__(self, spec: TransformerSpec):
+        super().__init__()
+        d = spec.d_model
+        self.qkv = nn.Linear(d, 3 * d)
+        self.o = nn.Linear(d, d)
+        self.n_heads = spec.n_heads
+
+    def forward(self, x):  # (B, T, D)
+        b, t, d = x.shape
+        hd = d // self.n_heads
+        q, k, v = (z.reshape(b, t, self.n_heads, hd) for z in self.qkv(x).split(d, dim=2))  # (B, T, H, hd)
+        scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hd)  # (B, H, T, T)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        scores = scores.float().masked_fill(~causal, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(x.dtype)
+        y = torch.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, d)
+        return self.o(y)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, spec: TransformerSpec):
+        super().__init__()
+        self.fc = nn.Linear(spec.d_model, spec.d_ff)
+        self.proj = nn.Linear(spec.d_ff, spec.d_model)
+        self.gelu = ACTIVATIONS["gelu_" + spec.gelu]
+
+    def forward(self, x):
+        return self.proj(self.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, spec: TransformerSpec):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(spec.d_model, eps=spec.layernorm_eps)
+        self.attn = Attention(spec)
+        self.ln2 = nn.LayerNorm(spec.d_model, eps=spec.layernorm_eps)
+        self.mlp = FeedForward(spec)
+        self.dropout = nn.Dropout(spec.dropout)
+        self.pre_layernorm = spec.pre_layernorm
+
+    def forward(self, x):
+        if self.pre_layernorm:
+            x = x + self.dropout(self.attn(self.ln1(x)))
+            return x + self.dropout(self.mlp(self.ln2(x)))
+        x = self.ln1(x + self.dropout(self.attn(x)))
+        return self.ln2(x + self.dropout(self.mlp(x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, spec: TransformerSpec):
+        super().__init__()
+        self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.wpe = nn.Embedding(spec.seq_len, spec.d_model)
+        self.drop = nn.Dropout(spec.dropout)
+        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.n_layers))
+        self.ln_f = nn.LayerNorm(spec.d_model, eps=spec.layernorm_eps)
+        self.lm_head = None if spec.tied_embeddings else nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+
+    def forward(self, tokens):  # (B, T) int -> (B, T, vocab)
+        t = tokens.shape[1]
+        positions = torch.arange(t, device=tokens.device)
+        x = self.drop(self.wte(tokens) + self.wpe(positions))  # (B, T, D)
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_f(x)
+        return F.linear(x, self.wte.weight) if self.lm_head is None else self.lm_head(x)
+
+
+MODEL_CLASSES = {"mlp": MLP, "cnn": CNN, "gpt": GPT}
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """The torch model on the CPU, created without spending time on random init
+    (values come from convert.load_canonical)."""
+    with torch.device("meta"):
+        model = MODEL_CLASSES[spec.family](spec)
+    return model.to_empty(device="cpu")

@@ -1,0 +1,72 @@
+"""SPMD meshes and shardings from `common/sharding.py`'s table (the JAX twin reads the same one).
+
+`torch_xla.runtime.use_spmd()` makes one process drive every device through
+GSPMD, like `jax.jit` does: parameters get `mark_sharding` specs (converted to
+torch layouts by `convert.partition_spec`), batches are sharded by
+`MpDeviceLoader(input_sharding=...)`. With the packed `attn.qkv` weight a
+tensor-parallel split of its 3*D rows is not head-aligned; GSPMD still
+computes the same result, with more communication than Megatron's layout.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from common.sharding import batch_partition_spec, param_partition_specs
+from common.spec import AXES, MeshSpec, ModelSpec, SpecError
+
+
+def on_tpu_vm() -> bool:
+    return any(Path(p).exists() for p in ("/dev/accel0", "/dev/vfio/0"))
+
+
+def configure_platform(device_count: int) -> None:
+    """PJRT device and CPU device count; must run before torch_xla is imported."""
+    if "PJRT_DEVICE" not in os.environ:
+        os.environ["PJRT_DEVICE"] = "TPU" if on_tpu_vm() else "CPU"
+    if os.environ["PJRT_DEVICE"] == "CPU":
+        os.environ["CPU_NUM_DEVICES"] = str(device_count)
+        os.environ.setdefault("PJRT_CPU_ASYNC_CLIENT", "true")
+
+
+def make_mesh(mesh: MeshSpec):
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    available = xr.global_runtime_device_count()
+    if available != mesh.device_count:
+        raise SpecError(f"mesh data={mesh.data},fsdp={mesh.fsdp},tensor={mesh.tensor} needs {mesh.device_count} "
+                        f"devices; this platform has {available} ({os.environ.get('PJRT_DEVICE')}); change --mesh")
+    return xs.Mesh(np.arange(mesh.device_count), (mesh.data, mesh.fsdp, mesh.tensor), AXES)
+
+
+def shard_model(model, model_spec: ModelSpec, mesh_spec: MeshSpec, mesh) -> dict[str, tuple]:
+    """mark_sharding on every parameter (already on the XLA device); returns key -> spec."""
+    import torch_xla.distributed.spmd as xs
+
+    from torch_xla_impl.convert import partition_spec
+
+    params = dict(model.named_parameters())
+    applied = {}
+    for canonical, spec in param_partition_specs(model_spec, mesh_spec).items():
+        key, torch_spec = partition_spec(canonical, spec)
+        if key in applied:  # q, k, v share the packed attn.qkv: q decides
+            continue
+        xs.mark_sharding(params[key], mesh, torch_spec)
+        applied[key] = torch_spec
+    return applied
+
+
+def input_sharding(mesh_spec: MeshSpec, mesh, ndims: dict[str, int]) -> dict:
+    """For MpDeviceLoader: each batch entry split along its batch dimension over data (and fsdp)."""
+    import torch_xla.distributed.spmd as xs
+
+    return {key: xs.ShardingSpec(mesh, batch_partition_spec(mesh_spec, n)) for key, n in ndims.items()}
+
+
+def require_data_parallel_only(mesh_spec: MeshSpec) -> None:
+    if mesh_spec.fsdp > 1 or mesh_spec.tensor > 1:
+        raise SpecError(f"--mode spawn is data parallel only (one replica per device); mesh fsdp={mesh_spec.fsdp}, "
+                        f"tensor={mesh_spec.tensor} needs --mode spmd")

@@ -1,0 +1,250 @@
+"""The PyTorch/XLA train loop as its users write it.
+
+Model on `torch_xla.device()`; a `DataLoader` over `common.data` wrapped in
+`MpDeviceLoader` (which moves batches to the device in background threads,
+and under SPMD shards them); forward, backward, `clip_grad_norm_`,
+`xm.optimizer_step(optimizer)` (all-reduces gradients across replicas, then
+steps), and `torch_xla.sync()` (the 2.9 name of `xm.mark_step()`), which cuts
+the lazily traced graph and runs it. The learning rate of each step is set on
+the param groups from `TrainSpec.lr_at`, as nanoGPT does.
+
+Timing: a step's clock starts when its batch is on the device and stops
+after `torch_xla.sync()` and `xm.wait_device_ops()`; the tracing part (Python
+building the graph, until the sync) is recorded apart.
+
+bf16 policy (train.dtype=bfloat16): float32 parameters and optimizer state,
+forward under `torch.autocast("xla", dtype=torch.bfloat16)`, float32 loss.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torch_xla
+import torch_xla.backends
+import torch_xla.core.xla_model as xm
+import torch_xla.distributed.parallel_loader as pl
+import torch_xla.runtime as xr
+
+from common.data import Batch, make_dataset, process_slice
+from common.record import (RunRecord, StepRecord, finite_or_none, host_platform, numerics_env, package_versions,
+                           throughput_summary)
+from common.spec import RunSpec, TrainSpec
+from common.weights import init_params, load_checkpoint
+from torch_xla_impl import convert, sharding
+from torch_xla_impl.instrument import CompileMonitor, compilation_causes, hlo_statistics
+from torch_xla_impl.models import build_model
+
+SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
+
+
+def make_optimizer(params, train: TrainSpec) -> torch.optim.Optimizer:
+    """Every hyperparameter passed explicitly (torch AdamW defaults weight_decay to 0.01, optax to 1e-4)."""
+    if train.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
+                                 weight_decay=train.weight_decay, amsgrad=False)
+    return torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, dampening=0.0,
+                           weight_decay=train.weight_decay, nesterov=train.nesterov)
+
+
+def cross_entropy(logits, targets):
+    """Mean softmax cross-entropy over every position, in float32."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+
+
+class StepBatches(torch.utils.data.Dataset):
+    """Item i is this replica's slice of the global batch of step first_step + i."""
+
+    def __init__(self, data, first_step: int, n_steps: int, replica: int = 0, replicas: int = 1,
+                 shape_change_step: int | None = None):
+        self.data, self.first_step, self.n_steps = data, first_step, n_steps
+        self.replica, self.replicas, self.shape_change_step = replica, replicas, shape_change_step
+
+    def __len__(self) -> int:
+        return self.n_steps
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        step = self.first_step + i
+        batch = self.data.global_batch(step)
+        if self.shape_change_step is not None and step >= self.shape_change_step:
+            half = len(batch.inputs) // 2
+            batch = Batch(batch.inputs[:half], batch.targets[:half])
+        batch = process_slice(batch, self.replica, self.replicas)
+        return {"inputs": torch.from_numpy(batch.inputs), "targets": torch.from_numpy(batch.targets)}
+
+
+class TorchXlaTrainer:
+    """Model, optimizer and device loaders for one spec on this process's XLA device."""
+
+    def __init__(self, spec: RunSpec, *, spmd_mesh=None, replica: int = 0, replicas: int = 1,
+                 checkpoint: Path | None = None, shape_change_step: int | None = None):
+        self.spec, self.mesh = spec, spmd_mesh
+        self.replica, self.replicas = replica, replicas
+        self.device = torch_xla.device()
+        model = build_model(spec.model)
+        canonical = load_checkpoint(checkpoint, spec.model) if checkpoint else init_params(spec.model, spec.train.seed)
+        convert.load_canonical(model, canonical, spec.model)
+        self.model = model.to(self.device)
+        if spmd_mesh is not None:
+            sharding.shard_model(self.model, spec.model, spec.mesh, spmd_mesh)
+        self.optimizer = make_optimizer(self.model.parameters(), spec.train)
+        self.data = make_dataset(spec)
+        self.shape_change_step = shape_change_step
+        self.autocast = (lambda: torch.autocast("xla", dtype=torch.bfloat16)) if spec.train.dtype == "bfloat16" \
+            else contextlib.nullcontext
+        ndims = {"inputs": 2 if spec.model.family != "cnn" else 4, "targets": 2 if spec.model.family == "gpt" else 1}
+        self.input_sharding = sharding.input_sharding(spec.mesh, spmd_mesh, ndims) if spmd_mesh is not None else None
+
+    def loader(self, first_step: int, n_steps: int) -> pl.MpDeviceLoader:
+        batches = StepBatches(self.data, first_step, n_steps, self.replica, self.replicas, self.shape_change_step)
+        cpu_loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False, num_workers=0)
+        return pl.MpDeviceLoader(cpu_loader, self.device, input_sharding=self.input_sharding)
+
+    def device_batch(self, step: int) -> dict[str, torch.Tensor]:
+        """One batch moved outside the loader (step-0 parity tensors)."""
+        return next(iter(self.loader(step, 1)))
+
+    def loss(self, batch) -> torch.Tensor:
+        with self.autocast():
+            logits = self.model(batch["inputs"])
+        return cross_entropy(logits, batch["targets"]), logits
+
+    def step(self, step: int, batch) -> torch.Tensor:
+        """Trace one train step (nothing runs until torch_xla.sync())."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.spec.train.lr_at(step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, _ = self.loss(batch)
+        loss.backward()
+        clip = self.spec.train.grad_clip
+        if self.replicas > 1:
+            # Clip the all-reduced gradients: reduce first, then clip, then a plain step.
+            xm.reduce_gradients(self.optimizer)
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            self.optimizer.step()
+        else:
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            xm.optimizer_step(self.optimizer)
+        return loss
+
+    def canonical_params(self) -> dict[str, np.ndarray]:
+        return convert.from_state_dict(self.model.state_dict(), self.spec.model)
+
+    def canonical_grads(self) -> dict[str, np.ndarray]:
+        grads = {name: p.grad for name, p in self.model.named_parameters()}
+        return convert.from_state_dict(grads, self.spec.model)
+
+
+def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, checkpoint: Path | None = None,
+        throughput_steps: int | None = None, shape_change_step: int | None = None, mode: str = "spmd",
+        replica: int = 0, replicas: int = 1, progress=None) -> tuple[RunRecord, dict]:
+    """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
+    logging.getLogger("torch_xla.backends").setLevel(logging.ERROR)  # it warns on every call
+    torch_xla.backends.set_mat_mul_precision(spec.train.matmul_precision)
+    mesh = sharding.make_mesh(spec.mesh) if mode == "spmd" and spec.mesh.device_count > 1 else None
+    trainer = TorchXlaTrainer(spec, spmd_mesh=mesh, replica=replica, replicas=replicas, checkpoint=checkpoint,
+                              shape_change_step=shape_change_step)
+    tensors = {}
+    if parity:  # step-0 forward and gradients, before any update
+        batch0 = trainer.device_batch(0)
+        loss0, logits = trainer.loss(batch0)
+        loss0.backward()
+        torch_xla.sync()
+        tensors["outputs"] = {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss0.item())}
+        tensors["grads"] = trainer.canonical_grads()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        monitor.collect()
+
+    record = _new_record(spec, mode, replicas)
+    trace_ms, shapes = [], []
+    for step, batch in enumerate(trainer.loader(0, spec.train.steps)):
+        monitor.at("loop", step)
+        start = time.perf_counter()
+        loss = trainer.step(step, batch)
+        traced = time.perf_counter()
+        torch_xla.sync()
+        xm.wait_device_ops()
+        wall_ms = (time.perf_counter() - start) * 1e3
+        monitor.collect()
+        value = loss.item()
+        trace_ms.append((traced - start) * 1e3)
+        shapes.append(tuple(batch["inputs"].shape))
+        record.steps.append(StepRecord(step, finite_or_none(value), wall_ms))
+        if progress:
+            progress(step, value, wall_ms)
+        if not np.isfinite(value):
+            record.status, record.message = "nonfinite", f"loss is {value} at step {step}"
+            break
+    monitor.at("loop", spec.train.steps)
+
+    if record.status == "ok":
+        if parity:
+            tensors["params"] = trainer.canonical_params()
+        record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
+        monitor.collect()
+    record.compile_events = list(monitor.events)
+    record.extra.update(trace_ms=trace_ms, counters=monitor.counters())
+    _attach_causes(record, out_dir, shapes)
+    record.hlo_stats = hlo_statistics(out_dir)
+    return record, tensors
+
+
+def _attach_causes(record: RunRecord, out_dir: Path, shapes: list[tuple]) -> None:
+    """Steady-state recompiles get torch_xla's Compilation Analysis plus the batch shape change we saw."""
+    log = out_dir / "xla_debug.log"
+    analyses = compilation_causes(log) if log.exists() else []
+    for i, event in enumerate(record.compile_events):
+        if event.phase != "loop" or event.step < SETTLE_STEPS:
+            continue
+        parts = []
+        step = event.step
+        if 0 < step < len(shapes) and shapes[step] != shapes[step - 1]:
+            parts.append(f"batch inputs shape changed from {shapes[step - 1]} to {shapes[step]}")
+        parts.append(analyses[i] if i < len(analyses) else "no Compilation Analysis captured")
+        record.recompile_causes.append({"step": step, "fun_name": event.fun_name, "cause": "; ".join(parts)})
+
+
+def _pipelined_throughput(trainer: TorchXlaTrainer, spec: RunSpec, steps: int | None) -> dict:
+    """K more steps with a sync each but one wait at the end (tracing overlaps device work).
+
+    The loss stays referenced until the sync, as in the loop: a loss dropped
+    before `torch_xla.sync()` is no graph output, so torch_xla traces and
+    compiles a different graph (measured: one extra compile).
+    """
+    steps = spec.train.steps if steps is None else steps
+    if steps <= 0:
+        return {}
+    start = None
+    for i, batch in enumerate(trainer.loader(spec.train.steps, steps)):
+        start = start or time.perf_counter()  # from the first batch on the device
+        loss = trainer.step(spec.train.steps + i, batch)  # noqa: F841  (kept alive until the sync)
+        torch_xla.sync()
+    xm.wait_device_ops()
+    return throughput_summary(spec, steps, time.perf_counter() - start)
+
+
+def _new_record(spec: RunSpec, mode: str, replicas: int) -> RunRecord:
+    return RunRecord(
+        backend="torch_xla", spec=spec.to_dict(),
+        versions=package_versions("torch", "torch-xla"),
+        platform={**host_platform(), "device_platform": xr.device_type(), "device_kind": xr.device_type(),
+                  "device_count": xr.global_runtime_device_count(), "process_count": xr.process_count()},
+        numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
+                  "torch_xla_mat_mul_precision": torch_xla.backends.get_mat_mul_precision(),
+                  "bf16_policy": "float32 params and optimizer state, torch.autocast('xla', bfloat16) forward, "
+                                 "float32 loss",
+                  "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
+                  "weight_decay_applies_to": "all parameters", "env": numerics_env()},
+        extra={"settle_steps": SETTLE_STEPS, "mode": mode, "replicas": replicas,
+               "loader": "torch_xla.distributed.parallel_loader.MpDeviceLoader",
+               "step_api": "xm.optimizer_step" if replicas == 1 else "xm.reduce_gradients + optimizer.step",
+               "sync_api": "torch_xla.sync" if hasattr(torch_xla, "sync") else "xm.mark_step",
+               "mesh_strategy": spec.mesh.strategy},
+    )
