@@ -31,3 +31,52 @@ def op_histogram(hlo_text: str) -> dict[str, int]:
 
 def reported_ops(histogram: dict[str, int]) -> dict[str, int]:
     return {op: histogram.get(op, 0) for op in REPORTED_OPS}
+
+
+_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?(%?[\w.\-]+)\s*=\s*[a-z]+\d*\[([\d,]*)\]")
+_OPERANDS = re.compile(r"\b(dot|convolution)\((%?[\w.\-]+),\s*(%?[\w.\-]+)\)")
+_DIMS = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
+_LABELS = re.compile(r"dim_labels=\w+_(\w+)->")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in text.split(",") if d)
+
+
+def matmul_flops(hlo_text: str) -> float:
+    """Flops of every dot and convolution in an HLO module (2 per multiply-add).
+
+    The same count for both twins' optimized HLO, so MFU compares like with
+    like; element-wise work is left out (as in the usual 6*N*tokens estimate).
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    for line in hlo_text.splitlines():
+        m = _DEFINITION.match(line)
+        if m:
+            shapes[m.group(1).lstrip("%")] = _shape(m.group(2))
+    total = 0.0
+    for line in hlo_text.splitlines():
+        d, ops = _DEFINITION.match(line), _OPERANDS.search(line)
+        if not d or not ops:
+            continue
+        out = _shape(d.group(2))
+        lhs, rhs = shapes.get(ops.group(2).lstrip("%")), shapes.get(ops.group(3).lstrip("%"))
+        if lhs is None or rhs is None:
+            continue
+        n_out = 1
+        for v in out:
+            n_out *= v
+        if ops.group(1) == "dot":
+            contracting = _DIMS.search(line)
+            k = 1
+            for dim in _shape(contracting.group(1)) if contracting else ():
+                k *= lhs[dim]
+        else:
+            labels = _LABELS.search(line)
+            o_index = labels.group(1).index("o") if labels else len(rhs) - 1
+            k = 1
+            for i, v in enumerate(rhs):
+                if i != o_index:
+                    k *= v
+        total += 2.0 * n_out * k
+    return total

@@ -1,0 +1,232 @@
+"""python -m compare: run both twins on this device and report parity, compile counts and step time.
+
+Exit codes: 0 everything ran and parity passed; 1 parity failed (or the two
+runs are not comparable); 2 bad usage or input; 3 a backend failed (crashed,
+timed out, non-finite loss); 4 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from common.cli import (EXIT_BACKEND, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY, EXIT_USAGE, INPUT_ERRORS,
+                        add_run_flags, fail, resolve_spec, run_flags_argv)
+from common.fsutil import write_json_atomic, write_text_atomic
+from common.record import RECORD_FILE, RecordError, read_record, read_tensors
+from compare import parity as parity_mod
+from compare.orchestrate import BACKEND_MODULES, BackendRun, run_backend
+from compare.plots import write_plots
+from compare.report import REPORT_SCHEMA, markdown, print_tables, ratios
+from compare.summary import backend_summary, measured_cpu_peak
+from compare.tolerances import PROFILES, ToleranceError, load_policy
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="both", help="both | jax | torch_xla (default both)")
+    add_run_flags(parser)
+    parser.add_argument("--out", type=Path, help="run directory (default runs/compare-<time>)")
+    parser.add_argument("--overwrite", action="store_true", help="reuse an --out that already holds a finished run")
+    parser.add_argument("--jax-python", default=sys.executable, help="interpreter of the JAX environment")
+    parser.add_argument("--torch-xla-python", default=sys.executable, help="interpreter of the torch_xla environment")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per backend before it is killed")
+    parser.add_argument("--tolerance-profile", default="default",
+                        help=f"{' | '.join(PROFILES)} or a JSON file {{dtype: {{kind: {{atol, rtol}}}}}}")
+    parser.add_argument("--jax-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override a spec field for the JAX side only (a deliberate difference)")
+    parser.add_argument("--torch-xla-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override a spec field for the torch_xla side only (a deliberate difference)")
+    parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
+    parser.add_argument("--json", action="store_true", help="print only the JSON report")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
+    return parser.parse_args(argv)
+
+
+def backends_of(choice: str) -> list[str]:
+    if choice == "both":
+        return list(BACKEND_MODULES)
+    if choice in BACKEND_MODULES:
+        return [choice]
+    fail(f"--backend {choice!r} is unknown; use both, jax or torch_xla", EXIT_USAGE)
+
+
+def prepare_out_dir(args) -> Path:
+    out = args.out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    if (out / "report.json").exists():
+        if not args.overwrite:
+            fail(f"{out} already holds a finished run (report.json); pass --overwrite or another --out", EXIT_USAGE)
+        shutil.rmtree(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        fail(f"run directory {out} is not writable ({e.strerror or e}); pass a writable --out", EXIT_USAGE)
+    return out
+
+
+class LiveProgress:
+    """A rich progress bar per backend: step, loss, step time."""
+
+    def __init__(self, enabled: bool, steps: int):
+        self.steps = steps
+        self.progress = Progress(TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("loss {task.fields[loss]}  {task.fields[ms]} ms/step"),
+                                 TimeElapsedColumn(), console=Console(stderr=True), disable=not enabled)
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def task(self, name: str):
+        task = self.progress.add_task(name, total=self.steps, loss="-", ms="-")
+
+        def update(step, loss, ms):
+            self.progress.update(task, completed=step + 1, loss=f"{loss:.4f}", ms=f"{ms:.2f}")
+
+        return update
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    names = backends_of(args.backend)
+    try:
+        spec = resolve_spec(args)
+        side_specs = {"jax": resolve_spec(_with(args, args.jax_set)), "torch_xla": resolve_spec(_with(args, args.torch_xla_set))}
+        policy = load_policy(args.tolerance_profile, spec.train.dtype)
+    except (*INPUT_ERRORS, ToleranceError) as e:
+        fail(str(e), EXIT_USAGE)
+    del side_specs  # validated up front: a bad per-side override fails before any backend runs
+    out = prepare_out_dir(args)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    runs: dict[str, BackendRun] = {}
+    interrupted = False
+    pythons = {"jax": args.jax_python, "torch_xla": args.torch_xla_python}
+    extra = {"jax": args.jax_set, "torch_xla": args.torch_xla_set}
+    try:
+        with LiveProgress(not (args.quiet or args.json), spec.train.steps) as live:
+            for name in names:
+                argv_b = run_flags_argv(args) + [a for item in extra[name] for a in ("--set", item)] + ["--parity"]
+                runs[name] = run_backend(name, pythons[name], argv_b, out / name, args.timeout, live.task(name))
+    except KeyboardInterrupt:
+        interrupted = True
+    report = build_report(args, spec, policy, names, runs, out, interrupted)
+    write_json_atomic(out / "report.json", report)
+    write_text_atomic(out / "report.md", markdown(report))
+    if args.json:
+        print((out / "report.json").read_text(), end="")
+    elif not args.quiet:
+        print_tables(report)
+    for run in runs.values():
+        if run.status != "ok":
+            print(f"error: {run.name}: {run.status}: {run.message} (logs: {run.run_dir})", file=sys.stderr)
+    return report["exit_code"]
+
+
+def _with(args, side_overrides):
+    clone = argparse.Namespace(**vars(args))
+    clone.overrides = list(args.overrides) + list(side_overrides)
+    return clone
+
+
+def build_report(args, spec, policy, names, runs, out: Path, interrupted: bool) -> dict:
+    cpu_peak = functools.lru_cache(maxsize=1)(measured_cpu_peak)
+    backends, records, tensors, problems = {}, {}, {}, []
+    for name in names:
+        run = runs.get(name)
+        entry = {"status": "not_run" if run is None else run.status, "message": "" if run is None else run.message,
+                 "exit_code": None if run is None else run.exit_code, "wall_s": None if run is None else run.wall_s,
+                 "record": f"{name}/{RECORD_FILE}", "logs": [f"{name}/stdout.log", f"{name}/stderr.log"]}
+        record_path = out / name / RECORD_FILE
+        if run is not None and record_path.exists():
+            try:
+                record = read_record(record_path)
+                records[name] = record
+                entry.update(backend_summary(record, out / name, cpu_peak))
+                entry["status"] = run.status if run.status != "ok" else record.status
+                if record.status == "ok" and len(names) == 2:
+                    tensors[name] = read_tensors(record_path, record)
+            except RecordError as e:
+                entry.update(status="failed", message=str(e))
+        elif run is not None and run.status == "ok":
+            entry.update(status="failed", message=f"exited 0 but wrote no {RECORD_FILE}")
+        if entry["status"] != "ok" and run is not None:
+            problems.append(entry["status"])
+        backends[name] = entry
+
+    parity = None
+    if len(names) == 2 and all(n in tensors for n in names):
+        parity = check_parity(records["jax"], records["torch_xla"], tensors["jax"], tensors["torch_xla"], policy,
+                              intended=[o.split("=")[0] for o in args.jax_set + args.torch_xla_set])
+
+    if interrupted:
+        status, code = "interrupted", EXIT_INTERRUPTED
+    elif "usage_error" in problems:
+        status, code = "usage_error", EXIT_USAGE
+    elif problems:
+        status, code = "backend_failed", EXIT_BACKEND
+    elif parity is not None and not parity["comparable"]:
+        status, code = "not_comparable", EXIT_PARITY
+    elif parity is not None and not parity["passed"]:
+        status, code = "parity_failed", EXIT_PARITY
+    else:
+        status, code = "ok", EXIT_OK
+    report = {
+        "schema_version": REPORT_SCHEMA, "verdict": "pass" if code == EXIT_OK else "fail", "status": status,
+        "exit_code": code, "message": _message(status, backends, parity), "run_dir": str(out),
+        "spec_name": spec.name, "spec": spec.to_dict(), "dtype": spec.train.dtype,
+        "tolerance_profile": args.tolerance_profile, "tolerances": policy, "parity": parity,
+        "backends": backends, "ratios": ratios(backends),
+        "commands": {n: r.command for n, r in runs.items()},
+    }
+    report["plots"] = write_plots(report, out)
+    return report
+
+
+def check_parity(ref, other, ref_tensors, other_tensors, policy, intended: list[str]) -> dict:
+    differences = parity_mod.setting_differences(ref, other)
+    unexplained = [d for d in differences if d.split(":")[0] not in intended]
+    tensors = parity_mod.compare_tensors(ref_tensors, other_tensors, policy)
+    loss = parity_mod.compare_losses(ref.losses, other.losses, policy["loss"])
+    comparable = not unexplained
+    passed = comparable and loss["first_divergent_step"] is None and all(t["within"] for t in tensors.values())
+    return {"checked": True, "comparable": comparable, "setting_differences": differences,
+            "intended_differences": [d for d in differences if d not in unexplained],
+            "first_divergent_step": loss["first_divergent_step"], "loss": loss, "tensors": tensors,
+            "worst": parity_mod.worst_tensors(tensors), "passed": passed}
+
+
+def _message(status: str, backends: dict, parity: dict | None) -> str:
+    if status == "not_comparable":
+        return "parity not judged: the runs differ in " + "; ".join(
+            d for d in parity["setting_differences"] if d not in parity["intended_differences"])
+    if status == "parity_failed":
+        worst = parity["worst"][0] if parity["worst"] else None
+        step = parity["first_divergent_step"]
+        return (f"parity failed: first divergent step {step if step is not None else 'none'}; worst tensor "
+                f"{worst['name']} (max abs {worst['abs']}, within={worst['within']})" if worst else "parity failed")
+    failed = [f"{n}: {b['status']}: {b['message']}" for n, b in backends.items() if b["status"] != "ok"]
+    return "; ".join(failed)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)

@@ -1,0 +1,109 @@
+"""Run one backend as a subprocess: its own interpreter, process group, logs and time limit.
+
+`compare` never imports a framework: on a TPU VM only one process may own the
+chips, and jax[tpu] and torch_xla[tpu] pin different libtpu releases, so each
+backend may live in its own virtual environment (`--jax-python`,
+`--torch-xla-python`).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.cli import EXIT_NONFINITE, EXIT_USAGE
+
+REPO = Path(__file__).resolve().parents[1]
+BACKEND_MODULES = {"jax": "jax_impl", "torch_xla": "torch_xla_impl"}
+STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"
+
+
+@dataclass
+class BackendRun:
+    name: str
+    run_dir: Path
+    status: str  # ok | nonfinite | failed | timeout | usage_error | interrupted
+    exit_code: int | None
+    message: str
+    wall_s: float
+    command: list[str]
+
+
+def _error_line(stderr_path: Path) -> str:
+    lines = [ln.strip() for ln in stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    return (errors or lines or [""])[-1].removeprefix("error:").strip()
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the backend's whole process group, then SIGKILL what is left."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _read_progress(stream, log, on_progress) -> None:
+    for line in stream:
+        log.write(line)
+        log.flush()
+        if on_progress and line.startswith("progress "):
+            fields = dict(part.split("=", 1) for part in line.split()[1:])
+            try:
+                on_progress(int(fields["step"]), float(fields["loss"]), float(fields["ms"]))
+            except (KeyError, ValueError):
+                pass
+
+
+def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_s: float,
+                on_progress=None) -> BackendRun:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    command = [python, "-m", BACKEND_MODULES[name], *argv, "--out", str(run_dir), "--progress"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    start = time.perf_counter()
+    with open(run_dir / STDOUT_LOG, "w") as out_log, open(run_dir / STDERR_LOG, "w") as err_log:
+        try:
+            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err_log, text=True, env=env,
+                                    start_new_session=True)  # its own group: a kill reaches its children
+        except OSError as e:
+            return BackendRun(name, run_dir, "usage_error", None, f"cannot start {python}: {e.strerror or e}; "
+                              f"check --{name.replace('_', '-')}-python", 0.0, command)
+        reader = threading.Thread(target=_read_progress, args=(proc.stdout, out_log, on_progress), daemon=True)
+        reader.start()
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            reader.join(timeout=5)
+            return BackendRun(name, run_dir, "timeout", None, f"no result after --timeout {timeout_s:g} s; "
+                              "killed with its process group", time.perf_counter() - start, command)
+        except BaseException:  # Ctrl-C / SIGTERM in compare: take the backend down with us
+            _kill_group(proc)
+            raise
+        reader.join(timeout=5)
+    wall = time.perf_counter() - start
+    if code == 0:
+        return BackendRun(name, run_dir, "ok", 0, "", wall, command)
+    message = _error_line(run_dir / STDERR_LOG)
+    if code == EXIT_USAGE:
+        status = "usage_error"
+    elif code == EXIT_NONFINITE:
+        status = "nonfinite"
+    else:
+        status = "failed"
+        if code < 0:
+            message = f"killed by {signal.Signals(-code).name}" + (f": {message}" if message else "")
+        message = message or f"exited with code {code}"
+    return BackendRun(name, run_dir, status, code, message, wall, command)

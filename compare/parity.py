@@ -1,0 +1,96 @@
+"""Numerical parity of two run records: settings first, then every tensor and every step's loss."""
+from __future__ import annotations
+
+import numpy as np
+
+from common.record import RunRecord
+
+# Record fields that must agree before numbers mean anything.
+NUMERICS_FIELDS = ("dtype", "matmul_precision")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def setting_differences(a: RunRecord, b: RunRecord) -> list[str]:
+    """'field: a=.. b=..' for every spec or numerics field that differs."""
+    fa, fb = _flatten({"spec": a.spec}), _flatten({"spec": b.spec})
+    fa.update({f"numerics.{k}": a.numerics.get(k) for k in NUMERICS_FIELDS})
+    fb.update({f"numerics.{k}": b.numerics.get(k) for k in NUMERICS_FIELDS})
+    return [f"{k.removeprefix('spec.')}: {a.backend}={fa.get(k)!r} {b.backend}={fb.get(k)!r}"
+            for k in sorted(set(fa) | set(fb)) if k != "spec.name" and fa.get(k) != fb.get(k)]
+
+
+def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float) -> dict:
+    ref, other = np.asarray(ref, np.float64), np.asarray(other, np.float64)
+    if ref.shape != other.shape:
+        return {"abs": None, "rel": None, "tolerance_used": None, "within": False,
+                "note": f"shapes differ: {ref.shape} vs {other.shape}"}
+    if not (np.all(np.isfinite(ref)) and np.all(np.isfinite(other))):
+        return {"abs": None, "rel": None, "tolerance_used": None, "within": False, "note": "non-finite values"}
+    diff = float(np.max(np.abs(ref - other))) if ref.size else 0.0
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    bound = atol + rtol * scale
+    return {"abs": diff, "rel": diff / scale if scale > 0 else (0.0 if diff == 0 else None),
+            "tolerance_used": diff / bound, "within": diff <= bound}
+
+
+KIND_OF_GROUP = {"outputs": "forward", "grads": "grad", "params": "params"}
+
+
+def compare_tensors(ref: dict, other: dict, policy: dict) -> dict[str, dict]:
+    """{'<group>/<name>': error} for every tensor either side saved."""
+    out = {}
+    for group, kind in KIND_OF_GROUP.items():
+        bounds = policy[kind]
+        a, b = ref.get(group, {}), other.get(group, {})
+        for name in sorted(set(a) | set(b)):
+            key = f"{group}/{name}"
+            if name not in a or name not in b:
+                out[key] = {"abs": None, "rel": None, "tolerance_used": None, "within": False, "kind": kind,
+                            "note": f"missing on the {'reference' if name not in a else 'other'} side"}
+                continue
+            out[key] = {**tensor_error(a[name], b[name], bounds["atol"], bounds["rtol"]), "kind": kind}
+    return out
+
+
+def compare_losses(ref: list, other: list, bounds: dict) -> dict:
+    """Per-step |Δloss|, its tolerance, and the first step that leaves it."""
+    n = min(len(ref), len(other))
+    per_step, first = [], None
+    for step in range(n):
+        a, b = ref[step], other[step]
+        if a is None or b is None:
+            per_step.append(None)
+            first = step if first is None else first
+            continue
+        diff = abs(a - b)
+        per_step.append(diff)
+        if first is None and diff > bounds["atol"] + bounds["rtol"] * abs(a):
+            first = step
+    if first is None and len(ref) != len(other):
+        first = n  # one side stopped early
+    finite = [d for d in per_step if d is not None]
+    return {"first_divergent_step": first, "per_step_abs": per_step,
+            "max_abs": max(finite) if finite else None, "steps_compared": n}
+
+
+def worst_tensors(tensors: dict[str, dict], n: int = 10) -> list[dict]:
+    """The n tensors that use the most of their tolerance (unmeasurable ones first).
+
+    Ranked by |a-b| / (atol + rtol*max|ref|), not by relative error: a tensor
+    that is ~0 on both sides (e.g. the key bias gradient, which softmax makes
+    exactly zero in theory) has a huge relative error that means nothing.
+    """
+    def key(item):
+        used = item[1]["tolerance_used"]
+        return -(used if used is not None else float("inf"))
+    return [{"name": name, **e} for name, e in sorted(tensors.items(), key=key)[:n]]

@@ -1,0 +1,96 @@
+"""Per-backend figures from a run record: compiles, step time, throughput, MFU."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common.hlo import matmul_flops
+from common.record import RunRecord
+
+# Peak dense bf16 flop/s per chip (the vendors' figures).
+TPU_PEAK_FLOPS = {"v4": 2.75e14, "v5e": 1.97e14, "v5 lite": 1.97e14, "v5p": 4.59e14, "v6e": 9.2e14, "v6 lite": 9.2e14}
+
+
+def compile_summary(record: RunRecord) -> dict:
+    settle = int(record.extra.get("settle_steps", 1))
+    loop = [e for e in record.compile_events if e.phase == "loop"]
+    return {
+        "setup": sum(e.phase == "setup" for e in record.compile_events),
+        "loop": len(loop),
+        "steady_state": sum(e.step >= settle for e in loop),
+        "settle_steps": settle,
+        "compile_s": sum(e.duration_s for e in record.compile_events),
+        "causes": record.recompile_causes,
+    }
+
+
+def percentiles(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    arr = np.asarray(values, np.float64)
+    return {"median": float(np.median(arr)), "p10": float(np.percentile(arr, 10)),
+            "p90": float(np.percentile(arr, 90)), "min": float(arr.min()), "max": float(arr.max()), "n": len(values)}
+
+
+def step_times(record: RunRecord) -> tuple[dict | None, dict | None]:
+    """Synced step ms and (torch_xla) tracing ms, warm-up steps excluded."""
+    warm = int(record.spec["train"]["timing_warmup_steps"])
+    step_ms = percentiles([s.wall_ms for s in record.steps[warm:]])
+    trace = record.extra.get("trace_ms")
+    return step_ms, percentiles(trace[warm:]) if trace else None
+
+
+def flops_per_step(record: RunRecord, record_dir: Path) -> float | None:
+    """Dot + convolution flops of the train step's optimized HLO (the same count for both twins)."""
+    hlo = (record.hlo_stats or {}).get("hlo_file")
+    path = record_dir / hlo if hlo else None
+    if path is None or not path.exists():
+        return None
+    return matmul_flops(path.read_text()) or None
+
+
+def measured_cpu_peak(seconds: float = 0.3) -> float:
+    """Best float32 matmul rate numpy reaches on this CPU, in flop/s (labelled 'measured')."""
+    n = 512
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        a @ a
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - start))
+    return best
+
+
+def peak_flops(record: RunRecord, cpu_peak) -> tuple[float | None, str]:
+    kind = str(record.platform.get("device_kind", "")).lower()
+    platform = str(record.platform.get("device_platform", "")).lower()
+    if "tpu" in kind or "tpu" in platform:
+        for name, peak in TPU_PEAK_FLOPS.items():
+            if name in kind:
+                return peak, f"TPU {name} bf16 peak per chip x {record.platform.get('device_count', 1)}"
+        return None, f"unknown TPU kind {kind!r}"
+    if platform == "cpu" or kind == "cpu":
+        peak = cpu_peak()
+        return peak, "measured numpy float32 matmul peak of this CPU"
+    return None, f"no peak known for {kind or platform!r}"
+
+
+def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
+    step_ms, trace_ms = step_times(record)
+    flops = flops_per_step(record, record_dir)
+    peak, peak_source = peak_flops(record, cpu_peak)
+    devices = int(record.platform.get("device_count", 1))
+    if peak and "TPU" in peak_source:
+        peak *= devices
+    mfu = flops / (step_ms["median"] / 1e3) / peak if flops and peak and step_ms else None
+    return {"status": record.status, "message": record.message, "compiles": compile_summary(record),
+            "step_ms": step_ms, "trace_ms": trace_ms, "throughput": record.throughput,
+            "flops_per_step": flops, "cost_analysis_flops": (record.hlo_stats or {}).get("flops"),
+            "peak_flops": peak, "peak_source": peak_source, "mfu": mfu,
+            "hlo_ops": (record.hlo_stats or {}).get("reported_ops"),
+            "losses": record.losses,
+            "step_ms_all": [s.wall_ms for s in record.steps[int(record.spec["train"]["timing_warmup_steps"]):]], "versions": record.versions, "platform": record.platform,
+            "numerics": {k: v for k, v in record.numerics.items() if k != "env"}, "extra": {
+                k: v for k, v in record.extra.items() if k not in ("trace_ms",)}}
