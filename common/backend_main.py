@@ -14,7 +14,7 @@ from pathlib import Path
 
 from common.cli import (EXIT_BACKEND, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, INPUT_ERRORS, backend_parser, fail,
                         resolve_spec)
-from common.record import RunRecord, write_record, write_tensors
+from common.record import RunRecord, timed_from, write_record, write_tensors
 
 
 def progress_printer(enabled: bool):
@@ -31,8 +31,7 @@ def progress_printer(enabled: bool):
 def summary_line(record: RunRecord, out_dir: Path) -> str:
     losses = [l for l in record.losses if l is not None]
     settle = int(record.extra.get("settle_steps", 1))
-    warm = int(record.spec["train"]["timing_warmup_steps"])
-    timed = [s.wall_ms for s in record.steps[warm:]] or [s.wall_ms for s in record.steps]
+    timed = [s.wall_ms for s in record.steps[timed_from(record):]]
     loop = [e for e in record.compile_events if e.phase == "loop"]
     steady = [e for e in loop if e.step >= settle]
     first, last = (f"{losses[0]:.4f}", f"{losses[-1]:.4f}") if losses else ("-", "-")

@@ -81,6 +81,12 @@ class RunRecord:
         return dataclasses.asdict(self)
 
 
+def timed_from(record: RunRecord) -> int:
+    """First step counted in step-time statistics (TrainSpec.timed_from, read from the record's spec)."""
+    train = record.spec["train"]
+    return min(int(train["timing_warmup_steps"]), int(train["steps"]) - 1)
+
+
 def finite_or_none(x: float) -> float | None:
     x = float(x)
     return x if math.isfinite(x) else None

@@ -165,9 +165,13 @@ class TrainSpec:
         _require(self.schedule_warmup_steps >= 0, f"train.schedule_warmup_steps={self.schedule_warmup_steps} must be >= 0")
         _require(0.0 <= self.min_lr_ratio <= 1.0, f"train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         _require(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0 (0 turns clipping off)")
-        _require(0 <= self.timing_warmup_steps < self.steps,
-                 f"train.timing_warmup_steps={self.timing_warmup_steps} must be >= 0 and below train.steps={self.steps}")
+        _require(self.timing_warmup_steps >= 0, f"train.timing_warmup_steps={self.timing_warmup_steps} must be >= 0")
         _require(self.seed >= 0, f"train.seed={self.seed} must be >= 0")
+
+    @property
+    def timed_from(self) -> int:
+        """First step in step-time statistics: after the warm-up, but always at least the last step."""
+        return min(self.timing_warmup_steps, self.steps - 1)
 
     def lr_at(self, step: int) -> float:
         """The learning rate used at `step` (0-based); both twins implement exactly this."""

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from common.hlo import matmul_flops
-from common.record import RunRecord
+from common.record import RunRecord, timed_from
 
 # Peak dense bf16 flop/s per chip (the vendors' figures).
 TPU_PEAK_FLOPS = {"v4": 2.75e14, "v5e": 1.97e14, "v5 lite": 1.97e14, "v5p": 4.59e14, "v6e": 9.2e14, "v6 lite": 9.2e14}
@@ -36,7 +36,7 @@ def percentiles(values: list[float]) -> dict | None:
 
 def step_times(record: RunRecord) -> tuple[dict | None, dict | None]:
     """Synced step ms and (torch_xla) tracing ms, warm-up steps excluded."""
-    warm = int(record.spec["train"]["timing_warmup_steps"])
+    warm = timed_from(record)
     step_ms = percentiles([s.wall_ms for s in record.steps[warm:]])
     trace = record.extra.get("trace_ms")
     return step_ms, percentiles(trace[warm:]) if trace else None
@@ -91,6 +91,6 @@ def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
             "peak_flops": peak, "peak_source": peak_source, "mfu": mfu,
             "hlo_ops": (record.hlo_stats or {}).get("reported_ops"),
             "losses": record.losses,
-            "step_ms_all": [s.wall_ms for s in record.steps[int(record.spec["train"]["timing_warmup_steps"]):]], "versions": record.versions, "platform": record.platform,
+            "step_ms_all": [s.wall_ms for s in record.steps[timed_from(record):]], "versions": record.versions, "platform": record.platform,
             "numerics": {k: v for k, v in record.numerics.items() if k != "env"}, "extra": {
                 k: v for k, v in record.extra.items() if k not in ("trace_ms",)}}

@@ -75,7 +75,11 @@ class StepBatches(torch.utils.data.Dataset):
             half = len(batch.inputs) // 2
             batch = Batch(batch.inputs[:half], batch.targets[:half])
         batch = process_slice(batch, self.replica, self.replicas)
-        return {"inputs": torch.from_numpy(batch.inputs), "targets": torch.from_numpy(batch.targets)}
+        # Targets go at least 2-D ((B, 1) for classifiers; the loss flattens them):
+        # torch_xla 2.9's MpDeviceLoader fails on 1-D tensors with an input ShardingSpec
+        # ("too many indices for tensor of dimension 1"), while mark_sharding works.
+        targets = batch.targets.reshape(len(batch.targets), -1)
+        return {"inputs": torch.from_numpy(batch.inputs), "targets": torch.from_numpy(targets)}
 
 
 class TorchXlaTrainer:
@@ -97,7 +101,7 @@ class TorchXlaTrainer:
         self.shape_change_step = shape_change_step
         self.autocast = (lambda: torch.autocast("xla", dtype=torch.bfloat16)) if spec.train.dtype == "bfloat16" \
             else contextlib.nullcontext
-        ndims = {"inputs": 2 if spec.model.family != "cnn" else 4, "targets": 2 if spec.model.family == "gpt" else 1}
+        ndims = {"inputs": 4 if spec.model.family == "cnn" else 2, "targets": 2}
         self.input_sharding = sharding.input_sharding(spec.mesh, spmd_mesh, ndims) if spmd_mesh is not None else None
 
     def loader(self, first_step: int, n_steps: int) -> pl.MpDeviceLoader:

@@ -1,0 +1,29 @@
+"""Run the real CLIs in subprocesses, as a user would."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from common.record import RunRecord, read_record
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(module: str, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def train(backend: str, out: Path, *args: str, env: dict | None = None) -> RunRecord:
+    """Run a backend (no pipelined throughput phase, to keep tests short) and read its record."""
+    proc = run_cli(backend, "--out", str(out), "--throughput-steps", "0", *args, env=env)
+    assert proc.returncode == 0, f"{backend} {args} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    return read_record(out)
+
+
+def max_loss_diff(a: RunRecord, b: RunRecord) -> float:
+    assert len(a.losses) == len(b.losses)
+    return max(abs(x - y) for x, y in zip(a.losses, b.losses))

@@ -1,0 +1,93 @@
+"""The JAX twin through `python -m jax_impl` (and its pieces in-process where that is cheaper)."""
+import numpy as np
+import pytest
+
+from common.weights import init_params
+from tests.helpers import max_loss_diff, run_cli, train
+
+pytestmark = pytest.mark.slow
+
+FAMILIES = ("mlp-tiny", "cnn-digits", "gpt-tiny")
+MESHES = ("data=8", "fsdp=8", "data=4,tensor=2")
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_sharded_runs_match_the_single_device_run(preset, tmp_path):
+    single = train("jax_impl", tmp_path / "single", "--spec", preset, "--steps", "5")
+    assert single.platform["device_count"] == 1
+    for mesh in MESHES:
+        sharded = train("jax_impl", tmp_path / mesh.replace(",", "_"), "--spec", preset, "--steps", "5",
+                        "--mesh", mesh)
+        assert sharded.platform["device_count"] == 8
+        assert max_loss_diff(single, sharded) < 1e-5, (mesh, single.losses, sharded.losses)
+
+
+def test_tensor_parallel_hlo_has_collectives(tmp_path):
+    rec = train("jax_impl", tmp_path / "tp", "--spec", "gpt-tiny", "--steps", "3", "--mesh", "data=4,tensor=2")
+    ops = rec.hlo_stats["reported_ops"]
+    assert ops["all-reduce"] > 0 and ops["dot"] > 0
+    assert rec.hlo_stats["flops"] > 0
+    single = train("jax_impl", tmp_path / "one", "--spec", "gpt-tiny", "--steps", "3")
+    assert single.hlo_stats["reported_ops"]["all-reduce"] == 0
+
+
+def test_fixed_shapes_compile_the_loop_once(tmp_path):
+    rec = train("jax_impl", tmp_path / "run", "--spec", "mlp-tiny", "--steps", "10")
+    loop = [e for e in rec.compile_events if e.phase == "loop"]
+    assert len(loop) == 1 and loop[0].step == 0 and loop[0].fun_name == "jit(_train_step)"
+    assert any(e.phase == "setup" for e in rec.compile_events)
+    assert rec.recompile_causes == []
+    assert len(rec.steps) == 10 and all(s.wall_ms > 0 for s in rec.steps)
+
+
+def test_a_shape_change_is_one_steady_state_recompile_with_its_cause(tmp_path):
+    rec = train("jax_impl", tmp_path / "run", "--spec", "mlp-tiny", "--steps", "10", "--shape-change-step", "6")
+    loop = [e for e in rec.compile_events if e.phase == "loop"]
+    assert [e.step for e in loop] == [0, 6]
+    assert len(rec.recompile_causes) == 1
+    cause = rec.recompile_causes[0]
+    assert cause["step"] == 6 and cause["fun_name"] == "_train_step"
+    assert "now f32[64,784] and before f32[128,784]" in cause["cause"]
+
+
+def test_two_processes_match_one_process(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    from common.record import read_record
+    from tests.helpers import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["--spec", "gpt-tiny", "--steps", "5", "--mesh", "data=4", "--throughput-steps", "0",
+            "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--out", str(tmp_path / "multi")]
+    procs = [subprocess.Popen([sys.executable, "-m", "jax_impl", *args, "--process-id", str(i)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    multi = read_record(tmp_path / "multi")
+    assert multi.platform["process_count"] == 2 and multi.platform["device_count"] == 4
+    single = train("jax_impl", tmp_path / "single", "--spec", "gpt-tiny", "--steps", "5")
+    assert max_loss_diff(single, multi) < 1e-5
+
+
+def test_parity_tensors_are_canonical(tmp_path):
+    from common.record import read_tensors
+    from common.spec import load_spec
+
+    rec = train("jax_impl", tmp_path / "run", "--spec", "cnn-digits", "--steps", "3", "--parity")
+    tensors = read_tensors(tmp_path / "run" / "record.json", rec)
+    init = init_params(load_spec("cnn-digits").model, 0)
+    assert set(tensors["grads"]) == set(tensors["params"]) == set(init)
+    assert tensors["outputs"]["logits"].shape == (64, 10)
+    assert float(tensors["outputs"]["loss"]) == pytest.approx(rec.losses[0], abs=1e-6)
+    for name in init:
+        assert tensors["params"][name].shape == init[name].shape
+        assert not np.array_equal(tensors["params"][name], init[name])  # every tensor trained
+
+
+def test_missing_framework_message(tmp_path):
+    proc = run_cli("jax_impl", "--spec", "nope")
+    assert proc.returncode == 2 and "unknown spec 'nope'" in proc.stderr

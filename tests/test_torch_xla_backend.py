@@ -1,0 +1,61 @@
+"""The PyTorch/XLA twin through `python -m torch_xla_impl`."""
+import pytest
+
+from tests.helpers import max_loss_diff, run_cli, train
+
+pytestmark = pytest.mark.slow
+
+FAMILIES = ("mlp-tiny", "cnn-digits", "gpt-tiny")
+MESHES = ("data=4", "fsdp=4", "tensor=4" , "data=2,tensor=2")
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_spmd_runs_match_the_single_device_run(preset, tmp_path):
+    single = train("torch_xla_impl", tmp_path / "single", "--spec", preset, "--steps", "5")
+    assert single.extra["mode"] == "single" and single.platform["device_count"] == 1
+    for mesh in MESHES:
+        if preset == "gpt-tiny" and mesh == "tensor=4":
+            continue  # covered by data=2,tensor=2 (4 heads)
+        sharded = train("torch_xla_impl", tmp_path / mesh.replace(",", "_"), "--spec", preset, "--steps", "5",
+                        "--mesh", mesh)
+        assert sharded.extra["mode"] == "spmd" and sharded.platform["device_count"] == 4
+        assert max_loss_diff(single, sharded) < 1e-5, (mesh, single.losses, sharded.losses)
+        assert sharded.hlo_stats["reported_ops"]["all-reduce"] > 0  # really sharded
+
+
+def test_fixed_shapes_settle_after_two_compiles(tmp_path):
+    rec = train("torch_xla_impl", tmp_path / "run", "--spec", "mlp-tiny", "--steps", "10")
+    loop = [e for e in rec.compile_events if e.phase == "loop"]
+    assert [e.step for e in loop] == [0, 1]  # the first step also creates the optimizer state
+    assert rec.recompile_causes == []
+    assert rec.extra["counters"]["UncachedCompile"] == 2 and rec.extra["counters"]["CachedCompile"] >= 8
+    assert rec.extra["sync_api"] == "torch_xla.sync" and rec.extra["step_api"] == "xm.optimizer_step"
+    assert len(rec.extra["trace_ms"]) == 10 and all(0 < t for t in rec.extra["trace_ms"])
+    assert rec.hlo_stats["reported_ops"]["dot"] > 0
+
+
+def test_a_shape_change_records_its_cause(tmp_path):
+    rec = train("torch_xla_impl", tmp_path / "run", "--spec", "mlp-tiny", "--steps", "10", "--shape-change-step", "6")
+    loop = [e for e in rec.compile_events if e.phase == "loop"]
+    assert [e.step for e in loop] == [0, 1, 6]
+    assert len(rec.recompile_causes) == 1
+    cause = rec.recompile_causes[0]
+    assert cause["step"] == 6
+    assert "batch inputs shape changed from (128, 784) to (64, 784)" in cause["cause"]
+    assert "Graph Hash" in cause["cause"]  # torch_xla's own Compilation Analysis
+
+
+def test_pipelined_throughput_adds_no_compile(tmp_path):
+    proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--steps", "6", "--throughput-steps", "6",
+                   "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    from common.record import read_record
+    rec = read_record(tmp_path)
+    assert rec.throughput["steps"] == 6 and rec.throughput["steps_per_s"] > 0
+    assert [e.step for e in rec.compile_events if e.phase == "loop"] == [0, 1]
+
+
+def test_bad_spec_is_a_usage_error():
+    proc = run_cli("torch_xla_impl", "--spec", "gpt-tiny", "--set", "model.n_heads=5")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: model.n_heads=5 does not divide model.d_model=64"
