@@ -28,14 +28,20 @@ def write_plots(report: dict, run_dir: Path) -> list[str]:
         ref = backends["jax"]["losses"]
         tol = report["tolerances"]["loss"]
         bound = [tol["atol"] + tol["rtol"] * abs(v) if v is not None else float("nan") for v in ref[:len(per_step)]]
-        floor = 1e-12  # exact agreement would vanish from a log axis
-        ax.semilogy(range(len(per_step)), [max(v, floor) if v is not None else float("nan") for v in per_step],
-                    marker=".", label="|loss_jax - loss_torch_xla|")
+        steps = range(len(per_step))
+        nonzero = [v if v else float("nan") for v in per_step]  # None (non-finite) and exact 0 are not drawn here
+        ax.semilogy(steps, nonzero, marker=".", label="|loss_jax - loss_torch_xla|")
+        finite = [v for v in nonzero if v == v]
+        exact = [s for s in steps if per_step[s] == 0]
+        if exact:  # a log axis has no 0: mark exact agreement along the bottom
+            floor = min(finite + [min(bound)]) / 10
+            ax.plot(exact, [floor] * len(exact), linestyle="none", marker="o", fillstyle="none", color="green",
+                    label="exactly equal")
         ax.semilogy(range(len(bound)), bound, color="red", linestyle=":", label="tolerance")
         if parity.get("first_divergent_step") is not None:
             ax.axvline(parity["first_divergent_step"], color="red", alpha=0.4)
         ax.set(xlabel="step", ylabel="|Δloss|", title="Loss difference per step")
-        ax.legend()
+        ax.legend(loc="upper left", fontsize="small")
         written.append(_save(fig, run_dir / "loss_diff.png"))
     timed = {n: b["step_ms_all"] for n, b in backends.items() if b.get("step_ms_all")}
     if timed:

@@ -4,10 +4,15 @@ A tensor passes when  max|a - b| <= atol + rtol * max|reference|
 (`reference` is the JAX side). The relative error reported is
 max|a - b| / max|reference|: normwise, so near-zero elements do not blow it up.
 
-Kinds: forward (step-0 outputs and loss), grad (step-0 gradients), loss
-(every step's loss), params (final parameters after the whole run; Adam
-normalises updates, so tiny gradient differences move parameters by up to
-~lr per step, hence the looser bound).
+Kinds: forward (step-0 outputs and loss) and grad (step-0 gradients) are
+single evaluations from identical weights, so their bounds are tight. loss
+(every step's loss) and params (final parameters) follow a whole run, where
+Adam amplifies rounding differences: it normalises updates, so a gradient
+that differs in its last bits can move a parameter by a different ~lr per
+step, and the trajectories drift apart. Measured here (fp32, CPU, 50 steps):
+step-0 logits 7.7e-7, grads <= 4e-8; loss 2.9e-6 (gpt-tiny) but 1.7e-4
+(mlp-tiny, from step ~29 on) and final params up to 2.5e-3 (mlp-tiny).
+`strict` keeps tight trajectory bounds for short runs.
 """
 from __future__ import annotations
 
@@ -17,10 +22,9 @@ from pathlib import Path
 KINDS = ("forward", "grad", "loss", "params")
 
 PROFILES: dict[str, dict[str, dict[str, dict[str, float]]]] = {
-    # fp32 on CPU agrees to ~1e-6 (measured: gpt-tiny loss 2.9e-6 over 50 steps, grads 4e-8).
     "default": {
         "float32": {"forward": {"atol": 1e-5, "rtol": 1e-4}, "grad": {"atol": 1e-6, "rtol": 1e-3},
-                    "loss": {"atol": 1e-4, "rtol": 1e-4}, "params": {"atol": 1e-3, "rtol": 1e-3}},
+                    "loss": {"atol": 1e-4, "rtol": 5e-4}, "params": {"atol": 5e-3, "rtol": 1e-2}},
         "bfloat16": {"forward": {"atol": 5e-2, "rtol": 2e-2}, "grad": {"atol": 1e-3, "rtol": 5e-2},
                      "loss": {"atol": 5e-2, "rtol": 2e-2}, "params": {"atol": 2e-2, "rtol": 2e-2}},
     },
