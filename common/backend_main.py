@@ -60,6 +60,11 @@ def main(backend: str, argv, add_flags, train) -> int:
         if args.debug:
             traceback.print_exc()
         fail(str(e), EXIT_USAGE)
+    except Exception as e:  # a crash inside the framework: one line, the traceback only with --debug
+        if args.debug:
+            raise
+        fail(f"{backend} crashed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
+             "(rerun with --debug for the traceback)", EXIT_BACKEND)
     if is_writer:
         if tensors:
             record.tensors = write_tensors(out_dir, tensors)

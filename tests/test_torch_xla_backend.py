@@ -6,7 +6,7 @@ from tests.helpers import max_loss_diff, run_cli, train
 pytestmark = pytest.mark.slow
 
 FAMILIES = ("mlp-tiny", "cnn-digits", "gpt-tiny")
-MESHES = ("data=4", "fsdp=4", "tensor=4" , "data=2,tensor=2")
+MESHES = ("data=4", "fsdp=4", "tensor=4", "data=2,tensor=2")
 
 
 @pytest.mark.parametrize("preset", FAMILIES)
@@ -59,3 +59,34 @@ def test_bad_spec_is_a_usage_error():
     proc = run_cli("torch_xla_impl", "--spec", "gpt-tiny", "--set", "model.n_heads=5")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: model.n_heads=5 does not divide model.d_model=64"
+
+
+def test_xmp_spawn_two_replicas_match_the_single_device_run(tmp_path):
+    single = train("torch_xla_impl", tmp_path / "single", "--spec", "mlp-tiny", "--steps", "5")
+    spawned = train("torch_xla_impl", tmp_path / "spawn", "--spec", "mlp-tiny", "--steps", "5", "--mode", "spawn",
+                    "--mesh", "data=2", "--parity")
+    assert spawned.extra["mode"] == "spawn" and spawned.extra["replicas"] == 2
+    assert spawned.extra["step_api"].startswith("bucketed all-reduce with a channel id")
+    assert spawned.status == "ok"  # includes the check that both replicas ended with identical parameters
+    assert max_loss_diff(single, spawned) < 1e-5, (single.losses, spawned.losses)
+    assert spawned.tensors == "tensors.npz"
+
+
+def test_xmp_spawn_one_replica(tmp_path):
+    single = train("torch_xla_impl", tmp_path / "single", "--spec", "gpt-tiny", "--steps", "4")
+    spawned = train("torch_xla_impl", tmp_path / "spawn", "--spec", "gpt-tiny", "--steps", "4", "--mode", "spawn")
+    assert spawned.extra["mode"] == "spawn" and spawned.extra["replicas"] == 1
+    assert spawned.extra["step_api"] == "xm.optimizer_step"
+    assert max_loss_diff(single, spawned) == 0.0  # the same program on the same device
+
+
+@pytest.mark.parametrize("mesh, message", [
+    ("data=4", "--mode spawn on CPU runs one thread per replica: mesh data=4 exceeds the 2 cores here"),
+    ("data=1,tensor=2", "--mode spawn is data parallel only"),
+])
+def test_xmp_spawn_refuses_what_it_cannot_run(mesh, message, tmp_path):
+    import os
+    if mesh == "data=4" and (os.cpu_count() or 1) != 2:
+        pytest.skip("the message names this machine's core count")
+    proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--mode", "spawn", "--mesh", mesh, "--out", str(tmp_path))
+    assert proc.returncode == 2 and message in proc.stderr

@@ -27,23 +27,22 @@ def train(spec, args, out_dir, progress):
     sharding.configure_platform(spec.mesh.device_count)
     instrument.configure_debug(out_dir)
     if args.mode == "spawn":
-        sharding.require_data_parallel_only(spec.mesh)
-        from torch_xla_impl.spawn import run_spawn
-        return run_spawn(spec, args, out_dir, progress)
-
+        sharding.require_spawn_mesh(spec.mesh)
     import torch_xla.runtime as xr
 
+    from torch_xla_impl.spawn import run_spawn
     from torch_xla_impl.train import run
 
-    if spec.mesh.device_count > 1:
-        xr.use_spmd()
     with instrument.stderr_to(out_dir / instrument.DEBUG_LOG):
-        monitor = instrument.CompileMonitor()
-        record, tensors = run(spec, out_dir, parity=args.parity, monitor=monitor, checkpoint=args.checkpoint,
-                              throughput_steps=args.throughput_steps, shape_change_step=args.shape_change_step,
+        if args.mode == "spawn":  # replica 0 writes the record
+            return run_spawn(spec, args, out_dir, progress is not None)
+        if spec.mesh.device_count > 1:
+            xr.use_spmd()
+        record, tensors = run(spec, out_dir, parity=args.parity, monitor=instrument.CompileMonitor(),
+                              checkpoint=args.checkpoint, throughput_steps=args.throughput_steps,
+                              shape_change_step=args.shape_change_step,
                               mode="spmd" if spec.mesh.device_count > 1 else "single", progress=progress)
     return record, tensors, True
-
 
 if __name__ == "__main__":
     sys.exit(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train))

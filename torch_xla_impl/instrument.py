@@ -61,6 +61,21 @@ class CompileMonitor:
         return {name: int(self.met.counter_value(name) or 0) for name in ("UncachedCompile", "CachedCompile")}
 
 
+class NoMonitor:
+    """For xmp.spawn replicas other than 0: the metrics are process-wide, replica 0 reads them."""
+
+    events: list = []
+
+    def at(self, phase: str, step: int) -> None:
+        pass
+
+    def collect(self) -> None:
+        pass
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+
 @contextlib.contextmanager
 def stderr_to(path: Path):
     """Send file descriptor 2 (C++ and Python) to `path`; afterwards replay what was not analysis."""

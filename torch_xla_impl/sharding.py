@@ -66,7 +66,13 @@ def input_sharding(mesh_spec: MeshSpec, mesh, ndims: dict[str, int]) -> dict:
     return {key: xs.ShardingSpec(mesh, batch_partition_spec(mesh_spec, n)) for key, n in ndims.items()}
 
 
-def require_data_parallel_only(mesh_spec: MeshSpec) -> None:
+def require_spawn_mesh(mesh_spec: MeshSpec) -> None:
+    """xmp.spawn is data parallel only; on CPU its replicas are threads, at most one per core."""
     if mesh_spec.fsdp > 1 or mesh_spec.tensor > 1:
         raise SpecError(f"--mode spawn is data parallel only (one replica per device); mesh fsdp={mesh_spec.fsdp}, "
                         f"tensor={mesh_spec.tensor} needs --mode spmd")
+    cores = os.cpu_count() or 1
+    if os.environ.get("PJRT_DEVICE") == "CPU" and mesh_spec.data > cores:
+        raise SpecError(f"--mode spawn on CPU runs one thread per replica: mesh data={mesh_spec.data} exceeds the "
+                        f"{cores} cores here, where replicas were seen to diverge (docs/xmp-spawn-cpu.md); "
+                        f"use data<={cores} or --mode spmd")

@@ -36,7 +36,7 @@ from common.record import (RunRecord, StepRecord, finite_or_none, host_platform,
                            throughput_summary)
 from common.spec import RunSpec, TrainSpec
 from common.weights import init_params, load_checkpoint
-from torch_xla_impl import convert, sharding
+from torch_xla_impl import convert, sharding, spawn
 from torch_xla_impl.instrument import CompileMonitor, compilation_causes, hlo_statistics
 from torch_xla_impl.models import build_model
 
@@ -109,9 +109,11 @@ class TorchXlaTrainer:
         cpu_loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False, num_workers=0)
         return pl.MpDeviceLoader(cpu_loader, self.device, input_sharding=self.input_sharding)
 
-    def device_batch(self, step: int) -> dict[str, torch.Tensor]:
-        """One batch moved outside the loader (step-0 parity tensors)."""
-        return next(iter(self.loader(step, 1)))
+    def global_device_batch(self, step: int) -> dict[str, torch.Tensor]:
+        """The whole global batch of a step on this device (step-0 parity tensors, any mode)."""
+        batches = StepBatches(self.data, step, 1, shape_change_step=self.shape_change_step)
+        loader = torch.utils.data.DataLoader(batches, batch_size=None)
+        return next(iter(pl.MpDeviceLoader(loader, self.device, input_sharding=self.input_sharding)))
 
     def loss(self, batch) -> torch.Tensor:
         with self.autocast():
@@ -119,24 +121,44 @@ class TorchXlaTrainer:
         return cross_entropy(logits, batch["targets"]), logits
 
     def step(self, step: int, batch) -> torch.Tensor:
-        """Trace one train step (nothing runs until torch_xla.sync())."""
+        """Trace one train step (nothing runs until torch_xla.sync()); returns the (global) loss."""
         for group in self.optimizer.param_groups:
             group["lr"] = self.spec.train.lr_at(step)
-        self.optimizer.zero_grad(set_to_none=True)
         loss, _ = self.loss(batch)
         loss.backward()
-        clip = self.spec.train.grad_clip
         if self.replicas > 1:
-            # Clip the all-reduced gradients: reduce first, then clip, then a plain step.
-            xm.reduce_gradients(self.optimizer)
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            # Replicas: average the gradients (and the loss) first, clip the averaged
+            # gradients, then a plain step.
+            loss = self._all_reduce(loss)
+            self._clip()
             self.optimizer.step()
         else:
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            self._clip()
             xm.optimizer_step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)  # gradients are no graph outputs
         return loss
+
+    def wait(self) -> None:
+        """Wait for this replica's device only: the default (every local device) makes one xmp.spawn
+        thread hold the others' devices while it waits, which deadlocks the all-reduce (seen on CPU)."""
+        xm.wait_device_ops(devices=xm.xla_real_devices([self.device]) if self.replicas > 1 else [])
+
+    def sync(self, step: int) -> None:
+        """Cut the traced graph and run it (xmp.spawn threads on CPU first meet while compiling)."""
+        if self.replicas > 1 and spawn.cpu_threads():
+            spawn.sync_step(self, step, SETTLE_STEPS)
+        else:
+            torch_xla.sync()
+
+    def _clip(self) -> None:
+        if self.spec.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.train.grad_clip)
+
+    def _all_reduce(self, loss):
+        if spawn.cpu_threads():
+            return spawn.bucketed_all_reduce(list(self.model.parameters()), loss, self.replicas)
+        xm.reduce_gradients(self.optimizer)
+        return xm.all_reduce(xm.REDUCE_SUM, loss.detach(), scale=1.0 / self.replicas)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return convert.from_state_dict(self.model.state_dict(), self.spec.model)
@@ -156,8 +178,8 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
     trainer = TorchXlaTrainer(spec, spmd_mesh=mesh, replica=replica, replicas=replicas, checkpoint=checkpoint,
                               shape_change_step=shape_change_step)
     tensors = {}
-    if parity:  # step-0 forward and gradients, before any update
-        batch0 = trainer.device_batch(0)
+    if parity and replica == 0:  # step-0 forward and gradients on the global batch, before any update
+        batch0 = trainer.global_device_batch(0)
         loss0, logits = trainer.loss(batch0)
         loss0.backward()
         torch_xla.sync()
@@ -173,8 +195,8 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
         start = time.perf_counter()
         loss = trainer.step(step, batch)
         traced = time.perf_counter()
-        torch_xla.sync()
-        xm.wait_device_ops()
+        trainer.sync(step)
+        trainer.wait()
         wall_ms = (time.perf_counter() - start) * 1e3
         monitor.collect()
         value = loss.item()
@@ -188,8 +210,10 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
             break
     monitor.at("loop", spec.train.steps)
 
+    if mode == "spawn":
+        spawn.check_replicas_agree(trainer, record)
     if record.status == "ok":
-        if parity:
+        if parity and replica == 0:
             tensors["params"] = trainer.canonical_params()
         record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
         monitor.collect()
@@ -229,9 +253,17 @@ def _pipelined_throughput(trainer: TorchXlaTrainer, spec: RunSpec, steps: int | 
     for i, batch in enumerate(trainer.loader(spec.train.steps, steps)):
         start = start or time.perf_counter()  # from the first batch on the device
         loss = trainer.step(spec.train.steps + i, batch)  # noqa: F841  (kept alive until the sync)
-        torch_xla.sync()
-    xm.wait_device_ops()
+        trainer.sync(spec.train.steps + i)
+    trainer.wait()
     return throughput_summary(spec, steps, time.perf_counter() - start)
+
+
+def _step_api(replicas: int) -> str:
+    if replicas == 1:
+        return "xm.optimizer_step"
+    if spawn.cpu_threads():
+        return "bucketed all-reduce with a channel id (_xla_spmd_all_reduce) + optimizer.step"
+    return "xm.reduce_gradients + optimizer.step"
 
 
 def _new_record(spec: RunSpec, mode: str, replicas: int) -> RunRecord:
@@ -247,8 +279,9 @@ def _new_record(spec: RunSpec, mode: str, replicas: int) -> RunRecord:
                   "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
                   "weight_decay_applies_to": "all parameters", "env": numerics_env()},
         extra={"settle_steps": SETTLE_STEPS, "mode": mode, "replicas": replicas,
+               "compile_counts_cover": "every replica in this process" if mode == "spawn" else "this process",
                "loader": "torch_xla.distributed.parallel_loader.MpDeviceLoader",
-               "step_api": "xm.optimizer_step" if replicas == 1 else "xm.reduce_gradients + optimizer.step",
+               "step_api": _step_api(replicas),
                "sync_api": "torch_xla.sync" if hasattr(torch_xla, "sync") else "xm.mark_step",
                "mesh_strategy": spec.mesh.strategy},
     )
