@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from common.data import DataError
 from common.record import RecordError
@@ -86,6 +87,6 @@ def resolve_spec(args: argparse.Namespace) -> RunSpec:
     return load_spec(args.spec, spec_overrides(args))
 
 
-def fail(message: str, code: int) -> "NoReturn":  # noqa: F821
+def fail(message: str, code: int) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)

@@ -73,6 +73,14 @@ class RunRecord:
     extra: dict = field(default_factory=dict)  # backend-specific facts (mode, loop API, ...)
     schema_version: int = SCHEMA_VERSION
 
+    def add_step(self, step: int, loss: float, wall_ms: float) -> bool:
+        """Record a step; a NaN/Inf loss marks the run non-finite and returns False (stop training)."""
+        self.steps.append(StepRecord(step, finite_or_none(loss), wall_ms))
+        if math.isfinite(loss):
+            return True
+        self.status, self.message = "nonfinite", f"loss is {loss} at step {step}"
+        return False
+
     @property
     def losses(self) -> list[float | None]:
         return [s.loss for s in self.steps]

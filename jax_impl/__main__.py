@@ -6,9 +6,9 @@ import sys
 from common import backend_main
 from common.cli import EXIT_USAGE, fail
 
-try:
-    import jax  # noqa: F401  (imported before anything initialises a backend)
+try:  # a missing framework is a usage error with a one-line fix, not a traceback
     import flax  # noqa: F401
+    import jax
     import optax  # noqa: F401
 except ImportError as e:
     fail(f"the jax backend needs {e.name}, which is not installed in {sys.executable}; "

@@ -21,8 +21,7 @@ import optax
 from flax import nnx
 
 from common.data import Batch, make_dataset
-from common.record import (RunRecord, StepRecord, finite_or_none, host_platform, numerics_env, package_versions,
-                           throughput_summary)
+from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec, TrainSpec
 from common.weights import init_params, load_checkpoint
 from jax_impl import convert, sharding
@@ -141,11 +140,9 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
         loss.block_until_ready()  # one executable: when the loss is ready, so are the new params
         wall_ms = (time.perf_counter() - start) * 1e3
         value = float(sharding.to_host(loss))
-        record.steps.append(StepRecord(step, finite_or_none(value), wall_ms))
         if progress:
             progress(step, value, wall_ms)
-        if not np.isfinite(value):
-            record.status, record.message = "nonfinite", f"loss is {value} at step {step}"
+        if not record.add_step(step, value, wall_ms):
             break
     monitor.at("loop", spec.train.steps)
 

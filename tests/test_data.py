@@ -1,11 +1,10 @@
-import hashlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from common.data import Batch, DataError, make_dataset, process_slice
+from common.data import DataError, make_dataset, process_slice
 from common.spec import load_spec
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]

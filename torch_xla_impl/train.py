@@ -32,8 +32,7 @@ import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
 from common.data import Batch, make_dataset, process_slice
-from common.record import (RunRecord, StepRecord, finite_or_none, host_platform, numerics_env, package_versions,
-                           throughput_summary)
+from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec, TrainSpec
 from common.weights import init_params, load_checkpoint
 from torch_xla_impl import convert, sharding, spawn
@@ -202,11 +201,9 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
         value = loss.item()
         trace_ms.append((traced - start) * 1e3)
         shapes.append(tuple(batch["inputs"].shape))
-        record.steps.append(StepRecord(step, finite_or_none(value), wall_ms))
         if progress:
             progress(step, value, wall_ms)
-        if not np.isfinite(value):
-            record.status, record.message = "nonfinite", f"loss is {value} at step {step}"
+        if not record.add_step(step, value, wall_ms):
             break
     monitor.at("loop", spec.train.steps)
 
