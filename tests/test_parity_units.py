@@ -1,0 +1,64 @@
+"""The parity arithmetic of `compare`, on hand-made records and tensors (no framework needed)."""
+import json
+
+import numpy as np
+import pytest
+
+from common.record import RunRecord, StepRecord
+from common.spec import load_spec
+from compare import parity
+from compare.tolerances import ToleranceError, load_policy
+
+
+def _record(backend, losses, overrides=(), dtype="float32"):
+    spec = load_spec("gpt-tiny", list(overrides))
+    return RunRecord(backend=backend, spec=spec.to_dict(), numerics={"dtype": dtype, "matmul_precision": "highest"},
+                     steps=[StepRecord(i, v, 1.0) for i, v in enumerate(losses)])
+
+
+def test_setting_differences_name_the_field():
+    a, b = _record("jax", [1.0]), _record("torch_xla", [1.0], ["model.layernorm_eps=1e-6"])
+    assert parity.setting_differences(a, b) == ["model.layernorm_eps: jax=1e-05 torch_xla=1e-06"]
+    c = _record("torch_xla", [1.0])
+    c.numerics["matmul_precision"] = "default"
+    assert parity.setting_differences(a, c) == ["numerics.matmul_precision: jax='highest' torch_xla='default'"]
+    assert parity.setting_differences(a, _record("torch_xla", [2.0])) == []
+
+
+def test_first_divergent_step_uses_atol_plus_rtol():
+    bounds = {"atol": 1e-4, "rtol": 1e-3}  # at loss 2.0 the bound is 2.1e-3
+    result = parity.compare_losses([2.0, 2.0, 2.0, 2.0], [2.0, 2.002, 2.0025, 2.0], bounds)
+    assert result["first_divergent_step"] == 2
+    assert result["per_step_abs"] == pytest.approx([0.0, 0.002, 0.0025, 0.0])
+    assert result["max_abs"] == pytest.approx(0.0025)
+    assert parity.compare_losses([1.0, None], [1.0, 1.0], bounds)["first_divergent_step"] == 1  # NaN on one side
+    assert parity.compare_losses([1.0, 1.0, 1.0], [1.0, 1.0], bounds)["first_divergent_step"] == 2  # stopped early
+
+
+def test_tensor_errors_and_worst_ranking():
+    policy = load_policy("default", "float32")
+    ref = {"grads": {"w": np.array([1.0, -2.0]), "k_bias": np.array([1e-12, 0.0])}, "outputs": {}, "params": {}}
+    other = {"grads": {"w": np.array([1.0, -2.003]), "k_bias": np.array([3e-12, 0.0])}, "outputs": {}, "params": {}}
+    errors = parity.compare_tensors(ref, other, policy)
+    w = errors["grads/w"]
+    assert w["abs"] == pytest.approx(3e-3) and w["rel"] == pytest.approx(1.5e-3)
+    assert w["within"] is False  # bound: atol 1e-6 + rtol 1e-3 * max|ref| 2 = 2.001e-3 < 3e-3
+    assert w["tolerance_used"] == pytest.approx(3e-3 / 2.001e-3)
+    assert errors["grads/k_bias"]["rel"] == pytest.approx(2.0) and errors["grads/k_bias"]["within"]
+    worst = parity.worst_tensors(errors)
+    assert [t["name"] for t in worst] == ["grads/w", "grads/k_bias"]  # by share of tolerance, not by rel
+    shapes = parity.tensor_error(np.zeros(3), np.zeros(4), 1e-6, 1e-6)
+    assert shapes["within"] is False and "shapes differ" in shapes["note"]
+
+
+def test_tolerance_profiles_and_files(tmp_path):
+    assert load_policy("default", "bfloat16")["loss"] == {"atol": 5e-2, "rtol": 2e-2}
+    custom = tmp_path / "tol.json"
+    custom.write_text(json.dumps({"float32": {"loss": {"atol": 0.5}}}))
+    policy = load_policy(str(custom), "float32")
+    assert policy["loss"] == {"atol": 0.5, "rtol": 5e-4} and policy["grad"]["atol"] == 1e-6
+    custom.write_text(json.dumps({"float32": {"weights": {"atol": 1}}}))
+    with pytest.raises(ToleranceError, match="float32.weights must be one of forward, grad, loss, params"):
+        load_policy(str(custom), "float32")
+    with pytest.raises(ToleranceError, match="not a profile"):
+        load_policy(str(tmp_path / "missing.json"), "float32")
