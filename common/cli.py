@@ -1,7 +1,8 @@
 """The command-line flags both backends share (`python -m jax_impl` / `python -m torch_xla_impl`).
 
 Exit codes (the same in `compare`): 0 ok, 1 parity failed (compare only),
-2 bad usage or input, 3 a backend failed, 4 interrupted, 5 non-finite loss.
+2 bad usage or input, 3 a backend failed, 4 interrupted, 5 non-finite loss
+(a backend alone; compare reports it as 3), 6 an internal error of compare.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from common.record import RecordError
 from common.spec import RunSpec, SpecError, load_spec
 from common.weights import CheckpointError
 
-EXIT_OK, EXIT_PARITY, EXIT_USAGE, EXIT_BACKEND, EXIT_INTERRUPTED, EXIT_NONFINITE = 0, 1, 2, 3, 4, 5
+EXIT_OK, EXIT_PARITY, EXIT_USAGE, EXIT_BACKEND, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_INTERNAL = 0, 1, 2, 3, 4, 5, 6
 INPUT_ERRORS = (SpecError, DataError, CheckpointError, RecordError)
 
 

@@ -161,7 +161,10 @@ def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]])
         if group not in TENSOR_GROUPS:
             raise ValueError(f"unknown tensor group {group!r}")
         for name, value in tensors.items():
-            arrays[f"{group}/{name}"] = np.asarray(value)
+            value = np.asarray(value)
+            if value.dtype.kind not in "biuf":  # e.g. ml_dtypes' bfloat16, which npz cannot round-trip
+                value = value.astype(np.float32)
+            arrays[f"{group}/{name}"] = value
     with atomic_path(Path(run_dir) / TENSORS_FILE) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)

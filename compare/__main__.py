@@ -17,8 +17,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from common.cli import (EXIT_BACKEND, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY, EXIT_USAGE, INPUT_ERRORS,
-                        add_run_flags, fail, resolve_spec, run_flags_argv)
+from common.cli import (EXIT_BACKEND, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY, EXIT_USAGE,
+                        INPUT_ERRORS, add_run_flags, fail, resolve_spec, run_flags_argv)
 from common.fsutil import write_json_atomic, write_text_atomic
 from common.record import RECORD_FILE, RecordError, read_record, read_tensors
 from compare import parity as parity_mod
@@ -108,7 +108,8 @@ def main(argv=None) -> int:
     names = backends_of(args.backend)
     try:
         spec = resolve_spec(args)
-        side_specs = {"jax": resolve_spec(_with(args, args.jax_set)), "torch_xla": resolve_spec(_with(args, args.torch_xla_set))}
+        side_specs = {side: resolve_spec(_with(args, extra))
+                      for side, extra in (("jax", args.jax_set), ("torch_xla", args.torch_xla_set))}
         policy = load_policy(args.tolerance_profile, spec.train.dtype)
     except (*INPUT_ERRORS, ToleranceError) as e:
         fail(str(e), EXIT_USAGE)
@@ -230,3 +231,8 @@ if __name__ == "__main__":
         sys.exit(main())
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+    except Exception as e:  # a bug in compare itself: one line, the traceback with --debug
+        if "--debug" in sys.argv:
+            raise
+        fail(f"internal error in compare: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+             EXIT_INTERNAL)

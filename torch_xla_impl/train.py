@@ -216,8 +216,9 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
         monitor.collect()
     record.compile_events = list(monitor.events)
     record.extra.update(trace_ms=trace_ms, counters=monitor.counters())
-    _attach_causes(record, out_dir, shapes)
-    record.hlo_stats = hlo_statistics(out_dir)
+    if replica == 0:  # one reader of the shared debug log and HLO dump
+        _attach_causes(record, out_dir, shapes)
+        record.hlo_stats = hlo_statistics(out_dir)
     return record, tensors
 
 
