@@ -44,6 +44,12 @@ def parse_args(argv):
                         help="override a spec field for the JAX side only (a deliberate difference)")
     parser.add_argument("--torch-xla-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override a spec field for the torch_xla side only (a deliberate difference)")
+    parser.add_argument("--jax-record", type=Path, metavar="DIR",
+                        help="compare this existing JAX run (a directory with record.json) instead of running it")
+    parser.add_argument("--torch-xla-record", type=Path, metavar="DIR",
+                        help="compare this existing torch_xla run instead of running it")
+    parser.add_argument("--check-determinism", action="store_true",
+                        help="run each backend twice and require bitwise-identical per-step losses")
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
     parser.add_argument("--json", action="store_true", help="print only the JSON report")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
@@ -114,20 +120,43 @@ def main(argv=None) -> int:
     except (*INPUT_ERRORS, ToleranceError) as e:
         fail(str(e), EXIT_USAGE)
     del side_specs  # validated up front: a bad per-side override fails before any backend runs
+    given = {n: p for n, p in (("jax", args.jax_record), ("torch_xla", args.torch_xla_record)) if p and n in names}
+    for name, path in given.items():  # a corrupt record is bad input: say so before running anything
+        try:
+            record = read_record(path)
+            if record.status == "ok" and len(names) == 2:
+                read_tensors(path, record)
+        except RecordError as e:
+            fail(f"--{name.replace('_', '-')}-record: {e}", EXIT_USAGE)
     out = prepare_out_dir(args)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     runs: dict[str, BackendRun] = {}
     interrupted = False
     pythons = {"jax": args.jax_python, "torch_xla": args.torch_xla_python}
     extra = {"jax": args.jax_set, "torch_xla": args.torch_xla_set}
+    repeats: dict[str, BackendRun] = {}
+    current = None
     try:
         with LiveProgress(not (args.quiet or args.json), spec.train.steps) as live:
             for name in names:
+                if name in given:
+                    runs[name] = BackendRun(name, given[name].resolve(), "ok", 0, "", 0.0, [])
+                    continue
+                current = name
                 argv_b = run_flags_argv(args) + [a for item in extra[name] for a in ("--set", item)] + ["--parity"]
                 runs[name] = run_backend(name, pythons[name], argv_b, out / name, args.timeout, live.task(name))
-    except KeyboardInterrupt:
+                if args.check_determinism and runs[name].status == "ok":
+                    repeats[name] = run_backend(name, pythons[name], argv_b, out / f"{name}-repeat", args.timeout,
+                                                live.task(f"{name} again"))
+            current = None
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: run_backend already took the running backend down
         interrupted = True
+        if current is not None:
+            runs.setdefault(current, BackendRun(current, out / current, "interrupted", None,
+                                                "interrupted by a signal; its process group was terminated", 0.0, []))
     report = build_report(args, spec, policy, names, runs, out, interrupted)
+    if args.check_determinism:
+        report = add_determinism(report, runs, repeats)
     write_json_atomic(out / "report.json", report)
     write_text_atomic(out / "report.md", markdown(report))
     if args.json:
@@ -151,15 +180,18 @@ def build_report(args, spec, policy, names, runs, out: Path, interrupted: bool) 
     backends, records, tensors, problems = {}, {}, {}, []
     for name in names:
         run = runs.get(name)
+        run_dir = run.run_dir if run is not None else out / name
+        reused = run is not None and not run.command
         entry = {"status": "not_run" if run is None else run.status, "message": "" if run is None else run.message,
                  "exit_code": None if run is None else run.exit_code, "wall_s": None if run is None else run.wall_s,
-                 "record": f"{name}/{RECORD_FILE}", "logs": [f"{name}/stdout.log", f"{name}/stderr.log"]}
-        record_path = out / name / RECORD_FILE
+                 "record": str(run_dir / RECORD_FILE) if reused else f"{name}/{RECORD_FILE}",
+                 "logs": [] if reused else [f"{name}/stdout.log", f"{name}/stderr.log"], "reused_record": reused}
+        record_path = run_dir / RECORD_FILE
         if run is not None and record_path.exists():
             try:
                 record = read_record(record_path)
                 records[name] = record
-                entry.update(backend_summary(record, out / name, cpu_peak))
+                entry.update(backend_summary(record, run_dir, cpu_peak))
                 entry["status"] = run.status if run.status != "ok" else record.status
                 if record.status == "ok" and len(names) == 2:
                     tensors[name] = read_tensors(record_path, record)
@@ -194,9 +226,29 @@ def build_report(args, spec, policy, names, runs, out: Path, interrupted: bool) 
         "spec_name": spec.name, "spec": spec.to_dict(), "dtype": spec.train.dtype,
         "tolerance_profile": args.tolerance_profile, "tolerances": policy, "parity": parity,
         "backends": backends, "ratios": ratios(backends),
-        "commands": {n: r.command for n, r in runs.items()},
+        "commands": {n: r.command for n, r in runs.items() if r.command},
     }
     report["plots"] = write_plots(report, out)
+    return report
+
+
+def add_determinism(report: dict, runs: dict, repeats: dict) -> dict:
+    """Per backend: are the per-step losses of two identical runs bitwise equal?"""
+    result = {}
+    for name, repeat in repeats.items():
+        try:
+            first, second = read_record(runs[name].run_dir).losses, read_record(repeat.run_dir).losses
+        except RecordError as e:
+            result[name] = {"bitwise_equal": False, "message": f"repeat run unusable: {e}"}
+            continue
+        diffs = [abs(a - b) for a, b in zip(first, second) if a is not None and b is not None]
+        result[name] = {"bitwise_equal": first == second, "max_abs": max(diffs) if diffs else None,
+                        "steps": len(first)}
+    report["determinism"] = result
+    if report["exit_code"] == EXIT_OK and not all(r["bitwise_equal"] for r in result.values()):
+        report.update(status="nondeterministic", exit_code=EXIT_PARITY, verdict="fail",
+                      message="two identical runs differ: " + ", ".join(n for n, r in result.items()
+                                                                         if not r["bitwise_equal"]))
     return report
 
 

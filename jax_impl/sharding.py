@@ -7,6 +7,8 @@ shardings and inserts the collectives.
 """
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
@@ -17,7 +19,10 @@ from common.spec import AXES, MeshSpec, ModelSpec, SpecError
 
 
 def set_cpu_device_count(n: int) -> None:
-    """Fake CPU devices for a mesh; must run before JAX initialises its backends."""
+    """Fake CPU devices for a mesh, unless the user fixed the count (then a mismatch is reported).
+    Must run before JAX initialises its backends."""
+    if "JAX_NUM_CPU_DEVICES" in os.environ or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return
     jax.config.update("jax_num_cpu_devices", n)
 
 

@@ -26,8 +26,8 @@ def configure_platform(device_count: int) -> None:
     """PJRT device and CPU device count; must run before torch_xla is imported."""
     if "PJRT_DEVICE" not in os.environ:
         os.environ["PJRT_DEVICE"] = "TPU" if on_tpu_vm() else "CPU"
-    if os.environ["PJRT_DEVICE"] == "CPU":
-        os.environ["CPU_NUM_DEVICES"] = str(device_count)
+    if os.environ["PJRT_DEVICE"] == "CPU":  # a count the user fixed is kept (a mismatch is then reported)
+        os.environ.setdefault("CPU_NUM_DEVICES", str(device_count))
         os.environ.setdefault("PJRT_CPU_ASYNC_CLIENT", "true")
 
 

@@ -1,0 +1,263 @@
+"""Bad input, crashes, hangs and interrupts: the real `compare` CLI in a subprocess, every case.
+
+Each test checks the exit code, the one-line message on stderr (no traceback),
+and what the run directory says. Fake backends are executables passed as
+`--jax-python` / `--torch-xla-python`: they stand in for a broken interpreter,
+never for a framework.
+"""
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import REPO, run_cli
+
+
+def compare(*args, timeout=600):
+    return run_cli("compare", "--quiet", *args, timeout=timeout)
+
+
+def one_line_error(proc) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert errors, proc.stderr
+    return errors[-1]
+
+
+def report_of(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def executable(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def processes_with(marker: str) -> list:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def hanging_backend(tmp_path: Path, marker: str) -> Path:
+    """An 'interpreter' that starts a child and never finishes (both carry `marker`)."""
+    return executable(tmp_path / f"{marker}-python", f"""#!{sys.executable}
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "{marker}-child"])
+print("progress step=0 loss=1.0 ms=1.0", flush=True)
+time.sleep(600)
+""")
+
+
+# 1-3: usage and spec errors -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "mxnet"], "--backend 'mxnet' is unknown; use both, jax or torch_xla"),
+    (["--spec", "gpt-huge"], "unknown spec 'gpt-huge'"),
+    (["--spec", "/nonexistent/run.toml"], "cannot read spec file /nonexistent/run.toml"),
+    (["--set", "model.widht=3"], "unknown key model.widht"),
+    (["--set", "train.steps=many"], "train.steps=many must be an integer"),
+    (["--set", "model.d_model=0"], "model.d_model=0 must be positive"),
+    (["--set", "model.n_heads=5"], "model.n_heads=5 does not divide model.d_model=64"),
+    (["--set", "data.seq_len=512"], "data.seq_len=512 is longer than the positional table model.seq_len=64"),
+    (["--set", "train.lr=-1"], "train.lr=-1.0 must be positive"),
+    (["--set", "train.optimizer=lamb"], "train.optimizer=lamb is not one of adamw, sgd"),
+    (["--mesh", "data=3"], "train.global_batch_size=16 is not divisible by the data-parallel size"),
+    (["--tolerance-profile", "lax"], "--tolerance-profile lax: not a profile"),
+])
+def test_bad_usage_is_exit_2_with_one_line_and_no_run_dir(args, message, tmp_path):
+    out = tmp_path / "run"
+    proc = compare("--out", str(out), *args)
+    assert proc.returncode == 2
+    assert message in one_line_error(proc)
+    assert not out.exists()  # refused before anything started: nothing half-made
+
+
+@pytest.mark.parametrize("backend, env", [("jax_impl", {"JAX_NUM_CPU_DEVICES": "1"}),
+                                          ("torch_xla_impl", {"CPU_NUM_DEVICES": "1"})])
+def test_a_mesh_larger_than_the_platform_is_refused(backend, env, tmp_path):
+    # The backends create the CPU devices a mesh needs unless the user fixed the count, as here.
+    proc = run_cli(backend, "--spec", "mlp-tiny", "--mesh", "data=2", "--out", str(tmp_path / "run"), env=env)
+    assert proc.returncode == 2
+    assert "mesh data=2,fsdp=1,tensor=1 needs 2 devices; this platform has 1" in one_line_error(proc)
+
+
+# 4: a framework missing from the interpreter given ---------------------------------------------------
+
+def test_a_framework_missing_from_the_given_interpreter(tmp_path):
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    probe = subprocess.run([str(base), "-c", "import numpy, importlib.util as u; "
+                            "print(u.find_spec('torch') is None and u.find_spec('jax') is None)"],
+                           capture_output=True, text=True)
+    if probe.stdout.strip() != "True":
+        pytest.skip("needs a base interpreter with numpy and without torch and jax")
+    out = tmp_path / "run"
+    proc = compare("--out", str(out), "--spec", "mlp-tiny", "--steps", "3", "--torch-xla-python", str(base))
+    assert proc.returncode == 2
+    report = report_of(out)
+    torch = report["backends"]["torch_xla"]
+    assert torch["status"] == "usage_error"
+    assert "needs torch, which is not installed in" in torch["message"]
+    assert "pip install -e '.[torch-xla]'" in torch["message"] and "--torch-xla-python" in torch["message"]
+    assert report["backends"]["jax"]["status"] == "ok"  # the other side still ran and is reported
+
+
+# 5: corrupt inputs handed to compare ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "run"
+    proc = compare("--out", str(out), "--backend", "jax", "--spec", "mlp-tiny", "--steps", "3")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "record.json").write_text((d / "record.json").read_text()[:200]), "is not valid JSON"),
+    (lambda d: (d / "record.json").write_text(json.dumps({**json.loads((d / "record.json").read_text()),
+                                                          "schema_version": 0})), "has schema_version 0"),
+    (lambda d: (d / "tensors.npz").write_bytes((d / "tensors.npz").read_bytes()[:500]), "corrupt or truncated"),
+])
+def test_corrupt_records_are_refused(finished_run, damage, message, tmp_path):
+    import shutil
+    record_dir = tmp_path / "jax"
+    shutil.copytree(finished_run / "jax", record_dir)
+    damage(record_dir)
+    proc = compare("--out", str(tmp_path / "again"), "--spec", "mlp-tiny", "--steps", "3",
+                   "--jax-record", str(record_dir), "--torch-xla-record", str(record_dir))
+    assert proc.returncode == 2
+    line = one_line_error(proc)
+    assert "--jax-record" in line and message in line
+    assert not (tmp_path / "again").exists()
+
+
+def test_an_existing_record_can_be_compared_again(finished_run, tmp_path):
+    proc = compare("--out", str(tmp_path / "again"), "--backend", "jax", "--spec", "mlp-tiny", "--steps", "3",
+                   "--jax-record", str(finished_run / "jax"))
+    assert proc.returncode == 0, proc.stderr
+    report = report_of(tmp_path / "again")
+    assert report["backends"]["jax"]["reused_record"] is True
+    assert report["backends"]["jax"]["losses"] == report_of(finished_run)["backends"]["jax"]["losses"]
+
+
+def test_a_checkpoint_that_does_not_fit_names_the_tensor(tmp_path):
+    sys.path.insert(0, str(REPO))
+    import numpy as np
+
+    from common.spec import load_spec
+    from common.weights import init_params, save_checkpoint
+    params = init_params(load_spec("mlp-tiny").model, 0)
+    params["hidden.0.kernel"] = np.zeros((784, 255), np.float32)
+    save_checkpoint(tmp_path / "bad.safetensors", params)
+    proc = run_cli("jax_impl", "--spec", "mlp-tiny", "--checkpoint", str(tmp_path / "bad.safetensors"),
+                   "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    assert "tensor hidden.0.kernel has shape (784, 255), the spec needs (784, 256)" in one_line_error(proc)
+
+
+# 6: non-finite loss -------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_nan_loss_stops_the_backend_and_is_reported_with_its_step(tmp_path):
+    out = tmp_path / "run"
+    proc = compare("--out", str(out), "--spec", "mlp-tiny", "--steps", "8", "--set", "train.lr=1e6",
+                   "--set", "train.grad_clip=0")
+    assert proc.returncode == 3
+    report = report_of(out)
+    assert report["status"] == "backend_failed"
+    for name in ("jax", "torch_xla"):
+        entry = report["backends"][name]
+        match = re.search(r"loss is (nan|inf|-inf) at step (\d+)", entry["message"])
+        assert entry["status"] == "nonfinite" and match, entry["message"]
+        step = int(match.group(2))
+        assert len(entry["losses"]) == step + 1 and entry["losses"][-1] is None  # stopped at that step
+
+
+# 7: crash and hang ----------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_hanging_backend_is_killed_with_its_children_and_the_other_still_runs(tmp_path):
+    marker = f"xla-twins-hang-{os.getpid()}-{time.time_ns()}"
+    out = tmp_path / "run"
+    start = time.monotonic()
+    proc = compare("--out", str(out), "--spec", "mlp-tiny", "--steps", "3", "--timeout", "20",
+                   "--jax-python", str(hanging_backend(tmp_path, marker)))
+    assert proc.returncode == 3
+    report = report_of(out)
+    assert report["backends"]["jax"]["status"] == "timeout"
+    assert "killed with its process group" in report["backends"]["jax"]["message"]
+    assert report["backends"]["torch_xla"]["status"] == "ok"
+    assert time.monotonic() - start < 300
+    assert processes_with(marker) == []  # the backend's child went down with it
+
+
+# 8: interrupts ----------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_terminates_children_and_marks_the_run(sig, tmp_path):
+    marker = f"xla-twins-int-{os.getpid()}-{time.time_ns()}"
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "compare", "--quiet", "--out", str(out), "--spec", "mlp-tiny",
+           "--jax-python", str(hanging_backend(tmp_path, marker))]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 60
+    while not processes_with(f"{marker}-child") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(f"{marker}-child"), "the fake backend never started"
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 4, stderr
+    assert "Traceback" not in stderr
+    report = report_of(out)
+    assert report["status"] == "interrupted" and report["exit_code"] == 4
+    assert report["backends"]["jax"]["status"] == "interrupted"
+    assert report["backends"]["torch_xla"]["status"] == "not_run"
+    assert processes_with(marker) == []
+
+
+# 9: output directory ------------------------------------------------------------------------------------------
+
+def test_an_output_directory_that_cannot_be_created(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = compare("--out", str(blocker / "run"), "--spec", "mlp-tiny")
+    assert proc.returncode == 2
+    assert f"run directory {blocker / 'run'} is not writable" in one_line_error(proc)
+
+
+def test_a_finished_run_is_not_overwritten_without_asking(finished_run):
+    before = (finished_run / "report.json").read_text()
+    proc = compare("--out", str(finished_run), "--backend", "jax", "--spec", "mlp-tiny", "--steps", "3")
+    assert proc.returncode == 2
+    assert "already holds a finished run (report.json); pass --overwrite" in one_line_error(proc)
+    assert (finished_run / "report.json").read_text() == before
+
+
+# determinism ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_identical_runs_give_bitwise_identical_losses(tmp_path):
+    out = tmp_path / "run"
+    proc = compare("--out", str(out), "--spec", "mlp-tiny", "--steps", "6", "--check-determinism")
+    assert proc.returncode == 0, proc.stderr
+    report = report_of(out)
+    for name in ("jax", "torch_xla"):
+        assert report["determinism"][name] == {"bitwise_equal": True, "max_abs": 0.0, "steps": 6}
+    assert (out / "jax-repeat" / "record.json").exists() and (out / "torch_xla-repeat" / "record.json").exists()
