@@ -39,18 +39,32 @@ def _error_line(stderr_path: Path) -> str:
     return (errors or lines or [""])[-1].removeprefix("error:").strip()
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """SIGTERM the backend's whole process group, then SIGKILL what is left."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+    """SIGTERM the backend's whole process group, then SIGKILL whatever is left after `grace_s`.
+
+    Also after a normal or crashed exit: a backend's children (data loader or
+    xmp.spawn workers) must not outlive it.
+    """
+    pgid = proc.pid  # start_new_session made the backend its group's leader
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(pgid, sig)
         except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            break
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not _group_alive(pgid):
+                return
+            time.sleep(0.05)
+    proc.wait()
 
 
 def _read_progress(stream, log, on_progress) -> None:
@@ -92,8 +106,10 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
         except BaseException:  # Ctrl-C / SIGTERM in compare: take the backend down with us
             _kill_group(proc)
             raise
+        wall = time.perf_counter() - start
+        if _group_alive(proc.pid):  # children left behind by a backend that exited
+            _kill_group(proc, grace_s=2.0)
         reader.join(timeout=5)
-    wall = time.perf_counter() - start
     if code == 0:
         return BackendRun(name, run_dir, "ok", 0, "", wall, command)
     message = _error_line(run_dir / STDERR_LOG)

@@ -95,8 +95,15 @@ def test_one_backend_alone(backend, tmp_path):
 
 
 def test_a_crashing_backend_gives_exit_3_and_the_other_tables(tmp_path):
+    import os
+    import time
+
+    from tests.test_reliability import processes_with
+    marker = f"xla-twins-crash-{os.getpid()}-{time.time_ns()}"
     crash = tmp_path / "crashing-python"
-    crash.write_text("#!/bin/sh\necho 'F0000 external/xla/xla/service/hlo.cc:42] Check failed: simulated' >&2\n"
+    # Like a backend whose data-loader worker is running when XLA aborts the process.
+    crash.write_text(f"#!/bin/sh\nsh -c 'sleep 600; : {marker}' &\n"
+                     "echo 'F0000 external/xla/xla/service/hlo.cc:42] Check failed: simulated' >&2\n"
                      "kill -ABRT $$\n")
     crash.chmod(crash.stat().st_mode | stat.S_IEXEC)
     out = tmp_path / "run"
@@ -110,3 +117,4 @@ def test_a_crashing_backend_gives_exit_3_and_the_other_tables(tmp_path):
     assert report["backends"]["jax"]["status"] == "ok" and report["backends"]["jax"]["step_ms"]["median"] > 0
     assert "| median step (ms, synced) |" in (out / "report.md").read_text()
     assert "torch_xla: failed" in proc.stderr
+    assert processes_with(marker) == []  # the crashed backend's child did not outlive it
