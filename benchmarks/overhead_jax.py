@@ -7,14 +7,13 @@ Prints one JSON line. Run: python -m benchmarks.overhead_jax --spec mlp-tiny
 """
 from __future__ import annotations
 
-import argparse
 import json
 
 import jax
 import optax
 from flax import nnx
 
-from benchmarks.timing import interleaved, summarize
+from benchmarks.timing import interleaved, parse_args, summarize
 from common.data import make_dataset
 from common.spec import load_spec
 from common.weights import init_params
@@ -51,11 +50,7 @@ def minimal_loop(spec, batch):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--spec", default="mlp-tiny")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--steps-per-round", type=int, default=20)
-    args = parser.parse_args()
+    args = parse_args(__doc__.splitlines()[0])
     spec = load_spec(args.spec)
     mesh = sharding.make_mesh(spec.mesh)
     batch = sharding.put_batch(make_dataset(spec).global_batch(0), spec.mesh, mesh)

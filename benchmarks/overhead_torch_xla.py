@@ -9,7 +9,6 @@ Prints one JSON line. Run: python -m benchmarks.overhead_torch_xla --spec mlp-ti
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -21,7 +20,7 @@ import torch  # noqa: E402
 import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 
-from benchmarks.timing import interleaved, summarize  # noqa: E402
+from benchmarks.timing import interleaved, parse_args, summarize  # noqa: E402
 from common.spec import load_spec  # noqa: E402
 from common.weights import init_params  # noqa: E402
 from torch_xla_impl import convert  # noqa: E402
@@ -50,11 +49,7 @@ def minimal_loop(spec, batch):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--spec", default="mlp-tiny")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--steps-per-round", type=int, default=20)
-    args = parser.parse_args()
+    args = parse_args(__doc__.splitlines()[0])
     spec = load_spec(args.spec)
     monitor = CompileMonitor()
     trainer = TorchXlaTrainer(spec)

@@ -1,8 +1,18 @@
 """Side-by-side timing helpers (numpy only): interleaved rounds, medians, ratios."""
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    """The flags every overhead benchmark takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--spec", default="mlp-tiny")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps-per-round", type=int, default=20)
+    return parser.parse_args()
 
 
 def interleaved(candidates: dict, rounds: int, steps_per_round: int) -> dict[str, list[float]]:

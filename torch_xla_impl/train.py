@@ -36,7 +36,7 @@ from common.record import RunRecord, host_platform, numerics_env, package_versio
 from common.spec import RunSpec, TrainSpec
 from common.weights import init_params, load_checkpoint
 from torch_xla_impl import convert, sharding, spawn
-from torch_xla_impl.instrument import CompileMonitor, compilation_causes, hlo_statistics
+from torch_xla_impl.instrument import DEBUG_LOG, CompileMonitor, compilation_causes, hlo_statistics
 from torch_xla_impl.models import build_model
 
 SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
@@ -224,7 +224,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
 
 def _attach_causes(record: RunRecord, out_dir: Path, shapes: list[tuple]) -> None:
     """Steady-state recompiles get torch_xla's Compilation Analysis plus the batch shape change we saw."""
-    log = out_dir / "xla_debug.log"
+    log = out_dir / DEBUG_LOG
     analyses = compilation_causes(log) if log.exists() else []
     for i, event in enumerate(record.compile_events):
         if event.phase != "loop" or event.step < SETTLE_STEPS:
