@@ -44,11 +44,17 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def matmul_flops(hlo_text: str) -> float:
-    """Flops of every dot and convolution in an HLO module (2 per multiply-add).
+    """Flops of every dot and convolution in HLO text of one or more modules (2 per multiply-add).
 
     The same count for both twins' optimized HLO, so MFU compares like with
     like; element-wise work is left out (as in the usual 6*N*tokens estimate).
+    Instruction names repeat across modules, so each module is read apart.
     """
+    modules = re.split(r"^(?=HloModule )", hlo_text, flags=re.MULTILINE)
+    return sum(_module_matmul_flops(m) for m in modules if m.strip())
+
+
+def _module_matmul_flops(hlo_text: str) -> float:
     shapes: dict[str, tuple[int, ...]] = {}
     for line in hlo_text.splitlines():
         m = _DEFINITION.match(line)

@@ -70,7 +70,7 @@ class RunRecord:
     recompile_causes: list[dict] = field(default_factory=list)  # {step, fun_name, cause}
     hlo_stats: dict | None = None  # op_histogram, flops, bytes_accessed, memory, hlo_file
     tensors: str | None = None  # path of the tensor file, relative to the record
-    extra: dict = field(default_factory=dict)  # backend-specific facts (mode, loop API, ...)
+    extra: dict = field(default_factory=dict)  # backend-specific facts (mode, loop API, timeline, peak RSS, ...)
     schema_version: int = SCHEMA_VERSION
 
     def add_step(self, step: int, loss: float, wall_ms: float) -> bool:
@@ -201,6 +201,14 @@ def throughput_summary(spec, steps: int, seconds: float) -> dict:
     if spec.model.family == "gpt":
         out["tokens_per_s"] = examples * spec.seq_len / seconds
     return out
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (Linux reports KiB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2 ** 20 if sys.platform == "darwin" else 2 ** 10)
 
 
 def package_versions(*names: str) -> dict[str, str]:

@@ -6,12 +6,15 @@ timed out, non-finite loss); 4 interrupted.
 """
 from __future__ import annotations
 
+import time
+
+STARTED_AT = time.time()  # before the imports below, so the wall-time breakdown counts them
+
 import argparse
 import functools
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -25,7 +28,7 @@ from compare import parity as parity_mod
 from compare.orchestrate import BACKEND_MODULES, BackendRun, run_backend
 from compare.plots import write_plots
 from compare.report import REPORT_SCHEMA, markdown, print_tables, ratios
-from compare.summary import backend_summary, measured_cpu_peak
+from compare.summary import backend_summary, measured_cpu_peak, wall_breakdown
 from compare.tolerances import PROFILES, ToleranceError, load_policy
 
 
@@ -37,6 +40,9 @@ def parse_args(argv):
     parser.add_argument("--overwrite", action="store_true", help="reuse an --out that already holds a finished run")
     parser.add_argument("--jax-python", default=sys.executable, help="interpreter of the JAX environment")
     parser.add_argument("--torch-xla-python", default=sys.executable, help="interpreter of the torch_xla environment")
+    parser.add_argument("--torch-xla-mode", choices=("lazy", "compile", "dynamo"), default="lazy",
+                        help="how torch_xla turns the step into a graph: lazy tracing + torch_xla.sync() (the "
+                             "classic loop, default), torch_xla.compile, or torch.compile(backend='openxla')")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per backend before it is killed")
     parser.add_argument("--tolerance-profile", default="default",
                         help=f"{' | '.join(PROFILES)} or a JSON file {{dtype: {{kind: {{atol, rtol}}}}}}")
@@ -134,6 +140,8 @@ def main(argv=None) -> int:
     interrupted = False
     pythons = {"jax": args.jax_python, "torch_xla": args.torch_xla_python}
     extra = {"jax": args.jax_set, "torch_xla": args.torch_xla_set}
+    backend_flags = {"jax": [], "torch_xla": ["--trace-mode", args.torch_xla_mode]}
+    main_started = time.time()
     repeats: dict[str, BackendRun] = {}
     current = None
     try:
@@ -143,7 +151,8 @@ def main(argv=None) -> int:
                     runs[name] = BackendRun(name, given[name].resolve(), "ok", 0, "", 0.0, [])
                     continue
                 current = name
-                argv_b = run_flags_argv(args) + [a for item in extra[name] for a in ("--set", item)] + ["--parity"]
+                argv_b = (run_flags_argv(args) + [a for item in extra[name] for a in ("--set", item)]
+                          + backend_flags[name] + ["--parity"])
                 runs[name] = run_backend(name, pythons[name], argv_b, out / name, args.timeout, live.task(name))
                 if args.check_determinism and runs[name].status == "ok":
                     repeats[name] = run_backend(name, pythons[name], argv_b, out / f"{name}-repeat", args.timeout,
@@ -154,9 +163,13 @@ def main(argv=None) -> int:
         if current is not None:
             runs.setdefault(current, BackendRun(current, out / current, "interrupted", None,
                                                 "interrupted by a signal; its process group was terminated", 0.0, []))
+    backends_done = time.time()
     report = build_report(args, spec, policy, names, runs, out, interrupted)
     if args.check_determinism:
         report = add_determinism(report, runs, repeats)
+    report["wall_time"] = {"compare_imports_s": main_started - STARTED_AT, "backends_s": backends_done - main_started,
+                           "report_s": time.time() - backends_done, "total_s": time.time() - STARTED_AT,
+                           "note": "compare's own interpreter start (before its first line) is not included"}
     write_json_atomic(out / "report.json", report)
     write_text_atomic(out / "report.md", markdown(report))
     if args.json:
@@ -192,6 +205,7 @@ def build_report(args, spec, policy, names, runs, out: Path, interrupted: bool) 
                 record = read_record(record_path)
                 records[name] = record
                 entry.update(backend_summary(record, run_dir, cpu_peak))
+                entry["wall_breakdown"] = wall_breakdown(record, run.started_at, run.wall_s)
                 entry["status"] = run.status if run.status != "ok" else record.status
                 if record.status == "ok" and len(names) == 2:
                     tensors[name] = read_tensors(record_path, record)

@@ -31,6 +31,7 @@ class BackendRun:
     message: str
     wall_s: float
     command: list[str]
+    started_at: float | None = None  # epoch seconds at launch: the backend's timeline is placed against it
 
 
 def _error_line(stderr_path: Path) -> str:
@@ -86,7 +87,7 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
-    start = time.perf_counter()
+    start, started_at = time.perf_counter(), time.time()
     with open(run_dir / STDOUT_LOG, "w") as out_log, open(run_dir / STDERR_LOG, "w") as err_log:
         try:
             proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err_log, text=True, env=env,
@@ -102,7 +103,7 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
             _kill_group(proc)
             reader.join(timeout=5)
             return BackendRun(name, run_dir, "timeout", None, f"no result after --timeout {timeout_s:g} s; "
-                              "killed with its process group", time.perf_counter() - start, command)
+                              "killed with its process group", time.perf_counter() - start, command, started_at)
         except BaseException:  # Ctrl-C / SIGTERM in compare: take the backend down with us
             _kill_group(proc)
             raise
@@ -111,7 +112,7 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
             _kill_group(proc, grace_s=2.0)
         reader.join(timeout=5)
     if code == 0:
-        return BackendRun(name, run_dir, "ok", 0, "", wall, command)
+        return BackendRun(name, run_dir, "ok", 0, "", wall, command, started_at)
     message = _error_line(run_dir / STDERR_LOG)
     if code == EXIT_USAGE:
         status = "usage_error"
@@ -122,4 +123,4 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
         if code < 0:
             message = f"killed by {signal.Signals(-code).name}" + (f": {message}" if message else "")
         message = message or f"exited with code {code}"
-    return BackendRun(name, run_dir, status, code, message, wall, command)
+    return BackendRun(name, run_dir, status, code, message, wall, command, started_at)

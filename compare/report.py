@@ -12,7 +12,9 @@ report.json keys (schema_version 1):
   backends.<name>         status, message, exit_code, wall_s, record, logs,
     .compiles {setup, loop, steady_state, settle_steps, compile_s, causes},
     .step_ms {median, p10, p90, min, max, n}, .trace_ms (torch_xla), .throughput,
-    .flops_per_step, .peak_flops, .peak_source, .mfu, .hlo_ops, .losses
+    .flops_per_step, .peak_flops, .peak_source, .mfu, .hlo_ops, .losses, .peak_rss_mb, .trace_mode,
+    .wall_breakdown {start_and_imports_s, compile_s, steps_s, other_s, total_s}
+  wall_time               compare_imports_s, backends_s, report_s, total_s (compare's own process)
   ratios                  torch_xla / jax for step time, jax / torch_xla for throughput
 """
 from __future__ import annotations
@@ -87,6 +89,15 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                                             for n in names],
               ["MFU"] + [_fmt(b[n].get("mfu"), ".2%") for n in names]]
     out.append(("Step time (warm-up steps excluded)", ["", *names], rows_t))
+    wall = lambda n, k: _fmt((b[n].get("wall_breakdown") or {}).get(k), ".2f")  # noqa: E731
+    rows_w = [["torch_xla trace mode"] + [_fmt(b[n].get("trace_mode")) for n in names],
+              ["interpreter start + imports (s)"] + [wall(n, "start_and_imports_s") for n in names],
+              ["compile (s)"] + [wall(n, "compile_s") for n in names],
+              ["steps, synced + pipelined (s)"] + [wall(n, "steps_s") for n in names],
+              ["other: init, parity tensors, HLO, record (s)"] + [wall(n, "other_s") for n in names],
+              ["backend process total (s)"] + [wall(n, "total_s") for n in names],
+              ["peak host RSS (MiB)"] + [_fmt(b[n].get("peak_rss_mb"), ".0f") for n in names]]
+    out.append(("Wall time and memory per backend process", ["", *names], rows_w))
     if report.get("ratios"):
         out.append(("Ratios", ["ratio", "value"], [[k, _fmt(v, ".3f")] for k, v in report["ratios"].items()]))
     return out

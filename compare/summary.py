@@ -81,6 +81,25 @@ def peak_flops(record: RunRecord, cpu_peak) -> tuple[float | None, str]:
     return None, f"no peak known for {kind or platform!r}"
 
 
+def wall_breakdown(record: RunRecord, started_at: float | None, wall_s: float | None) -> dict | None:
+    """Where a backend process's wall time went: start + imports, compile, steps, everything else.
+
+    From the launch time compare took and the epoch marks the backend recorded
+    (`ready` after imports, `loop_start`, `loop_end` after the pipelined
+    steps); compile time is the sum of the compile events, and is taken out
+    of the loop so that the four parts add up to the process's wall time.
+    """
+    timeline = record.extra.get("timeline")
+    if not timeline or started_at is None or not wall_s:
+        return None
+    compile_s = sum(e.duration_s for e in record.compile_events)
+    loop_compile_s = sum(e.duration_s for e in record.compile_events if e.phase == "loop")
+    start_s = timeline["ready"] - started_at
+    steps_s = timeline["loop_end"] - timeline["loop_start"] - loop_compile_s
+    return {"start_and_imports_s": start_s, "compile_s": compile_s, "steps_s": steps_s,
+            "other_s": wall_s - start_s - compile_s - steps_s, "total_s": wall_s}
+
+
 def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
     step_ms, trace_ms = step_times(record)
     flops = flops_per_step(record, record_dir)
@@ -93,6 +112,7 @@ def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
             "step_ms": step_ms, "trace_ms": trace_ms, "throughput": record.throughput,
             "flops_per_step": flops, "cost_analysis_flops": (record.hlo_stats or {}).get("flops"),
             "peak_flops": peak, "peak_source": peak_source, "mfu": mfu,
+            "peak_rss_mb": record.extra.get("peak_rss_mb"), "trace_mode": record.extra.get("trace_mode"),
             "hlo_ops": (record.hlo_stats or {}).get("reported_ops"),
             "losses": record.losses,
             "step_ms_all": [s.wall_ms for s in record.steps[timed_from(record):]], "versions": record.versions, "platform": record.platform,

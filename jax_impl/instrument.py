@@ -24,11 +24,29 @@ class CompileMonitor(logging.Handler):
         self.phase, self.step, self.paused = "setup", -1, False
         self.events: list[CompileEvent] = []
         self.causes: list[dict] = []
+        self.installed = False
+        self.install()
+
+    def install(self) -> None:
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         jax.config.update("jax_explain_cache_misses", True)
-        logger = logging.getLogger("jax._src.interpreters.partial_eval")
-        logger.addHandler(self)
-        logger.propagate = False  # keep the explanations out of the user's terminal; they go to the record
+        self._logger.addHandler(self)
+        self._logger.propagate = False  # keep the explanations out of the user's terminal; they go to the record
+        self.installed = True
+
+    def close(self) -> None:
+        """Remove every hook (the benchmark times the same step with and without them)."""
+        if not self.installed:
+            return
+        jax.monitoring.unregister_event_duration_listener(self._on_duration)
+        jax.config.update("jax_explain_cache_misses", False)
+        self._logger.removeHandler(self)
+        self._logger.propagate = True
+        self.installed = False
+
+    @property
+    def _logger(self) -> logging.Logger:
+        return logging.getLogger("jax._src.interpreters.partial_eval")
 
     def at(self, phase: str, step: int) -> None:
         self.phase, self.step = phase, step

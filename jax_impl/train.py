@@ -21,7 +21,8 @@ import optax
 from flax import nnx
 
 from common.data import Batch, make_dataset
-from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
+from common.record import (RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb,
+                           throughput_summary)
 from common.spec import RunSpec, TrainSpec
 from common.weights import init_params, load_checkpoint
 from jax_impl import convert, sharding
@@ -112,10 +113,21 @@ class JaxTrainer:
         return {k: sharding.to_host(v) for k, v in convert.to_canonical_arrays(self.params).items()}
 
 
+def timed_step(trainer: JaxTrainer, monitor: CompileMonitor, step: int, batch: Batch) -> tuple[float, float]:
+    """One instrumented loop step: (loss on the host, synced wall ms). The benchmark times this same function."""
+    monitor.at("loop", step)
+    start = time.perf_counter()
+    loss = trainer.step(batch)
+    loss.block_until_ready()  # one executable: when the loss is ready, so are the new params
+    wall_ms = (time.perf_counter() - start) * 1e3
+    return float(sharding.to_host(loss)), wall_ms
+
+
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
         throughput_steps: int | None = None, shape_change_step: int | None = None,
         monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
     """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
+    timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
     if spec.train.matmul_precision != "default":
         jax.config.update("jax_default_matmul_precision", spec.train.matmul_precision)
     mesh = sharding.make_mesh(spec.mesh)
@@ -132,14 +144,9 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
         tensors["grads"] = {k: sharding.to_host(v) for k, v in convert.to_canonical_arrays(grads).items()}
 
     record = _new_record(spec)
+    timeline["loop_start"] = time.time()
     for step in range(spec.train.steps):
-        batch = put(step)
-        monitor.at("loop", step)
-        start = time.perf_counter()
-        loss = trainer.step(batch)
-        loss.block_until_ready()  # one executable: when the loss is ready, so are the new params
-        wall_ms = (time.perf_counter() - start) * 1e3
-        value = float(sharding.to_host(loss))
+        value, wall_ms = timed_step(trainer, monitor, step, put(step))
         if progress:
             progress(step, value, wall_ms)
         if not record.add_step(step, value, wall_ms):
@@ -150,11 +157,14 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
         if parity:
             tensors["params"] = trainer.canonical_params()
         record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps)
+    timeline["loop_end"] = time.time()
+    if record.status == "ok":
         monitor.paused = True  # the analysis compile below is not part of training
         record.hlo_stats = hlo_statistics(trainer.train_step, (trainer.params, trainer.opt_state, put(0)),
                                           out_dir / "train_step.hlo.txt")
         monitor.paused = False
     record.compile_events, record.recompile_causes = list(monitor.events), list(monitor.causes)
+    record.extra.update(timeline=timeline, peak_rss_mb=peak_rss_mb())
     return record, tensors
 
 

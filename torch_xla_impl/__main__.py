@@ -17,6 +17,9 @@ def add_flags(parser) -> None:
     parser.add_argument("--mode", choices=("spmd", "spawn"), default="spmd",
                         help="multi-device: one process over all devices (SPMD) or one replica per device "
                              "(xmp.spawn, data parallel)")
+    parser.add_argument("--trace-mode", choices=("lazy", "compile", "dynamo"), default="lazy",
+                        help="how the step becomes a graph: lazy tracing + torch_xla.sync() (classic), "
+                             "torch_xla.compile, or torch.compile(backend='openxla') for forward/backward")
 
 
 def train(spec, args, out_dir, progress):
@@ -28,6 +31,9 @@ def train(spec, args, out_dir, progress):
     instrument.configure_debug(out_dir)
     if args.mode == "spawn":
         sharding.require_spawn_mesh(spec.mesh)
+        if args.trace_mode != "lazy":
+            fail(f"--trace-mode {args.trace_mode} is not supported with --mode spawn (its CPU collectives need "
+                 "the lazy sync); use --mode spmd or --trace-mode lazy", EXIT_USAGE)
     import torch_xla.runtime as xr
 
     from torch_xla_impl.spawn import run_spawn
@@ -41,7 +47,8 @@ def train(spec, args, out_dir, progress):
         record, tensors = run(spec, out_dir, parity=args.parity, monitor=instrument.CompileMonitor(),
                               checkpoint=args.checkpoint, throughput_steps=args.throughput_steps,
                               shape_change_step=args.shape_change_step,
-                              mode="spmd" if spec.mesh.device_count > 1 else "single", progress=progress)
+                              mode="spmd" if spec.mesh.device_count > 1 else "single",
+                              trace_mode=args.trace_mode, progress=progress)
     return record, tensors, True
 
 if __name__ == "__main__":

@@ -111,15 +111,25 @@ def compilation_causes(path: Path) -> list[str]:
     return causes
 
 
-def hlo_statistics(run_dir: Path) -> dict | None:
-    """Op histogram of the largest optimized module XLA dumped (the train step graph)."""
+def hlo_statistics(run_dir: Path, step_graphs: list[int] | None = None) -> dict | None:
+    """Op histogram of the train step's optimized HLO, which XLA dumped one module per compile.
+
+    `step_graphs`: the compile ordinals of the graphs a settled step runs (one
+    in lazy/compile mode, forward + backward + optimizer under dynamo); their
+    modules are concatenated. Without them (or when the dump does not match
+    the compile count) the largest module is taken.
+    """
     dump = run_dir / DUMP_DIR
-    modules = sorted(dump.glob("*after_optimizations.txt"), key=lambda p: p.stat().st_size)
+    modules = sorted(dump.glob("*after_optimizations.txt"))  # module_NNNN: compile order
     if not modules:
         return None
-    text = modules[-1].read_text()
+    if step_graphs and max(step_graphs) < len(modules):
+        chosen = [modules[i] for i in step_graphs]
+    else:
+        chosen = [max(modules, key=lambda p: p.stat().st_size)]
+    text = "\n".join(m.read_text() for m in chosen)
     (run_dir / "train_step.hlo.txt").write_text(text)
     shutil.rmtree(dump, ignore_errors=True)
     histogram = op_histogram(text)
     return {"op_histogram": histogram, "reported_ops": reported_ops(histogram), "hlo_file": "train_step.hlo.txt",
-            "source": modules[-1].name}
+            "source": ", ".join(m.name for m in chosen)}

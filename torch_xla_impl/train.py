@@ -12,6 +12,15 @@ Timing: a step's clock starts when its batch is on the device and stops
 after `torch_xla.sync()` and `xm.wait_device_ops()`; the tracing part (Python
 building the graph, until the sync) is recorded apart.
 
+Trace modes (`--trace-mode`, recorded in the run record): `lazy` (default, the
+classic loop above: every step is traced op by op, then `torch_xla.sync()`);
+`compile` (the step runs inside `torch_xla.compile(full_graph=True)`, which
+syncs on exit and fails if the step would run a graph early); `dynamo`
+(forward and loss under `torch.compile(backend="openxla")`: dynamo replays
+the compiled forward/backward graphs instead of re-tracing them; clip and
+optimizer stay lazy, as in torch_xla's Dynamo training recipe. Compiling the
+optimizer step too recompiles at every step: dynamo guards on the float lr).
+
 bf16 policy (train.dtype=bfloat16): float32 parameters and optimizer state,
 forward under `torch.autocast("xla", dtype=torch.bfloat16)`, float32 loss.
 """
@@ -32,7 +41,8 @@ import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
 from common.data import Batch, make_dataset, process_slice
-from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
+from common.record import (RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb,
+                           throughput_summary)
 from common.spec import RunSpec, TrainSpec
 from common.weights import init_params, load_checkpoint
 from torch_xla_impl import convert, sharding, spawn
@@ -40,6 +50,7 @@ from torch_xla_impl.instrument import DEBUG_LOG, CompileMonitor, compilation_cau
 from torch_xla_impl.models import build_model
 
 SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
+TRACE_MODES = ("lazy", "compile", "dynamo")
 
 
 def make_optimizer(params, train: TrainSpec) -> torch.optim.Optimizer:
@@ -85,8 +96,10 @@ class TorchXlaTrainer:
     """Model, optimizer and device loaders for one spec on this process's XLA device."""
 
     def __init__(self, spec: RunSpec, *, spmd_mesh=None, replica: int = 0, replicas: int = 1,
-                 checkpoint: Path | None = None, shape_change_step: int | None = None):
-        self.spec, self.mesh = spec, spmd_mesh
+                 checkpoint: Path | None = None, shape_change_step: int | None = None, trace_mode: str = "lazy"):
+        if trace_mode not in TRACE_MODES:
+            raise ValueError(f"unknown trace mode {trace_mode!r}; choose one of {', '.join(TRACE_MODES)}")
+        self.spec, self.mesh, self.trace_mode = spec, spmd_mesh, trace_mode
         self.replica, self.replicas = replica, replicas
         self.device = torch_xla.device()
         model = build_model(spec.model)
@@ -102,6 +115,8 @@ class TorchXlaTrainer:
             else contextlib.nullcontext
         ndims = {"inputs": 4 if spec.model.family == "cnn" else 2, "targets": 2}
         self.input_sharding = sharding.input_sharding(spec.mesh, spmd_mesh, ndims) if spmd_mesh is not None else None
+        self.train_loss = torch.compile(self._train_loss, backend="openxla") if trace_mode == "dynamo" \
+            else self._train_loss
 
     def loader(self, first_step: int, n_steps: int) -> pl.MpDeviceLoader:
         batches = StepBatches(self.data, first_step, n_steps, self.replica, self.replicas, self.shape_change_step)
@@ -119,11 +134,22 @@ class TorchXlaTrainer:
             logits = self.model(batch["inputs"])
         return cross_entropy(logits, batch["targets"]), logits
 
+    def _train_loss(self, inputs, targets) -> torch.Tensor:
+        with self.autocast():
+            return cross_entropy(self.model(inputs), targets)
+
     def step(self, step: int, batch) -> torch.Tensor:
-        """Trace one train step (nothing runs until torch_xla.sync()); returns the (global) loss."""
+        """One train step; returns the (global) loss. In `lazy` and `dynamo` mode nothing runs until
+        `sync()`; in `compile` mode the step runs on leaving `torch_xla.compile`."""
         for group in self.optimizer.param_groups:
             group["lr"] = self.spec.train.lr_at(step)
-        loss, _ = self.loss(batch)
+        if self.trace_mode == "compile":
+            with torch_xla.compile(full_graph=True, name="train_step"):
+                return self._update(batch)
+        return self._update(batch)
+
+    def _update(self, batch) -> torch.Tensor:
+        loss = self.train_loss(batch["inputs"], batch["targets"])
         loss.backward()
         if self.replicas > 1:
             # Replicas: average the gradients (and the loss) first, clip the averaged
@@ -144,6 +170,8 @@ class TorchXlaTrainer:
 
     def sync(self, step: int) -> None:
         """Cut the traced graph and run it (xmp.spawn threads on CPU first meet while compiling)."""
+        if self.trace_mode == "compile":
+            return  # torch_xla.compile already ran the step
         if self.replicas > 1 and spawn.cpu_threads():
             spawn.sync_step(self, step, SETTLE_STEPS)
         else:
@@ -167,15 +195,29 @@ class TorchXlaTrainer:
         return convert.from_state_dict(grads, self.spec.model)
 
 
+def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, batch) -> tuple[float, float, float]:
+    """One instrumented loop step: (loss on the host, synced wall ms, tracing ms). The benchmark times this."""
+    monitor.at("loop", step)
+    start = time.perf_counter()
+    loss = trainer.step(step, batch)
+    traced = time.perf_counter()
+    trainer.sync(step)
+    trainer.wait()
+    wall_ms = (time.perf_counter() - start) * 1e3
+    monitor.collect()
+    return loss.item(), wall_ms, (traced - start) * 1e3
+
+
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, checkpoint: Path | None = None,
         throughput_steps: int | None = None, shape_change_step: int | None = None, mode: str = "spmd",
-        replica: int = 0, replicas: int = 1, progress=None) -> tuple[RunRecord, dict]:
+        trace_mode: str = "lazy", replica: int = 0, replicas: int = 1, progress=None) -> tuple[RunRecord, dict]:
     """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
+    timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
     logging.getLogger("torch_xla.backends").setLevel(logging.ERROR)  # it warns on every call
     torch_xla.backends.set_mat_mul_precision(spec.train.matmul_precision)
     mesh = sharding.make_mesh(spec.mesh) if mode == "spmd" and spec.mesh.device_count > 1 else None
     trainer = TorchXlaTrainer(spec, spmd_mesh=mesh, replica=replica, replicas=replicas, checkpoint=checkpoint,
-                              shape_change_step=shape_change_step)
+                              shape_change_step=shape_change_step, trace_mode=trace_mode)
     tensors = {}
     if parity and replica == 0:  # step-0 forward and gradients on the global batch, before any update
         batch0 = trainer.global_device_batch(0)
@@ -187,19 +229,12 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
         trainer.optimizer.zero_grad(set_to_none=True)
         monitor.collect()
 
-    record = _new_record(spec, mode, replicas)
+    record = _new_record(spec, mode, replicas, trace_mode)
     trace_ms, shapes = [], []
+    timeline["loop_start"] = time.time()
     for step, batch in enumerate(trainer.loader(0, spec.train.steps)):
-        monitor.at("loop", step)
-        start = time.perf_counter()
-        loss = trainer.step(step, batch)
-        traced = time.perf_counter()
-        trainer.sync(step)
-        trainer.wait()
-        wall_ms = (time.perf_counter() - start) * 1e3
-        monitor.collect()
-        value = loss.item()
-        trace_ms.append((traced - start) * 1e3)
+        value, wall_ms, traced_ms = timed_step(trainer, monitor, step, batch)
+        trace_ms.append(traced_ms)
         shapes.append(tuple(batch["inputs"].shape))
         if progress:
             progress(step, value, wall_ms)
@@ -214,12 +249,25 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
             tensors["params"] = trainer.canonical_params()
         record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
         monitor.collect()
+    timeline["loop_end"] = time.time()
     record.compile_events = list(monitor.events)
-    record.extra.update(trace_ms=trace_ms, counters=monitor.counters())
+    record.extra.update(trace_ms=trace_ms, counters=monitor.counters(), timeline=timeline, peak_rss_mb=peak_rss_mb())
     if replica == 0:  # one reader of the shared debug log and HLO dump
         _attach_causes(record, out_dir, shapes)
-        record.hlo_stats = hlo_statistics(out_dir)
+        record.hlo_stats = hlo_statistics(out_dir, _step_graphs(record.compile_events, trace_mode))
     return record, tensors
+
+
+def _step_graphs(events, trace_mode: str) -> list[int]:
+    """Compile ordinals of the graphs a settled step runs: the last graph compiled while settling (lazy,
+    compile); under dynamo also the forward/backward graphs of step 0 (its last graph was the first
+    optimizer step, which also created the optimizer state)."""
+    settling = [i for i, e in enumerate(events) if e.phase == "loop" and e.step < SETTLE_STEPS]
+    first = [i for i in settling if events[i].step == 0]
+    later = [i for i in settling if events[i].step > 0]
+    if trace_mode != "dynamo":
+        return settling[-1:]
+    return first[:-1] + later if later else first
 
 
 def _attach_causes(record: RunRecord, out_dir: Path, shapes: list[tuple]) -> None:
@@ -264,7 +312,7 @@ def _step_api(replicas: int) -> str:
     return "xm.reduce_gradients + optimizer.step"
 
 
-def _new_record(spec: RunSpec, mode: str, replicas: int) -> RunRecord:
+def _new_record(spec: RunSpec, mode: str, replicas: int, trace_mode: str) -> RunRecord:
     return RunRecord(
         backend="torch_xla", spec=spec.to_dict(),
         versions=package_versions("torch", "torch-xla"),
@@ -276,7 +324,7 @@ def _new_record(spec: RunSpec, mode: str, replicas: int) -> RunRecord:
                                  "float32 loss",
                   "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
                   "weight_decay_applies_to": "all parameters", "env": numerics_env()},
-        extra={"settle_steps": SETTLE_STEPS, "mode": mode, "replicas": replicas,
+        extra={"settle_steps": SETTLE_STEPS, "mode": mode, "trace_mode": trace_mode, "replicas": replicas,
                "compile_counts_cover": "every replica in this process" if mode == "spawn" else "this process",
                "loader": "torch_xla.distributed.parallel_loader.MpDeviceLoader",
                "step_api": _step_api(replicas),
