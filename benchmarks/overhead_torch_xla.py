@@ -1,10 +1,17 @@
-"""The toolkit's torch_xla train step vs a minimal hand-written torch_xla loop, side by side.
+"""The toolkit's torch_xla train step vs a minimal hand-written loop, vs itself without instrumentation,
+and in each trace mode.
 
-Both run the same torch model, weights, optimizer and batch (already on the
-device) in this process; the minimal loop is the plain PyTorch/XLA recipe:
-forward, backward, clip, `xm.optimizer_step`, `torch_xla.sync()`,
-`xm.wait_device_ops()`. Also reports the share of the step spent tracing
-(Python building the lazy graph), measured on the toolkit's step.
+All candidates run the same torch model, weights, optimizer and batch (already
+on the device) in this process, interleaved round by round:
+- `minimal`: the plain PyTorch/XLA recipe: forward, backward, clip,
+  `xm.optimizer_step`, `torch_xla.sync()`, `xm.wait_device_ops()`, then
+  `loss.item()` (every candidate produces a per-step loss on the host);
+- `toolkit`: the loop body `compare` runs (`torch_xla_impl.train.timed_step`,
+  lazy mode): timing, the metrics read, the loss copied to the host;
+- `uninstrumented`: the same trainer's step, sync, wait and loss copied to the
+  host (training output the record needs), without timing or metrics reads;
+- `compile`, `dynamo`: `timed_step` on trainers in those trace modes.
+Also the tracing share (Python building the graph) per mode.
 Prints one JSON line. Run: python -m benchmarks.overhead_torch_xla --spec mlp-tiny
 """
 from __future__ import annotations
@@ -12,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
@@ -20,13 +26,13 @@ import torch  # noqa: E402
 import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 
-from benchmarks.timing import interleaved, parse_args, summarize  # noqa: E402
+from benchmarks.timing import interleaved, parse_args, ratio, spread, summarize  # noqa: E402
 from common.spec import load_spec  # noqa: E402
 from common.weights import init_params  # noqa: E402
 from torch_xla_impl import convert  # noqa: E402
 from torch_xla_impl.instrument import CompileMonitor  # noqa: E402
 from torch_xla_impl.models import build_model  # noqa: E402
-from torch_xla_impl.train import TorchXlaTrainer, cross_entropy, make_optimizer  # noqa: E402
+from torch_xla_impl.train import TorchXlaTrainer, cross_entropy, make_optimizer, timed_step  # noqa: E402
 
 
 def minimal_loop(spec, batch):
@@ -44,6 +50,7 @@ def minimal_loop(spec, batch):
         xm.optimizer_step(optimizer)
         torch_xla.sync()
         xm.wait_device_ops()
+        loss.item()
 
     return step
 
@@ -52,27 +59,42 @@ def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     spec = load_spec(args.spec)
     monitor = CompileMonitor()
-    trainer = TorchXlaTrainer(spec)
-    batch = trainer.global_device_batch(0)
-    trace_ms = []
+    trainers = {mode: TorchXlaTrainer(spec, trace_mode=mode) for mode in ("lazy", "compile", "dynamo")}
+    batch = trainers["lazy"].global_device_batch(0)
+    trace_ms: dict[str, list[float]] = {name: [] for name in ("toolkit", "compile", "dynamo")}
 
-    def toolkit():
-        start = time.perf_counter()
-        loss = trainer.step(0, batch)  # noqa: F841  (kept alive until the sync, as in the loop)
-        trace_ms.append((time.perf_counter() - start) * 1e3)
-        trainer.sync(0)
-        trainer.wait()
-        monitor.collect()
+    def instrumented(name: str, trainer: TorchXlaTrainer):
+        def step():
+            trace_ms[name].append(timed_step(trainer, monitor, 0, batch)[2])
+        return step
 
-    candidates = {"minimal": minimal_loop(spec, batch), "toolkit": toolkit}
-    for step in candidates.values():
+    def uninstrumented():
+        loss = trainers["lazy"].step(0, batch)  # kept alive until the sync, as in the loop
+        trainers["lazy"].sync(0)
+        trainers["lazy"].wait()
+        loss.item()
+
+    candidates = {"minimal": minimal_loop(spec, batch), "toolkit": instrumented("toolkit", trainers["lazy"]),
+                  "uninstrumented": uninstrumented, "compile": instrumented("compile", trainers["compile"]),
+                  "dynamo": instrumented("dynamo", trainers["dynamo"])}
+    for step in candidates.values():  # compile and warm up outside the measurement
         for _ in range(3):
             step()
-    trace_ms.clear()
-    result = summarize(interleaved(candidates, args.rounds, args.steps_per_round), baseline="minimal")
-    result["toolkit"]["trace_median_ms"] = statistics.median(trace_ms)
-    result["toolkit"]["trace_share"] = result["toolkit"]["trace_median_ms"] / result["toolkit"]["median_ms"]
-    print(json.dumps({"backend": "torch_xla", "spec": args.spec, **result}))
+    warm_compiles = len(monitor.events)
+    for values in trace_ms.values():
+        values.clear()
+    samples = interleaved(candidates, args.rounds, args.steps_per_round)
+    monitor.collect()
+    step_ms = summarize(samples)
+    tracing = {name: spread(values) for name, values in trace_ms.items()}
+    for name in trace_ms:
+        tracing[name]["share_of_step"] = statistics.median(trace_ms[name]) / step_ms[name]["median"]
+    print(json.dumps({"backend": "torch_xla", "spec": args.spec, "step_ms": step_ms, "tracing_ms": tracing,
+                      "ratios": {"toolkit_over_minimal": ratio(samples, "toolkit", "minimal"),
+                                 "instrumented_over_uninstrumented": ratio(samples, "toolkit", "uninstrumented"),
+                                 "compile_over_lazy": ratio(samples, "compile", "toolkit"),
+                                 "dynamo_over_lazy": ratio(samples, "dynamo", "toolkit")},
+                      "compiles_while_timed": len(monitor.events) - warm_compiles}))
 
 
 if __name__ == "__main__":

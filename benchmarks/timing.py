@@ -1,4 +1,4 @@
-"""Side-by-side timing helpers (numpy only): interleaved rounds, medians, ratios."""
+"""Side-by-side timing helpers (numpy only): interleaved rounds, medians of rounds, ratios."""
 from __future__ import annotations
 
 import argparse
@@ -10,31 +10,44 @@ def parse_args(description: str) -> argparse.Namespace:
     """The flags every overhead benchmark takes."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--spec", default="mlp-tiny")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--steps-per-round", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--steps-per-round", type=int, default=10)
     return parser.parse_args()
 
 
-def interleaved(candidates: dict, rounds: int, steps_per_round: int) -> dict[str, list[float]]:
-    """Run each candidate's `step()` (synced) in alternating rounds; per-step ms for each.
+def interleaved(candidates: dict, rounds: int, steps_per_round: int,
+                before_round: dict | None = None) -> dict[str, list[list[float]]]:
+    """Run each candidate's `step()` (synced) in alternating rounds; per round, per-step ms.
 
     Alternating A, B, A, B ... spreads machine noise (other jobs, frequency
     changes) evenly over the candidates, so their ratio is trustworthy even
-    when absolute times drift.
+    when absolute times drift. `before_round[name]()` runs untimed before each
+    of that candidate's rounds (e.g. installing or removing instrumentation).
     """
-    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    samples: dict[str, list[list[float]]] = {name: [] for name in candidates}
     for _ in range(rounds):
         for name, step in candidates.items():
+            if before_round and name in before_round:
+                before_round[name]()
+            times = []
             for _ in range(steps_per_round):
                 start = time.perf_counter()
                 step()
-                samples[name].append((time.perf_counter() - start) * 1e3)
+                times.append((time.perf_counter() - start) * 1e3)
+            samples[name].append(times)
     return samples
 
 
-def summarize(samples: dict[str, list[float]], baseline: str) -> dict:
-    out = {name: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "n": len(v)}
-           for name, v in samples.items()}
-    for name in out:
-        out[name]["ratio_to_" + baseline] = out[name]["median_ms"] / out[baseline]["median_ms"]
-    return out
+def spread(values: list[float]) -> dict:
+    """Median with min and max: how every repeated figure is reported."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def summarize(samples: dict[str, list[list[float]]]) -> dict:
+    """Per candidate: the median step ms of each round, summarized over rounds."""
+    return {name: spread([statistics.median(r) for r in rounds]) for name, rounds in samples.items()}
+
+
+def ratio(samples: dict[str, list[list[float]]], name: str, baseline: str) -> dict:
+    """Per-round ratio of median step times (rounds ran back to back), summarized over rounds."""
+    return spread([statistics.median(a) / statistics.median(b) for a, b in zip(samples[name], samples[baseline])])

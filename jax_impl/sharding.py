@@ -71,3 +71,9 @@ def to_host(x) -> np.ndarray:
         from jax.experimental import multihost_utils
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))
+
+
+def scalar_to_host(x) -> float:
+    """A scalar (the loss) as a Python float: `float()` directly when this process holds it (~10 us
+    per call here, against ~40 us through `device_get`), gathered otherwise."""
+    return float(x) if x.is_fully_addressable else float(to_host(x))

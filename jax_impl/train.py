@@ -120,7 +120,7 @@ def timed_step(trainer: JaxTrainer, monitor: CompileMonitor, step: int, batch: B
     loss = trainer.step(batch)
     loss.block_until_ready()  # one executable: when the loss is ready, so are the new params
     wall_ms = (time.perf_counter() - start) * 1e3
-    return float(sharding.to_host(loss)), wall_ms
+    return sharding.scalar_to_host(loss), wall_ms
 
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,

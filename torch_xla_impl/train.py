@@ -288,16 +288,19 @@ def _attach_causes(record: RunRecord, out_dir: Path, shapes: list[tuple]) -> Non
 def _pipelined_throughput(trainer: TorchXlaTrainer, spec: RunSpec, steps: int | None) -> dict:
     """K more steps with a sync each but one wait at the end (tracing overlaps device work).
 
-    The loss stays referenced until the sync, as in the loop: a loss dropped
-    before `torch_xla.sync()` is no graph output, so torch_xla traces and
-    compiles a different graph (measured: one extra compile).
+    As in the JAX twin, the batches are on the device before the clock starts,
+    so both twins time the same thing: steps, not data loading. The loss stays
+    referenced until the sync, as in the loop: a loss dropped before
+    `torch_xla.sync()` is no graph output, so torch_xla traces and compiles a
+    different graph (measured: one extra compile).
     """
     steps = spec.train.steps if steps is None else steps
     if steps <= 0:
         return {}
-    start = None
-    for i, batch in enumerate(trainer.loader(spec.train.steps, steps)):
-        start = start or time.perf_counter()  # from the first batch on the device
+    batches = list(trainer.loader(spec.train.steps, steps))
+    trainer.wait()
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
         loss = trainer.step(spec.train.steps + i, batch)  # noqa: F841  (kept alive until the sync)
         trainer.sync(spec.train.steps + i)
     trainer.wait()

@@ -1,0 +1,68 @@
+"""Whole runs, as users start them: `python -m compare` per preset (the default one is the wall-time
+figure) and the torch_xla backend alone in its other trace modes. Figures come from the reports and
+records those runs write; each run is repeated and summarized as median, min and max."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.timing import spread
+from common.record import read_record
+from compare.summary import compile_summary, step_times
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PRESET = "gpt-tiny"  # what `python -m compare --backend both` runs
+
+
+def _timed(cmd: list[str], what: str) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what}: exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+    return time.perf_counter() - start
+
+
+def compare_run(preset: str, out: Path) -> dict:
+    """One `python -m compare --backend both` (exactly the default command for the default preset)."""
+    cmd = [sys.executable, "-m", "compare", "--backend", "both", "--quiet", "--out", str(out)]
+    if preset != DEFAULT_PRESET:
+        cmd += ["--spec", preset]
+    wall = _timed(cmd, f"compare {preset}")
+    report = json.loads((out / "report.json").read_text())
+    figures = {name: _figures(b) for name, b in report["backends"].items()}
+    return {"process_wall_s": wall, "verdict": report["verdict"], "wall_time": report["wall_time"],
+            "backends": figures}
+
+
+def mode_run(preset: str, mode: str, out: Path) -> dict:
+    """The torch_xla backend alone in trace mode `mode`."""
+    cmd = [sys.executable, "-m", "torch_xla_impl", "--spec", preset, "--trace-mode", mode, "--out", str(out)]
+    _timed(cmd, f"torch_xla {preset} --trace-mode {mode}")
+    record = read_record(out)
+    step_ms, trace_ms = step_times(record)
+    compiles = compile_summary(record)
+    return {"step_ms": step_ms["median"], "trace_ms": trace_ms["median"] if trace_ms else None,
+            "pipelined_ms": 1e3 / record.throughput["steps_per_s"], "compile_s": compiles["compile_s"],
+            "loop_compiles": compiles["loop"], "steady_state_recompiles": compiles["steady_state"],
+            "peak_rss_mb": record.extra.get("peak_rss_mb")}
+
+
+def _figures(backend: dict) -> dict:
+    compiles = backend["compiles"]
+    return {"step_ms": backend["step_ms"]["median"], "pipelined_ms": 1e3 / backend["throughput"]["steps_per_s"],
+            "compile_s": compiles["compile_s"], "steady_state_recompiles": compiles["steady_state"],
+            "mfu": backend["mfu"], "peak_rss_mb": backend["peak_rss_mb"], **{
+                f"wall_{k}": v for k, v in (backend.get("wall_breakdown") or {}).items()}}
+
+
+def summarize_repeats(runs: list[dict]) -> dict:
+    """Median/min/max over repeats of every numeric leaf (same structure as one run)."""
+    first = runs[0]
+    if isinstance(first, dict):
+        return {k: summarize_repeats([r[k] for r in runs]) for k in first if all(k in r for r in runs)}
+    if isinstance(first, (int, float)) and not isinstance(first, bool) and all(r is not None for r in runs):
+        return spread([float(r) for r in runs])
+    return first if all(r == first for r in runs) else runs

@@ -1,0 +1,119 @@
+"""The benchmark's terminal tables and target checks (rich; the JSON holds the same numbers)."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.runs import DEFAULT_PRESET
+
+
+def _m(value, spec: str = ".3f") -> str:
+    """A spread as 'median [min-max]', a number as itself, a missing value as '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return f"{value['median']:{spec}} [{value['min']:{spec}}-{value['max']:{spec}}]"
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def _med(value):
+    return value["median"] if isinstance(value, dict) else value
+
+
+def _table(title: str, header: list[str], rows: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for h in header:
+        table.add_column(h)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def check_targets(result: dict, targets: dict) -> list[dict]:
+    checks = []
+    for r in result["overhead"]:
+        for key in ("toolkit_over_minimal", "instrumented_over_uninstrumented"):
+            value = r["ratios"][key]["median"]
+            checks.append({"what": f"{r['backend']} {r['spec']} {key}", "value": value, "target": f"<= {targets[key]}",
+                           "met": value <= targets[key]})
+    for preset, run in result["runs"].items():
+        for backend, b in run["backends"].items():
+            value = _med(b["steady_state_recompiles"])
+            checks.append({"what": f"{backend} {preset} steady-state recompiles", "value": value, "target": "== 0",
+                           "met": value == 0})
+    for preset, modes in result["trace_modes"].items():
+        for mode, m in modes.items():
+            value = _med(m["steady_state_recompiles"])
+            checks.append({"what": f"torch_xla {preset} --trace-mode {mode} steady-state recompiles", "value": value,
+                           "target": "== 0", "met": value == 0})
+    default = result["runs"].get(DEFAULT_PRESET)
+    if default:
+        value = default["process_wall_s"]["max"]
+        checks.append({"what": "default `python -m compare --backend both` wall time (s, slowest repeat)",
+                       "value": value, "target": f"<= {targets['default_compare_wall_s']}",
+                       "met": value <= targets["default_compare_wall_s"]})
+    return checks
+
+
+def print_all(result: dict, console: Console) -> None:
+    rows = []
+    for r in result["overhead"]:
+        ms, ratios = r["step_ms"], r["ratios"]
+        delta_us = (ms["toolkit"]["median"] - ms["uninstrumented"]["median"]) * 1e3
+        rows.append([r["backend"], r["spec"], _m(ms["minimal"]), _m(ms["toolkit"]),
+                     _m(ratios["toolkit_over_minimal"]), _m(ms["uninstrumented"]),
+                     _m(ratios["instrumented_over_uninstrumented"]), f"{delta_us:+.1f}"])
+    console.print(_table("Train step, interleaved side by side: ms per synced step, median of rounds [min-max]",
+                         ["backend", "preset", "minimal loop", "toolkit", "toolkit/minimal", "uninstrumented",
+                          "instrumented/uninstr.", "instr. cost us"], rows))
+
+    rows = []
+    for r in (r for r in result["overhead"] if r["backend"] == "torch_xla"):
+        ms, tr, ratios = r["step_ms"], r["tracing_ms"], r["ratios"]
+        modes = result["trace_modes"].get(r["spec"], {})
+        lazy_run = result["runs"].get(r["spec"], {}).get("backends", {}).get("torch_xla", {})
+        compile_s = [_m(lazy_run.get("compile_s"), ".2f")] + [_m(modes.get(m, {}).get("compile_s"), ".2f")
+                                                               for m in ("compile", "dynamo")]
+        rows.append([r["spec"], _m(ms["toolkit"]), _m(ms["compile"]), _m(ms["dynamo"]),
+                     _m(ratios["compile_over_lazy"]), _m(ratios["dynamo_over_lazy"]),
+                     " / ".join(f"{tr[m]['share_of_step']:.0%}" for m in ("toolkit", "compile", "dynamo")),
+                     " / ".join(compile_s)])
+    if rows:
+        console.print(_table("torch_xla trace modes (toolkit step, interleaved; lazy is the default)",
+                             ["preset", "lazy ms", "compile ms", "dynamo ms", "compile/lazy", "dynamo/lazy",
+                              "tracing share l/c/d", "compile s l/c/d"], rows))
+
+    rows = []
+    for preset, run in result["runs"].items():
+        for backend, b in run["backends"].items():
+            pipelined = _med(b["pipelined_ms"]) / _med(b["step_ms"])
+            rows.append([preset, backend, _m(b["step_ms"]), _m(b["pipelined_ms"]), f"{pipelined:.2f}",
+                         _m(b["compile_s"], ".2f"), _m(b["steady_state_recompiles"], ".0f"), _m(b["mfu"], ".1%"),
+                         _m(b["peak_rss_mb"], ".0f")])
+    if rows:
+        console.print(_table("Whole runs of `python -m compare --backend both`: median of repeats [min-max]",
+                             ["preset", "backend", "synced ms/step", "pipelined ms/step", "pipelined/synced",
+                              "compile s", "steady recompiles", "MFU (measured CPU peak)", "peak RSS MiB"], rows))
+
+    default = result["runs"].get(DEFAULT_PRESET)
+    if default:
+        wall, b = default["wall_time"], default["backends"]
+        rows = [["whole process (measured outside)", _m(default["process_wall_s"], ".2f")],
+                ["compare: interpreter start", _m(_minus(default["process_wall_s"], wall["total_s"]), ".2f")],
+                ["compare: imports", _m(wall["compare_imports_s"], ".2f")]]
+        for name in b:
+            for key, label in (("start_and_imports_s", "interpreter start + imports"), ("compile_s", "compile"),
+                               ("steps_s", "steps (synced + pipelined)"),
+                               ("other_s", "other (init, parity tensors, HLO, record)")):
+                rows.append([f"{name}: {label}", _m(b[name].get(f"wall_{key}"), ".2f")])
+        rows.append(["report (parity, plots, files)", _m(wall["report_s"], ".2f")])
+        console.print(_table("Default `python -m compare --backend both` wall time, s (median [min-max])",
+                             ["part", "seconds"], rows))
+
+    console.print(_table("Targets", ["figure", "value", "target", ""], [
+        [c["what"], _m(c["value"], ".3f") if isinstance(c["value"], float) else str(c["value"]), c["target"],
+         "met" if c["met"] else "MISSED"] for c in result["checks"]]))
+
+
+def _minus(a: dict, b: dict) -> float:
+    return _med(a) - _med(b)
