@@ -30,8 +30,8 @@ TARGETS = {"toolkit_over_minimal": 1.03, "instrumented_over_uninstrumented": 1.0
            "default_compare_wall_s": 60.0}
 
 
-def overhead(backend: str, preset: str, rounds: int) -> dict:
-    cmd = [sys.executable, "-m", f"benchmarks.overhead_{backend}", "--spec", preset, "--rounds", str(rounds)]
+def overhead(backend: str, preset: str, rounds: int, *flags: str) -> dict:
+    cmd = [sys.executable, "-m", f"benchmarks.overhead_{backend}", "--spec", preset, "--rounds", str(rounds), *flags]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -51,12 +51,15 @@ def main() -> int:
     presets, console = args.presets.split(","), Console()
     if not console.is_terminal:  # piped or logged: do not squeeze the tables to 80 columns
         console = Console(width=180)
-    result = {"targets": TARGETS, "overhead": [], "runs": {}, "trace_modes": {}, "failures": []}
+    result = {"targets": TARGETS, "overhead": [], "trace_mode_steps": [], "runs": {}, "trace_modes": {},
+              "failures": []}
     for backend in args.backends.split(","):
         for preset in presets:
             console.print(f"step benchmark: {backend} {preset}", style="dim")
             try:
                 result["overhead"].append(overhead(backend, preset, args.rounds))
+                if backend == "torch_xla":
+                    result["trace_mode_steps"].append(overhead(backend, preset, args.rounds, "--trace-modes"))
             except RuntimeError as e:
                 result["failures"].append(str(e))
     if not args.skip_runs:

@@ -68,15 +68,15 @@ def print_all(result: dict, console: Console) -> None:
                           "instrumented/uninstr.", "instr. cost us"], rows))
 
     rows = []
-    for r in (r for r in result["overhead"] if r["backend"] == "torch_xla"):
+    for r in result["trace_mode_steps"]:
         ms, tr, ratios = r["step_ms"], r["tracing_ms"], r["ratios"]
         modes = result["trace_modes"].get(r["spec"], {})
         lazy_run = result["runs"].get(r["spec"], {}).get("backends", {}).get("torch_xla", {})
         compile_s = [_m(lazy_run.get("compile_s"), ".2f")] + [_m(modes.get(m, {}).get("compile_s"), ".2f")
                                                                for m in ("compile", "dynamo")]
-        rows.append([r["spec"], _m(ms["toolkit"]), _m(ms["compile"]), _m(ms["dynamo"]),
+        rows.append([r["spec"], _m(ms["lazy"]), _m(ms["compile"]), _m(ms["dynamo"]),
                      _m(ratios["compile_over_lazy"]), _m(ratios["dynamo_over_lazy"]),
-                     " / ".join(f"{tr[m]['share_of_step']:.0%}" for m in ("toolkit", "compile", "dynamo")),
+                     " / ".join(f"{tr[m]['share_of_step']:.0%}" for m in ("lazy", "compile", "dynamo")),
                      " / ".join(compile_s)])
     if rows:
         console.print(_table("torch_xla trace modes (toolkit step, interleaved; lazy is the default)",

@@ -6,9 +6,11 @@ import statistics
 import time
 
 
-def parse_args(description: str) -> argparse.Namespace:
-    """The flags every overhead benchmark takes."""
+def parse_args(description: str, extra=None) -> argparse.Namespace:
+    """The flags every overhead benchmark takes (`extra(parser)` adds its own)."""
     parser = argparse.ArgumentParser(description=description)
+    if extra:
+        extra(parser)
     parser.add_argument("--spec", default="mlp-tiny")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps-per-round", type=int, default=10)

@@ -90,3 +90,9 @@ def test_xmp_spawn_refuses_what_it_cannot_run(mesh, message, tmp_path):
         pytest.skip("the message names this machine's core count")
     proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--mode", "spawn", "--mesh", mesh, "--out", str(tmp_path))
     assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_xmp_spawn_refuses_other_trace_modes(tmp_path):
+    proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--mode", "spawn", "--mesh", "data=2",
+                   "--trace-mode", "dynamo", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "--trace-mode dynamo is not supported with --mode spawn" in proc.stderr

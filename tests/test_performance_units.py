@@ -1,0 +1,74 @@
+"""Units behind the performance figures: HLO flops over several graphs, which graphs a step runs,
+the wall-time breakdown, and the benchmark's repeat and ratio arithmetic."""
+import pytest
+
+from benchmarks.runs import summarize_repeats
+from benchmarks.timing import ratio, spread, summarize
+from common.hlo import matmul_flops
+from common.record import CompileEvent, RunRecord, peak_rss_mb
+from compare.summary import wall_breakdown
+
+MODULE = """HloModule {name}
+
+ENTRY main {{
+  %a = f32[{m},{k}]{{1,0}} parameter(0)
+  %b = f32[{k},{n}]{{1,0}} parameter(1)
+  ROOT %dot = f32[{m},{n}]{{1,0}} dot(%a, %b), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+}}
+"""
+
+
+def test_matmul_flops_adds_modules_whose_instruction_names_repeat():
+    forward = MODULE.format(name="fwd", m=8, k=16, n=4)
+    backward = MODULE.format(name="bwd", m=32, k=2, n=8)
+    assert matmul_flops(forward) == 2 * 8 * 16 * 4
+    assert matmul_flops(backward) == 2 * 32 * 2 * 8
+    assert matmul_flops(forward + "\n" + backward) == 2 * 8 * 16 * 4 + 2 * 32 * 2 * 8
+
+
+def _events(*steps):
+    return [CompileEvent("g", 1.0, s, "setup" if s < 0 else "loop") for s in steps]
+
+
+def test_step_graphs_lazy_takes_the_settled_graph_and_dynamo_adds_forward_and_backward():
+    from torch_xla_impl.train import _step_graphs
+
+    # lazy: parity graph in setup, step 0 (with optimizer state creation), step 1 (the settled step)
+    assert _step_graphs(_events(-1, 0, 1), "lazy") == [2]
+    assert _step_graphs(_events(0, 1), "compile") == [1]
+    # dynamo: forward, a tiny graph, backward, first optimizer step at step 0; settled optimizer at step 1
+    assert _step_graphs(_events(-1, 0, 0, 0, 0, 1), "dynamo") == [1, 2, 3, 5]
+    assert _step_graphs(_events(0, 0, 0), "dynamo") == [0, 1, 2]  # no state to create: nothing at step 1
+
+
+def test_wall_breakdown_parts_add_up_to_the_process_wall_time():
+    record = RunRecord(backend="jax", spec={"model": {}})
+    record.compile_events = [CompileEvent("a", 0.5, -1, "setup"), CompileEvent("b", 1.5, 0, "loop")]
+    record.extra["timeline"] = {"ready": 102.0, "loop_start": 104.0, "loop_end": 110.0}
+    parts = wall_breakdown(record, started_at=100.0, wall_s=12.0)
+    assert parts == {"start_and_imports_s": 2.0, "compile_s": 2.0, "steps_s": 4.5, "other_s": 3.5, "total_s": 12.0}
+    assert wall_breakdown(record, started_at=None, wall_s=12.0) is None  # a reused record: no launch time
+
+
+def test_repeats_are_summarized_leaf_by_leaf():
+    runs = [{"wall": 3.0, "b": {"ms": 1.0, "mode": "lazy"}}, {"wall": 1.0, "b": {"ms": 2.0, "mode": "lazy"}},
+            {"wall": 2.0, "b": {"ms": 4.0, "mode": "lazy"}}]
+    out = summarize_repeats(runs)
+    assert out["wall"] == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert out["b"]["ms"]["median"] == 2.0 and out["b"]["mode"] == "lazy"
+
+
+def test_ratios_are_taken_round_by_round():
+    samples = {"a": [[2.0, 2.0, 9.0], [4.0, 4.0, 4.0]], "b": [[1.0, 1.0, 1.0], [4.0, 4.0, 4.0]]}
+    assert summarize(samples)["a"] == spread([2.0, 4.0])
+    assert ratio(samples, "a", "b") == {"median": 1.5, "min": 1.0, "max": 2.0, "n": 2}
+
+
+def test_peak_rss_is_this_process_in_mib():
+    import numpy as np
+
+    before = peak_rss_mb()
+    block = np.ones(64 * 2 ** 20 // 8)  # 64 MiB touched
+    assert peak_rss_mb() >= before and peak_rss_mb() > 64
+    del block
+    assert 10 < before < 100_000
