@@ -22,7 +22,7 @@ from flax import nnx
 
 from benchmarks.timing import interleaved, parse_args, ratio, summarize
 from common.data import make_dataset
-from common.spec import load_spec
+from common.presets import load_spec
 from common.weights import init_params
 from jax_impl import convert, sharding
 from jax_impl.instrument import CompileMonitor
@@ -33,7 +33,7 @@ from jax_impl.train import JaxTrainer, cross_entropy, make_optimizer, timed_step
 def minimal_loop(spec, batch):
     """The hand-written baseline: no instrumentation, no sharding annotations."""
     graphdef, abstract, rest = nnx.split(build_model(spec.model), nnx.Param, ...)
-    params = convert.from_canonical(abstract, init_params(spec.model, spec.train.seed), spec.model)
+    params = convert.load_canonical(abstract, init_params(spec.model, spec.train.seed), spec.model)
     tx = make_optimizer(spec.train)
     opt_state = tx.init(params)
 

@@ -28,12 +28,13 @@ import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 
 from benchmarks.timing import interleaved, parse_args, ratio, spread, summarize  # noqa: E402
-from common.spec import load_spec  # noqa: E402
+from common.presets import load_spec  # noqa: E402
 from common.weights import init_params  # noqa: E402
-from torch_xla_impl import convert  # noqa: E402
+from torch_impl import convert  # noqa: E402
+from torch_impl.models import build_model  # noqa: E402
+from torch_impl.train import cross_entropy, make_optimizer  # noqa: E402
 from torch_xla_impl.instrument import CompileMonitor  # noqa: E402
-from torch_xla_impl.models import build_model  # noqa: E402
-from torch_xla_impl.train import TorchXlaTrainer, cross_entropy, make_optimizer, timed_step  # noqa: E402
+from torch_xla_impl.train import TorchXlaTrainer, timed_step  # noqa: E402
 
 
 def minimal_loop(spec, batch):

@@ -12,9 +12,9 @@ import time
 import traceback
 from pathlib import Path
 
-from common.cli import (EXIT_BACKEND, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, INPUT_ERRORS, backend_parser, fail,
-                        resolve_spec)
+from common.cli import INPUT_ERRORS, backend_parser, fail, resolve_spec
 from common.record import RunRecord, timed_from, write_record, write_tensors
+from common.vocab import ExitCode, Phase, RecordStatus
 
 
 def progress_printer(enabled: bool):
@@ -29,11 +29,10 @@ def progress_printer(enabled: bool):
 
 
 def summary_line(record: RunRecord, out_dir: Path) -> str:
-    losses = [l for l in record.losses if l is not None]
-    settle = int(record.extra.get("settle_steps", 1))
+    losses = [x for x in record.losses if x is not None]
     timed = [s.wall_ms for s in record.steps[timed_from(record):]]
-    loop = [e for e in record.compile_events if e.phase == "loop"]
-    steady = [e for e in loop if e.step >= settle]
+    loop = [e for e in record.compile_events if e.phase == Phase.LOOP]
+    steady = [e for e in loop if e.step >= record.settle_steps]
     first, last = (f"{losses[0]:.4f}", f"{losses[-1]:.4f}") if losses else ("-", "-")
     median = f"{statistics.median(timed):.3f} ms" if timed else "-"
     return (f"{record.backend}: {record.status} | loss {first} -> {last} | median step {median} | "
@@ -48,29 +47,29 @@ def main(backend: str, argv, add_flags, train) -> int:
     try:
         spec = resolve_spec(args)
     except INPUT_ERRORS as e:
-        fail(str(e), EXIT_USAGE)
+        fail(str(e), ExitCode.USAGE)
     out_dir = args.out or Path("runs") / f"{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        fail(f"cannot create run directory {out_dir}: {e.strerror or e}; pass a writable --out", EXIT_USAGE)
+        fail(f"cannot create run directory {out_dir}: {e.strerror or e}; pass a writable --out", ExitCode.USAGE)
     try:
         record, tensors, is_writer = train(spec, args, out_dir, progress_printer(args.progress))
     except INPUT_ERRORS as e:
         if args.debug:
             traceback.print_exc()
-        fail(str(e), EXIT_USAGE)
+        fail(str(e), ExitCode.USAGE)
     except Exception as e:  # a crash inside the framework: one line, the traceback only with --debug
         if args.debug:
             raise
         fail(f"{backend} crashed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
-             "(rerun with --debug for the traceback)", EXIT_BACKEND)
+             "(rerun with --debug for the traceback)", ExitCode.BACKEND)
     if is_writer:
         if tensors:
             record.tensors = write_tensors(out_dir, tensors)
         write_record(out_dir, record)
         print(summary_line(record, out_dir), flush=True)
-    if record.status == "nonfinite":
+    if record.status == RecordStatus.NONFINITE:
         print(f"error: {record.message}; lower train.lr or use float32", file=sys.stderr)
-        return EXIT_NONFINITE
-    return EXIT_OK if record.status == "ok" else EXIT_BACKEND
+        return ExitCode.NONFINITE
+    return ExitCode.OK if record.status == RecordStatus.OK else ExitCode.BACKEND

@@ -1,8 +1,6 @@
-"""The command-line flags both backends share (`python -m jax_impl` / `python -m torch_xla_impl`).
+"""The command-line flags every backend shares (`python -m jax_impl` / `python -m torch_xla_impl`).
 
-Exit codes (the same in `compare`): 0 ok, 1 parity failed (compare only),
-2 bad usage or input, 3 a backend failed, 4 interrupted, 5 non-finite loss
-(a backend alone; compare reports it as 3), 6 an internal error of compare.
+Exit codes are `common.vocab.ExitCode`, the same for `compare` and the backends.
 """
 from __future__ import annotations
 
@@ -12,11 +10,12 @@ from pathlib import Path
 from typing import NoReturn
 
 from common.data import DataError
+from common.presets import load_spec
 from common.record import RecordError
-from common.spec import RunSpec, SpecError, load_spec
+from common.spec import RunSpec, SpecError
+from common.vocab import ExitCode
 from common.weights import CheckpointError
 
-EXIT_OK, EXIT_PARITY, EXIT_USAGE, EXIT_BACKEND, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_INTERNAL = 0, 1, 2, 3, 4, 5, 6
 INPUT_ERRORS = (SpecError, DataError, CheckpointError, RecordError)
 
 
@@ -50,6 +49,8 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--parity", action="store_true",
                         help="also save step-0 outputs and gradients and the final parameters (canonical layout)")
     parser.add_argument("--checkpoint", type=Path, help="start from this canonical safetensors checkpoint")
+    parser.add_argument("--compile-cache", type=Path, metavar="DIR",
+                        help="the framework's persistent compile cache in DIR (default: off when run alone)")
     parser.add_argument("--throughput-steps", type=int, default=None,
                         help="extra steps timed pipelined (one wait at the end); default: train.steps, 0 = off")
     parser.add_argument("--shape-change-step", type=int, default=None,
@@ -88,6 +89,6 @@ def resolve_spec(args: argparse.Namespace) -> RunSpec:
     return load_spec(args.spec, spec_overrides(args))
 
 
-def fail(message: str, code: int) -> NoReturn:
+def fail(message: str, code: ExitCode) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(code)
+    sys.exit(int(code))

@@ -8,15 +8,27 @@ import tempfile
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path):
-    """Yield a temporary path beside `path`; rename it into place on success."""
+    """Yield a temporary path beside `path`; rename it into place on success.
+
+    The file gets the mode any new file of this process gets (0666 less the
+    umask), not mkstemp's private 0600: on a shared TPU VM or behind a web
+    server others must be able to read reports, records and checkpoints.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # after the writer: some (safetensors) create the file anew
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

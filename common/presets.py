@@ -1,5 +1,22 @@
-"""Named run specs. `gpt-tiny` is the CPU default of `python -m compare`."""
-from common.spec import CNNSpec, DataSpec, MLPSpec, MeshSpec, RunSpec, TrainSpec, TransformerSpec
+"""Named run specs (`gpt-tiny` is the CPU default of `python -m compare`) and `load_spec`, which
+turns a preset name or a spec file plus `--set` overrides into a validated RunSpec."""
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+from common.spec import (
+    CNNSpec,
+    DataSpec,
+    MeshSpec,
+    MLPSpec,
+    RunSpec,
+    SpecError,
+    TrainSpec,
+    TransformerSpec,
+    apply_overrides,
+)
 
 PRESETS: dict[str, RunSpec] = {
     # 784 -> 256 -> 256 -> 10 on a synthetic teacher task (MNIST-sized inputs).
@@ -38,3 +55,25 @@ PRESETS: dict[str, RunSpec] = {
         data=DataSpec(dataset="synthetic-tokens"),
     ),
 }
+
+
+def load_spec(spec: str, overrides: list[str] | tuple[str, ...] = ()) -> RunSpec:
+    """A preset name or a .toml/.json file, then `--set` overrides, validated."""
+    if spec in PRESETS:
+        base = PRESETS[spec]
+    elif spec.endswith((".toml", ".json")):
+        path = Path(spec)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise SpecError(f"cannot read spec file {spec}: {e.strerror or e}") from None
+        try:
+            raw = tomllib.loads(text) if spec.endswith(".toml") else json.loads(text)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+            raise SpecError(f"spec file {spec} is not valid {path.suffix[1:].upper()}: {e}") from None
+        if not isinstance(raw, dict):
+            raise SpecError(f"spec file {spec} must hold a table with model/train/mesh/data sections")
+        base = RunSpec.from_dict(raw, name=path.stem)
+    else:
+        raise SpecError(f"unknown spec {spec!r}: use a preset ({', '.join(PRESETS)}) or a .toml/.json file")
+    return apply_overrides(base, list(overrides)).validate()

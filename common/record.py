@@ -22,13 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from common.fsutil import atomic_path, write_json_atomic
+from common.vocab import Phase, RecordStatus, values
 
-SCHEMA_VERSION = 1
+# 2: settle_steps, timeline, peak_rss_mb, trace_ms, trace_mode and compile_cache became typed
+# fields (they were free-form `extra` keys in 1); compile events say whether they were cache hits.
+SCHEMA_VERSION = 2
 RECORD_FILE = "record.json"
 TENSORS_FILE = "tensors.npz"
 TENSOR_GROUPS = ("outputs", "grads", "params")
-STATUSES = ("ok", "nonfinite", "failed")
-PHASES = ("setup", "loop")
 
 # Environment variables that change numerics, devices or compilation.
 NUMERICS_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION",
@@ -50,16 +51,17 @@ class StepRecord:
 @dataclass
 class CompileEvent:
     fun_name: str
-    duration_s: float
+    duration_s: float  # compile time, or the time to load the executable on a persistent-cache hit
     step: int  # the train step running when it compiled; -1 in setup
-    phase: str  # "setup" (before the first train step) or "loop"
+    phase: str  # Phase: "setup" (before the first train step) or "loop"
+    cache_hit: bool = False  # loaded from the persistent compile cache: still a compile request, never hidden
 
 
 @dataclass
 class RunRecord:
     backend: str
     spec: dict
-    status: str = "ok"
+    status: str = RecordStatus.OK
     message: str = ""  # what went wrong, when status is not ok
     versions: dict = field(default_factory=dict)
     platform: dict = field(default_factory=dict)  # system, machine, device_kind, device_count, process_count
@@ -70,7 +72,13 @@ class RunRecord:
     recompile_causes: list[dict] = field(default_factory=list)  # {step, fun_name, cause}
     hlo_stats: dict | None = None  # op_histogram, flops, bytes_accessed, memory, hlo_file
     tensors: str | None = None  # path of the tensor file, relative to the record
-    extra: dict = field(default_factory=dict)  # backend-specific facts (mode, loop API, timeline, peak RSS, ...)
+    settle_steps: int = 1  # loop steps that may compile; a compile at a later step is a steady-state recompile
+    timeline: dict = field(default_factory=dict)  # epoch seconds: ready, loop_start, loop_end
+    peak_rss_mb: float | None = None  # the backend process's peak resident memory
+    trace_ms: list[float] = field(default_factory=list)  # per step: host time building the graph (torch_xla)
+    trace_mode: str | None = None  # TraceMode of a torch_xla run; None where the backend has no such choice
+    compile_cache: dict = field(default_factory=dict)  # dir, hits, misses, and why it is off or failing
+    extra: dict = field(default_factory=dict)  # backend-specific facts (mode, loop API, counters, ...)
     schema_version: int = SCHEMA_VERSION
 
     def add_step(self, step: int, loss: float, wall_ms: float) -> bool:
@@ -78,7 +86,7 @@ class RunRecord:
         self.steps.append(StepRecord(step, finite_or_none(loss), wall_ms))
         if math.isfinite(loss):
             return True
-        self.status, self.message = "nonfinite", f"loss is {loss} at step {step}"
+        self.status, self.message = RecordStatus.NONFINITE, f"loss is {loss} at step {step}"
         return False
 
     @property
@@ -144,12 +152,12 @@ def read_record(path: str | Path) -> RunRecord:
         record.compile_events = [CompileEvent(**e) for e in raw.get("compile_events", [])]
     except TypeError as e:
         raise _fail(path, f"has a malformed entry: {e}") from None
-    if record.status not in STATUSES:
-        raise _fail(path, f"has status {record.status!r}, expected one of {', '.join(STATUSES)}")
+    if record.status not in values(RecordStatus):
+        raise _fail(path, f"has status {record.status!r}, expected one of {', '.join(values(RecordStatus))}")
     if not isinstance(record.spec, dict) or "model" not in record.spec:
         raise _fail(path, "has no spec with a model section")
     for e in record.compile_events:
-        if e.phase not in PHASES:
+        if e.phase not in values(Phase):
             raise _fail(path, f"has a compile event with phase {e.phase!r}")
     return record
 

@@ -20,7 +20,7 @@ replicated (correct, only slower).
 """
 from __future__ import annotations
 
-from common.spec import CNNSpec, MLPSpec, MeshSpec, ModelSpec, TransformerSpec
+from common.spec import CNNSpec, MeshSpec, MLPSpec, ModelSpec, TransformerSpec
 from common.weights import param_infos
 
 PartitionSpec = tuple  # of None | str | tuple[str, ...]

@@ -10,11 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import tomllib
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal, Union
+from typing import Literal
 
 
 class SpecError(ValueError):
@@ -122,7 +120,7 @@ class TransformerSpec:
         _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
 
 
-ModelSpec = Union[MLPSpec, CNNSpec, TransformerSpec]
+ModelSpec = MLPSpec | CNNSpec | TransformerSpec
 MODEL_FAMILIES: dict[str, type] = {"mlp": MLPSpec, "cnn": CNNSpec, "gpt": TransformerSpec}
 
 
@@ -162,7 +160,8 @@ class TrainSpec:
         _require(0.0 <= self.momentum < 1.0, f"train.momentum={self.momentum} must be in [0, 1)")
         _require(not (self.nesterov and self.momentum == 0.0),
                  "train.nesterov=true needs train.momentum > 0")
-        _require(self.schedule_warmup_steps >= 0, f"train.schedule_warmup_steps={self.schedule_warmup_steps} must be >= 0")
+        _require(self.schedule_warmup_steps >= 0,
+                 f"train.schedule_warmup_steps={self.schedule_warmup_steps} must be >= 0")
         _require(0.0 <= self.min_lr_ratio <= 1.0, f"train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         _require(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0 (0 turns clipping off)")
         _require(self.timing_warmup_steps >= 0, f"train.timing_warmup_steps={self.timing_warmup_steps} must be >= 0")
@@ -227,7 +226,8 @@ class DataSpec:
     """Where batches come from. `path` is used by 'arrays' (.npz with x, y) and
     'tokens-file' (flat uint16 .bin read with np.memmap, or a 1-D .npy)."""
 
-    dataset: Literal["synthetic-classification", "digits", "synthetic-tokens", "arrays", "tokens-file"] = "synthetic-classification"
+    dataset: Literal["synthetic-classification", "digits", "synthetic-tokens", "arrays", "tokens-file"] = \
+        "synthetic-classification"
     path: str = ""
     seed: int = 0  # batch order and synthetic data
     seq_len: int = 0  # tokens per training sequence; 0 = model.seq_len
@@ -249,7 +249,7 @@ class RunSpec:
     data: DataSpec = field(default_factory=DataSpec)
     name: str = "custom"
 
-    def validate(self) -> "RunSpec":
+    def validate(self) -> RunSpec:
         for section in (self.model, self.train, self.mesh, self.data):
             section.validate()
         self._validate_together()
@@ -290,7 +290,7 @@ class RunSpec:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
     @staticmethod
-    def from_dict(raw: dict, name: str = "custom") -> "RunSpec":
+    def from_dict(raw: dict, name: str = "custom") -> RunSpec:
         """Build from plain dicts (a parsed TOML/JSON file or a record's spec)."""
         raw = dict(raw)
         model_raw = dict(raw.get("model") or {})
@@ -366,7 +366,8 @@ def apply_overrides(spec: RunSpec, overrides: list[str]) -> RunSpec:
         section, dot, name = key.strip().partition(".")
         _require(bool(sep) and bool(dot) and bool(name),
                  f"--set {item!r} must look like section.field=value (e.g. train.lr=3e-4)")
-        _require(section in sections, f"--set {key}: unknown section {section!r}; sections are model, train, mesh, data")
+        _require(section in sections,
+                 f"--set {key}: unknown section {section!r}; sections are model, train, mesh, data")
         target = sections[section]
         names = [f.name for f in dataclasses.fields(target)]
         _require(name in names, f"--set {key}: unknown key {section}.{name}; {section} has: {', '.join(names)}")
@@ -375,26 +376,3 @@ def apply_overrides(spec: RunSpec, overrides: list[str]) -> RunSpec:
         hint = typing.get_type_hints(type(target))[name]
         sections[section] = dataclasses.replace(target, **{name: _coerce(key, value, hint)})
     return dataclasses.replace(spec, **sections)
-
-
-def load_spec(spec: str, overrides: list[str] | tuple[str, ...] = ()) -> RunSpec:
-    """A preset name or a .toml/.json file, then `--set` overrides, validated."""
-    from common.presets import PRESETS
-
-    if spec in PRESETS:
-        base = PRESETS[spec]
-    elif spec.endswith((".toml", ".json")):
-        path = Path(spec)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise SpecError(f"cannot read spec file {spec}: {e.strerror or e}") from None
-        try:
-            raw = tomllib.loads(text) if spec.endswith(".toml") else json.loads(text)
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-            raise SpecError(f"spec file {spec} is not valid {path.suffix[1:].upper()}: {e}") from None
-        _require(isinstance(raw, dict), f"spec file {spec} must hold a table with model/train/mesh/data sections")
-        base = RunSpec.from_dict(raw, name=path.stem)
-    else:
-        raise SpecError(f"unknown spec {spec!r}: use a preset ({', '.join(PRESETS)}) or a .toml/.json file")
-    return apply_overrides(base, list(overrides)).validate()

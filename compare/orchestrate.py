@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.cli import EXIT_NONFINITE, EXIT_USAGE
+from common.vocab import BackendStatus, ExitCode
 
 REPO = Path(__file__).resolve().parents[1]
 BACKEND_MODULES = {"jax": "jax_impl", "torch_xla": "torch_xla_impl"}
@@ -26,7 +26,7 @@ STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"
 class BackendRun:
     name: str
     run_dir: Path
-    status: str  # ok | nonfinite | failed | timeout | usage_error | interrupted
+    status: BackendStatus
     exit_code: int | None
     message: str
     wall_s: float
@@ -93,8 +93,9 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
             proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err_log, text=True, env=env,
                                     start_new_session=True)  # its own group: a kill reaches its children
         except OSError as e:
-            return BackendRun(name, run_dir, "usage_error", None, f"cannot start {python}: {e.strerror or e}; "
-                              f"check --{name.replace('_', '-')}-python", 0.0, command)
+            return BackendRun(name, run_dir, BackendStatus.USAGE_ERROR, None,
+                              f"cannot start {python}: {e.strerror or e}; check --{name.replace('_', '-')}-python",
+                              0.0, command)
         reader = threading.Thread(target=_read_progress, args=(proc.stdout, out_log, on_progress), daemon=True)
         reader.start()
         try:
@@ -102,7 +103,7 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             reader.join(timeout=5)
-            return BackendRun(name, run_dir, "timeout", None, f"no result after --timeout {timeout_s:g} s; "
+            return BackendRun(name, run_dir, BackendStatus.TIMEOUT, None, f"no result after --timeout {timeout_s:g} s; "
                               "killed with its process group", time.perf_counter() - start, command, started_at)
         except BaseException:  # Ctrl-C / SIGTERM in compare: take the backend down with us
             _kill_group(proc)
@@ -111,16 +112,65 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
         if _group_alive(proc.pid):  # children left behind by a backend that exited
             _kill_group(proc, grace_s=2.0)
         reader.join(timeout=5)
-    if code == 0:
-        return BackendRun(name, run_dir, "ok", 0, "", wall, command, started_at)
+    if code == ExitCode.OK:
+        return BackendRun(name, run_dir, BackendStatus.OK, 0, "", wall, command, started_at)
     message = _error_line(run_dir / STDERR_LOG)
-    if code == EXIT_USAGE:
-        status = "usage_error"
-    elif code == EXIT_NONFINITE:
-        status = "nonfinite"
+    if code == ExitCode.USAGE:
+        status = BackendStatus.USAGE_ERROR
+    elif code == ExitCode.NONFINITE:
+        status = BackendStatus.NONFINITE
     else:
-        status = "failed"
+        status = BackendStatus.FAILED
         if code < 0:
             message = f"killed by {signal.Signals(-code).name}" + (f": {message}" if message else "")
         message = message or f"exited with code {code}"
     return BackendRun(name, run_dir, status, code, message, wall, command, started_at)
+
+
+@dataclass
+class Plan:
+    """What compare runs: per backend its interpreter and argv, or an existing run directory to reuse."""
+
+    names: list[str]
+    pythons: dict[str, str]
+    argv: dict[str, list[str]]
+    reuse: dict[str, Path]
+    out: Path
+    timeout_s: float
+    repeat: bool  # --check-determinism: run each backend twice
+
+
+@dataclass
+class Outcome:
+    runs: dict[str, BackendRun]
+    repeats: dict[str, BackendRun]
+    interrupted: bool
+
+
+def run_all(plan: Plan, live) -> Outcome:
+    """Run the backends one after the other (never together: they would share the chips and the cores).
+
+    Ctrl-C or SIGTERM (raised as KeyboardInterrupt) stops the loop; `run_backend` has already taken the
+    running backend's process group down, and later backends are left `not_run`.
+    """
+    runs: dict[str, BackendRun] = {}
+    repeats: dict[str, BackendRun] = {}
+    current = None
+    try:
+        for name in plan.names:
+            if name in plan.reuse:
+                runs[name] = BackendRun(name, plan.reuse[name].resolve(), BackendStatus.OK, 0, "", 0.0, [])
+                continue
+            current = name
+            runs[name] = run_backend(name, plan.pythons[name], plan.argv[name], plan.out / name, plan.timeout_s,
+                                     live.task(name))
+            if plan.repeat and runs[name].status == BackendStatus.OK:
+                repeats[name] = run_backend(name, plan.pythons[name], plan.argv[name], plan.out / f"{name}-repeat",
+                                            plan.timeout_s, live.task(f"{name} again"))
+            current = None
+    except KeyboardInterrupt:
+        if current is not None:
+            runs.setdefault(current, BackendRun(current, plan.out / current, BackendStatus.INTERRUPTED, None,
+                                                "interrupted by a signal; its process group was terminated", 0.0, []))
+        return Outcome(runs, repeats, True)
+    return Outcome(runs, repeats, False)

@@ -94,3 +94,17 @@ def worst_tensors(tensors: dict[str, dict], n: int = 10) -> list[dict]:
         used = item[1]["tolerance_used"]
         return -(used if used is not None else float("inf"))
     return [{"name": name, **e} for name, e in sorted(tensors.items(), key=key)[:n]]
+
+
+def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, policy, intended: list[str]) -> dict:
+    """The whole parity verdict of two runs (report.json's `parity`): settings, tensors, losses."""
+    differences = setting_differences(ref, other)
+    unexplained = [d for d in differences if d.split(":")[0] not in intended]
+    tensors = compare_tensors(ref_tensors, other_tensors, policy)
+    loss = compare_losses(ref.losses, other.losses, policy["loss"])
+    comparable = not unexplained
+    passed = comparable and loss["first_divergent_step"] is None and all(t["within"] for t in tensors.values())
+    return {"checked": True, "comparable": comparable, "setting_differences": differences,
+            "intended_differences": [d for d in differences if d not in unexplained],
+            "first_divergent_step": loss["first_divergent_step"], "loss": loss, "tensors": tensors,
+            "worst": worst_tensors(tensors), "passed": passed}

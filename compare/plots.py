@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-
 
 def write_plots(report: dict, run_dir: Path) -> list[str]:
+    import matplotlib  # here, not at the top: compare's start does not pay for it before the backends run
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
     backends = report["backends"]
     written = []
     with_losses = {n: b["losses"] for n, b in backends.items() if b.get("losses")}
@@ -54,6 +54,8 @@ def write_plots(report: dict, run_dir: Path) -> list[str]:
 
 
 def _save(fig, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,36 +1,121 @@
-"""report.json (stable keys), report.md and the terminal tables: one set of rows, three renderings.
+"""report.json: built from the backends' runs and records (rendered by `render.py`).
 
-report.json keys (schema_version 1):
+report.json keys (schema_version 2):
   verdict                 "pass" | "fail"
-  status                  ok | parity_failed | not_comparable | backend_failed | usage_error | interrupted
-  exit_code               what `python -m compare` returned
+  status                  a ReportStatus (common/vocab.py): ok | parity_failed | not_comparable |
+                          nondeterministic | backend_failed | usage_error | interrupted
+  exit_code               what `python -m compare` returned (an ExitCode)
   tolerances              {kind: {atol, rtol}} used for this dtype
   parity                  null when only one backend ran, else
     .checked, .comparable, .setting_differences, .intended_differences,
     .first_divergent_step (null when none), .loss {max_abs, per_step_abs, steps_compared},
     .tensors {"<group>/<name>": {abs, rel, within, kind}}, .worst [10 worst], .passed
-  backends.<name>         status, message, exit_code, wall_s, record, logs,
-    .compiles {setup, loop, steady_state, settle_steps, compile_s, causes},
+  backends.<name>         status (a BackendStatus), message, exit_code, wall_s, record, logs,
+    .compiles {setup, loop, steady_state, settle_steps, cache_hits, compile_s, causes},
     .step_ms {median, p10, p90, min, max, n}, .trace_ms (torch_xla), .throughput,
     .flops_per_step, .peak_flops, .peak_source, .mfu, .hlo_ops, .losses, .peak_rss_mb, .trace_mode,
+    .compile_cache {enabled, dir, hits, misses, ...},
     .wall_breakdown {start_and_imports_s, compile_s, steps_s, other_s, total_s}
+  compile_cache           the cache directory compare gave the backends (null with --no-compile-cache)
   wall_time               compare_imports_s, backends_s, report_s, total_s (compare's own process)
   ratios                  torch_xla / jax for step time, jax / torch_xla for throughput
+  determinism             with --check-determinism: per backend {bitwise_equal, max_abs, steps}
 """
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+import functools
+from pathlib import Path
 
-REPORT_SCHEMA = 1
+from common.record import RECORD_FILE, RecordError, read_record, read_tensors
+from common.vocab import REPORT_STATUS_EXIT, BackendStatus, ExitCode, ReportStatus
+from compare.parity import check_parity
+from compare.plots import write_plots
+from compare.summary import backend_summary, cpu_peak, wall_breakdown
+
+REPORT_SCHEMA = 2
 
 
-def _fmt(value, spec: str = ".3g") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return format(value, spec)
-    return str(value)
+def build_report(args, spec, policy, names: list[str], runs: dict, out: Path, interrupted: bool) -> dict:
+    peak = functools.lru_cache(maxsize=1)(functools.partial(cpu_peak, args.compile_cache))
+    backends, records, tensors = {}, {}, {}
+    for name in names:
+        backends[name], record, tensor_groups = _backend_entry(name, runs.get(name), out, peak, len(names) == 2)
+        if record is not None:
+            records[name] = record
+        if tensor_groups is not None:
+            tensors[name] = tensor_groups
+    parity = None
+    if len(names) == 2 and all(n in tensors for n in names):
+        ref, other = names
+        parity = check_parity(records[ref], records[other], tensors[ref], tensors[other], policy,
+                              intended=[o.split("=")[0] for n in names for o in getattr(args, f"{n}_set")])
+    status = _status(backends, runs, parity, interrupted)
+    code = REPORT_STATUS_EXIT[status]
+    report = {
+        "schema_version": REPORT_SCHEMA, "verdict": "pass" if code == ExitCode.OK else "fail", "status": status,
+        "exit_code": code, "message": _message(status, backends, parity), "run_dir": str(out),
+        "spec_name": spec.name, "spec": spec.to_dict(), "dtype": spec.train.dtype,
+        "tolerance_profile": args.tolerance_profile, "tolerances": policy, "parity": parity,
+        "backends": backends, "ratios": ratios(backends),
+        "compile_cache": str(args.compile_cache) if args.compile_cache else None,
+        "commands": {n: r.command for n, r in runs.items() if r.command},
+    }
+    report["plots"] = write_plots(report, out)
+    return report
+
+
+def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool):
+    """(report entry, record or None, parity tensors or None) of one backend."""
+    run_dir = run.run_dir if run is not None else out / name
+    reused = run is not None and not run.command
+    entry = {"status": BackendStatus.NOT_RUN if run is None else run.status,
+             "message": "" if run is None else run.message, "exit_code": None if run is None else run.exit_code,
+             "wall_s": None if run is None else run.wall_s,
+             "record": str(run_dir / RECORD_FILE) if reused else f"{name}/{RECORD_FILE}",
+             "logs": [] if reused else [f"{name}/stdout.log", f"{name}/stderr.log"], "reused_record": reused}
+    record, tensors = None, None
+    record_path = run_dir / RECORD_FILE
+    if run is not None and record_path.exists():
+        try:
+            record = read_record(record_path)
+            entry.update(backend_summary(record, run_dir, peak))
+            entry["wall_breakdown"] = wall_breakdown(record, run.started_at, run.wall_s)
+            entry["status"] = run.status if run.status != BackendStatus.OK else BackendStatus(record.status)
+            if record.status == BackendStatus.OK and want_tensors:
+                tensors = read_tensors(record_path, record)
+        except RecordError as e:
+            entry.update(status=BackendStatus.FAILED, message=str(e))
+    elif run is not None and run.status == BackendStatus.OK:
+        entry.update(status=BackendStatus.FAILED, message=f"exited 0 but wrote no {RECORD_FILE}")
+    return entry, record, tensors
+
+
+def _status(backends: dict, runs: dict, parity: dict | None, interrupted: bool) -> ReportStatus:
+    problems = [b["status"] for n, b in backends.items() if b["status"] != BackendStatus.OK and n in runs]
+    if interrupted:
+        return ReportStatus.INTERRUPTED
+    if BackendStatus.USAGE_ERROR in problems:
+        return ReportStatus.USAGE_ERROR
+    if problems:
+        return ReportStatus.BACKEND_FAILED
+    if parity is not None and not parity["comparable"]:
+        return ReportStatus.NOT_COMPARABLE
+    if parity is not None and not parity["passed"]:
+        return ReportStatus.PARITY_FAILED
+    return ReportStatus.OK
+
+
+def _message(status: ReportStatus, backends: dict, parity: dict | None) -> str:
+    if status == ReportStatus.NOT_COMPARABLE:
+        return "parity not judged: the runs differ in " + "; ".join(
+            d for d in parity["setting_differences"] if d not in parity["intended_differences"])
+    if status == ReportStatus.PARITY_FAILED:
+        worst = parity["worst"][0] if parity["worst"] else None
+        step = parity["first_divergent_step"]
+        return (f"parity failed: first divergent step {step if step is not None else 'none'}; worst tensor "
+                f"{worst['name']} (max abs {worst['abs']}, within={worst['within']})" if worst else "parity failed")
+    failed = [f"{n}: {b['status']}: {b['message']}" for n, b in backends.items() if b["status"] != BackendStatus.OK]
+    return "; ".join(failed)
 
 
 def ratios(backends: dict) -> dict:
@@ -42,93 +127,3 @@ def ratios(backends: dict) -> dict:
     if jt and tt:
         out["throughput_jax_over_torch_xla"] = jt / tt
     return out
-
-
-def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, rows) for each table; the markdown and the terminal both render these."""
-    out = []
-    b = report["backends"]
-    names = list(b)
-    rows = [["status"] + [f"{b[n]['status']}" + (f" ({b[n]['message']})" if b[n].get("message") else "")
-                          for n in names]]
-    if report.get("parity"):
-        p = report["parity"]
-        out.append(("Parity", ["check", "result"], [
-            ["verdict", report["verdict"]],
-            ["settings compared", "equal" if not p["setting_differences"] else "; ".join(p["setting_differences"])],
-            ["first divergent step", _fmt(p["first_divergent_step"])],
-            ["max |Δloss| over steps", _fmt((p.get("loss") or {}).get("max_abs"), ".3e")],
-            ["tensors within tolerance", f"{sum(t['within'] for t in p['tensors'].values())}/{len(p['tensors'])}"],
-        ]))
-        out.append(("Worst tensors (JAX is the reference)",
-                    ["tensor", "kind", "max abs", "max rel", "of tolerance", "within"],
-                    [[w["name"], w["kind"], _fmt(w["abs"], ".3e"), _fmt(w["rel"], ".3e"),
-                      _fmt(w["tolerance_used"], ".1%"), "yes" if w["within"] else "NO"] for w in p["worst"]]))
-    tol = report["tolerances"]
-    out.append((f"Tolerances ({report['dtype']}, profile {report['tolerance_profile']}): "
-                "|a-b| <= atol + rtol*max|ref|", ["kind", "atol", "rtol"],
-                [[k, _fmt(v["atol"], ".0e"), _fmt(v["rtol"], ".0e")] for k, v in tol.items()]))
-    comp = lambda n, k: _fmt((b[n].get("compiles") or {}).get(k))  # noqa: E731
-    rows_c = [["setup compiles"] + [comp(n, "setup") for n in names],
-              ["loop compiles"] + [comp(n, "loop") for n in names],
-              ["steady-state recompiles"] + [comp(n, "steady_state") for n in names],
-              ["compile time (s)"] + [_fmt((b[n].get("compiles") or {}).get("compile_s"), ".2f") for n in names]]
-    out.append(("Compiles", ["", *names], rows + rows_c))
-    for n in names:
-        for cause in (b[n].get("compiles") or {}).get("causes", []):
-            out.append((f"{n}: recompile at step {cause['step']}", ["cause"], [[cause["cause"][:400]]]))
-    sm = lambda n, k: _fmt((b[n].get("step_ms") or {}).get(k), ".3f")  # noqa: E731
-    tp = lambda n, k: _fmt((b[n].get("throughput") or {}).get(k), ".4g")  # noqa: E731
-    rows_t = [["median step (ms, synced)"] + [sm(n, "median") for n in names],
-              ["p10 / p90 (ms)"] + [f"{sm(n, 'p10')} / {sm(n, 'p90')}" for n in names],
-              ["tracing median (ms)"] + [_fmt((b[n].get("trace_ms") or {}).get("median"), ".3f") for n in names],
-              ["pipelined steps/s"] + [tp(n, "steps_per_s") for n in names],
-              ["examples/s"] + [tp(n, "examples_per_s") for n in names],
-              ["tokens/s"] + [tp(n, "tokens_per_s") for n in names],
-              ["matmul Gflop/step (HLO)"] + [_fmt((b[n].get("flops_per_step") or 0) / 1e9 or None, ".4g")
-                                            for n in names],
-              ["MFU"] + [_fmt(b[n].get("mfu"), ".2%") for n in names]]
-    out.append(("Step time (warm-up steps excluded)", ["", *names], rows_t))
-    wall = lambda n, k: _fmt((b[n].get("wall_breakdown") or {}).get(k), ".2f")  # noqa: E731
-    rows_w = [["torch_xla trace mode"] + [_fmt(b[n].get("trace_mode")) for n in names],
-              ["interpreter start + imports (s)"] + [wall(n, "start_and_imports_s") for n in names],
-              ["compile (s)"] + [wall(n, "compile_s") for n in names],
-              ["steps, synced + pipelined (s)"] + [wall(n, "steps_s") for n in names],
-              ["other: init, parity tensors, HLO, record (s)"] + [wall(n, "other_s") for n in names],
-              ["backend process total (s)"] + [wall(n, "total_s") for n in names],
-              ["peak host RSS (MiB)"] + [_fmt(b[n].get("peak_rss_mb"), ".0f") for n in names]]
-    out.append(("Wall time and memory per backend process", ["", *names], rows_w))
-    if report.get("ratios"):
-        out.append(("Ratios", ["ratio", "value"], [[k, _fmt(v, ".3f")] for k, v in report["ratios"].items()]))
-    return out
-
-
-def markdown(report: dict) -> str:
-    lines = [f"# Parity report: {report['spec_name']}", "",
-             f"**Verdict: {report['verdict']}** (status `{report['status']}`, exit code {report['exit_code']})", ""]
-    if report.get("message"):
-        lines += [report["message"], ""]
-    for title, header, rows in tables(report):
-        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-        lines.append("")
-    peaks = {n: b.get("peak_source") for n, b in report["backends"].items() if b.get("peak_source")}
-    if peaks:
-        lines += ["MFU = HLO dot/convolution flops per step / median synced step time / peak: " +
-                  "; ".join(f"{n}: {s}" for n, s in peaks.items()), ""]
-    plots = report.get("plots") or []
-    lines += [f"![{p}]({p})" for p in plots]
-    return "\n".join(lines) + "\n"
-
-
-def print_tables(report: dict, console: Console | None = None) -> None:
-    console = console or Console()
-    for title, header, rows in tables(report):
-        table = Table(title=title, title_justify="left")
-        for h in header:
-            table.add_column(h)
-        for row in rows:
-            table.add_row(*[str(c) for c in row])
-        console.print(table)
-    style = "bold green" if report["verdict"] == "pass" else "bold red"
-    console.print(f"verdict: {report['verdict']} ({report['status']})  report: {report['run_dir']}", style=style)

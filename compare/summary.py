@@ -1,26 +1,33 @@
 """Per-backend figures from a run record: compiles, step time, throughput, MFU."""
 from __future__ import annotations
 
+import json
+import os
+import platform
 import time
 from pathlib import Path
 
 import numpy as np
 
+from common.fsutil import write_json_atomic
 from common.hlo import matmul_flops
 from common.record import RunRecord, timed_from
+from common.vocab import Phase
 
 # Peak dense bf16 flop/s per chip (the vendors' figures).
 TPU_PEAK_FLOPS = {"v4": 2.75e14, "v5e": 1.97e14, "v5 lite": 1.97e14, "v5p": 4.59e14, "v6e": 9.2e14, "v6 lite": 9.2e14}
 
 
 def compile_summary(record: RunRecord) -> dict:
-    settle = int(record.extra.get("settle_steps", 1))
-    loop = [e for e in record.compile_events if e.phase == "loop"]
+    """Compile counts by phase; a cache hit counts as a compile (so a recompile stays one) and is also
+    counted apart."""
+    loop = [e for e in record.compile_events if e.phase == Phase.LOOP]
     return {
-        "setup": sum(e.phase == "setup" for e in record.compile_events),
+        "setup": sum(e.phase == Phase.SETUP for e in record.compile_events),
         "loop": len(loop),
-        "steady_state": sum(e.step >= settle for e in loop),
-        "settle_steps": settle,
+        "steady_state": sum(e.step >= record.settle_steps for e in loop),
+        "settle_steps": record.settle_steps,
+        "cache_hits": sum(e.cache_hit for e in record.compile_events),
         "compile_s": sum(e.duration_s for e in record.compile_events),
         "causes": record.recompile_causes,
     }
@@ -38,8 +45,7 @@ def step_times(record: RunRecord) -> tuple[dict | None, dict | None]:
     """Synced step ms and (torch_xla) tracing ms, warm-up steps excluded."""
     warm = timed_from(record)
     step_ms = percentiles([s.wall_ms for s in record.steps[warm:]])
-    trace = record.extra.get("trace_ms")
-    return step_ms, percentiles(trace[warm:]) if trace else None
+    return step_ms, percentiles(record.trace_ms[warm:]) if record.trace_ms else None
 
 
 def flops_per_step(record: RunRecord, record_dir: Path) -> float | None:
@@ -67,6 +73,44 @@ def measured_cpu_peak(seconds: float = 1.0) -> float:
     return best
 
 
+CPU_PEAK_SOURCE = "measured numpy float32 matmul peak of this CPU"
+CPU_PEAK_FILE = "cpu_peak.json"
+
+
+def _cpu_identity() -> dict:
+    model = ""
+    try:
+        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"node": platform.node(), "machine": platform.machine(), "cpu_model": model or platform.processor(),
+            "cpu_count": os.cpu_count(), "numpy": np.__version__}
+
+
+def cpu_peak(cache_dir: Path | None) -> tuple[float, str]:
+    """The measured CPU peak and where it comes from. With a cache directory, a peak measured earlier on
+    this same machine (host, CPU, core count, numpy) is reused and says when it was measured: the
+    measurement costs a second of every run otherwise."""
+    path = cache_dir / CPU_PEAK_FILE if cache_dir else None
+    identity = _cpu_identity()
+    if path is not None and path.exists():
+        try:
+            cached = json.loads(path.read_text())
+            if cached.get("identity") == identity and float(cached["flops"]) > 0:
+                return float(cached["flops"]), f"{CPU_PEAK_SOURCE} (cached, measured {cached['measured_at']})"
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable: measure again and replace it
+    flops = measured_cpu_peak()
+    if path is not None:
+        try:
+            write_json_atomic(path, {"identity": identity, "flops": flops,
+                                     "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        except OSError:
+            pass  # an unwritable cache costs the next run a second, nothing else
+    return flops, CPU_PEAK_SOURCE
+
+
 def peak_flops(record: RunRecord, cpu_peak) -> tuple[float | None, str]:
     kind = str(record.platform.get("device_kind", "")).lower()
     platform = str(record.platform.get("device_platform", "")).lower()
@@ -76,8 +120,7 @@ def peak_flops(record: RunRecord, cpu_peak) -> tuple[float | None, str]:
                 return peak, f"TPU {name} bf16 peak per chip x {record.platform.get('device_count', 1)}"
         return None, f"unknown TPU kind {kind!r}"
     if platform == "cpu" or kind == "cpu":
-        peak = cpu_peak()
-        return peak, "measured numpy float32 matmul peak of this CPU"
+        return cpu_peak()
     return None, f"no peak known for {kind or platform!r}"
 
 
@@ -89,11 +132,11 @@ def wall_breakdown(record: RunRecord, started_at: float | None, wall_s: float | 
     steps); compile time is the sum of the compile events, and is taken out
     of the loop so that the four parts add up to the process's wall time.
     """
-    timeline = record.extra.get("timeline")
+    timeline = record.timeline
     if not timeline or started_at is None or not wall_s:
         return None
     compile_s = sum(e.duration_s for e in record.compile_events)
-    loop_compile_s = sum(e.duration_s for e in record.compile_events if e.phase == "loop")
+    loop_compile_s = sum(e.duration_s for e in record.compile_events if e.phase == Phase.LOOP)
     start_s = timeline["ready"] - started_at
     steps_s = timeline["loop_end"] - timeline["loop_start"] - loop_compile_s
     return {"start_and_imports_s": start_s, "compile_s": compile_s, "steps_s": steps_s,
@@ -112,9 +155,8 @@ def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
             "step_ms": step_ms, "trace_ms": trace_ms, "throughput": record.throughput,
             "flops_per_step": flops, "cost_analysis_flops": (record.hlo_stats or {}).get("flops"),
             "peak_flops": peak, "peak_source": peak_source, "mfu": mfu,
-            "peak_rss_mb": record.extra.get("peak_rss_mb"), "trace_mode": record.extra.get("trace_mode"),
-            "hlo_ops": (record.hlo_stats or {}).get("reported_ops"),
-            "losses": record.losses,
-            "step_ms_all": [s.wall_ms for s in record.steps[timed_from(record):]], "versions": record.versions, "platform": record.platform,
-            "numerics": {k: v for k, v in record.numerics.items() if k != "env"}, "extra": {
-                k: v for k, v in record.extra.items() if k not in ("trace_ms",)}}
+            "peak_rss_mb": record.peak_rss_mb, "trace_mode": record.trace_mode,
+            "compile_cache": record.compile_cache, "hlo_ops": (record.hlo_stats or {}).get("reported_ops"),
+            "losses": record.losses, "step_ms_all": [s.wall_ms for s in record.steps[timed_from(record):]],
+            "versions": record.versions, "platform": record.platform,
+            "numerics": {k: v for k, v in record.numerics.items() if k != "env"}, "extra": record.extra}

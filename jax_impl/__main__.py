@@ -4,7 +4,8 @@ from __future__ import annotations
 import sys
 
 from common import backend_main
-from common.cli import EXIT_USAGE, fail
+from common.cli import fail
+from common.vocab import ExitCode
 
 try:  # a missing framework is a usage error with a one-line fix, not a traceback
     import flax  # noqa: F401
@@ -12,7 +13,7 @@ try:  # a missing framework is a usage error with a one-line fix, not a tracebac
     import optax  # noqa: F401
 except ImportError as e:
     fail(f"the jax backend needs {e.name}, which is not installed in {sys.executable}; "
-         "install the extra (pip install -e '.[jax]') or pass compare --jax-python", EXIT_USAGE)
+         "install the extra (pip install -e '.[jax]') or pass compare --jax-python", ExitCode.USAGE)
 
 
 def add_flags(parser) -> None:
@@ -24,18 +25,20 @@ def add_flags(parser) -> None:
 
 def train(spec, args, out_dir, progress):
     from jax_impl import sharding
-    from jax_impl.instrument import CompileMonitor
+    from jax_impl.instrument import CompileMonitor, enable_compile_cache
     from jax_impl.train import run
 
     if spec.mesh.device_count % args.num_processes:
         fail(f"mesh of {spec.mesh.device_count} devices cannot be split over {args.num_processes} processes",
-             EXIT_USAGE)
+             ExitCode.USAGE)
     sharding.set_cpu_device_count(spec.mesh.device_count // args.num_processes)
     sharding.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    cache = enable_compile_cache(args.compile_cache)
     monitor = CompileMonitor()
     record, tensors = run(spec, out_dir, parity=args.parity, checkpoint=args.checkpoint,
                           throughput_steps=args.throughput_steps, shape_change_step=args.shape_change_step,
                           monitor=monitor, progress=progress)
+    record.compile_cache = monitor.cache_summary(cache)
     return record, tensors, jax.process_index() == 0
 
 

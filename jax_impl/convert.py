@@ -1,4 +1,4 @@
-"""Canonical parameters <-> Flax NNX state.
+"""Canonical parameters <-> Flax NNX state (the twin of `torch_impl/convert.py`: same function names).
 
 NNX already stores the canonical layouts (dense kernel (in, out), conv HWIO,
 split q/k/v), and its attribute paths are the canonical names, so conversion
@@ -18,36 +18,26 @@ def _name(path) -> str:
     return ".".join(str(getattr(k, "key", k)) for k in path)
 
 
-def canonical_names(params: nnx.State) -> list[str]:
-    flat, _ = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(params))
-    return [_name(path) for path, _ in flat]
-
-
-def to_canonical_arrays(params: nnx.State) -> dict[str, jax.Array]:
-    """NNX Param state (or gradients of it) -> {canonical name: array}, left on device."""
+def to_canonical(params: nnx.State) -> dict[str, jax.Array]:
+    """NNX Param state (or gradients of it) -> {canonical name: array}, left on device (and sharded)."""
     flat, _ = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(params))
     return {_name(path): leaf for path, leaf in flat}
 
 
-def to_canonical(params: nnx.State) -> dict[str, np.ndarray]:
-    """NNX Param state -> {canonical name: numpy array} (single process)."""
-    return {name: np.asarray(jax.device_get(v)) for name, v in to_canonical_arrays(params).items()}
-
-
-def from_canonical(params: nnx.State, canonical: dict[str, np.ndarray], model_spec,
+def load_canonical(params: nnx.State, canonical: dict[str, np.ndarray], model_spec,
                    shardings: dict[str, jax.sharding.Sharding] | None = None) -> nnx.State:
     """Fill an (abstract) NNX Param state from canonical arrays, placed with `shardings`."""
     check_params(model_spec, canonical)
     pure = nnx.to_pure_dict(params)
     flat, treedef = jax.tree_util.tree_flatten_with_path(pure)
     expected = param_infos(model_spec)
+    if sorted(canonical) != sorted(_name(p) for p, _ in flat):
+        raise AssertionError("NNX model and canonical names differ")  # a model/weights bug, not input
     leaves = []
     for path, leaf in flat:
         name = _name(path)
         value = canonical[name]
         assert tuple(leaf.shape) == expected[name].shape == value.shape, name
         leaves.append(jax.device_put(np.asarray(value), shardings[name]) if shardings else jax.numpy.asarray(value))
-    if sorted(canonical) != sorted(_name(p) for p, _ in flat):
-        raise AssertionError("NNX model and canonical names differ")  # a model/weights bug, not input
     nnx.replace_by_pure_dict(params, jax.tree_util.tree_unflatten(treedef, leaves))
     return params

@@ -5,26 +5,51 @@ Compiles are seen through `jax.monitoring` duration events
 each tagged with the phase and step that were running. Recompile causes are
 the messages `jax_explain_cache_misses` logs. Both cost nothing per step:
 they fire only when something compiles.
+
+Persistent compile cache (`enable_compile_cache`): JAX emits the same
+backend-compile event when it loads an executable from the cache, just
+after a `/jax/compilation_cache/cache_hits` event, so a hit is still counted
+as a compile (at its step and phase: a steady-state recompile stays one)
+and marked `cache_hit`.
 """
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import jax
 
 from common.hlo import op_histogram, reported_ops
 from common.record import CompileEvent
+from common.vocab import Phase
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+CACHE_REQUEST_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
+
+
+def enable_compile_cache(path: Path | None) -> dict:
+    """Turn on JAX's persistent compilation cache in `path` for every compile, however short or small
+    (JAX's defaults skip compiles under 1 s). Returns the record's `compile_cache` entry."""
+    if path is None:
+        return {"enabled": False}
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    return {"enabled": True, "dir": str(path)}
 
 
 class CompileMonitor(logging.Handler):
     def __init__(self):
         super().__init__(level=logging.WARNING)
-        self.phase, self.step, self.paused = "setup", -1, False
+        self.phase, self.step, self.paused = Phase.SETUP, -1, False
         self.events: list[CompileEvent] = []
         self.causes: list[dict] = []
+        self.cache_requests = 0
+        self._hit_pending = False
         self.installed = False
+        jax.monitoring.register_event_listener(self._on_event)  # cache hits: never unregistered
         self.install()
 
     def install(self) -> None:
@@ -48,17 +73,34 @@ class CompileMonitor(logging.Handler):
     def _logger(self) -> logging.Logger:
         return logging.getLogger("jax._src.interpreters.partial_eval")
 
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: Phase, step: int) -> None:
         self.phase, self.step = phase, step
 
+    def _on_event(self, event: str, **kwargs) -> None:
+        if event == CACHE_HIT_EVENT:
+            self._hit_pending = True
+        elif event == CACHE_REQUEST_EVENT and not self.paused:
+            self.cache_requests += 1
+
     def _on_duration(self, event: str, duration: float, **kwargs) -> None:
-        if event == BACKEND_COMPILE_EVENT and not self.paused:
-            self.events.append(CompileEvent(str(kwargs.get("fun_name", "?")), float(duration), self.step, self.phase))
+        if event != BACKEND_COMPILE_EVENT:
+            return
+        hit, self._hit_pending = self._hit_pending, False
+        if not self.paused:
+            self.events.append(CompileEvent(str(kwargs.get("fun_name", "?")), float(duration), self.step, self.phase,
+                                            cache_hit=hit))
+
+    def cache_summary(self, cache: dict) -> dict:
+        """The record's `compile_cache` entry: hits and misses among the counted compiles."""
+        if not cache.get("enabled"):
+            return cache
+        hits = sum(e.cache_hit for e in self.events)
+        return {**cache, "hits": hits, "misses": self.cache_requests - hits}
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         # Only re-traces of a function seen before explain a recompile.
-        if self.paused or self.phase != "loop" or "never seen function" in message:
+        if self.paused or self.phase != Phase.LOOP or "never seen function" in message:
             return
         if "CACHE MISS" in message:
             fun = next((ln.split("for ", 1)[1].split(" defined")[0] for ln in message.splitlines()

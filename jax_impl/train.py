@@ -20,10 +20,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from common.data import Batch, make_dataset
-from common.record import (RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb,
-                           throughput_summary)
+from common.data import Batch, make_dataset, shape_changed
+from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec, TrainSpec
+from common.vocab import Phase
 from common.weights import init_params, load_checkpoint
 from jax_impl import convert, sharding
 from jax_impl.instrument import CompileMonitor, hlo_statistics
@@ -39,7 +39,7 @@ def clip_by_global_norm_like_torch(max_norm: float) -> optax.GradientTransformat
     relative; parity needs the same formula on both sides.
     """
     def update(grads, state, params=None):
-        norm = optax.global_norm(grads)
+        norm = optax.tree.norm(grads)
         scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
         return jax.tree.map(lambda g: g * scale.astype(g.dtype), grads), state
 
@@ -80,7 +80,7 @@ class JaxTrainer:
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
         canonical = load_checkpoint(checkpoint, spec.model) if checkpoint else init_params(spec.model, spec.train.seed)
         self.param_shardings = sharding.param_shardings(spec.model, spec.mesh, mesh)
-        self.params = convert.from_canonical(abstract, canonical, spec.model, self.param_shardings)
+        self.params = convert.load_canonical(abstract, canonical, spec.model, self.param_shardings)
         self.tx = make_optimizer(spec.train)
         # Optimizer moments are placed like their parameters (sharded under fsdp/tp),
         # counters replicated; committed from the start, so step 1 does not recompile.
@@ -110,12 +110,19 @@ class JaxTrainer:
         return loss
 
     def canonical_params(self) -> dict[str, np.ndarray]:
-        return {k: sharding.to_host(v) for k, v in convert.to_canonical_arrays(self.params).items()}
+        return {k: sharding.to_host(v) for k, v in convert.to_canonical(self.params).items()}
+
+    def step0_tensors(self, batch: Batch) -> dict[str, dict[str, np.ndarray]]:
+        """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
+        logits = self.forward(self.params, batch.inputs)
+        loss, grads = self.loss_and_grads(self.params, batch)
+        return {"outputs": {"logits": sharding.to_host(logits), "loss": np.asarray(sharding.to_host(loss))},
+                "grads": {k: sharding.to_host(v) for k, v in convert.to_canonical(grads).items()}}
 
 
 def timed_step(trainer: JaxTrainer, monitor: CompileMonitor, step: int, batch: Batch) -> tuple[float, float]:
     """One instrumented loop step: (loss on the host, synced wall ms). The benchmark times this same function."""
-    monitor.at("loop", step)
+    monitor.at(Phase.LOOP, step)
     start = time.perf_counter()
     loss = trainer.step(batch)
     loss.block_until_ready()  # one executable: when the loss is ready, so are the new params
@@ -135,13 +142,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
     trainer = JaxTrainer(spec, mesh, checkpoint)
     put = lambda step: _device_batch(data, step, spec, mesh, shape_change_step)  # noqa: E731
 
-    tensors = {}
-    if parity:  # step-0 forward and gradients, before any update
-        batch0 = put(0)
-        logits = trainer.forward(trainer.params, batch0.inputs)
-        loss0, grads = trainer.loss_and_grads(trainer.params, batch0)
-        tensors["outputs"] = {"logits": sharding.to_host(logits), "loss": np.asarray(sharding.to_host(loss0))}
-        tensors["grads"] = {k: sharding.to_host(v) for k, v in convert.to_canonical_arrays(grads).items()}
+    tensors = trainer.step0_tensors(put(0)) if parity else {}  # before any update
 
     record = _new_record(spec)
     timeline["loop_start"] = time.time()
@@ -151,7 +152,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
             progress(step, value, wall_ms)
         if not record.add_step(step, value, wall_ms):
             break
-    monitor.at("loop", spec.train.steps)
+    monitor.at(Phase.LOOP, spec.train.steps)
 
     if record.status == "ok":
         if parity:
@@ -164,15 +165,12 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
                                           out_dir / "train_step.hlo.txt")
         monitor.paused = False
     record.compile_events, record.recompile_causes = list(monitor.events), list(monitor.causes)
-    record.extra.update(timeline=timeline, peak_rss_mb=peak_rss_mb())
+    record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
     return record, tensors
 
 
 def _device_batch(data, step: int, spec: RunSpec, mesh, shape_change_step: int | None) -> Batch:
-    batch = data.global_batch(step)
-    if shape_change_step is not None and step >= shape_change_step:
-        half = len(batch.inputs) // 2
-        batch = Batch(batch.inputs[:half], batch.targets[:half])
+    batch = shape_changed(data.global_batch(step), step, shape_change_step)
     return sharding.put_batch(batch, spec.mesh, mesh)
 
 
@@ -204,7 +202,8 @@ def _new_record(spec: RunSpec) -> RunRecord:
                   "bf16_policy": "float32 params and optimizer state, bfloat16 module compute, float32 loss",
                   "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
                   "weight_decay_applies_to": "all parameters", "env": numerics_env()},
-        extra={"settle_steps": SETTLE_STEPS, "step_api": "jax.jit(pure step over nnx.split state, donate params "
+        settle_steps=SETTLE_STEPS,
+        extra={"step_api": "jax.jit(pure step over nnx.split state, donate params "
                                                          "and optimizer state)",
                "mesh_strategy": spec.mesh.strategy},
     )

@@ -1,18 +1,25 @@
 """Run the real CLIs in subprocesses, as a user would."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from common.record import RunRecord, read_record
 
 REPO = Path(__file__).resolve().parents[1]
+# compare's default compile cache lives under $XDG_CACHE_HOME: the suite gets its own, shared by its runs
+# and removed at exit, so tests neither read nor fill the user's cache.
+CACHE_HOME = tempfile.mkdtemp(prefix="xla-twins-test-cache-")
+atexit.register(shutil.rmtree, CACHE_HOME, ignore_errors=True)
 
 
 def run_cli(module: str, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": CACHE_HOME, **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
 

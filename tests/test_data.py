@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 
 from common.data import DataError, make_dataset, process_slice
-from common.spec import load_spec
+from common.presets import load_spec
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 HASH_SCRIPT = """
 import hashlib, sys
 from common.data import make_dataset
-from common.spec import load_spec
+from common.presets import load_spec
 h = hashlib.sha256()
 for preset in ("mlp-tiny", "cnn-digits", "gpt-tiny"):
     ds = make_dataset(load_spec(preset))

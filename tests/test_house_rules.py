@@ -1,16 +1,160 @@
+"""The rules that keep the house standing: import directions, no cycles, the Python floor, one vocabulary
+documented everywhere, readable output files, a clean linter, small files."""
+import ast
+import os
+import re
+import stat
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from common.vocab import BackendStatus, ExitCode, ReportStatus, TraceMode
+
 REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("common", "jax_impl", "torch_impl", "torch_xla_impl", "compare", "benchmarks")
+FRAMEWORKS = ("jax", "jaxlib", "flax", "optax", "torch", "torch_xla", "torchax")
+# Which of our packages (and frameworks) each package may import.
+ALLOWED = {
+    "common": set(),
+    "jax_impl": {"common", "jax", "jaxlib", "flax", "optax"},
+    "torch_impl": {"common", "torch"},
+    "torch_xla_impl": {"common", "torch_impl", "torch", "torch_xla"},
+    "compare": {"common"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every import statement of our modules (also those inside functions), resolved to our module names."""
+    modules = {_module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.update(f"{node.module}.{a.name}" for a in node.names)
+                targets.add(node.module)
+        graph[name] = {t if t in modules else t.rsplit(".", 1)[0] if t.rsplit(".", 1)[0] in modules else t
+                       for t in targets}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    path: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in graph or state.get(nxt) == 2:
+                continue
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            found = visit(nxt)
+            if found:
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_module_import_graph_is_acyclic():
+    graph = import_graph()
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"numpy"}}) is None
+
+
+def test_packages_import_only_what_they_run_on():
+    bad = []
+    for module, targets in import_graph().items():
+        package = module.split(".")[0]
+        if package not in ALLOWED:
+            continue
+        for target in targets:
+            top = target.split(".")[0]
+            if (top in PACKAGES or top in FRAMEWORKS) and top != package and top not in ALLOWED[package]:
+                bad.append(f"{module} imports {target}")
+    assert not bad, bad
 
 
 def test_importing_common_leaves_frameworks_out():
     code = ("import sys, common, common.spec, common.presets, common.weights, common.data, common.sharding, "
-            "common.record, common.fsutil\n"
-            "from common.data import make_dataset\nfrom common.spec import load_spec\n"
+            "common.record, common.fsutil, common.vocab, common.cli\n"
+            "from common.data import make_dataset\nfrom common.presets import load_spec\n"
             "make_dataset(load_spec('cnn-digits')).global_batch(0)\n"
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax', 'torch', 'torch_xla'))\n"
+            f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r})\n"
             "print(','.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_python_floor_is_311_everywhere():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["requires-python"] == ">=3.11"
+    assert project["tool"]["ruff"]["target-version"] == "py311"
+    readme = (REPO / "README.md").read_text()
+    assert "3.11+" in readme and "3.10" not in readme
+    assert sys.version_info >= (3, 11)
+
+
+def test_every_vocabulary_member_is_documented():
+    readme, errors = (REPO / "README.md").read_text(), (REPO / "docs" / "errors.md").read_text()
+    for code in ExitCode:  # a table row "| 2 | ..." in both
+        for doc, where in ((readme, "README.md"), (errors, "docs/errors.md")):
+            assert re.search(rf"^\| {int(code)} \|", doc, re.M), f"exit code {int(code)} missing from {where}"
+    for member in (*BackendStatus, *ReportStatus):
+        assert f"`{member.value}`" in errors, f"status {member.value} missing from docs/errors.md"
+    for mode in TraceMode:
+        assert f"`{mode.value}`" in readme, f"trace mode {mode.value} missing from README.md"
+
+
+def test_atomic_writes_keep_the_umask_permissions(tmp_path):
+    from common.fsutil import write_json_atomic
+    from common.record import write_tensors
+    from common.weights import save_checkpoint
+
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "report.json", {"a": 1})
+        write_tensors(tmp_path, {"outputs": {"loss": np.zeros(())}})
+        save_checkpoint(tmp_path / "ckpt.safetensors", {"w": np.zeros((2, 2), np.float32)})
+        os.umask(0o077)
+        write_json_atomic(tmp_path / "private.json", {"a": 1})
+    finally:
+        os.umask(old)
+    for name in ("report.json", "tensors.npz", "ckpt.safetensors"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
+    assert stat.S_IMODE((tmp_path / "private.json").stat().st_mode) == 0o600
+
+
+def test_ruff_is_clean():
+    ruff = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=REPO, capture_output=True,
+                          text=True)
+    assert ruff.returncode == 0, ruff.stdout[-3000:] + ruff.stderr[-1000:]
+
+
+@pytest.mark.parametrize("package", PACKAGES + ("tests",))
+def test_files_stay_small(package):
+    long = {str(p.relative_to(REPO)): n for p in (REPO / package).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"over 400 lines: {long}"

@@ -74,8 +74,8 @@ def test_two_processes_match_one_process(tmp_path):
 
 
 def test_parity_tensors_are_canonical(tmp_path):
+    from common.presets import load_spec
     from common.record import read_tensors
-    from common.spec import load_spec
 
     rec = train("jax_impl", tmp_path / "run", "--spec", "cnn-digits", "--steps", "3", "--parity")
     tensors = read_tensors(tmp_path / "run" / "record.json", rec)

@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
+from common.presets import load_spec
 from common.record import RunRecord, StepRecord
-from common.spec import load_spec
 from compare import parity
 from compare.tolerances import ToleranceError, load_policy
 

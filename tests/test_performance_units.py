@@ -1,6 +1,5 @@
 """Units behind the performance figures: HLO flops over several graphs, which graphs a step runs,
 the wall-time breakdown, and the benchmark's repeat and ratio arithmetic."""
-import pytest
 
 from benchmarks.runs import summarize_repeats
 from benchmarks.timing import ratio, spread, summarize
@@ -31,20 +30,20 @@ def _events(*steps):
 
 
 def test_step_graphs_lazy_takes_the_settled_graph_and_dynamo_adds_forward_and_backward():
-    from torch_xla_impl.train import _step_graphs
+    from torch_xla_impl.instrument import step_graphs
 
     # lazy: parity graph in setup, step 0 (with optimizer state creation), step 1 (the settled step)
-    assert _step_graphs(_events(-1, 0, 1), "lazy") == [2]
-    assert _step_graphs(_events(0, 1), "compile") == [1]
+    assert step_graphs(_events(-1, 0, 1), 2, "lazy") == [2]
+    assert step_graphs(_events(0, 1), 2, "compile") == [1]
     # dynamo: forward, a tiny graph, backward, first optimizer step at step 0; settled optimizer at step 1
-    assert _step_graphs(_events(-1, 0, 0, 0, 0, 1), "dynamo") == [1, 2, 3, 5]
-    assert _step_graphs(_events(0, 0, 0), "dynamo") == [0, 1, 2]  # no state to create: nothing at step 1
+    assert step_graphs(_events(-1, 0, 0, 0, 0, 1), 2, "dynamo") == [1, 2, 3, 5]
+    assert step_graphs(_events(0, 0, 0), 2, "dynamo") == [0, 1, 2]  # no state to create: nothing at step 1
 
 
 def test_wall_breakdown_parts_add_up_to_the_process_wall_time():
     record = RunRecord(backend="jax", spec={"model": {}})
     record.compile_events = [CompileEvent("a", 0.5, -1, "setup"), CompileEvent("b", 1.5, 0, "loop")]
-    record.extra["timeline"] = {"ready": 102.0, "loop_start": 104.0, "loop_end": 110.0}
+    record.timeline = {"ready": 102.0, "loop_start": 104.0, "loop_end": 110.0}
     parts = wall_breakdown(record, started_at=100.0, wall_s=12.0)
     assert parts == {"start_and_imports_s": 2.0, "compile_s": 2.0, "steps_s": 4.5, "other_s": 3.5, "total_s": 12.0}
     assert wall_breakdown(record, started_at=None, wall_s=12.0) is None  # a reused record: no launch time

@@ -3,9 +3,19 @@ import json
 import numpy as np
 import pytest
 
-from common.record import (CompileEvent, RecordError, RunRecord, StepRecord, finite_or_none, package_versions,
-                           read_record, read_tensors, write_record, write_tensors)
-from common.spec import load_spec
+from common.presets import load_spec
+from common.record import (
+    CompileEvent,
+    RecordError,
+    RunRecord,
+    StepRecord,
+    finite_or_none,
+    package_versions,
+    read_record,
+    read_tensors,
+    write_record,
+    write_tensors,
+)
 
 
 def _record(tmp_path) -> RunRecord:
@@ -13,7 +23,8 @@ def _record(tmp_path) -> RunRecord:
     rec = RunRecord(backend="jax", spec=spec.to_dict(), versions=package_versions("jax"),
                     numerics={"dtype": "float32", "matmul_precision": "highest"},
                     steps=[StepRecord(0, 2.31, 5.0), StepRecord(1, finite_or_none(float("nan")), 1.5)],
-                    compile_events=[CompileEvent("train_step", 0.25, 0, "loop"), CompileEvent("init", 0.01, -1, "setup")])
+                    compile_events=[CompileEvent("train_step", 0.25, 0, "loop"),
+                                    CompileEvent("init", 0.01, -1, "setup")])
     rec.tensors = write_tensors(tmp_path, {"outputs": {"logits": np.arange(6.0).reshape(2, 3)},
                                            "params": {"head.bias": np.ones(10, np.float32)}})
     return rec

@@ -159,7 +159,7 @@ def test_a_checkpoint_that_does_not_fit_names_the_tensor(tmp_path):
     sys.path.insert(0, str(REPO))
     import numpy as np
 
-    from common.spec import load_spec
+    from common.presets import load_spec
     from common.weights import init_params, save_checkpoint
     params = init_params(load_spec("mlp-tiny").model, 0)
     params["hidden.0.kernel"] = np.zeros((784, 255), np.float32)

@@ -1,5 +1,6 @@
+from common.presets import load_spec
 from common.sharding import batch_partition_spec, param_partition_specs
-from common.spec import MeshSpec, load_spec
+from common.spec import MeshSpec
 
 
 def test_single_device_replicates_everything():

@@ -1,9 +1,10 @@
 import json
+import math
 
 import pytest
 
-from common.presets import PRESETS
-from common.spec import SpecError, TransformerSpec, load_spec
+from common.presets import PRESETS, load_spec
+from common.spec import SpecError, TransformerSpec
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -80,5 +81,5 @@ def test_warmup_cosine_schedule_values():
     assert t.lr_at(4) == pytest.approx(3e-3)
     assert t.lr_at(5) == pytest.approx(3e-3)
     assert t.lr_at(49) == pytest.approx(3e-4)
-    assert t.lr_at(27) == pytest.approx(3e-4 + 0.9 * 3e-3 * 0.5 * (1 + __import__("math").cos(__import__("math").pi * 22 / 44)))
+    assert t.lr_at(27) == pytest.approx(3e-4 + 0.9 * 3e-3 * 0.5 * (1 + math.cos(math.pi * 22 / 44)))
     assert load_spec("mlp-tiny").train.lr_at(30) == 1e-3

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from common.spec import load_spec
+from common.presets import load_spec
 from common.weights import CheckpointError, init_params, load_checkpoint, param_count, param_infos, save_checkpoint
 
 
@@ -57,7 +57,8 @@ def test_checkpoint_mismatch_names_the_tensor(tmp_path):
     params = init_params(model, 0)
     params["hidden.1.kernel"] = np.zeros((256, 255), np.float32)
     save_checkpoint(tmp_path / "bad.safetensors", params)
-    with pytest.raises(CheckpointError, match=r"tensor hidden.1.kernel has shape \(256, 255\), the spec needs \(256, 256\)"):
+    with pytest.raises(CheckpointError,
+                       match=r"tensor hidden.1.kernel has shape \(256, 255\), the spec needs \(256, 256\)"):
         load_checkpoint(tmp_path / "bad.safetensors", model)
     del params["hidden.1.kernel"]
     save_checkpoint(tmp_path / "missing.safetensors", params)

@@ -5,21 +5,22 @@ import importlib.util
 import sys
 
 from common import backend_main
-from common.cli import EXIT_USAGE, fail
+from common.cli import fail
+from common.vocab import TRACE_MODE_MEANINGS, ExitCode, TraceMode, values
 
 for _module in ("torch", "torch_xla"):
     if importlib.util.find_spec(_module) is None:
         fail(f"the torch_xla backend needs {_module}, which is not installed in {sys.executable}; install the "
-             "extra (pip install -e '.[torch-xla]') or pass compare --torch-xla-python", EXIT_USAGE)
+             "extra (pip install -e '.[torch-xla]') or pass compare --torch-xla-python", ExitCode.USAGE)
 
 
 def add_flags(parser) -> None:
     parser.add_argument("--mode", choices=("spmd", "spawn"), default="spmd",
                         help="multi-device: one process over all devices (SPMD) or one replica per device "
                              "(xmp.spawn, data parallel)")
-    parser.add_argument("--trace-mode", choices=("lazy", "compile", "dynamo"), default="lazy",
-                        help="how the step becomes a graph: lazy tracing + torch_xla.sync() (classic), "
-                             "torch_xla.compile, or torch.compile(backend='openxla') for forward/backward")
+    parser.add_argument("--trace-mode", choices=values(TraceMode), default=TraceMode.LAZY.value,
+                        help="how the step becomes a graph: " + "; ".join(
+                            f"{m.value}: {meaning}" for m, meaning in TRACE_MODE_MEANINGS.items()))
 
 
 def train(spec, args, out_dir, progress):
@@ -31,17 +32,20 @@ def train(spec, args, out_dir, progress):
     instrument.configure_debug(out_dir)
     if args.mode == "spawn":
         sharding.require_spawn_mesh(spec.mesh)
-        if args.trace_mode != "lazy":
+        if args.trace_mode != TraceMode.LAZY:
             fail(f"--trace-mode {args.trace_mode} is not supported with --mode spawn (its CPU collectives need "
-                 "the lazy sync); use --mode spmd or --trace-mode lazy", EXIT_USAGE)
+                 "the lazy sync); use --mode spmd or --trace-mode lazy", ExitCode.USAGE)
     import torch_xla.runtime as xr
 
     from torch_xla_impl.spawn import run_spawn
     from torch_xla_impl.train import run
 
     with instrument.stderr_to(out_dir / instrument.DEBUG_LOG):
-        if args.mode == "spawn":  # replica 0 writes the record
-            return run_spawn(spec, args, out_dir, progress is not None)
+        cache = instrument.enable_compile_cache(args.compile_cache)
+        if args.mode == "spawn":  # replica 0 writes the record, read back here
+            record, tensors = run_spawn(spec, args, out_dir, progress is not None)
+            record.compile_cache = instrument.cache_summary(cache, record.extra.get("counters", {}))
+            return record, tensors, True
         if spec.mesh.device_count > 1:
             xr.use_spmd()
         record, tensors = run(spec, out_dir, parity=args.parity, monitor=instrument.CompileMonitor(),
@@ -49,6 +53,7 @@ def train(spec, args, out_dir, progress):
                               shape_change_step=args.shape_change_step,
                               mode="spmd" if spec.mesh.device_count > 1 else "single",
                               trace_mode=args.trace_mode, progress=progress)
+    record.compile_cache = instrument.cache_summary(cache, record.extra["counters"])
     return record, tensors, True
 
 if __name__ == "__main__":

@@ -8,7 +8,12 @@
   descriptor 2, so the run redirects that descriptor into `xla_debug.log`,
   and block k is matched to compile k.
 - The optimized HLO comes from XLA's dump flags (`--xla_dump_to`), set before
-  torch_xla starts; the largest module dumped is the train step graph.
+  torch_xla starts; the graphs a settled step runs are picked by compile order.
+- The persistent compile cache (`torch_xla.runtime.initialize_cache`) is
+  watched through its counters (`PersistentCacheHit`, `...Miss`,
+  `...DeserializeFailure`): torch_xla 2.9 writes executables but cannot read
+  them back on CPU (nor on TPU, pytorch/xla#9094): "Deserializing serialized
+  executable not supported". The record says so instead of claiming a cache.
 """
 from __future__ import annotations
 
@@ -19,9 +24,12 @@ import sys
 from pathlib import Path
 
 from common.hlo import op_histogram, reported_ops
-from common.record import CompileEvent
+from common.record import CompileEvent, RunRecord
+from common.vocab import Phase, TraceMode
 
 GRAPH_NAME = "SyncTensorsGraph"  # what torch_xla calls every graph a sync cuts
+COUNTERS = ("UncachedCompile", "CachedCompile", "PersistentCacheHit", "PersistentCacheMiss",
+            "PersistentCacheDeserializeFailure")
 DUMP_DIR = "xla_dump"
 DEBUG_LOG = "xla_debug.log"
 
@@ -39,26 +47,31 @@ class CompileMonitor:
 
         self.met = met
         met.clear_all()
-        self.phase, self.step = "setup", -1
+        self.phase, self.step = Phase.SETUP, -1
         self.events: list[CompileEvent] = []
-        self._uncached = 0
+        self._uncached = self._hits = self._samples = 0
 
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: Phase, step: int) -> None:
         self.phase, self.step = phase, step
 
     def collect(self) -> None:
-        """Turn CompileTime samples added since the last call into events (after a sync)."""
+        """Turn compiles since the last call (after a sync) into events: CompileTime samples, and
+        graphs loaded from the persistent cache (a hit is a compile request too, never hidden)."""
         uncached = self.met.counter_value("UncachedCompile") or 0
-        if uncached == self._uncached:
+        hits = self.met.counter_value("PersistentCacheHit") or 0
+        if uncached == self._uncached and hits == self._hits:
             return
-        self._uncached = uncached
+        for _ in range(hits - self._hits):  # torch_xla times no load: duration 0
+            self.events.append(CompileEvent(GRAPH_NAME, 0.0, self.step, self.phase, cache_hit=True))
+        self._uncached, self._hits = uncached, hits
         data = self.met.metric_data("CompileTime")
         samples = data[2] if data else ()
-        for _, nanoseconds in samples[len(self.events):]:
+        for _, nanoseconds in samples[self._samples:]:
             self.events.append(CompileEvent(GRAPH_NAME, nanoseconds / 1e9, self.step, self.phase))
+        self._samples = len(samples)
 
     def counters(self) -> dict[str, int]:
-        return {name: int(self.met.counter_value(name) or 0) for name in ("UncachedCompile", "CachedCompile")}
+        return {name: int(self.met.counter_value(name) or 0) for name in COUNTERS}
 
 
 class NoMonitor:
@@ -74,6 +87,30 @@ class NoMonitor:
 
     def counters(self) -> dict[str, int]:
         return {}
+
+
+def enable_compile_cache(path: Path | None) -> dict:
+    """torch_xla's persistent compile cache in `path` (before any computation). Returns the record's
+    `compile_cache` entry; `cache_summary` completes it from the counters."""
+    if path is None:
+        return {"enabled": False}
+    import torch_xla.runtime as xr
+
+    path.mkdir(parents=True, exist_ok=True)
+    xr.initialize_cache(str(path), readonly=False)
+    return {"enabled": True, "dir": str(path)}
+
+
+def cache_summary(cache: dict, counters: dict[str, int]) -> dict:
+    """Hits, misses and unreadable entries; says plainly when the cache cannot serve this runtime."""
+    if not cache.get("enabled"):
+        return cache
+    out = {**cache, "hits": counters.get("PersistentCacheHit", 0), "misses": counters.get("PersistentCacheMiss", 0),
+           "unreadable": counters.get("PersistentCacheDeserializeFailure", 0)}
+    if out["unreadable"]:
+        out["note"] = ("torch_xla could not load its cached executables (on CPU torch_xla 2.9 logs 'Deserializing "
+                       "serialized executable not supported'; on TPU see pytorch/xla#9094): every graph compiled")
+    return out
 
 
 @contextlib.contextmanager
@@ -111,10 +148,38 @@ def compilation_causes(path: Path) -> list[str]:
     return causes
 
 
-def hlo_statistics(run_dir: Path, step_graphs: list[int] | None = None) -> dict | None:
+def step_graphs(events: list[CompileEvent], settle_steps: int, trace_mode: TraceMode) -> list[int]:
+    """Compile ordinals of the graphs a settled step runs: the last graph compiled while settling (lazy,
+    compile); under dynamo also the forward/backward graphs of step 0 (its last graph was the first
+    optimizer step, which also created the optimizer state)."""
+    settling = [i for i, e in enumerate(events) if e.phase == Phase.LOOP and e.step < settle_steps]
+    first = [i for i in settling if events[i].step == 0]
+    later = [i for i in settling if events[i].step > 0]
+    if trace_mode != TraceMode.DYNAMO:
+        return settling[-1:]
+    return first[:-1] + later if later else first
+
+
+def attach_causes(record: RunRecord, out_dir: Path, shapes: list[tuple]) -> None:
+    """Steady-state recompiles get torch_xla's Compilation Analysis plus the batch shape change we saw."""
+    log = out_dir / DEBUG_LOG
+    analyses = compilation_causes(log) if log.exists() else []
+    compiled = [e for e in record.compile_events if not e.cache_hit]  # analysis blocks exist for these only
+    for i, event in enumerate(compiled):
+        if event.phase != Phase.LOOP or event.step < record.settle_steps:
+            continue
+        parts = []
+        step = event.step
+        if 0 < step < len(shapes) and shapes[step] != shapes[step - 1]:
+            parts.append(f"batch inputs shape changed from {shapes[step - 1]} to {shapes[step]}")
+        parts.append(analyses[i] if i < len(analyses) else "no Compilation Analysis captured")
+        record.recompile_causes.append({"step": step, "fun_name": event.fun_name, "cause": "; ".join(parts)})
+
+
+def hlo_statistics(run_dir: Path, graphs: list[int] | None = None) -> dict | None:
     """Op histogram of the train step's optimized HLO, which XLA dumped one module per compile.
 
-    `step_graphs`: the compile ordinals of the graphs a settled step runs (one
+    `graphs`: the compile ordinals of the graphs a settled step runs (one
     in lazy/compile mode, forward + backward + optimizer under dynamo); their
     modules are concatenated. Without them (or when the dump does not match
     the compile count) the largest module is taken.
@@ -123,8 +188,8 @@ def hlo_statistics(run_dir: Path, step_graphs: list[int] | None = None) -> dict 
     modules = sorted(dump.glob("*after_optimizations.txt"))  # module_NNNN: compile order
     if not modules:
         return None
-    if step_graphs and max(step_graphs) < len(modules):
-        chosen = [modules[i] for i in step_graphs]
+    if graphs and max(graphs) < len(modules):
+        chosen = [modules[i] for i in graphs]
     else:
         chosen = [max(modules, key=lambda p: p.stat().st_size)]
     text = "\n".join(m.read_text() for m in chosen)

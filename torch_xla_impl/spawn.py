@@ -10,7 +10,7 @@ key their rendezvous by `op_id = channel_id if set, else the HloModule's
 process-wide unique_id`. `xm.all_reduce`/`reduce_gradients` build the
 all-reduce without a channel id, so two replicas' modules get different ids
 (`op_id=0` vs `op_id=1`) and wait for each other forever; after 10 s XLA
-aborts the process. The fix here:
+aborts the process. The fix (`replicas.py`):
   - one bucketed all-reduce per step (all gradients and the loss flattened
     into one vector) through `_xla_spmd_all_reduce`, which sets a fixed
     channel id, so every replica's module uses the same rendezvous key;
@@ -27,64 +27,9 @@ different parameters); a graph whose compile skew exceeds 10 s still aborts.
 """
 from __future__ import annotations
 
-import os
-import threading
 from concurrent.futures.process import BrokenProcessPool
 
 from common.spec import RunSpec
-
-_LOCK = threading.Lock()
-_BARRIERS: dict[int, threading.Barrier] = {}
-_CHECKSUMS: dict[int, float] = {}
-
-
-def cpu_threads() -> bool:
-    """PJRT on CPU runs xmp.spawn replicas as threads of one process."""
-    return os.environ.get("PJRT_DEVICE") == "CPU"
-
-
-def _barrier(world: int) -> threading.Barrier:
-    with _LOCK:
-        return _BARRIERS.setdefault(world, threading.Barrier(world))
-
-
-def bucketed_all_reduce(params, loss, world: int):
-    """Average every gradient and the loss over the replicas in one collective; returns the mean loss."""
-    import torch
-    import torch_xla
-    import torch_xla.core.xla_model as xm
-
-    grads = [p.grad for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1).to(grads[0].dtype)])
-    flat = torch_xla._XLAC._xla_spmd_all_reduce(xm.REDUCE_SUM, flat, 1.0 / world, [list(range(world))])
-    offset = 0
-    for p, g in zip(params, grads):
-        p.grad = flat[offset:offset + g.numel()].view_as(g)
-        offset += g.numel()
-    return flat[offset]
-
-
-def sync_step(trainer, step: int, settle_steps: int) -> None:
-    """CPU threads: while graphs still compile, all replicas start their sync (and so their
-    compile of the same graph) together, keeping the skew at the first all-reduce small."""
-    import torch_xla
-
-    if step < settle_steps:
-        _barrier(trainer.replicas).wait()
-    torch_xla.sync()
-
-
-def check_replicas_agree(trainer, record) -> None:
-    """CPU threads: every replica must end with the same parameters, or the run is marked failed."""
-    if not cpu_threads():
-        return
-    # Copies to the host are transfers, not graphs: the check adds no compile.
-    checksum = float(sum(p.detach().cpu().double().sum() for p in trainer.model.parameters()))
-    _CHECKSUMS[trainer.replica] = checksum
-    _barrier(trainer.replicas).wait()
-    if trainer.replica == 0 and len(set(_CHECKSUMS.values())) > 1:
-        record.status = "failed"
-        record.message = f"xmp.spawn replicas ended with different parameters (checksums {_CHECKSUMS})"
 
 
 def _replica(index: int, spec_dict: dict, options: dict) -> None:
@@ -123,4 +68,4 @@ def run_spawn(spec: RunSpec, args, out_dir, progress_enabled: bool):
     except BrokenProcessPool:
         raise RuntimeError("an xmp.spawn replica process died (on CPU usually XLA's 10 s all-reduce rendezvous "
                            "timeout, see xla_debug.log and docs/xmp-spawn-cpu.md); retry or use --mode spmd") from None
-    return read_record(out_dir), {}, True
+    return read_record(out_dir), {}

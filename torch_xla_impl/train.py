@@ -33,38 +33,25 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import torch_xla
 import torch_xla.backends
 import torch_xla.core.xla_model as xm
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
-from common.data import Batch, make_dataset, process_slice
-from common.record import (RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb,
-                           throughput_summary)
-from common.spec import RunSpec, TrainSpec
+from common.data import make_dataset, process_slice, shape_changed
+from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
+from common.spec import RunSpec
+from common.vocab import Phase, TraceMode
 from common.weights import init_params, load_checkpoint
-from torch_xla_impl import convert, sharding, spawn
-from torch_xla_impl.instrument import DEBUG_LOG, CompileMonitor, compilation_causes, hlo_statistics
-from torch_xla_impl.models import build_model
+from torch_impl import convert
+from torch_impl.models import build_model
+from torch_impl.train import clip_gradients, cross_entropy, make_optimizer, set_lr
+from torch_xla_impl import replicas as replica_sync
+from torch_xla_impl import sharding
+from torch_xla_impl.instrument import CompileMonitor, attach_causes, hlo_statistics, step_graphs
 
 SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
-TRACE_MODES = ("lazy", "compile", "dynamo")
-
-
-def make_optimizer(params, train: TrainSpec) -> torch.optim.Optimizer:
-    """Every hyperparameter passed explicitly (torch AdamW defaults weight_decay to 0.01, optax to 1e-4)."""
-    if train.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
-                                 weight_decay=train.weight_decay, amsgrad=False)
-    return torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, dampening=0.0,
-                           weight_decay=train.weight_decay, nesterov=train.nesterov)
-
-
-def cross_entropy(logits, targets):
-    """Mean softmax cross-entropy over every position, in float32."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
 
 
 class StepBatches(torch.utils.data.Dataset):
@@ -80,10 +67,7 @@ class StepBatches(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         step = self.first_step + i
-        batch = self.data.global_batch(step)
-        if self.shape_change_step is not None and step >= self.shape_change_step:
-            half = len(batch.inputs) // 2
-            batch = Batch(batch.inputs[:half], batch.targets[:half])
+        batch = shape_changed(self.data.global_batch(step), step, self.shape_change_step)
         batch = process_slice(batch, self.replica, self.replicas)
         # Targets go at least 2-D ((B, 1) for classifiers; the loss flattens them):
         # torch_xla 2.9's MpDeviceLoader fails on 1-D tensors with an input ShardingSpec
@@ -96,9 +80,9 @@ class TorchXlaTrainer:
     """Model, optimizer and device loaders for one spec on this process's XLA device."""
 
     def __init__(self, spec: RunSpec, *, spmd_mesh=None, replica: int = 0, replicas: int = 1,
-                 checkpoint: Path | None = None, shape_change_step: int | None = None, trace_mode: str = "lazy"):
-        if trace_mode not in TRACE_MODES:
-            raise ValueError(f"unknown trace mode {trace_mode!r}; choose one of {', '.join(TRACE_MODES)}")
+                 checkpoint: Path | None = None, shape_change_step: int | None = None,
+                 trace_mode: TraceMode = TraceMode.LAZY):
+        trace_mode = TraceMode(trace_mode)
         self.spec, self.mesh, self.trace_mode = spec, spmd_mesh, trace_mode
         self.replica, self.replicas = replica, replicas
         self.device = torch_xla.device()
@@ -115,7 +99,7 @@ class TorchXlaTrainer:
             else contextlib.nullcontext
         ndims = {"inputs": 4 if spec.model.family == "cnn" else 2, "targets": 2}
         self.input_sharding = sharding.input_sharding(spec.mesh, spmd_mesh, ndims) if spmd_mesh is not None else None
-        self.train_loss = torch.compile(self._train_loss, backend="openxla") if trace_mode == "dynamo" \
+        self.train_loss = torch.compile(self._train_loss, backend="openxla") if trace_mode == TraceMode.DYNAMO \
             else self._train_loss
 
     def loader(self, first_step: int, n_steps: int) -> pl.MpDeviceLoader:
@@ -141,9 +125,8 @@ class TorchXlaTrainer:
     def step(self, step: int, batch) -> torch.Tensor:
         """One train step; returns the (global) loss. In `lazy` and `dynamo` mode nothing runs until
         `sync()`; in `compile` mode the step runs on leaving `torch_xla.compile`."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.spec.train.lr_at(step)
-        if self.trace_mode == "compile":
+        set_lr(self.optimizer, self.spec.train, step)
+        if self.trace_mode == TraceMode.COMPILE:
             with torch_xla.compile(full_graph=True, name="train_step"):
                 return self._update(batch)
         return self._update(batch)
@@ -170,34 +153,40 @@ class TorchXlaTrainer:
 
     def sync(self, step: int) -> None:
         """Cut the traced graph and run it (xmp.spawn threads on CPU first meet while compiling)."""
-        if self.trace_mode == "compile":
+        if self.trace_mode == TraceMode.COMPILE:
             return  # torch_xla.compile already ran the step
-        if self.replicas > 1 and spawn.cpu_threads():
-            spawn.sync_step(self, step, SETTLE_STEPS)
+        if self.replicas > 1 and replica_sync.cpu_threads():
+            replica_sync.sync_step(self, step, SETTLE_STEPS)
         else:
             torch_xla.sync()
 
     def _clip(self) -> None:
-        if self.spec.train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.train.grad_clip)
+        clip_gradients(self.model.parameters(), self.spec.train)
 
     def _all_reduce(self, loss):
-        if spawn.cpu_threads():
-            return spawn.bucketed_all_reduce(list(self.model.parameters()), loss, self.replicas)
+        if replica_sync.cpu_threads():
+            return replica_sync.bucketed_all_reduce(list(self.model.parameters()), loss, self.replicas)
         xm.reduce_gradients(self.optimizer)
         return xm.all_reduce(xm.REDUCE_SUM, loss.detach(), scale=1.0 / self.replicas)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
-        return convert.from_state_dict(self.model.state_dict(), self.spec.model)
+        return convert.to_canonical(self.model.state_dict(), self.spec.model)
 
-    def canonical_grads(self) -> dict[str, np.ndarray]:
+    def step0_tensors(self, batch) -> dict[str, dict[str, np.ndarray]]:
+        """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
+        loss, logits = self.loss(batch)
+        loss.backward()
+        torch_xla.sync()
         grads = {name: p.grad for name, p in self.model.named_parameters()}
-        return convert.from_state_dict(grads, self.spec.model)
+        out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
+               "grads": convert.to_canonical(grads, self.spec.model)}
+        self.optimizer.zero_grad(set_to_none=True)
+        return out
 
 
 def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, batch) -> tuple[float, float, float]:
     """One instrumented loop step: (loss on the host, synced wall ms, tracing ms). The benchmark times this."""
-    monitor.at("loop", step)
+    monitor.at(Phase.LOOP, step)
     start = time.perf_counter()
     loss = trainer.step(step, batch)
     traced = time.perf_counter()
@@ -210,7 +199,8 @@ def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, bat
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, checkpoint: Path | None = None,
         throughput_steps: int | None = None, shape_change_step: int | None = None, mode: str = "spmd",
-        trace_mode: str = "lazy", replica: int = 0, replicas: int = 1, progress=None) -> tuple[RunRecord, dict]:
+        trace_mode: TraceMode = TraceMode.LAZY, replica: int = 0, replicas: int = 1,
+        progress=None) -> tuple[RunRecord, dict]:
     """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
     timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
     logging.getLogger("torch_xla.backends").setLevel(logging.ERROR)  # it warns on every call
@@ -220,13 +210,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
                               shape_change_step=shape_change_step, trace_mode=trace_mode)
     tensors = {}
     if parity and replica == 0:  # step-0 forward and gradients on the global batch, before any update
-        batch0 = trainer.global_device_batch(0)
-        loss0, logits = trainer.loss(batch0)
-        loss0.backward()
-        torch_xla.sync()
-        tensors["outputs"] = {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss0.item())}
-        tensors["grads"] = trainer.canonical_grads()
-        trainer.optimizer.zero_grad(set_to_none=True)
+        tensors = trainer.step0_tensors(trainer.global_device_batch(0))
         monitor.collect()
 
     record = _new_record(spec, mode, replicas, trace_mode)
@@ -240,10 +224,10 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
             progress(step, value, wall_ms)
         if not record.add_step(step, value, wall_ms):
             break
-    monitor.at("loop", spec.train.steps)
+    monitor.at(Phase.LOOP, spec.train.steps)
 
     if mode == "spawn":
-        spawn.check_replicas_agree(trainer, record)
+        replica_sync.check_replicas_agree(trainer, record)
     if record.status == "ok":
         if parity and replica == 0:
             tensors["params"] = trainer.canonical_params()
@@ -251,38 +235,12 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
         monitor.collect()
     timeline["loop_end"] = time.time()
     record.compile_events = list(monitor.events)
-    record.extra.update(trace_ms=trace_ms, counters=monitor.counters(), timeline=timeline, peak_rss_mb=peak_rss_mb())
+    record.trace_ms, record.timeline, record.peak_rss_mb = trace_ms, timeline, peak_rss_mb()
+    record.extra["counters"] = monitor.counters()
     if replica == 0:  # one reader of the shared debug log and HLO dump
-        _attach_causes(record, out_dir, shapes)
-        record.hlo_stats = hlo_statistics(out_dir, _step_graphs(record.compile_events, trace_mode))
+        attach_causes(record, out_dir, shapes)
+        record.hlo_stats = hlo_statistics(out_dir, step_graphs(record.compile_events, SETTLE_STEPS, trace_mode))
     return record, tensors
-
-
-def _step_graphs(events, trace_mode: str) -> list[int]:
-    """Compile ordinals of the graphs a settled step runs: the last graph compiled while settling (lazy,
-    compile); under dynamo also the forward/backward graphs of step 0 (its last graph was the first
-    optimizer step, which also created the optimizer state)."""
-    settling = [i for i, e in enumerate(events) if e.phase == "loop" and e.step < SETTLE_STEPS]
-    first = [i for i in settling if events[i].step == 0]
-    later = [i for i in settling if events[i].step > 0]
-    if trace_mode != "dynamo":
-        return settling[-1:]
-    return first[:-1] + later if later else first
-
-
-def _attach_causes(record: RunRecord, out_dir: Path, shapes: list[tuple]) -> None:
-    """Steady-state recompiles get torch_xla's Compilation Analysis plus the batch shape change we saw."""
-    log = out_dir / DEBUG_LOG
-    analyses = compilation_causes(log) if log.exists() else []
-    for i, event in enumerate(record.compile_events):
-        if event.phase != "loop" or event.step < SETTLE_STEPS:
-            continue
-        parts = []
-        step = event.step
-        if 0 < step < len(shapes) and shapes[step] != shapes[step - 1]:
-            parts.append(f"batch inputs shape changed from {shapes[step - 1]} to {shapes[step]}")
-        parts.append(analyses[i] if i < len(analyses) else "no Compilation Analysis captured")
-        record.recompile_causes.append({"step": step, "fun_name": event.fun_name, "cause": "; ".join(parts)})
 
 
 def _pipelined_throughput(trainer: TorchXlaTrainer, spec: RunSpec, steps: int | None) -> dict:
@@ -310,12 +268,12 @@ def _pipelined_throughput(trainer: TorchXlaTrainer, spec: RunSpec, steps: int | 
 def _step_api(replicas: int) -> str:
     if replicas == 1:
         return "xm.optimizer_step"
-    if spawn.cpu_threads():
+    if replica_sync.cpu_threads():
         return "bucketed all-reduce with a channel id (_xla_spmd_all_reduce) + optimizer.step"
     return "xm.reduce_gradients + optimizer.step"
 
 
-def _new_record(spec: RunSpec, mode: str, replicas: int, trace_mode: str) -> RunRecord:
+def _new_record(spec: RunSpec, mode: str, replicas: int, trace_mode: TraceMode) -> RunRecord:
     return RunRecord(
         backend="torch_xla", spec=spec.to_dict(),
         versions=package_versions("torch", "torch-xla"),
@@ -327,7 +285,8 @@ def _new_record(spec: RunSpec, mode: str, replicas: int, trace_mode: str) -> Run
                                  "float32 loss",
                   "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
                   "weight_decay_applies_to": "all parameters", "env": numerics_env()},
-        extra={"settle_steps": SETTLE_STEPS, "mode": mode, "trace_mode": trace_mode, "replicas": replicas,
+        settle_steps=SETTLE_STEPS, trace_mode=trace_mode,
+        extra={"mode": mode, "replicas": replicas,
                "compile_counts_cover": "every replica in this process" if mode == "spawn" else "this process",
                "loader": "torch_xla.distributed.parallel_loader.MpDeviceLoader",
                "step_api": _step_api(replicas),

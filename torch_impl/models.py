@@ -1,5 +1,7 @@
 """torch.nn twins of the spec's models: MLP, CNN, GPT (same classes, same order as jax_impl).
 
+Plain torch, no torch_xla: eager PyTorch and PyTorch/XLA run these same modules.
+
 torch layouts differ from the canonical ones and `convert.py` bridges them:
 Linear weight (out, in), Conv2d weight OIHW with NCHW activations (NHWC data
 is permuted at the model boundary), and packed attention `attn.qkv` (3*D, D)

@@ -1,4 +1,6 @@
-"""Canonical parameters <-> torch `state_dict`.
+"""Canonical parameters <-> torch `state_dict` (the twin of `jax_impl/convert.py`: same function names).
+
+Plain torch: every torch runtime (PyTorch/XLA today) loads weights through it.
 
 The tensors that change layout, and how (everything else is a rename):
   dense kernel  (in, out)          -> Linear weight (out, in)        transpose
@@ -44,6 +46,7 @@ def _from_torch_layout(value: np.ndarray) -> np.ndarray:
 
 
 def to_state_dict(canonical: dict[str, np.ndarray], model_spec) -> dict[str, torch.Tensor]:
+    """Canonical arrays -> a state_dict in torch layouts (CPU tensors)."""
     check_params(model_spec, canonical)
     out: dict[str, torch.Tensor] = {}
     packed: dict[str, list] = {}
@@ -61,7 +64,8 @@ def to_state_dict(canonical: dict[str, np.ndarray], model_spec) -> dict[str, tor
     return out
 
 
-def from_state_dict(state: dict[str, torch.Tensor], model_spec) -> dict[str, np.ndarray]:
+def to_canonical(state: dict[str, torch.Tensor], model_spec) -> dict[str, np.ndarray]:
+    """A state_dict (or {parameter name: gradient}) on any device -> {canonical name: numpy array}."""
     out = {}
     for name, info in param_infos(model_spec).items():
         key = _torch_name(name)
@@ -79,7 +83,7 @@ def from_state_dict(state: dict[str, torch.Tensor], model_spec) -> dict[str, np.
     return out
 
 
-def load_canonical(model: torch.nn.Module, canonical: dict[str, np.ndarray], model_spec) -> None:
+def load_canonical(model: torch.nn.Module, canonical: dict[str, np.ndarray], model_spec) -> torch.nn.Module:
     """Copy canonical arrays into the model, asserting every shape by name."""
     state = to_state_dict(canonical, model_spec)
     own = model.state_dict()
@@ -88,6 +92,7 @@ def load_canonical(model: torch.nn.Module, canonical: dict[str, np.ndarray], mod
     for key, value in state.items():
         assert own[key].shape == value.shape, f"{key}: model {tuple(own[key].shape)} vs canonical {tuple(value.shape)}"
     model.load_state_dict(state, strict=True)
+    return model
 
 
 def partition_spec(canonical: str, spec: tuple) -> tuple[str, tuple]:

@@ -1,0 +1,113 @@
+"""The toolkit's vocabularies, each defined once: exit codes, statuses, phases, trace modes.
+
+argparse `choices`, run records, report.json, the README and `docs/errors.md`
+all use these members (a test checks that the docs list every one). Every
+member carries its meaning, so the tables in the docs can be read against
+`describe()`.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """What `python -m compare` and `python -m <backend>` return."""
+
+    OK = 0
+    PARITY = 1
+    USAGE = 2
+    BACKEND = 3
+    INTERRUPTED = 4
+    NONFINITE = 5
+    INTERNAL = 6
+
+
+EXIT_MEANINGS = {
+    ExitCode.OK: "everything ran and parity passed (or the one backend asked for ran)",
+    ExitCode.PARITY: "parity failed, the runs differ in a setting they should share, or --check-determinism found "
+                     "two identical runs differing",
+    ExitCode.USAGE: "bad usage or input (the message names the field and the fix)",
+    ExitCode.BACKEND: "a backend failed: crashed, killed by a signal, timed out, or its loss became NaN/Inf; the "
+                      "other backend is still reported",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C / SIGTERM): the running backend's process group is terminated",
+    ExitCode.NONFINITE: "(a backend run alone) its loss became NaN/Inf; compare reports this as 3",
+    ExitCode.INTERNAL: "an internal error of compare itself (a bug: report it with the --debug output)",
+}
+
+
+class RecordStatus(enum.StrEnum):
+    """How a backend's own run ended, as its record.json says."""
+
+    OK = "ok"
+    NONFINITE = "nonfinite"
+    FAILED = "failed"
+
+
+class BackendStatus(enum.StrEnum):
+    """A backend's status in report.json: its record's status, or what compare saw of its process."""
+
+    OK = "ok"
+    NONFINITE = "nonfinite"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    USAGE_ERROR = "usage_error"
+    INTERRUPTED = "interrupted"
+    NOT_RUN = "not_run"
+
+
+BACKEND_STATUS_MEANINGS = {
+    BackendStatus.OK: "ran to the end and wrote its record",
+    BackendStatus.NONFINITE: "its loss became NaN/Inf; training stopped at that step",
+    BackendStatus.FAILED: "crashed, was killed by a signal, or wrote no usable record",
+    BackendStatus.TIMEOUT: "no result within --timeout; killed with its process group",
+    BackendStatus.USAGE_ERROR: "refused its input (exit 2), e.g. a mesh its devices cannot hold",
+    BackendStatus.INTERRUPTED: "running when compare was interrupted; its process group was terminated",
+    BackendStatus.NOT_RUN: "not started because compare was interrupted before its turn",
+}
+
+
+class ReportStatus(enum.StrEnum):
+    """The overall status of a comparison in report.json (with its exit code)."""
+
+    OK = "ok"
+    PARITY_FAILED = "parity_failed"
+    NOT_COMPARABLE = "not_comparable"
+    NONDETERMINISTIC = "nondeterministic"
+    BACKEND_FAILED = "backend_failed"
+    USAGE_ERROR = "usage_error"
+    INTERRUPTED = "interrupted"
+
+
+REPORT_STATUS_EXIT = {
+    ReportStatus.OK: ExitCode.OK, ReportStatus.PARITY_FAILED: ExitCode.PARITY,
+    ReportStatus.NOT_COMPARABLE: ExitCode.PARITY, ReportStatus.NONDETERMINISTIC: ExitCode.PARITY,
+    ReportStatus.BACKEND_FAILED: ExitCode.BACKEND, ReportStatus.USAGE_ERROR: ExitCode.USAGE,
+    ReportStatus.INTERRUPTED: ExitCode.INTERRUPTED,
+}
+
+
+class Phase(enum.StrEnum):
+    """When a compile happened: before the first train step, or inside the loop."""
+
+    SETUP = "setup"
+    LOOP = "loop"
+
+
+class TraceMode(enum.StrEnum):
+    """How the torch_xla backend turns a train step into a graph."""
+
+    LAZY = "lazy"
+    COMPILE = "compile"
+    DYNAMO = "dynamo"
+
+
+TRACE_MODE_MEANINGS = {
+    TraceMode.LAZY: "lazy tracing + torch_xla.sync() (the classic loop, default)",
+    TraceMode.COMPILE: "the step inside torch_xla.compile(full_graph=True)",
+    TraceMode.DYNAMO: "forward and loss under torch.compile(backend='openxla')",
+}
+
+
+def values(enum_cls) -> list[str]:
+    """Member values, in definition order (argparse `choices`)."""
+    return [m.value for m in enum_cls]

@@ -1,0 +1,104 @@
+"""report.md and the terminal tables from report.json: one set of rows, two renderings."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt(value, spec: str = ".3g") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value)
+
+
+def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) for each table; the markdown and the terminal both render these."""
+    out = []
+    b = report["backends"]
+    names = list(b)
+    rows = [["status"] + [f"{b[n]['status']}" + (f" ({b[n]['message']})" if b[n].get("message") else "")
+                          for n in names]]
+    if report.get("parity"):
+        p = report["parity"]
+        out.append(("Parity", ["check", "result"], [
+            ["verdict", report["verdict"]],
+            ["settings compared", "equal" if not p["setting_differences"] else "; ".join(p["setting_differences"])],
+            ["first divergent step", _fmt(p["first_divergent_step"])],
+            ["max |Δloss| over steps", _fmt((p.get("loss") or {}).get("max_abs"), ".3e")],
+            ["tensors within tolerance", f"{sum(t['within'] for t in p['tensors'].values())}/{len(p['tensors'])}"],
+        ]))
+        out.append(("Worst tensors (JAX is the reference)",
+                    ["tensor", "kind", "max abs", "max rel", "of tolerance", "within"],
+                    [[w["name"], w["kind"], _fmt(w["abs"], ".3e"), _fmt(w["rel"], ".3e"),
+                      _fmt(w["tolerance_used"], ".1%"), "yes" if w["within"] else "NO"] for w in p["worst"]]))
+    tol = report["tolerances"]
+    out.append((f"Tolerances ({report['dtype']}, profile {report['tolerance_profile']}): "
+                "|a-b| <= atol + rtol*max|ref|", ["kind", "atol", "rtol"],
+                [[k, _fmt(v["atol"], ".0e"), _fmt(v["rtol"], ".0e")] for k, v in tol.items()]))
+    comp = lambda n, k: _fmt((b[n].get("compiles") or {}).get(k))  # noqa: E731
+    rows_c = [["setup compiles"] + [comp(n, "setup") for n in names],
+              ["loop compiles"] + [comp(n, "loop") for n in names],
+              ["steady-state recompiles"] + [comp(n, "steady_state") for n in names],
+              ["of these, persistent-cache hits"] + [comp(n, "cache_hits") for n in names],
+              ["compile time (s)"] + [_fmt((b[n].get("compiles") or {}).get("compile_s"), ".2f") for n in names]]
+    out.append(("Compiles", ["", *names], rows + rows_c))
+    for n in names:
+        for cause in (b[n].get("compiles") or {}).get("causes", []):
+            out.append((f"{n}: recompile at step {cause['step']}", ["cause"], [[cause["cause"][:400]]]))
+    sm = lambda n, k: _fmt((b[n].get("step_ms") or {}).get(k), ".3f")  # noqa: E731
+    tp = lambda n, k: _fmt((b[n].get("throughput") or {}).get(k), ".4g")  # noqa: E731
+    rows_t = [["median step (ms, synced)"] + [sm(n, "median") for n in names],
+              ["p10 / p90 (ms)"] + [f"{sm(n, 'p10')} / {sm(n, 'p90')}" for n in names],
+              ["tracing median (ms)"] + [_fmt((b[n].get("trace_ms") or {}).get("median"), ".3f") for n in names],
+              ["pipelined steps/s"] + [tp(n, "steps_per_s") for n in names],
+              ["examples/s"] + [tp(n, "examples_per_s") for n in names],
+              ["tokens/s"] + [tp(n, "tokens_per_s") for n in names],
+              ["matmul Gflop/step (HLO)"] + [_fmt((b[n].get("flops_per_step") or 0) / 1e9 or None, ".4g")
+                                            for n in names],
+              ["MFU"] + [_fmt(b[n].get("mfu"), ".2%") for n in names]]
+    out.append(("Step time (warm-up steps excluded)", ["", *names], rows_t))
+    wall = lambda n, k: _fmt((b[n].get("wall_breakdown") or {}).get(k), ".2f")  # noqa: E731
+    rows_w = [["torch_xla trace mode"] + [_fmt(b[n].get("trace_mode")) for n in names],
+              ["interpreter start + imports (s)"] + [wall(n, "start_and_imports_s") for n in names],
+              ["compile (s)"] + [wall(n, "compile_s") for n in names],
+              ["steps, synced + pipelined (s)"] + [wall(n, "steps_s") for n in names],
+              ["other: init, parity tensors, HLO, record (s)"] + [wall(n, "other_s") for n in names],
+              ["backend process total (s)"] + [wall(n, "total_s") for n in names],
+              ["peak host RSS (MiB)"] + [_fmt(b[n].get("peak_rss_mb"), ".0f") for n in names]]
+    out.append(("Wall time and memory per backend process", ["", *names], rows_w))
+    if report.get("ratios"):
+        out.append(("Ratios", ["ratio", "value"], [[k, _fmt(v, ".3f")] for k, v in report["ratios"].items()]))
+    return out
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# Parity report: {report['spec_name']}", "",
+             f"**Verdict: {report['verdict']}** (status `{report['status']}`, exit code {report['exit_code']})", ""]
+    if report.get("message"):
+        lines += [report["message"], ""]
+    for title, header, rows in tables(report):
+        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+        lines.append("")
+    peaks = {n: b.get("peak_source") for n, b in report["backends"].items() if b.get("peak_source")}
+    if peaks:
+        lines += ["MFU = HLO dot/convolution flops per step / median synced step time / peak: " +
+                  "; ".join(f"{n}: {s}" for n, s in peaks.items()), ""]
+    plots = report.get("plots") or []
+    lines += [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def print_tables(report: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    for title, header, rows in tables(report):
+        table = Table(title=title, title_justify="left")
+        for h in header:
+            table.add_column(h)
+        for row in rows:
+            table.add_row(*[str(c) for c in row])
+        console.print(table)
+    style = "bold green" if report["verdict"] == "pass" else "bold red"
+    console.print(f"verdict: {report['verdict']} ({report['status']})  report: {report['run_dir']}", style=style)

@@ -1,0 +1,67 @@
+"""Persistent compile caches: a second run loads what the first compiled, every hit is counted as a
+compile (a recompile is never hidden by a hit), and a cache that cannot serve is said to be so."""
+import json
+
+import pytest
+
+from tests.helpers import run_cli, train
+
+pytestmark = pytest.mark.slow
+
+
+def test_jax_second_run_hits_for_every_compile_and_keeps_the_recompile(tmp_path):
+    cache = tmp_path / "cache"
+    args = ("--spec", "mlp-tiny", "--steps", "6", "--shape-change-step", "4", "--compile-cache", str(cache))
+    cold = train("jax_impl", tmp_path / "cold", *args)
+    warm = train("jax_impl", tmp_path / "warm", *args)
+    assert cold.compile_cache["hits"] == 0 and cold.compile_cache["misses"] == len(cold.compile_events) > 0
+    assert not any(e.cache_hit for e in cold.compile_events)
+    # the same compiles at the same steps, each loaded from the cache
+    assert [(e.fun_name, e.step, e.phase) for e in warm.compile_events] == \
+           [(e.fun_name, e.step, e.phase) for e in cold.compile_events]
+    assert all(e.cache_hit for e in warm.compile_events)
+    assert warm.compile_cache["hits"] == len(warm.compile_events) and warm.compile_cache["misses"] == 0
+    # the batch shape change at step 4 is a steady-state recompile in both runs, cause and all
+    for rec in (cold, warm):
+        steady = [e for e in rec.compile_events if e.phase == "loop" and e.step >= rec.settle_steps]
+        assert [e.step for e in steady] == [4]
+        assert "now f32[64,784] and before f32[128,784]" in rec.recompile_causes[0]["cause"]
+    assert warm.losses == cold.losses  # a cached executable computes the same bits
+    assert sum(e.duration_s for e in warm.compile_events) < sum(e.duration_s for e in cold.compile_events)
+    assert warm.hlo_stats["flops"] == cold.hlo_stats["flops"] > 0  # the HLO is read from a cached executable too
+
+
+def test_compare_uses_the_cache_by_default_and_says_what_torch_xla_did(tmp_path):
+    cache = tmp_path / "cache"
+    flags = ("--backend", "both", "--spec", "mlp-tiny", "--steps", "6", "--quiet", "--compile-cache", str(cache))
+    reports = []
+    for name in ("cold", "warm"):
+        proc = run_cli("compare", "--out", str(tmp_path / name), *flags)
+        assert proc.returncode == 0, proc.stderr
+        reports.append(json.loads((tmp_path / name / "report.json").read_text()))
+    cold, warm = reports
+    assert warm["compile_cache"] == str(cache)
+    jax_cold, jax_warm = cold["backends"]["jax"], warm["backends"]["jax"]
+    assert jax_cold["compiles"]["cache_hits"] == 0
+    assert jax_warm["compiles"]["cache_hits"] == jax_warm["compiles"]["setup"] + jax_warm["compiles"]["loop"] > 0
+    assert jax_warm["compile_cache"]["dir"] == str(cache / "jax")
+    # torch_xla 2.9 writes its executables but cannot load them back here: counted and said, never claimed
+    torch_warm = warm["backends"]["torch_xla"]
+    assert torch_warm["compiles"]["cache_hits"] == 0
+    assert torch_warm["compile_cache"]["unreadable"] == torch_warm["compiles"]["setup"] + \
+        torch_warm["compiles"]["loop"]
+    assert "could not load its cached executables" in torch_warm["compile_cache"]["note"]
+    for name in ("jax", "torch_xla"):
+        assert warm["backends"][name]["losses"] == cold["backends"][name]["losses"]
+    assert "(cached, measured" in jax_warm["peak_source"]  # the CPU peak was measured by the cold run
+    assert "| of these, persistent-cache hits |" in (tmp_path / "warm" / "report.md").read_text()
+
+
+def test_no_compile_cache_turns_it_off(tmp_path):
+    proc = run_cli("compare", "--out", str(tmp_path), "--backend", "jax", "--spec", "mlp-tiny", "--steps", "3",
+                   "--quiet", "--no-compile-cache")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["compile_cache"] is None
+    assert report["backends"]["jax"]["compile_cache"] == {"enabled": False}
+    assert report["backends"]["jax"]["peak_source"] == "measured numpy float32 matmul peak of this CPU"

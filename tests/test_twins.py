@@ -1,0 +1,143 @@
+"""The twins side by side in one process, in seconds: plain CPU torch (no XLA) against Flax NNX.
+
+From the same canonical weights and the same batch, per model family: logits,
+loss and every gradient (canonical names), then a few optimizer steps of the
+real JAX trainer (optax) against `torch.optim` with the same lr schedule and
+clip. Most twin regressions show here long before the subprocess runs.
+"""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+torch = pytest.importorskip("torch")
+
+from common.data import make_dataset  # noqa: E402
+from common.presets import load_spec  # noqa: E402
+from common.weights import init_params  # noqa: E402
+
+CASES = [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []), ("gpt-tiny", ["model.tied_embeddings=false"]),
+         ("cnn-digits", ["model.pooling=flatten"]),
+         ("mlp-tiny", ["train.optimizer=sgd", "train.momentum=0.9", "train.lr=0.05"])]
+# Measured on this CPU (fp32), worst case over CASES: logits 8.2e-7, gradients 1.4e-6 relative to the
+# tensor's largest entry, losses 2.4e-6, parameters after 5 steps 1.2e-5 (mlp-tiny under Adam, whose
+# division by sqrt(v) magnifies the tiny differences of near-zero gradients).
+LOGITS_ATOL, GRAD_RTOL, GRAD_ATOL, PARAM_ATOL, LOSS_ATOL = 1e-5, 1e-5, 1e-9, 5e-5, 1e-5
+STEPS = 5
+
+
+def torch_side(spec, batches):
+    """Eager torch on the CPU, written from the shared pieces as a user's loop would be."""
+    from torch_impl.convert import load_canonical, to_canonical
+    from torch_impl.models import build_model
+    from torch_impl.train import clip_gradients, cross_entropy, make_optimizer, set_lr
+
+    model = load_canonical(build_model(spec.model), init_params(spec.model, spec.train.seed), spec.model)
+    inputs, targets = (torch.from_numpy(a) for a in batches[0])
+    logits = model(inputs)
+    loss = cross_entropy(logits, targets)
+    loss.backward()
+    step0 = {"logits": logits.detach().numpy(), "loss": loss.item(),
+             "grads": to_canonical({n: p.grad for n, p in model.named_parameters()}, spec.model)}
+    optimizer = make_optimizer(model.parameters(), spec.train)
+    losses = []
+    for step, (x, y) in enumerate(batches):
+        optimizer.zero_grad(set_to_none=True)
+        set_lr(optimizer, spec.train, step)
+        loss = cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        clip_gradients(model.parameters(), spec.train)
+        optimizer.step()
+        losses.append(loss.item())
+    return step0, losses, to_canonical(model.state_dict(), spec.model)
+
+
+def jax_side(spec, batches):
+    """The JAX backend's own trainer on one CPU device."""
+    from jax_impl import sharding
+    from jax_impl.train import JaxTrainer
+
+    jax.config.update("jax_default_matmul_precision", spec.train.matmul_precision)
+    mesh = sharding.make_mesh(spec.mesh)
+    trainer = JaxTrainer(spec, mesh)
+    put = lambda b: sharding.put_batch(b, spec.mesh, mesh)
+    tensors = trainer.step0_tensors(put(batches[0]))
+    step0 = {"logits": tensors["outputs"]["logits"], "loss": float(tensors["outputs"]["loss"]),
+             "grads": tensors["grads"]}
+    losses = [float(trainer.step(put(b))) for b in batches]
+    return step0, losses, trainer.canonical_params()
+
+
+@pytest.mark.parametrize("preset, overrides", CASES)
+def test_torch_and_nnx_agree_in_one_process(preset, overrides):
+    spec = load_spec(preset, [f"train.steps={STEPS}", *overrides])
+    data = make_dataset(spec)
+    batches = [data.global_batch(s) for s in range(STEPS)]
+    t0, t_losses, t_params = torch_side(spec, batches)
+    j0, j_losses, j_params = jax_side(spec, batches)
+
+    assert np.max(np.abs(t0["logits"] - j0["logits"])) <= LOGITS_ATOL
+    assert abs(t0["loss"] - j0["loss"]) <= LOSS_ATOL
+    assert set(t0["grads"]) == set(j0["grads"])
+    for name, grad in t0["grads"].items():
+        # + an absolute floor: attention's key bias has a zero gradient in exact arithmetic (~1e-12 here)
+        bound = GRAD_RTOL * float(np.max(np.abs(grad))) + GRAD_ATOL
+        assert np.max(np.abs(grad - j0["grads"][name])) <= bound, name
+    assert np.max(np.abs(np.array(t_losses) - np.array(j_losses))) <= LOSS_ATOL
+    assert t_losses[0] == pytest.approx(t0["loss"], abs=1e-6)  # step 0 of the loop is the parity step
+    for name, value in t_params.items():
+        assert np.max(np.abs(value - j_params[name])) <= PARAM_ATOL, name
+    moved = max(float(np.max(np.abs(t_params[n] - v))) for n, v in init_params(spec.model, spec.train.seed).items())
+    assert moved > 1e-3  # the optimizer really stepped
+
+
+def test_a_port_mistake_is_caught_in_one_process():
+    """A deliberate difference (LayerNorm epsilon on one side) must fail the same checks."""
+    spec = load_spec("gpt-tiny", ["train.steps=1"])
+    other = load_spec("gpt-tiny", ["train.steps=1", "model.layernorm_eps=1e-1"])
+    batches = [make_dataset(spec).global_batch(0)]
+    t0, _, _ = torch_side(spec, batches)
+    j0, _, _ = jax_side(other, batches)
+    assert np.max(np.abs(t0["logits"] - j0["logits"])) > 100 * LOGITS_ATOL
+
+
+@pytest.mark.parametrize("preset, overrides", [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []),
+                                               ("gpt-tiny", ["model.tied_embeddings=false"]),
+                                               ("cnn-digits", ["model.pooling=flatten"])])
+def test_canonical_round_trip_is_bit_identical(preset, overrides):
+    from torch_impl.convert import load_canonical, to_canonical
+    from torch_impl.models import build_model
+
+    model_spec = load_spec(preset, overrides).model
+    canonical = init_params(model_spec, seed=7)
+    back = to_canonical(load_canonical(build_model(model_spec), canonical, model_spec).state_dict(), model_spec)
+    assert set(back) == set(canonical)
+    for name, value in canonical.items():
+        assert back[name].dtype == value.dtype and np.array_equal(back[name], value), name
+
+
+def test_layouts_are_converted():
+    from torch_impl.convert import load_canonical
+    from torch_impl.models import build_model
+
+    spec = load_spec("gpt-tiny").model
+    canonical = init_params(spec, 0)
+    state = load_canonical(build_model(spec), canonical, spec).state_dict()
+    qkv = state["blocks.0.attn.qkv.weight"].numpy()  # (3D, D), rows q | k | v
+    assert qkv.shape == (192, 64)
+    assert np.array_equal(qkv[64:128], canonical["blocks.0.attn.k.kernel"].T)
+    assert np.array_equal(state["blocks.0.mlp.fc.weight"].numpy(), canonical["blocks.0.mlp.fc.kernel"].T)
+    cnn = load_spec("cnn-digits").model
+    c = init_params(cnn, 0)
+    m = load_canonical(build_model(cnn), c, cnn)
+    assert np.array_equal(m.state_dict()["convs.1.weight"].numpy(), c["convs.1.kernel"].transpose(3, 2, 0, 1))
+
+
+def test_shape_mismatch_names_the_tensor():
+    from torch_impl.convert import load_canonical
+    from torch_impl.models import build_model
+
+    spec = load_spec("mlp-tiny").model
+    canonical = init_params(spec, 0)
+    canonical["head.kernel"] = np.zeros((256, 9), np.float32)
+    with pytest.raises(ValueError, match="tensor head.kernel has shape"):
+        load_canonical(build_model(spec), canonical, spec)
