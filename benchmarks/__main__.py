@@ -6,7 +6,10 @@
 2. Per preset, whole runs repeated `--repeats` times: `python -m compare
    --backend both` (synced vs pipelined step, compile time, steady-state
    recompiles, MFU, peak RSS; for gpt-tiny, the default command, its wall
-   time and breakdown) and the torch_xla backend in compile and dynamo mode.
+   time and breakdown) and the torch_xla backend in compile and dynamo mode. Every whole run starts
+   from an empty compile cache; the default command is then run once more on the cache it filled
+   (cold vs warm).
+3. The import time of compare and of each backend process: the toolkit's own modules apart.
 Prints the tables, writes the JSON (default runs/benchmarks-<time>.json) and
 exits 1 when a run failed, 0 otherwise: a missed target is shown, not an error.
 """
@@ -22,12 +25,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks import runs, tables
+from benchmarks import runs, startup, tables
 from common.fsutil import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"toolkit_over_minimal": 1.03, "instrumented_over_uninstrumented": 1.01, "steady_state_recompiles": 0,
-           "default_compare_wall_s": 60.0}
+           "default_compare_wall_s": 60.0, "warm_over_cold": 0.5}
 
 
 def overhead(backend: str, preset: str, rounds: int, *flags: str) -> dict:
@@ -52,7 +55,7 @@ def main() -> int:
     if not console.is_terminal:  # piped or logged: do not squeeze the tables to 80 columns
         console = Console(width=180)
     result = {"targets": TARGETS, "overhead": [], "trace_mode_steps": [], "runs": {}, "trace_modes": {},
-              "failures": []}
+              "cache": None, "imports": None, "failures": []}
     for backend in args.backends.split(","):
         for preset in presets:
             console.print(f"step benchmark: {backend} {preset}", style="dim")
@@ -65,18 +68,29 @@ def main() -> int:
     if not args.skip_runs:
         with tempfile.TemporaryDirectory(prefix="benchmarks-") as tmp:
             for preset in presets:
-                compare_runs, mode_runs = [], {"compile": [], "dynamo": []}
+                compare_runs, mode_runs, cache_runs = [], {"compile": [], "dynamo": []}, []
                 for i in range(args.repeats):
                     console.print(f"whole runs: {preset} repeat {i + 1}/{args.repeats}", style="dim")
                     try:
-                        compare_runs.append(runs.compare_run(preset, Path(tmp) / f"compare-{preset}-{i}"))
+                        if preset == runs.DEFAULT_PRESET:  # cold, then warm on the cache the cold run filled
+                            cache_runs.append(startup.cold_and_warm(Path(tmp) / f"cache-{i}"))
+                            compare_runs.append(cache_runs[-1]["cold"])
+                        else:
+                            compare_runs.append(runs.compare_run(preset, Path(tmp) / f"compare-{preset}-{i}",
+                                                                 Path(tmp) / f"cache-{preset}-{i}"))
                         for mode, collected in mode_runs.items():
                             collected.append(runs.mode_run(preset, mode, Path(tmp) / f"{mode}-{preset}-{i}"))
                     except RuntimeError as e:
                         result["failures"].append(str(e))
                 if compare_runs:
                     result["runs"][preset] = runs.summarize_repeats(compare_runs)
+                if cache_runs:
+                    result["cache"] = runs.summarize_repeats(cache_runs)
                 result["trace_modes"][preset] = {m: runs.summarize_repeats(r) for m, r in mode_runs.items() if r}
+    try:
+        result["imports"] = startup.import_times()
+    except RuntimeError as e:
+        result["failures"].append(str(e))
     result["checks"] = tables.check_targets(result, TARGETS)
     tables.print_all(result, console)
     out = args.out or REPO / "runs" / f"benchmarks-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -25,9 +25,11 @@ def _timed(cmd: list[str], what: str) -> float:
     return time.perf_counter() - start
 
 
-def compare_run(preset: str, out: Path) -> dict:
-    """One `python -m compare --backend both` (exactly the default command for the default preset)."""
-    cmd = [sys.executable, "-m", "compare", "--backend", "both", "--quiet", "--out", str(out)]
+def compare_run(preset: str, out: Path, cache: Path) -> dict:
+    """One `python -m compare --backend both` (the default command for the default preset), its compile
+    cache in `cache` (empty: a first run; filled by an earlier run: a repeat run)."""
+    cmd = [sys.executable, "-m", "compare", "--backend", "both", "--quiet", "--out", str(out),
+           "--compile-cache", str(cache)]
     if preset != DEFAULT_PRESET:
         cmd += ["--spec", preset]
     wall = _timed(cmd, f"compare {preset}")
@@ -47,14 +49,14 @@ def mode_run(preset: str, mode: str, out: Path) -> dict:
     return {"step_ms": step_ms["median"], "trace_ms": trace_ms["median"] if trace_ms else None,
             "pipelined_ms": 1e3 / record.throughput["steps_per_s"], "compile_s": compiles["compile_s"],
             "loop_compiles": compiles["loop"], "steady_state_recompiles": compiles["steady_state"],
-            "peak_rss_mb": record.extra.get("peak_rss_mb")}
+            "peak_rss_mb": record.peak_rss_mb}
 
 
 def _figures(backend: dict) -> dict:
     compiles = backend["compiles"]
     return {"step_ms": backend["step_ms"]["median"], "pipelined_ms": 1e3 / backend["throughput"]["steps_per_s"],
             "compile_s": compiles["compile_s"], "steady_state_recompiles": compiles["steady_state"],
-            "mfu": backend["mfu"], "peak_rss_mb": backend["peak_rss_mb"], **{
+            "cache_hits": compiles["cache_hits"], "mfu": backend["mfu"], "peak_rss_mb": backend["peak_rss_mb"], **{
                 f"wall_{k}": v for k, v in (backend.get("wall_breakdown") or {}).items()}}
 
 

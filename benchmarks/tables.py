@@ -46,6 +46,10 @@ def check_targets(result: dict, targets: dict) -> list[dict]:
             value = _med(m["steady_state_recompiles"])
             checks.append({"what": f"torch_xla {preset} --trace-mode {mode} steady-state recompiles", "value": value,
                            "target": "== 0", "met": value == 0})
+    if result.get("cache"):
+        value = result["cache"]["warm_over_cold"]["median"]
+        checks.append({"what": "default compare, warm / cold compile cache (wall time)", "value": value,
+                       "target": f"<= {targets['warm_over_cold']}", "met": value <= targets["warm_over_cold"]})
     default = result["runs"].get(DEFAULT_PRESET)
     if default:
         value = default["process_wall_s"]["max"]
@@ -110,9 +114,40 @@ def print_all(result: dict, console: Console) -> None:
         console.print(_table("Default `python -m compare --backend both` wall time, s (median [min-max])",
                              ["part", "seconds"], rows))
 
+    print_startup(result, console)
     console.print(_table("Targets", ["figure", "value", "target", ""], [
         [c["what"], _m(c["value"], ".3f") if isinstance(c["value"], float) else str(c["value"]), c["target"],
          "met" if c["met"] else "MISSED"] for c in result["checks"]]))
+
+
+def print_startup(result: dict, console: Console) -> None:
+    """Cold vs warm compile cache (the default command), and import time by owner."""
+    cache = result.get("cache")
+    if cache:
+        rows = [["whole process (measured outside)", _m(cache["cold"]["process_wall_s"], ".2f"),
+                 _m(cache["warm"]["process_wall_s"], ".2f")],
+                ["compare: imports + report", _m(_plus(cache["cold"]["wall_time"], "compare_imports_s", "report_s"),
+                                                 ".2f"),
+                 _m(_plus(cache["warm"]["wall_time"], "compare_imports_s", "report_s"), ".2f")]]
+        for name in cache["cold"]["backends"]:
+            cold, warm = cache["cold"]["backends"][name], cache["warm"]["backends"][name]
+            for key, label in (("wall_total_s", "process"), ("wall_start_and_imports_s", "start + imports"),
+                               ("wall_compile_s", "compile"), ("wall_steps_s", "steps"), ("wall_other_s", "other")):
+                rows.append([f"{name}: {label}", _m(cold.get(key), ".2f"), _m(warm.get(key), ".2f")])
+            rows.append([f"{name}: compiles served by the cache", _m(cold["cache_hits"], ".0f"),
+                         _m(warm["cache_hits"], ".0f")])
+        rows.append(["warm / cold (whole process)", "", _m(cache["warm_over_cold"], ".3f")])
+        console.print(_table("Default `python -m compare --backend both`: empty compile cache (cold) vs the "
+                             "cache a cold run filled (warm), s, median [min-max]", ["part", "cold", "warm"], rows))
+    if result.get("imports"):
+        rows = [[p, f"{t['toolkit']:.3f}", f"{t['frameworks']:.3f}", f"{t['other']:.3f}", f"{t['total']:.3f}"]
+                for p, t in result["imports"].items()]
+        console.print(_table("Import time per process (s, self time by owner, python -X importtime)",
+                             ["process", "toolkit", "frameworks", "other", "total"], rows))
+
+
+def _plus(wall: dict, *keys: str) -> float:
+    return sum(_med(wall[k]) for k in keys)
 
 
 def _minus(a: dict, b: dict) -> float:

@@ -23,7 +23,7 @@ from flax import nnx
 from common.data import Batch, make_dataset, shape_changed
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec, TrainSpec
-from common.vocab import Phase
+from common.vocab import Phase, RecordStatus
 from common.weights import init_params, load_checkpoint
 from jax_impl import convert, sharding
 from jax_impl.instrument import CompileMonitor, hlo_statistics
@@ -154,12 +154,12 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
             break
     monitor.at(Phase.LOOP, spec.train.steps)
 
-    if record.status == "ok":
+    if record.status == RecordStatus.OK:
         if parity:
             tensors["params"] = trainer.canonical_params()
         record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps)
     timeline["loop_end"] = time.time()
-    if record.status == "ok":
+    if record.status == RecordStatus.OK:
         monitor.paused = True  # the analysis compile below is not part of training
         record.hlo_stats = hlo_statistics(trainer.train_step, (trainer.params, trainer.opt_state, put(0)),
                                           out_dir / "train_step.hlo.txt")

@@ -38,5 +38,10 @@ def test_benchmark_measures_every_figure(tmp_path):
     checked = [c["what"] for c in result["checks"]]
     assert sum("toolkit_over_minimal" in c for c in checked) == 2
     assert sum("steady-state recompiles" in c for c in checked) == 4
-    for table in ("Train step, interleaved", "torch_xla trace modes", "Whole runs", "Targets"):
+    imports = result["imports"]  # compare's process imports no framework; the backends' mostly frameworks
+    assert imports["compare"]["frameworks"] == 0 and imports["compare"]["toolkit"] > 0
+    for backend in ("jax", "torch_xla"):
+        assert imports[backend]["frameworks"] > 5 * imports[backend]["toolkit"] > 0
+    for table in ("Train step, interleaved", "torch_xla trace modes", "Whole runs", "Import time per process",
+                  "Targets"):
         assert table in proc.stdout

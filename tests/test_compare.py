@@ -77,7 +77,7 @@ def test_both_backends_pass_parity(preset, tmp_path):
     for entry in report["backends"].values():  # MFU = HLO flops / median step / measured peak, as documented
         assert entry["mfu"] == pytest.approx(entry["flops_per_step"] / (entry["step_ms"]["median"] / 1e3)
                                              / entry["peak_flops"])
-        assert entry["peak_source"] == "measured numpy float32 matmul peak of this CPU"
+        assert entry["peak_source"].startswith("measured numpy float32 matmul peak of this CPU")
     for name, entry in report["backends"].items():  # where each backend process's wall time went
         parts = entry["wall_breakdown"]
         assert parts["total_s"] == pytest.approx(entry["wall_s"])

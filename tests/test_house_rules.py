@@ -1,6 +1,7 @@
 """The rules that keep the house standing: import directions, no cycles, the Python floor, one vocabulary
 documented everywhere, readable output files, a clean linter, small files."""
 import ast
+import functools
 import os
 import re
 import stat
@@ -32,6 +33,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     """Every import statement of our modules (also those inside functions), resolved to our module names."""
     modules = {_module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
@@ -77,6 +79,23 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_module_import_graph_is_acyclic():
     graph = import_graph()
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_every_import_of_our_packages_exists():
+    """Also imports inside functions, which run only on some paths (a moved module breaks them late)."""
+    graph = import_graph()
+    missing = []
+    for module, targets in graph.items():
+        for target in targets:
+            if target.split(".")[0] not in PACKAGES or target in graph:
+                continue
+            parent, _, name = target.rpartition(".")  # `from parent import name`: defined in parent?
+            init = REPO / parent.replace(".", "/") / "__init__.py"
+            source = init if init.exists() else REPO / (parent.replace(".", "/") + ".py")
+            defined = rf"^(def|class) {name}\b|^{name}\b.*=|^(from|import) .*\b{name}\b"
+            if parent not in graph or not re.search(defined, source.read_text(), re.M):
+                missing.append(f"{module} imports {target}")
+    assert not missing, missing
 
 
 def test_cycle_finder_finds_a_cycle():

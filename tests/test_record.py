@@ -55,8 +55,8 @@ def test_truncated_record_is_a_one_line_error(tmp_path):
 def test_wrong_schema_missing_and_malformed_records(tmp_path):
     path = write_record(tmp_path, _record(tmp_path))
     raw = json.loads(path.read_text())
-    path.write_text(json.dumps({**raw, "schema_version": 0}))
-    with pytest.raises(RecordError, match="has schema_version 0"):
+    path.write_text(json.dumps({**raw, "schema_version": 1}))  # before the typed fields of schema 2
+    with pytest.raises(RecordError, match=r"has schema_version 1; this toolkit reads 2 \(re-run the backend"):
         read_record(path)
     path.write_text(json.dumps({k: v for k, v in raw.items() if k != "backend"}))
     with pytest.raises(RecordError, match="lacks the field 'backend'"):

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from common.data import make_dataset  # noqa: E402
 from common.presets import load_spec  # noqa: E402
-from common.weights import init_params  # noqa: E402
+from common.weights import init_params, param_infos  # noqa: E402
 
 CASES = [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []), ("gpt-tiny", ["model.tied_embeddings=false"]),
          ("cnn-digits", ["model.pooling=flatten"]),
@@ -104,15 +104,26 @@ def test_a_port_mistake_is_caught_in_one_process():
                                                ("gpt-tiny", ["model.tied_embeddings=false"]),
                                                ("cnn-digits", ["model.pooling=flatten"])])
 def test_canonical_round_trip_is_bit_identical(preset, overrides):
-    from torch_impl.convert import load_canonical, to_canonical
-    from torch_impl.models import build_model
+    """canonical -> each side's layout -> canonical, through the same-named functions on both sides."""
+    from flax import nnx
+
+    import jax_impl.convert
+    import jax_impl.models
+    import torch_impl.convert
+    import torch_impl.models
 
     model_spec = load_spec(preset, overrides).model
     canonical = init_params(model_spec, seed=7)
-    back = to_canonical(load_canonical(build_model(model_spec), canonical, model_spec).state_dict(), model_spec)
-    assert set(back) == set(canonical)
-    for name, value in canonical.items():
-        assert back[name].dtype == value.dtype and np.array_equal(back[name], value), name
+    torch_model = torch_impl.models.build_model(model_spec)
+    torch_back = torch_impl.convert.to_canonical(
+        torch_impl.convert.load_canonical(torch_model, canonical, model_spec).state_dict(), model_spec)
+    _, abstract, _ = nnx.split(jax_impl.models.build_model(model_spec), nnx.Param, ...)
+    assert sorted(jax_impl.convert.to_canonical(abstract)) == sorted(param_infos(model_spec))
+    jax_back = jax_impl.convert.to_canonical(jax_impl.convert.load_canonical(abstract, canonical, model_spec))
+    for back in (torch_back, {k: np.asarray(v) for k, v in jax_back.items()}):
+        assert set(back) == set(canonical)
+        for name, value in canonical.items():
+            assert back[name].dtype == value.dtype and np.array_equal(back[name], value), name
 
 
 def test_layouts_are_converted():

@@ -10,6 +10,8 @@ import torch
 import torch_xla
 import torch_xla.core.xla_model as xm
 
+from common.vocab import RecordStatus
+
 _LOCK = threading.Lock()
 _BARRIERS: dict[int, threading.Barrier] = {}
 _CHECKSUMS: dict[int, float] = {}
@@ -54,5 +56,5 @@ def check_replicas_agree(trainer, record) -> None:
     _CHECKSUMS[trainer.replica] = checksum
     _barrier(trainer.replicas).wait()
     if trainer.replica == 0 and len(set(_CHECKSUMS.values())) > 1:
-        record.status = "failed"
+        record.status = RecordStatus.FAILED
         record.message = f"xmp.spawn replicas ended with different parameters (checksums {_CHECKSUMS})"

@@ -46,7 +46,7 @@ def shard_model(model, model_spec: ModelSpec, mesh_spec: MeshSpec, mesh) -> dict
     """mark_sharding on every parameter (already on the XLA device); returns key -> spec."""
     import torch_xla.distributed.spmd as xs
 
-    from torch_xla_impl.convert import partition_spec
+    from torch_impl.convert import partition_spec
 
     params = dict(model.named_parameters())
     applied = {}

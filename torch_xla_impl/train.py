@@ -42,7 +42,7 @@ import torch_xla.runtime as xr
 from common.data import make_dataset, process_slice, shape_changed
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
-from common.vocab import Phase, TraceMode
+from common.vocab import Phase, RecordStatus, TraceMode
 from common.weights import init_params, load_checkpoint
 from torch_impl import convert
 from torch_impl.models import build_model
@@ -228,7 +228,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
 
     if mode == "spawn":
         replica_sync.check_replicas_agree(trainer, record)
-    if record.status == "ok":
+    if record.status == RecordStatus.OK:
         if parity and replica == 0:
             tensors["params"] = trainer.canonical_params()
         record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
