@@ -9,7 +9,6 @@ import time
 STARTED_AT = time.time()  # before the imports below, so the wall-time breakdown counts them
 
 import argparse  # noqa: E402
-import os  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -19,17 +18,13 @@ from common.cli import INPUT_ERRORS, add_run_flags, fail, resolve_spec, run_flag
 from common.fsutil import write_json_atomic, write_text_atomic  # noqa: E402
 from common.record import RecordError, read_record, read_tensors  # noqa: E402
 from common.vocab import TRACE_MODE_MEANINGS, BackendStatus, ExitCode, TraceMode, values  # noqa: E402
+from compare.cache import backend_cache_dir, default_cache_dir  # noqa: E402
 from compare.determinism import judge_determinism  # noqa: E402
 from compare.orchestrate import BACKEND_MODULES, Plan, run_all  # noqa: E402
 from compare.progress import LiveProgress  # noqa: E402
 from compare.render import markdown, print_tables  # noqa: E402
 from compare.report import build_report  # noqa: E402
 from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
-
-
-def default_cache_dir() -> Path:
-    """Under the user's cache directory ($XDG_CACHE_HOME or ~/.cache), one folder per backend inside."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xla-twins" / "compile-cache"
 
 
 def parse_args(argv):
@@ -117,7 +112,7 @@ def backend_argv(args, name: str) -> list[str]:
     if name == "torch_xla":
         argv += ["--trace-mode", args.torch_xla_mode]
     if args.compile_cache:
-        argv += ["--compile-cache", str(args.compile_cache / name)]
+        argv += ["--compile-cache", str(backend_cache_dir(args.compile_cache, name))]
     return argv + ["--parity"]
 
 

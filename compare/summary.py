@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
@@ -13,6 +11,7 @@ from common.fsutil import write_json_atomic
 from common.hlo import matmul_flops
 from common.record import RunRecord, timed_from
 from common.vocab import Phase
+from compare.cache import cpu_identity
 
 # Peak dense bf16 flop/s per chip (the vendors' figures).
 TPU_PEAK_FLOPS = {"v4": 2.75e14, "v5e": 1.97e14, "v5 lite": 1.97e14, "v5p": 4.59e14, "v6e": 9.2e14, "v6 lite": 9.2e14}
@@ -77,23 +76,12 @@ CPU_PEAK_SOURCE = "measured numpy float32 matmul peak of this CPU"
 CPU_PEAK_FILE = "cpu_peak.json"
 
 
-def _cpu_identity() -> dict:
-    model = ""
-    try:
-        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                      if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"node": platform.node(), "machine": platform.machine(), "cpu_model": model or platform.processor(),
-            "cpu_count": os.cpu_count(), "numpy": np.__version__}
-
-
 def cpu_peak(cache_dir: Path | None) -> tuple[float, str]:
     """The measured CPU peak and where it comes from. With a cache directory, a peak measured earlier on
     this same machine (host, CPU, core count, numpy) is reused and says when it was measured: the
     measurement costs a second of every run otherwise."""
     path = cache_dir / CPU_PEAK_FILE if cache_dir else None
-    identity = _cpu_identity()
+    identity = cpu_identity()
     if path is not None and path.exists():
         try:
             cached = json.loads(path.read_text())
