@@ -16,7 +16,7 @@ STAMP := $(VENV)/.installed
 # PYTHONDONTWRITEBYTECODE=1) each import re-parses them: 9.2 s vs 4.5 s measured.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[jax,torch-xla,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[jax,torch-xla,torchax,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

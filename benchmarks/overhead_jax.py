@@ -27,7 +27,8 @@ from common.weights import init_params
 from jax_impl import convert, sharding
 from jax_impl.instrument import CompileMonitor
 from jax_impl.models import build_model
-from jax_impl.train import JaxTrainer, cross_entropy, make_optimizer, timed_step
+from jax_impl.optim import make_optimizer
+from jax_impl.train import JaxTrainer, cross_entropy, timed_step
 
 
 def minimal_loop(spec, batch):

@@ -78,6 +78,8 @@ class RunRecord:
     trace_ms: list[float] = field(default_factory=list)  # per step: host time building the graph (torch_xla)
     trace_mode: str | None = None  # TraceMode of a torch_xla run; None where the backend has no such choice
     compile_cache: dict = field(default_factory=dict)  # dir, hits, misses, and why it is off or failing
+    flops_per_step: float | None = None  # matmul + conv flops counted by a runtime without HLO (eager torch)
+    flops_source: str = ""  # how flops_per_step was counted
     extra: dict = field(default_factory=dict)  # backend-specific facts (mode, loop API, counters, ...)
     schema_version: int = SCHEMA_VERSION
 

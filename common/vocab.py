@@ -10,6 +10,23 @@ from __future__ import annotations
 import enum
 
 
+class Backend(enum.StrEnum):
+    """The runtimes compare can run, each a subprocess `python -m <package>`."""
+
+    JAX = "jax"
+    TORCH = "torch"
+    TORCH_XLA = "torch_xla"
+    TORCHAX = "torchax"
+
+
+BACKEND_MEANINGS = {
+    Backend.JAX: "the Flax NNX twin on JAX (jax_impl)",
+    Backend.TORCH: "the torch.nn twin in eager PyTorch, CPU or CUDA: the ground truth of the PyTorch side (torch_impl)",
+    Backend.TORCH_XLA: "the same torch.nn twin on PyTorch/XLA (torch_xla_impl)",
+    Backend.TORCHAX: "the same torch.nn twin on JAX through torchax (torchax_impl)",
+}
+
+
 class ExitCode(enum.IntEnum):
     """What `python -m compare` and `python -m <backend>` return."""
 

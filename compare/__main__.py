@@ -17,7 +17,7 @@ from pathlib import Path  # noqa: E402
 from common.cli import INPUT_ERRORS, add_run_flags, fail, resolve_spec, run_flags_argv  # noqa: E402
 from common.fsutil import write_json_atomic, write_text_atomic  # noqa: E402
 from common.record import RecordError, read_record, read_tensors  # noqa: E402
-from common.vocab import TRACE_MODE_MEANINGS, BackendStatus, ExitCode, TraceMode, values  # noqa: E402
+from common.vocab import TRACE_MODE_MEANINGS, Backend, BackendStatus, ExitCode, TraceMode, values  # noqa: E402
 from compare.cache import backend_cache_dir, default_cache_dir  # noqa: E402
 from compare.determinism import judge_determinism  # noqa: E402
 from compare.orchestrate import BACKEND_MODULES, Plan, run_all  # noqa: E402
@@ -26,10 +26,16 @@ from compare.render import markdown, print_tables  # noqa: E402
 from compare.report import build_report  # noqa: E402
 from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
 
+BOTH = (Backend.JAX.value, Backend.TORCH_XLA.value)  # `--backend both`, the default
+
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", default="both", help=f"both | {' | '.join(BACKEND_MODULES)} (default both)")
+    parser.add_argument("--backend", default="both",
+                        help=f"both (= {','.join(BOTH)}, the default) | all | a comma list of "
+                             f"{', '.join(BACKEND_MODULES)}")
+    parser.add_argument("--reference", help="the backend every other is judged against (default jax when it "
+                                            "runs, else the first listed)")
     add_run_flags(parser)
     parser.add_argument("--out", type=Path, help="run directory (default runs/compare-<time>)")
     parser.add_argument("--overwrite", action="store_true", help="reuse an --out that already holds a finished run")
@@ -60,11 +66,28 @@ def parse_args(argv):
 
 
 def backends_of(choice: str) -> list[str]:
-    if choice == "both":
-        return list(BACKEND_MODULES)
-    if choice in BACKEND_MODULES:
-        return [choice]
-    fail(f"--backend {choice!r} is unknown; use both, {' or '.join(BACKEND_MODULES)}", ExitCode.USAGE)
+    """`both`, `all`, or a comma list of backend names, in the order given (they run in that order)."""
+    if choice in ("both", "all"):
+        return list(BOTH if choice == "both" else BACKEND_MODULES)
+    names = [n.strip() for n in choice.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BACKEND_MODULES]
+    choices = f"use both, all, or a comma list of {', '.join(BACKEND_MODULES)}"
+    if not names:
+        fail(f"--backend {choice!r} names no backend; {choices}", ExitCode.USAGE)
+    if unknown:
+        fail(f"--backend {choice!r}: {unknown[0]!r} is not a backend; {choices}", ExitCode.USAGE)
+    if len(set(names)) != len(names):
+        fail(f"--backend {choice!r} names a backend twice; list each once", ExitCode.USAGE)
+    return names
+
+
+def reference_of(args, names: list[str]) -> str:
+    if args.reference is None:
+        return Backend.JAX.value if Backend.JAX in names else names[0]
+    if args.reference not in names:
+        fail(f"--reference {args.reference!r} is not among the backends that run ({', '.join(names)}); pick one "
+             "of them or add it to --backend", ExitCode.USAGE)
+    return args.reference
 
 
 def check_inputs(args, names: list[str]):
@@ -83,7 +106,7 @@ def check_inputs(args, names: list[str]):
     for name, path in reuse.items():
         try:
             record = read_record(path)
-            if record.status == BackendStatus.OK and len(names) == 2:
+            if record.status == BackendStatus.OK and len(names) > 1:
                 read_tensors(path, record)
         except RecordError as e:
             fail(f"--{name.replace('_', '-')}-record: {e}", ExitCode.USAGE)
@@ -123,6 +146,7 @@ def _raise_interrupt(signum, frame):
 def main(argv=None) -> int:
     args = parse_args(argv)
     names = backends_of(args.backend)
+    reference = reference_of(args, names)
     spec, policy, reuse = check_inputs(args, names)
     out = prepare_out_dir(args)
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -132,7 +156,7 @@ def main(argv=None) -> int:
     with LiveProgress(not (args.quiet or args.json), spec.train.steps) as live:
         outcome = run_all(plan, live)
     backends_done = time.time()
-    report = build_report(args, spec, policy, names, outcome.runs, out, outcome.interrupted)
+    report = build_report(args, spec, policy, names, reference, outcome.runs, out, outcome.interrupted)
     if args.check_determinism:
         report = judge_determinism(report, outcome.runs, outcome.repeats)
     report["wall_time"] = {"compare_imports_s": main_started - STARTED_AT, "backends_s": backends_done - main_started,

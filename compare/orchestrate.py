@@ -15,10 +15,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.vocab import BackendStatus, ExitCode
+from common.vocab import Backend, BackendStatus, ExitCode
 
 REPO = Path(__file__).resolve().parents[1]
-BACKEND_MODULES = {"jax": "jax_impl", "torch_xla": "torch_xla_impl"}
+BACKEND_MODULES = {Backend.JAX: "jax_impl", Backend.TORCH: "torch_impl", Backend.TORCH_XLA: "torch_xla_impl",
+                   Backend.TORCHAX: "torchax_impl"}
 STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"
 
 

@@ -13,6 +13,31 @@ def _fmt(value, spec: str = ".3g") -> str:
     return str(value)
 
 
+def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """One column per backend judged against the reference, its worst tensors, and every pair's |Δloss|."""
+    parity, ref = report["parity"], report["reference"]
+    others = list(parity)
+    rows = [["verdict"] + ["pass" if parity[n]["passed"] else "fail" for n in others],
+            ["settings compared"] + ["equal" if not parity[n]["setting_differences"]
+                                     else "; ".join(parity[n]["setting_differences"]) for n in others],
+            ["first divergent step"] + [_fmt(parity[n]["first_divergent_step"]) for n in others],
+            ["max |Δloss| over steps"] + [_fmt((parity[n].get("loss") or {}).get("max_abs"), ".3e") for n in others],
+            ["tensors within tolerance"] + [f"{sum(t['within'] for t in parity[n]['tensors'].values())}/"
+                                            f"{len(parity[n]['tensors'])}" for n in others]]
+    out = [(f"Parity against {ref} (the reference): overall {report['verdict']}", ["check", *others], rows)]
+    for name in others:
+        out.append((f"Worst tensors of {name} ({ref} is the reference)",
+                    ["tensor", "kind", "max abs", "max rel", "of tolerance", "within"],
+                    [[w["name"], w["kind"], _fmt(w["abs"], ".3e"), _fmt(w["rel"], ".3e"),
+                      _fmt(w["tolerance_used"], ".1%"), "yes" if w["within"] else "NO"]
+                     for w in parity[name]["worst"][:5]]))
+    pairs = report.get("pairwise_loss") or {}
+    if len(pairs) > 1:
+        out.append(("Max |Δloss| over steps, every pair", ["pair", "max |Δloss|"],
+                    [[pair, _fmt(v, ".3e")] for pair, v in pairs.items()]))
+    return out
+
+
 def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) for each table; the markdown and the terminal both render these."""
     out = []
@@ -21,18 +46,7 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     rows = [["status"] + [f"{b[n]['status']}" + (f" ({b[n]['message']})" if b[n].get("message") else "")
                           for n in names]]
     if report.get("parity"):
-        p = report["parity"]
-        out.append(("Parity", ["check", "result"], [
-            ["verdict", report["verdict"]],
-            ["settings compared", "equal" if not p["setting_differences"] else "; ".join(p["setting_differences"])],
-            ["first divergent step", _fmt(p["first_divergent_step"])],
-            ["max |Δloss| over steps", _fmt((p.get("loss") or {}).get("max_abs"), ".3e")],
-            ["tensors within tolerance", f"{sum(t['within'] for t in p['tensors'].values())}/{len(p['tensors'])}"],
-        ]))
-        out.append(("Worst tensors (JAX is the reference)",
-                    ["tensor", "kind", "max abs", "max rel", "of tolerance", "within"],
-                    [[w["name"], w["kind"], _fmt(w["abs"], ".3e"), _fmt(w["rel"], ".3e"),
-                      _fmt(w["tolerance_used"], ".1%"), "yes" if w["within"] else "NO"] for w in p["worst"]]))
+        out += parity_tables(report)
     tol = report["tolerances"]
     out.append((f"Tolerances ({report['dtype']}, profile {report['tolerance_profile']}): "
                 "|a-b| <= atol + rtol*max|ref|", ["kind", "atol", "rtol"],
@@ -60,7 +74,7 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
               ["MFU"] + [_fmt(b[n].get("mfu"), ".2%") for n in names]]
     out.append(("Step time (warm-up steps excluded)", ["", *names], rows_t))
     wall = lambda n, k: _fmt((b[n].get("wall_breakdown") or {}).get(k), ".2f")  # noqa: E731
-    rows_w = [["torch_xla trace mode"] + [_fmt(b[n].get("trace_mode")) for n in names],
+    rows_w = [["trace mode (torch_xla)"] + [_fmt(b[n].get("trace_mode")) for n in names],
               ["interpreter start + imports (s)"] + [wall(n, "start_and_imports_s") for n in names],
               ["compile (s)"] + [wall(n, "compile_s") for n in names],
               ["steps, synced + pipelined (s)"] + [wall(n, "steps_s") for n in names],

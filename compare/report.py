@@ -6,10 +6,13 @@ report.json keys (schema_version 2):
                           nondeterministic | backend_failed | usage_error | interrupted
   exit_code               what `python -m compare` returned (an ExitCode)
   tolerances              {kind: {atol, rtol}} used for this dtype
-  parity                  null when only one backend ran, else
-    .checked, .comparable, .setting_differences, .intended_differences,
+  backend_names           the backends in the order they ran
+  reference               the backend every other one is judged against (--reference)
+  parity                  null when only one backend ran, else per other backend, against the reference:
+    .<name>.checked, .comparable, .setting_differences, .intended_differences,
     .first_divergent_step (null when none), .loss {max_abs, per_step_abs, steps_compared},
     .tensors {"<group>/<name>": {abs, rel, within, kind}}, .worst [10 worst], .passed
+  pairwise_loss           {"<a> vs <b>": max |Δloss| over the steps} for every pair of backends
   backends.<name>         status (a BackendStatus), message, exit_code, wall_s, record, logs,
     .compiles {setup, loop, steady_state, settle_steps, cache_hits, compile_s, causes},
     .step_ms {median, p10, p90, min, max, n}, .trace_ms (torch_xla), .throughput,
@@ -18,7 +21,7 @@ report.json keys (schema_version 2):
     .wall_breakdown {start_and_imports_s, compile_s, steps_s, other_s, total_s}
   compile_cache           the cache directory compare gave the backends (null with --no-compile-cache)
   wall_time               compare_imports_s, backends_s, report_s, total_s (compare's own process)
-  ratios                  torch_xla / jax for step time, jax / torch_xla for throughput
+  ratios                  per backend over the reference: median step time, pipelined throughput
   determinism             with --check-determinism: per backend {bitwise_equal, max_abs, steps}
 """
 from __future__ import annotations
@@ -35,28 +38,32 @@ from compare.summary import backend_summary, cpu_peak, wall_breakdown
 REPORT_SCHEMA = 2
 
 
-def build_report(args, spec, policy, names: list[str], runs: dict, out: Path, interrupted: bool) -> dict:
+def build_report(args, spec, policy, names: list[str], reference: str, runs: dict, out: Path,
+                 interrupted: bool) -> dict:
     peak = functools.lru_cache(maxsize=1)(functools.partial(cpu_peak, args.compile_cache))
     backends, records, tensors = {}, {}, {}
     for name in names:
-        backends[name], record, tensor_groups = _backend_entry(name, runs.get(name), out, peak, len(names) == 2)
+        backends[name], record, tensor_groups = _backend_entry(name, runs.get(name), out, peak, len(names) > 1)
         if record is not None:
             records[name] = record
         if tensor_groups is not None:
             tensors[name] = tensor_groups
     parity = None
-    if len(names) == 2 and all(n in tensors for n in names):
-        ref, other = names
-        parity = check_parity(records[ref], records[other], tensors[ref], tensors[other], policy,
-                              intended=[o.split("=")[0] for n in names for o in getattr(args, f"{n}_set")])
+    if len(names) > 1 and all(n in tensors for n in names):
+        intended = {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names}
+        parity = {n: check_parity(records[reference], records[n], tensors[reference], tensors[n], policy,
+                                  intended=intended[reference] + intended[n])
+                  for n in names if n != reference}
     status = _status(backends, runs, parity, interrupted)
     code = REPORT_STATUS_EXIT[status]
     report = {
         "schema_version": REPORT_SCHEMA, "verdict": "pass" if code == ExitCode.OK else "fail", "status": status,
         "exit_code": code, "message": _message(status, backends, parity), "run_dir": str(out),
+        "backend_names": names, "reference": reference,
         "spec_name": spec.name, "spec": spec.to_dict(), "dtype": spec.train.dtype,
         "tolerance_profile": args.tolerance_profile, "tolerances": policy, "parity": parity,
-        "backends": backends, "ratios": ratios(backends),
+        "backends": backends, "ratios": ratios(backends, reference),
+        "pairwise_loss": pairwise_loss(records),
         "compile_cache": str(args.compile_cache) if args.compile_cache else None,
         "commands": {n: r.command for n, r in runs.items() if r.command},
     }
@@ -98,9 +105,9 @@ def _status(backends: dict, runs: dict, parity: dict | None, interrupted: bool) 
         return ReportStatus.USAGE_ERROR
     if problems:
         return ReportStatus.BACKEND_FAILED
-    if parity is not None and not parity["comparable"]:
+    if parity is not None and not all(p["comparable"] for p in parity.values()):
         return ReportStatus.NOT_COMPARABLE
-    if parity is not None and not parity["passed"]:
+    if parity is not None and not all(p["passed"] for p in parity.values()):
         return ReportStatus.PARITY_FAILED
     return ReportStatus.OK
 
@@ -108,22 +115,41 @@ def _status(backends: dict, runs: dict, parity: dict | None, interrupted: bool) 
 def _message(status: ReportStatus, backends: dict, parity: dict | None) -> str:
     if status == ReportStatus.NOT_COMPARABLE:
         return "parity not judged: the runs differ in " + "; ".join(
-            d for d in parity["setting_differences"] if d not in parity["intended_differences"])
+            d for p in parity.values() for d in p["setting_differences"] if d not in p["intended_differences"])
     if status == ReportStatus.PARITY_FAILED:
-        worst = parity["worst"][0] if parity["worst"] else None
-        step = parity["first_divergent_step"]
-        return (f"parity failed: first divergent step {step if step is not None else 'none'}; worst tensor "
-                f"{worst['name']} (max abs {worst['abs']}, within={worst['within']})" if worst else "parity failed")
+        return "; ".join(_failure(name, p) for name, p in parity.items() if not p["passed"])
     failed = [f"{n}: {b['status']}: {b['message']}" for n, b in backends.items() if b["status"] != BackendStatus.OK]
     return "; ".join(failed)
 
 
-def ratios(backends: dict) -> dict:
-    jax, torch = backends.get("jax", {}), backends.get("torch_xla", {})
+def _failure(name: str, parity: dict) -> str:
+    worst = parity["worst"][0] if parity["worst"] else None
+    step = parity["first_divergent_step"]
+    where = f"{name}: parity failed: first divergent step {step if step is not None else 'none'}"
+    return where + (f"; worst tensor {worst['name']} (max abs {worst['abs']}, within={worst['within']})"
+                    if worst else "")
+
+
+def ratios(backends: dict, reference: str) -> dict:
+    """Each backend's median synced step and pipelined throughput over the reference's."""
+    ref = backends.get(reference, {})
+    ref_ms, ref_tp = (ref.get("step_ms") or {}).get("median"), (ref.get("throughput") or {}).get("steps_per_s")
     out = {}
-    if (jax.get("step_ms") or {}).get("median") and (torch.get("step_ms") or {}).get("median"):
-        out["step_ms_median_torch_xla_over_jax"] = torch["step_ms"]["median"] / jax["step_ms"]["median"]
-    jt, tt = (jax.get("throughput") or {}).get("steps_per_s"), (torch.get("throughput") or {}).get("steps_per_s")
-    if jt and tt:
-        out["throughput_jax_over_torch_xla"] = jt / tt
+    for name, b in backends.items():
+        ms, tp = (b.get("step_ms") or {}).get("median"), (b.get("throughput") or {}).get("steps_per_s")
+        if name != reference and ms and ref_ms:
+            out[f"step_ms_median_{name}_over_{reference}"] = ms / ref_ms
+        if name != reference and tp and ref_tp:
+            out[f"throughput_{reference}_over_{name}"] = ref_tp / tp
+    return out
+
+
+def pairwise_loss(records: dict) -> dict:
+    """Max |Δloss| over the common steps of every pair of backends (None where a step was non-finite)."""
+    out, names = {}, list(records)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            pairs = zip(records[a].losses, records[b].losses)
+            diffs = [abs(x - y) for x, y in pairs if x is not None and y is not None]
+            out[f"{a} vs {b}"] = max(diffs) if diffs else None
     return out

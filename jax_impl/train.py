@@ -22,47 +22,15 @@ from flax import nnx
 
 from common.data import Batch, make_dataset, shape_changed
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
-from common.spec import RunSpec, TrainSpec
+from common.spec import RunSpec
 from common.vocab import Phase, RecordStatus
 from common.weights import init_params, load_checkpoint
 from jax_impl import convert, sharding
 from jax_impl.instrument import CompileMonitor, hlo_statistics
 from jax_impl.models import build_model
+from jax_impl.optim import make_optimizer
 
 SETTLE_STEPS = 1  # a fixed-shape jitted loop compiles once, at its first step
-
-
-def clip_by_global_norm_like_torch(max_norm: float) -> optax.GradientTransformation:
-    """torch.nn.utils.clip_grad_norm_: scale by min(1, max_norm / (norm + 1e-6)).
-
-    optax.clip_by_global_norm omits the 1e-6, which moves gradients by ~1e-6
-    relative; parity needs the same formula on both sides.
-    """
-    def update(grads, state, params=None):
-        norm = optax.tree.norm(grads)
-        scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
-        return jax.tree.map(lambda g: g * scale.astype(g.dtype), grads), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
-
-
-def lr_schedule(train: TrainSpec):
-    """The spec's lr per step as a table: the same float32 values torch receives."""
-    table = jnp.asarray([train.lr_at(s) for s in range(train.steps)], jnp.float32)
-    return lambda count: table[jnp.minimum(count, train.steps - 1)]
-
-
-def make_optimizer(train: TrainSpec) -> optax.GradientTransformation:
-    """Every hyperparameter passed: optax.adamw's default weight decay (1e-4) is not torch's (0.01)."""
-    parts = [clip_by_global_norm_like_torch(train.grad_clip)] if train.grad_clip > 0 else []
-    schedule = lr_schedule(train)
-    if train.optimizer == "adamw":
-        parts.append(optax.adamw(schedule, b1=train.beta1, b2=train.beta2, eps=train.eps,
-                                 weight_decay=train.weight_decay))
-    else:  # torch SGD: L2 weight decay added to the gradient before momentum
-        parts.append(optax.add_decayed_weights(train.weight_decay))
-        parts.append(optax.sgd(schedule, momentum=train.momentum or None, nesterov=train.nesterov))
-    return optax.chain(*parts)
 
 
 def cross_entropy(logits, targets):

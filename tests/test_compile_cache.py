@@ -57,7 +57,8 @@ def test_compare_uses_the_cache_by_default_and_says_what_torch_xla_did(tmp_path)
     assert "could not load its cached executables" in torch_warm["compile_cache"]["note"]
     for name in ("jax", "torch_xla"):
         assert warm["backends"][name]["losses"] == cold["backends"][name]["losses"]
-    assert "(cached, measured" in jax_warm["peak_source"]  # the CPU peak was measured by the cold run
+    # the CPU peak measured by the cold run is reused, unless this run measured more (then it is replaced)
+    assert "(cached, measured" in jax_warm["peak_source"] or jax_warm["peak_flops"] > jax_cold["peak_flops"]
     assert "| of these, persistent-cache hits |" in (tmp_path / "warm" / "report.md").read_text()
 
 

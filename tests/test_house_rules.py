@@ -16,7 +16,7 @@ import pytest
 from common.vocab import BackendStatus, ExitCode, ReportStatus, TraceMode
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "jax_impl", "torch_impl", "torch_xla_impl", "compare", "benchmarks")
+PACKAGES = ("common", "jax_impl", "torch_impl", "torch_xla_impl", "torchax_impl", "compare", "benchmarks")
 FRAMEWORKS = ("jax", "jaxlib", "flax", "optax", "torch", "torch_xla", "torchax")
 # Which of our packages (and frameworks) each package may import.
 ALLOWED = {
@@ -24,8 +24,12 @@ ALLOWED = {
     "jax_impl": {"common", "jax", "jaxlib", "flax", "optax"},
     "torch_impl": {"common", "torch"},
     "torch_xla_impl": {"common", "torch_impl", "torch", "torch_xla"},
+    # torchax runs torch_impl's models on JAX: it shares the JAX twin's plain-JAX modules (below)
+    "torchax_impl": {"common", "torch_impl", "jax_impl", "torch", "jax", "optax", "torchax"},
     "compare": {"common"},
 }
+# The JAX twin's modules other JAX runtimes may use: they import jax and optax, never flax.
+PLAIN_JAX = {"jax_impl.optim", "jax_impl.sharding", "jax_impl.instrument"}
 
 
 def _module_name(path: Path) -> str:
@@ -114,6 +118,25 @@ def test_packages_import_only_what_they_run_on():
             if (top in PACKAGES or top in FRAMEWORKS) and top != package and top not in ALLOWED[package]:
                 bad.append(f"{module} imports {target}")
     assert not bad, bad
+
+
+def test_other_runtimes_use_only_the_plain_jax_modules_of_the_jax_twin():
+    graph = import_graph()
+    used = {t.rsplit(".", 1)[0] if t not in graph else t for m, ts in graph.items() if m.startswith("torchax_impl")
+            for t in ts if t.startswith("jax_impl")}
+    assert used and used <= PLAIN_JAX | {"jax_impl"}, used
+    for module in PLAIN_JAX:
+        assert not any(t.split(".")[0] == "flax" for t in graph[module]), module
+
+
+@pytest.mark.parametrize("module, absent", [("torch_impl.train", ("torch_xla", "jax", "flax")),
+                                            ("torchax_impl.train", ("torch_xla", "flax")),
+                                            ("jax_impl.train", ("torch", "torch_xla"))])
+def test_a_backend_loads_only_what_it_runs_on(module, absent):
+    code = f"import sys, {module}; print(','.join(m for m in {absent!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == ""
 
 
 def test_importing_common_leaves_frameworks_out():

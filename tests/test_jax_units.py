@@ -10,7 +10,7 @@ def test_optimizer_matches_torch_semantics():
     """SGD weight decay is L2 before momentum; the clip uses torch's +1e-6."""
     import jax.numpy as jnp
 
-    from jax_impl.train import make_optimizer
+    from jax_impl.optim import make_optimizer
 
     spec = load_spec("mlp-tiny", ["train.optimizer=sgd", "train.lr=0.1", "train.momentum=0.9",
                                   "train.weight_decay=0.5", "train.grad_clip=0"]).train

@@ -67,7 +67,12 @@ time.sleep(600)
 # 1-3: usage and spec errors -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
-    (["--backend", "mxnet"], "--backend 'mxnet' is unknown; use both, jax or torch_xla"),
+    (["--backend", "mxnet"], "--backend 'mxnet': 'mxnet' is not a backend; use both, all, or a comma list of jax, "
+                             "torch, torch_xla, torchax"),
+    (["--backend", "jax,torch,jax"], "--backend 'jax,torch,jax' names a backend twice"),
+    (["--backend", " , "], "names no backend"),
+    (["--backend", "torch,torchax", "--reference", "jax"],
+     "--reference 'jax' is not among the backends that run (torch, torchax)"),
     (["--spec", "gpt-huge"], "unknown spec 'gpt-huge'"),
     (["--spec", "/nonexistent/run.toml"], "cannot read spec file /nonexistent/run.toml"),
     (["--set", "model.widht=3"], "unknown key model.widht"),
@@ -99,7 +104,8 @@ def test_a_mesh_larger_than_the_platform_is_refused(backend, env, tmp_path):
 
 # 4: a framework missing from the interpreter given ---------------------------------------------------
 
-def test_a_framework_missing_from_the_given_interpreter(tmp_path):
+@pytest.mark.parametrize("backend, extra", [("torch_xla", "torch-xla"), ("torchax", "torchax"), ("torch", "torch-xla")])
+def test_a_framework_missing_from_the_given_interpreter(backend, extra, tmp_path):
     base = Path(sys.base_prefix) / "bin" / "python3"
     probe = subprocess.run([str(base), "-c", "import numpy, importlib.util as u; "
                             "print(u.find_spec('torch') is None and u.find_spec('jax') is None)"],
@@ -107,13 +113,15 @@ def test_a_framework_missing_from_the_given_interpreter(tmp_path):
     if probe.stdout.strip() != "True":
         pytest.skip("needs a base interpreter with numpy and without torch and jax")
     out = tmp_path / "run"
-    proc = compare("--out", str(out), "--spec", "mlp-tiny", "--steps", "3", "--torch-xla-python", str(base))
+    flag = backend.replace("_", "-")
+    proc = compare("--out", str(out), "--spec", "mlp-tiny", "--steps", "3", "--backend", f"jax,{backend}",
+                   f"--{flag}-python", str(base))
     assert proc.returncode == 2
     report = report_of(out)
-    torch = report["backends"]["torch_xla"]
-    assert torch["status"] == "usage_error"
-    assert "needs torch, which is not installed in" in torch["message"]
-    assert "pip install -e '.[torch-xla]'" in torch["message"] and "--torch-xla-python" in torch["message"]
+    entry = report["backends"][backend]
+    assert entry["status"] == "usage_error"
+    assert f"the {backend} backend needs torch, which is not installed in" in entry["message"]
+    assert f"pip install -e '.[{extra}]'" in entry["message"] and f"--{flag}-python" in entry["message"]
     assert report["backends"]["jax"]["status"] == "ok"  # the other side still ran and is reported
 
 

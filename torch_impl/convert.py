@@ -65,13 +65,19 @@ def to_state_dict(canonical: dict[str, np.ndarray], model_spec) -> dict[str, tor
 
 
 def to_canonical(state: dict[str, torch.Tensor], model_spec) -> dict[str, np.ndarray]:
-    """A state_dict (or {parameter name: gradient}) on any device -> {canonical name: numpy array}."""
+    """A state_dict (or {parameter name: gradient}) of torch tensors on any device, or of arrays keyed
+    by the same names -> {canonical name: numpy array}."""
     out = {}
     for name, info in param_infos(model_spec).items():
         key = _torch_name(name)
         if key not in state:
             raise KeyError(f"state_dict has no {key} for canonical {name}")
-        value = state[key].detach().to("cpu", torch.float32).numpy()
+        value = state[key]
+        if isinstance(value, torch.Tensor):
+            value = value.detach().to("cpu", torch.float32).numpy()
+        # a copy: on the CPU `.to("cpu")` and `.numpy()` share the live parameter's memory, which the
+        # next optimizer step overwrites in place
+        value = np.array(value, np.float32)
         if key.endswith((".qkv.weight", ".qkv.bias")):
             d = value.shape[0] // 3
             i = QKV.index(name.split(".")[-2])

@@ -1,11 +1,25 @@
-"""The pieces of a torch train step every torch runtime shares (the twin of `jax_impl/train.py`'s
-`make_optimizer` and `cross_entropy`): optimizer from the spec, loss, lr schedule, gradient clip."""
+"""Torch training: the step pieces every torch runtime shares (optimizer from the spec, loss, lr
+schedule, gradient clip: the twins of `jax_impl/train.py`'s), and the eager PyTorch runtime itself
+(`TorchTrainer`, `run`), which the `torch` backend runs and every port is checked against."""
 from __future__ import annotations
 
+import contextlib
+import copy
+import time
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-from common.spec import TrainSpec
+from common.data import make_dataset, shape_changed
+from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
+from common.spec import RunSpec, TrainSpec
+from common.vocab import RecordStatus
+from common.weights import init_params, load_checkpoint
+from torch_impl.convert import load_canonical, to_canonical
+from torch_impl.models import build_model
 
 
 def make_optimizer(params, train: TrainSpec) -> torch.optim.Optimizer:
@@ -32,3 +46,146 @@ def clip_gradients(parameters, train: TrainSpec) -> None:
     """Global-norm clip, torch's formula: scale by min(1, max_norm / (norm + 1e-6)); 0 turns it off."""
     if train.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(parameters, train.grad_clip)
+
+
+# ---- The eager PyTorch runtime (`python -m torch_impl`): the ground truth of the PyTorch side ----
+
+SETTLE_STEPS = 0  # eager PyTorch compiles nothing: every step is the same Python running the same kernels
+BF16_POLICY = "float32 params and optimizer state, torch.autocast(bfloat16) forward, float32 loss"
+MATMUL_PRECISION = {"highest": "highest", "high": "high", "default": "highest"}  # torch's own default: highest
+
+
+def device_for_this_machine() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def wait(device: torch.device) -> None:
+    """The host waits for the device (CUDA runs asynchronously; the CPU already has)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class TorchTrainer:
+    """Model, optimizer and batches of one spec, eagerly, on this machine's device."""
+
+    def __init__(self, spec: RunSpec, checkpoint: Path | None = None, shape_change_step: int | None = None,
+                 device: torch.device | None = None):
+        self.spec, self.device, self.shape_change_step = spec, device or device_for_this_machine(), shape_change_step
+        canonical = load_checkpoint(checkpoint, spec.model) if checkpoint else init_params(spec.model, spec.train.seed)
+        self.model = load_canonical(build_model(spec.model), canonical, spec.model).to(self.device)
+        self.optimizer = make_optimizer(self.model.parameters(), spec.train)
+        self.data = make_dataset(spec)
+        bf16 = spec.train.dtype == "bfloat16"
+        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 \
+            else contextlib.nullcontext
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = shape_changed(self.data.global_batch(step), step, self.shape_change_step)
+        return (torch.from_numpy(batch.inputs).to(self.device), torch.from_numpy(batch.targets).to(self.device))
+
+    def loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.autocast():
+            logits = self.model(inputs)
+        return cross_entropy(logits, targets), logits
+
+    def step(self, step: int, inputs, targets) -> torch.Tensor:
+        set_lr(self.optimizer, self.spec.train, step)
+        loss, _ = self.loss(inputs, targets)
+        loss.backward()
+        clip_gradients(self.model.parameters(), self.spec.train)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def step0_tensors(self, inputs, targets) -> dict[str, dict[str, np.ndarray]]:
+        """Parity tensors before any update: logits and loss of the batch, and every gradient (canonical)."""
+        loss, logits = self.loss(inputs, targets)
+        loss.backward()
+        grads = {name: p.grad for name, p in self.model.named_parameters()}
+        out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
+               "grads": to_canonical(grads, self.spec.model)}
+        self.optimizer.zero_grad(set_to_none=True)
+        return out
+
+    def canonical_params(self) -> dict[str, np.ndarray]:
+        return to_canonical(self.model.state_dict(), self.spec.model)
+
+    def matmul_flops(self, inputs, targets) -> float:
+        """Matmul and convolution flops of one forward + backward, counted by torch (FlopCounterMode),
+        on a copy: the count is of the step compare times, without touching the trained model."""
+        model = copy.deepcopy(self.model)
+        with FlopCounterMode(display=False) as counter:
+            with self.autocast():
+                loss = cross_entropy(model(inputs), targets)
+            loss.backward()
+        return float(counter.get_total_flops())
+
+
+def timed_step(trainer: TorchTrainer, step: int, inputs, targets) -> tuple[float, float]:
+    """One loop step: (loss on the host, synced wall ms). The benchmark times this same function."""
+    start = time.perf_counter()
+    loss = trainer.step(step, inputs, targets)
+    value = loss.item()  # waits for the device
+    wait(trainer.device)
+    return value, (time.perf_counter() - start) * 1e3
+
+
+def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
+        throughput_steps: int | None = None, shape_change_step: int | None = None,
+        progress=None) -> tuple[RunRecord, dict]:
+    """Train `spec` eagerly; returns its record and the parity tensors (the caller writes both)."""
+    timeline = {"ready": time.time()}
+    precision = MATMUL_PRECISION[spec.train.matmul_precision]
+    if torch.get_float32_matmul_precision() != precision:  # (the call warns even when it changes nothing)
+        torch.set_float32_matmul_precision(precision)
+    trainer = TorchTrainer(spec, checkpoint, shape_change_step)
+    tensors = trainer.step0_tensors(*trainer.batch(0)) if parity else {}
+    record = _new_record(spec, trainer.device)
+    timeline["loop_start"] = time.time()
+    for step in range(spec.train.steps):
+        value, wall_ms = timed_step(trainer, step, *trainer.batch(step))
+        if progress:
+            progress(step, value, wall_ms)
+        if not record.add_step(step, value, wall_ms):
+            break
+    if record.status == RecordStatus.OK:
+        if parity:
+            tensors["params"] = trainer.canonical_params()
+        record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
+    timeline["loop_end"] = time.time()
+    if record.status == RecordStatus.OK:
+        record.flops_per_step = trainer.matmul_flops(*trainer.batch(0))
+        record.flops_source = "torch.utils.flop_counter.FlopCounterMode over one forward + backward"
+    record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
+    return record, tensors
+
+
+def _pipelined_throughput(trainer: TorchTrainer, spec: RunSpec, steps: int | None) -> dict:
+    """K more steps with one wait at the end (on the CPU every op already waits: equal to synced)."""
+    steps = spec.train.steps if steps is None else steps
+    if steps <= 0:
+        return {}
+    batches = [trainer.batch(spec.train.steps + i) for i in range(steps)]  # on the device before the clock
+    wait(trainer.device)
+    start = time.perf_counter()
+    for i, (inputs, targets) in enumerate(batches):
+        trainer.step(spec.train.steps + i, inputs, targets)
+    wait(trainer.device)
+    return throughput_summary(spec, steps, time.perf_counter() - start)
+
+
+def _new_record(spec: RunSpec, device: torch.device) -> RunRecord:
+    kind = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return RunRecord(
+        backend="torch", spec=spec.to_dict(), versions=package_versions("torch"),
+        platform={**host_platform(), "device_platform": device.type, "device_kind": kind, "device_count": 1,
+                  "process_count": 1},
+        numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
+                  "torch_float32_matmul_precision": torch.get_float32_matmul_precision(), "bf16_policy": BF16_POLICY,
+                  "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
+                  "weight_decay_applies_to": "all parameters", "env": numerics_env()},
+        settle_steps=SETTLE_STEPS,
+        extra={"compiles": "none: eager PyTorch runs op by op and compiles nothing, so it has no compile counts "
+                           "or recompile causes", "step_api": "loss.backward(), clip_grad_norm_, optimizer.step()",
+               "mesh_strategy": spec.mesh.strategy},
+    )

@@ -1,0 +1,42 @@
+"""optax with PyTorch's semantics, built from the spec: every JAX runtime trains with it (the JAX twin
+and torchax, which runs the torch model on JAX). Imports jax and optax only, never flax."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from common.spec import TrainSpec
+
+
+def clip_by_global_norm_like_torch(max_norm: float) -> optax.GradientTransformation:
+    """torch.nn.utils.clip_grad_norm_: scale by min(1, max_norm / (norm + 1e-6)).
+
+    optax.clip_by_global_norm omits the 1e-6, which moves gradients by ~1e-6
+    relative; parity needs the same formula on both sides.
+    """
+    def update(grads, state, params=None):
+        norm = optax.tree.norm(grads)
+        scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+        return jax.tree.map(lambda g: g * scale.astype(g.dtype), grads), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def lr_schedule(train: TrainSpec):
+    """The spec's lr per step as a table: the same float32 values torch receives."""
+    table = jnp.asarray([train.lr_at(s) for s in range(train.steps)], jnp.float32)
+    return lambda count: table[jnp.minimum(count, train.steps - 1)]
+
+
+def make_optimizer(train: TrainSpec) -> optax.GradientTransformation:
+    """Every hyperparameter passed: optax.adamw's default weight decay (1e-4) is not torch's (0.01)."""
+    parts = [clip_by_global_norm_like_torch(train.grad_clip)] if train.grad_clip > 0 else []
+    schedule = lr_schedule(train)
+    if train.optimizer == "adamw":
+        parts.append(optax.adamw(schedule, b1=train.beta1, b2=train.beta2, eps=train.eps,
+                                 weight_decay=train.weight_decay))
+    else:  # torch SGD: L2 weight decay added to the gradient before momentum
+        parts.append(optax.add_decayed_weights(train.weight_decay))
+        parts.append(optax.sgd(schedule, momentum=train.momentum or None, nesterov=train.nesterov))
+    return optax.chain(*parts)

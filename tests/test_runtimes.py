@@ -1,0 +1,51 @@
+"""The newer runtimes of the same torch model: eager PyTorch (`torch`) and torchax, each run alone."""
+import numpy as np
+import pytest
+
+from common.hlo import matmul_flops
+from common.record import read_tensors
+from tests.helpers import max_loss_diff, run_cli, train
+
+pytestmark = pytest.mark.slow
+
+
+def test_eager_torch_says_it_compiles_nothing_and_counts_its_flops(tmp_path):
+    rec = train("torch_impl", tmp_path / "torch", "--spec", "mlp-tiny", "--steps", "6", "--parity")
+    jax = train("jax_impl", tmp_path / "jax", "--spec", "mlp-tiny", "--steps", "6", "--parity")
+    assert rec.backend == "torch" and rec.status == "ok" and len(rec.steps) == 6
+    assert rec.compile_events == [] and rec.settle_steps == 0
+    assert rec.extra["compiles"].startswith("none: eager PyTorch")
+    # torch's FlopCounterMode and the JAX twin's HLO agree on a step's matmul flops: forward, and backward
+    # twice over except the first layer's input gradient, which nobody needs
+    expected = 2 * 128 * (2 * 784 * 256 + 3 * 256 * 256 + 3 * 256 * 10)
+    assert rec.flops_per_step == matmul_flops((tmp_path / "jax" / "train_step.hlo.txt").read_text()) == expected
+    assert max_loss_diff(rec, jax) < 1e-5
+    tensors, jax_tensors = read_tensors(tmp_path / "torch", rec), read_tensors(tmp_path / "jax", jax)
+    for name, value in jax_tensors["params"].items():  # the final parameters, not the ones after throughput
+        assert np.max(np.abs(tensors["params"][name] - value)) < 1e-4, name
+
+
+def test_eager_torch_refuses_a_mesh_in_one_line(tmp_path):
+    proc = run_cli("torch_impl", "--spec", "mlp-tiny", "--mesh", "data=2", "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: the torch backend runs eagerly on one device")
+
+
+def test_torchax_on_a_mesh_matches_its_single_device_run(tmp_path):
+    args = ("--spec", "gpt-tiny", "--steps", "6")
+    single = train("torchax_impl", tmp_path / "single", *args)
+    meshed = train("torchax_impl", tmp_path / "mesh", *args, "--mesh", "data=2,tensor=2")
+    assert meshed.platform["device_count"] == 4 and meshed.extra["mesh_strategy"] == "dpxtp"
+    assert max_loss_diff(single, meshed) <= 1e-5
+    for rec in (single, meshed):
+        loop = [e for e in rec.compile_events if e.phase == "loop"]
+        assert [e.step for e in loop] == [0]  # compiles at step 0, never again: 0 steady-state recompiles
+    text = (tmp_path / "mesh" / meshed.hlo_stats["hlo_file"]).read_text()
+    assert "all-reduce" in text  # the tensor-parallel layout really runs with collectives
+
+
+def test_torchax_recompile_is_seen_with_its_cause(tmp_path):
+    rec = train("torchax_impl", tmp_path, "--spec", "mlp-tiny", "--steps", "5", "--shape-change-step", "3")
+    steady = [e for e in rec.compile_events if e.phase == "loop" and e.step >= rec.settle_steps]
+    assert [e.step for e in steady] == [3]
+    assert "now f32[64,784] and before f32[128,784]" in rec.recompile_causes[0]["cause"]

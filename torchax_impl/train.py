@@ -1,0 +1,183 @@
+"""The torchax train loop: torch_impl's nn.Module on JAX, one jitted step with donation, timing.
+
+`torchax.extract_jax(model)` gives the module's weights as JAX arrays keyed by
+state_dict names and a JAX function that runs its `forward` (torch code,
+traced through torchax's JAX lowering of every aten op). The loss is
+torch_impl's `cross_entropy`, also run through torchax (`interop.call_torch`).
+
+Optimizer: optax with torch's semantics (`jax_impl.optim`, the JAX twin's),
+applied to the extracted weights inside the jitted step. This is torchax's
+own training recipe (`torchax.train.make_train_step` takes an optax
+optimizer): `torch.optim` mutates parameters in place from Python, which a
+jitted pure step cannot trace, and running it eagerly through torchax would
+dispatch op by op. Recorded as `extra.optimizer`.
+
+bf16 policy (train.dtype=bfloat16): float32 weights and optimizer state,
+forward under `torchax.amp.autocast(bfloat16)` (torch's autocast op table),
+float32 loss.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import torch
+import torchax
+from torchax import interop
+
+from common.data import Batch, make_dataset, shape_changed
+from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
+from common.spec import RunSpec
+from common.vocab import Phase, RecordStatus
+from common.weights import init_params, load_checkpoint
+from jax_impl import sharding
+from jax_impl.instrument import CompileMonitor, hlo_statistics
+from jax_impl.optim import make_optimizer
+from torch_impl.convert import load_canonical, to_canonical
+from torch_impl.models import build_model
+from torch_impl.train import cross_entropy
+from torchax_impl.sharding import param_shardings
+
+SETTLE_STEPS = 1  # one jitted step: it compiles at step 0 and never again
+
+
+class TorchaxTrainer:
+    """The extracted weights, optimizer state and jitted functions of one spec."""
+
+    def __init__(self, spec: RunSpec, mesh, checkpoint: Path | None = None):
+        self.spec, self.mesh = spec, mesh
+        canonical = load_checkpoint(checkpoint, spec.model) if checkpoint else init_params(spec.model, spec.train.seed)
+        model = load_canonical(build_model(spec.model), canonical, spec.model)
+        weights, self.forward_fn = torchax.extract_jax(model)
+        shardings = param_shardings(spec.model, spec.mesh, mesh)
+        self.params = {k: jax.device_put(v, shardings[k]) for k, v in weights.items()}
+        self.tx = make_optimizer(spec.train)
+        # optimizer moments placed like their weights, counters replicated (as in the JAX twin)
+        param_placement = {k: v.sharding for k, v in self.params.items()}
+        opt_placement = optax.tree_utils.tree_map_params(
+            self.tx, lambda _, s: s, jax.eval_shape(self.tx.init, self.params), param_placement,
+            transform_non_params=lambda _: sharding.replicated(mesh))
+        self.opt_state = jax.jit(self.tx.init, out_shardings=opt_placement)(self.params)
+        self.train_step = jax.jit(self._train_step, donate_argnums=(0, 1),
+                                  out_shardings=(param_placement, opt_placement, sharding.replicated(mesh)))
+        self.forward = jax.jit(self._forward)
+        self.loss_and_grads = jax.jit(jax.value_and_grad(self._loss))
+        bf16 = spec.train.dtype == "bfloat16"
+        self.autocast = (lambda: torchax.amp.autocast("jax", torch.bfloat16)) if bf16 else contextlib.nullcontext
+
+    def _forward(self, params, inputs):
+        with self.autocast():
+            return self.forward_fn(params, (inputs,))
+
+    def _loss(self, params, batch: Batch):
+        return interop.call_torch(cross_entropy, self._forward(params, batch.inputs), batch.targets)
+
+    def _train_step(self, params, opt_state, batch: Batch):
+        loss, grads = jax.value_and_grad(self._loss)(params, batch)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def step(self, batch: Batch):
+        self.params, self.opt_state, loss = self.train_step(self.params, self.opt_state, batch)
+        return loss
+
+    def canonical_params(self) -> dict[str, np.ndarray]:
+        return to_canonical({k: sharding.to_host(v) for k, v in self.params.items()}, self.spec.model)
+
+    def step0_tensors(self, batch: Batch) -> dict[str, dict[str, np.ndarray]]:
+        """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
+        logits = self.forward(self.params, batch.inputs)
+        loss, grads = self.loss_and_grads(self.params, batch)
+        return {"outputs": {"logits": sharding.to_host(logits), "loss": np.asarray(sharding.to_host(loss))},
+                "grads": to_canonical({k: sharding.to_host(v) for k, v in grads.items()}, self.spec.model)}
+
+
+def timed_step(trainer: TorchaxTrainer, monitor: CompileMonitor, step: int, batch: Batch) -> tuple[float, float]:
+    """One instrumented loop step: (loss on the host, synced wall ms). The benchmark times this same function."""
+    monitor.at(Phase.LOOP, step)
+    start = time.perf_counter()
+    loss = trainer.step(batch)
+    loss.block_until_ready()
+    wall_ms = (time.perf_counter() - start) * 1e3
+    return sharding.scalar_to_host(loss), wall_ms
+
+
+def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
+        throughput_steps: int | None = None, shape_change_step: int | None = None,
+        monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
+    """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
+    timeline = {"ready": time.time()}
+    # cross_entropy casts the targets to torch's index dtype, int64; JAX without x64 keeps int32 (every
+    # class and token id fits) and would warn at each trace
+    warnings.filterwarnings("ignore", message="Explicitly requested dtype int64", category=UserWarning)
+    if spec.train.matmul_precision != "default":
+        jax.config.update("jax_default_matmul_precision", spec.train.matmul_precision)
+    mesh = sharding.make_mesh(spec.mesh)
+    data = make_dataset(spec)
+    trainer = TorchaxTrainer(spec, mesh, checkpoint)
+    put = lambda step: sharding.put_batch(shape_changed(data.global_batch(step), step, shape_change_step),  # noqa: E731
+                                          spec.mesh, mesh)
+    tensors = trainer.step0_tensors(put(0)) if parity else {}
+    record = _new_record(spec)
+    timeline["loop_start"] = time.time()
+    for step in range(spec.train.steps):
+        value, wall_ms = timed_step(trainer, monitor, step, put(step))
+        if progress:
+            progress(step, value, wall_ms)
+        if not record.add_step(step, value, wall_ms):
+            break
+    monitor.at(Phase.LOOP, spec.train.steps)
+    if record.status == RecordStatus.OK:
+        if parity:
+            tensors["params"] = trainer.canonical_params()
+        record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps)
+    timeline["loop_end"] = time.time()
+    if record.status == RecordStatus.OK:
+        monitor.paused = True  # the analysis compile below is not part of training
+        record.hlo_stats = hlo_statistics(trainer.train_step, (trainer.params, trainer.opt_state, put(0)),
+                                          out_dir / "train_step.hlo.txt")
+        monitor.paused = False
+    record.compile_events, record.recompile_causes = list(monitor.events), list(monitor.causes)
+    record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
+    return record, tensors
+
+
+def _pipelined_throughput(trainer: TorchaxTrainer, spec: RunSpec, put, steps: int | None) -> dict:
+    """K more steps dispatched back to back, one wait at the end (state is discarded after)."""
+    steps = spec.train.steps if steps is None else steps
+    if steps <= 0:
+        return {}
+    batches = [put(spec.train.steps + i) for i in range(steps)]
+    jax.block_until_ready(batches)
+    start = time.perf_counter()
+    for batch in batches:
+        loss = trainer.step(batch)
+    loss.block_until_ready()
+    return throughput_summary(spec, steps, time.perf_counter() - start)
+
+
+def _new_record(spec: RunSpec) -> RunRecord:
+    devices = jax.devices()
+    return RunRecord(
+        backend="torchax", spec=spec.to_dict(),
+        versions=package_versions("torch", "torchax", "jax", "jaxlib", "optax"),
+        platform={**host_platform(), "device_platform": devices[0].platform, "device_kind": devices[0].device_kind,
+                  "device_count": len(devices), "process_count": jax.process_count()},
+        numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
+                  "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+                  "bf16_policy": "float32 weights and optimizer state, torchax.amp.autocast(bfloat16) forward, "
+                                 "float32 loss",
+                  "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
+                  "weight_decay_applies_to": "all parameters", "env": numerics_env()},
+        settle_steps=SETTLE_STEPS,
+        extra={"optimizer": "optax with torch's semantics (jax_impl.optim) on the extracted weights, inside the "
+                            "jitted step: torchax's own training recipe; torch.optim's in-place Python updates "
+                            "cannot be traced into one jitted step",
+               "step_api": "jax.jit(value_and_grad over torchax.extract_jax weights + optax, donated)",
+               "mesh_strategy": spec.mesh.strategy},
+    )
