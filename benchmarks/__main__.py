@@ -1,8 +1,9 @@
 """python -m benchmarks: is the toolkit as fast as the frameworks, and what does a comparison cost?
 
-1. Per backend and preset, in one subprocess each, interleaved side by side:
-   the toolkit's step vs a minimal hand-written loop; instrumented vs
-   uninstrumented; for torch_xla the three trace modes.
+1. Per backend (jax, torch_xla, eager torch, torchax) and preset, in one
+   subprocess each, interleaved side by side: the toolkit's step vs a minimal
+   hand-written loop; instrumented vs uninstrumented; for torch_xla the three
+   trace modes.
 2. Per preset, whole runs repeated `--repeats` times: `python -m compare
    --backend both` (synced vs pipelined step, compile time, steady-state
    recompiles, MFU, peak RSS; for gpt-tiny, the default command, its wall
@@ -45,7 +46,7 @@ def overhead(backend: str, preset: str, rounds: int, *flags: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default="mlp-tiny,cnn-digits,gpt-tiny")
-    parser.add_argument("--backends", default="jax,torch_xla", help="for the step benchmarks")
+    parser.add_argument("--backends", default="jax,torch_xla,torch,torchax", help="for the step benchmarks")
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds of the step benchmarks")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of every whole run")
     parser.add_argument("--skip-runs", action="store_true", help="only the step benchmarks")

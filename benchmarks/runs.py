@@ -17,9 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PRESET = "gpt-tiny"  # what `python -m compare --backend both` runs
 
 
-def _timed(cmd: list[str], what: str) -> float:
+def timed(cmd: list[str], what: str, cwd: Path = REPO) -> float:
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{what}: exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
     return time.perf_counter() - start
@@ -32,7 +32,7 @@ def compare_run(preset: str, out: Path, cache: Path) -> dict:
            "--compile-cache", str(cache)]
     if preset != DEFAULT_PRESET:
         cmd += ["--spec", preset]
-    wall = _timed(cmd, f"compare {preset}")
+    wall = timed(cmd, f"compare {preset}")
     report = json.loads((out / "report.json").read_text())
     figures = {name: _figures(b) for name, b in report["backends"].items()}
     return {"process_wall_s": wall, "verdict": report["verdict"], "wall_time": report["wall_time"],
@@ -42,7 +42,7 @@ def compare_run(preset: str, out: Path, cache: Path) -> dict:
 def mode_run(preset: str, mode: str, out: Path) -> dict:
     """The torch_xla backend alone in trace mode `mode`."""
     cmd = [sys.executable, "-m", "torch_xla_impl", "--spec", preset, "--trace-mode", mode, "--out", str(out)]
-    _timed(cmd, f"torch_xla {preset} --trace-mode {mode}")
+    timed(cmd, f"torch_xla {preset} --trace-mode {mode}")
     record = read_record(out)
     step_ms, trace_ms = step_times(record)
     compiles = compile_summary(record)

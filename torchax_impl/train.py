@@ -12,13 +12,12 @@ optimizer): `torch.optim` mutates parameters in place from Python, which a
 jitted pure step cannot trace, and running it eagerly through torchax would
 dispatch op by op. Recorded as `extra.optimizer`.
 
-bf16 policy (train.dtype=bfloat16): float32 weights and optimizer state,
-forward under `torchax.amp.autocast(bfloat16)` (torch's autocast op table),
-float32 loss.
+float32 only: torchax 0.0.13's autocast (`torchax.amp.autocast`) casts
+`torch.matmul` to bfloat16 but leaves `F.linear` in float32 (measured), so a
+bfloat16 run would silently compute in float32; `__main__` refuses it.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 from pathlib import Path
@@ -26,7 +25,6 @@ from pathlib import Path
 import jax
 import numpy as np
 import optax
-import torch
 import torchax
 from torchax import interop
 
@@ -67,12 +65,8 @@ class TorchaxTrainer:
                                   out_shardings=(param_placement, opt_placement, sharding.replicated(mesh)))
         self.forward = jax.jit(self._forward)
         self.loss_and_grads = jax.jit(jax.value_and_grad(self._loss))
-        bf16 = spec.train.dtype == "bfloat16"
-        self.autocast = (lambda: torchax.amp.autocast("jax", torch.bfloat16)) if bf16 else contextlib.nullcontext
-
     def _forward(self, params, inputs):
-        with self.autocast():
-            return self.forward_fn(params, (inputs,))
+        return self.forward_fn(params, (inputs,))
 
     def _loss(self, params, batch: Batch):
         return interop.call_torch(cross_entropy, self._forward(params, batch.inputs), batch.targets)
@@ -170,8 +164,7 @@ def _new_record(spec: RunSpec) -> RunRecord:
                   "device_count": len(devices), "process_count": jax.process_count()},
         numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
                   "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-                  "bf16_policy": "float32 weights and optimizer state, torchax.amp.autocast(bfloat16) forward, "
-                                 "float32 loss",
+                  "bf16_policy": "refused: torchax 0.0.13's autocast leaves F.linear in float32",
                   "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
                   "weight_decay_applies_to": "all parameters", "env": numerics_env()},
         settle_steps=SETTLE_STEPS,

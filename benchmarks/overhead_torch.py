@@ -1,0 +1,62 @@
+"""The toolkit's eager PyTorch train step vs a minimal hand-written loop (interleaved side by side).
+
+- `minimal`: what a PyTorch user writes: zero_grad, forward, cross-entropy, backward, clip_grad_norm_,
+  optimizer.step(), the loss read with `.item()`;
+- `toolkit`: the loop body `compare` runs (`torch_impl.train.timed_step`: the lr of the step set on the
+  param groups, the same pieces, the timing).
+Eager PyTorch has no instrumentation to take out (it compiles nothing): `uninstrumented` is the
+trainer's step with the loss read and no timing.
+Prints one JSON line. Run: python -m benchmarks.overhead_torch --spec mlp-tiny
+"""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from benchmarks.timing import interleaved, parse_args, ratio, summarize
+from common.presets import load_spec
+from common.weights import init_params
+from torch_impl.convert import load_canonical
+from torch_impl.models import build_model
+from torch_impl.train import TorchTrainer, cross_entropy, make_optimizer, timed_step
+
+
+def minimal_loop(spec, inputs, targets):
+    model = load_canonical(build_model(spec.model), init_params(spec.model, spec.train.seed), spec.model)
+    optimizer = make_optimizer(model.parameters(), spec.train)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = cross_entropy(model(inputs), targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.train.grad_clip)
+        optimizer.step()
+        loss.item()
+
+    return step
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    spec = load_spec(args.spec)
+    trainer = TorchTrainer(spec)
+    inputs, targets = trainer.batch(0)
+    counter = iter(range(10 ** 9))
+    candidates = {
+        "minimal": minimal_loop(spec, inputs, targets),
+        "toolkit": lambda: timed_step(trainer, next(counter) % spec.train.steps, inputs, targets),
+        "uninstrumented": lambda: trainer.step(0, inputs, targets).item(),
+    }
+    for step in candidates.values():  # warm up (allocator, thread pool) outside the measurement
+        for _ in range(3):
+            step()
+    samples = interleaved(candidates, args.rounds, args.steps_per_round)
+    print(json.dumps({"backend": "torch", "spec": args.spec, "step_ms": summarize(samples), "ratios": {
+        "toolkit_over_minimal": ratio(samples, "toolkit", "minimal"),
+        "instrumented_over_uninstrumented": ratio(samples, "toolkit", "uninstrumented")},
+        "compiles_while_timed": 0}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The toolkit's torchax train step vs a minimal hand-written loop, and vs itself without instrumentation.
+
+- `minimal`: what a torchax user writes, after torchax's own recipe: `torchax.extract_jax(model)`, a
+  loss through `interop.call_torch`, optax, one `jax.jit` step with donation, the loss read with
+  `float()`;
+- `toolkit`: the loop body `compare` runs (`torchax_impl.train.timed_step`) with JAX's compile
+  listeners and cache-miss logging installed;
+- `uninstrumented`: the same trainer's step and loss on the host, listeners removed, no timing.
+Prints one JSON line. Run: python -m benchmarks.overhead_torchax --spec mlp-tiny
+"""
+from __future__ import annotations
+
+import json
+
+import jax
+import optax
+import torchax
+from torchax import interop
+
+from benchmarks.timing import interleaved, parse_args, ratio, summarize
+from common.data import make_dataset
+from common.presets import load_spec
+from common.weights import init_params
+from jax_impl import sharding
+from jax_impl.instrument import CompileMonitor
+from jax_impl.optim import make_optimizer
+from torch_impl.convert import load_canonical
+from torch_impl.models import build_model
+from torch_impl.train import cross_entropy
+from torchax_impl.train import TorchaxTrainer, timed_step
+
+
+def minimal_loop(spec, batch):
+    model = load_canonical(build_model(spec.model), init_params(spec.model, spec.train.seed), spec.model)
+    weights, forward = torchax.extract_jax(model)
+    tx = make_optimizer(spec.train)
+
+    def loss_fn(w, b):
+        return interop.call_torch(cross_entropy, forward(w, (b.inputs,)), b.targets)
+
+    def train_step(w, s, b):
+        loss, grads = jax.value_and_grad(loss_fn)(w, b)
+        updates, s = tx.update(grads, s, w)
+        return optax.apply_updates(w, updates), s, loss
+
+    step_fn = jax.jit(train_step, donate_argnums=(0, 1))
+    state = {"w": weights, "s": tx.init(weights)}
+
+    def step():
+        state["w"], state["s"], loss = step_fn(state["w"], state["s"], batch)
+        float(loss)
+
+    return step
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    spec = load_spec(args.spec)
+    mesh = sharding.make_mesh(spec.mesh)
+    batch = sharding.put_batch(make_dataset(spec).global_batch(0), spec.mesh, mesh)
+    monitor = CompileMonitor()
+    trainer = TorchaxTrainer(spec, mesh)
+    counter = iter(range(10 ** 9))
+    candidates = {
+        "minimal": minimal_loop(spec, batch),
+        "toolkit": lambda: timed_step(trainer, monitor, next(counter), batch),
+        "uninstrumented": lambda: sharding.scalar_to_host(trainer.step(batch)),
+    }
+    for step in candidates.values():  # compile and warm up outside the measurement
+        for _ in range(3):
+            step()
+    warm_compiles = len(monitor.events)
+    hooks = {"minimal": monitor.close, "toolkit": monitor.install, "uninstrumented": monitor.close}
+    samples = interleaved(candidates, args.rounds, args.steps_per_round, hooks)
+    monitor.install()
+    print(json.dumps({"backend": "torchax", "spec": args.spec, "step_ms": summarize(samples), "ratios": {
+        "toolkit_over_minimal": ratio(samples, "toolkit", "minimal"),
+        "instrumented_over_uninstrumented": ratio(samples, "toolkit", "uninstrumented")},
+        "compiles_while_timed": len(monitor.events) - warm_compiles}))
+
+
+if __name__ == "__main__":
+    main()
