@@ -104,12 +104,16 @@ def check_inputs(args, names: list[str]):
         fail(str(e), ExitCode.USAGE)
     reuse = {n: getattr(args, f"{n}_record") for n in names if getattr(args, f"{n}_record")}
     for name, path in reuse.items():
+        flag = f"--{name.replace('_', '-')}-record"
         try:
             record = read_record(path)
             if record.status == BackendStatus.OK and len(names) > 1:
                 read_tensors(path, record)
         except RecordError as e:
-            fail(f"--{name.replace('_', '-')}-record: {e}", ExitCode.USAGE)
+            fail(f"{flag}: {e}", ExitCode.USAGE)
+        if record.backend != name:  # a record must be what it claims, or the report compares a run with itself
+            fail(f"{flag} {path} holds a {record.backend} run, not a {name} one; pass a {name} run directory "
+                 f"(or give it as --{record.backend.replace('_', '-')}-record)", ExitCode.USAGE)
     return spec, policy, reuse
 
 

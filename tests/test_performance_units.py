@@ -29,6 +29,26 @@ def _events(*steps):
     return [CompileEvent("g", 1.0, s, "setup" if s < 0 else "loop") for s in steps]
 
 
+CONVS = """HloModule convs
+
+ENTRY main {
+  %x = f32[64,8,8,16]{3,2,1,0} parameter(0)
+  %w = f32[3,3,16,32]{3,2,1,0} parameter(1)
+  %dy = f32[64,4,4,32]{3,2,1,0} parameter(2)
+  %wt = f32[3,3,32,16]{3,2,1,0} parameter(3)
+  %y = f32[64,4,4,32]{3,2,1,0} convolution(%x, %w), window={size=3x3 stride=2x2 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+  ROOT %dx = f32[64,8,8,16]{3,2,1,0} convolution(%dy, %wt), window={size=3x3 pad=1_2x1_2 lhs_dilate=2x2}, DIMS
+}
+""".replace("DIMS", "dim_labels=b01f_01io->b01f")
+
+
+def test_conv_flops_count_useful_work_only():
+    """A stride-2 conv and its input gradient do the same multiply-adds; the gradient's lhs_dilate zeros
+    are not work (the count of the cnn-digits step then equals torch's FlopCounterMode: tested end to end)."""
+    forward = 2 * (64 * 4 * 4 * 32) * (3 * 3 * 16)
+    assert matmul_flops(CONVS) == forward + (2 * (64 * 8 * 8 * 16) * (3 * 3 * 32)) / 4 == 2 * forward
+
+
 def test_step_graphs_lazy_takes_the_settled_graph_and_dynamo_adds_forward_and_backward():
     from torch_xla_impl.instrument import step_graphs
 

@@ -154,6 +154,17 @@ def test_corrupt_records_are_refused(finished_run, damage, message, tmp_path):
     assert not (tmp_path / "again").exists()
 
 
+@pytest.mark.parametrize("flag", ["--torch-xla-record", "--torchax-record"])
+def test_a_record_of_another_backend_is_refused(finished_run, flag, tmp_path):
+    backend = flag.removeprefix("--").removesuffix("-record").replace("-", "_")
+    proc = compare("--out", str(tmp_path / "again"), "--backend", f"jax,{backend}", "--spec", "mlp-tiny",
+                   "--steps", "3", flag, str(finished_run / "jax"))
+    assert proc.returncode == 2
+    assert one_line_error(proc) == (f"error: {flag} {finished_run / 'jax'} holds a jax run, not a {backend} one; "
+                                    f"pass a {backend} run directory (or give it as --jax-record)")
+    assert not (tmp_path / "again").exists()
+
+
 def test_an_existing_record_can_be_compared_again(finished_run, tmp_path):
     proc = compare("--out", str(tmp_path / "again"), "--backend", "jax", "--spec", "mlp-tiny", "--steps", "3",
                    "--jax-record", str(finished_run / "jax"))
