@@ -5,7 +5,7 @@ this process, interleaved round by round:
 - `minimal`: what a JAX user writes by hand: split the model once, one pure
   `jax.jit` step with donation, the loss read with `float()` after each step
   (every candidate produces the same output: a per-step loss on the host);
-- `toolkit`: the loop body `compare` runs (`jax_impl.train.timed_step`) with
+- `toolkit`: the loop body `compare` runs (`jax_impl.loop.timed_step`) with
   the compile listeners and cache-miss logging installed;
 - `uninstrumented`: the same trainer's step and loss copied to the host (the
   record needs it: that is training output, not instrumentation), with the
@@ -14,21 +14,16 @@ Prints one JSON line. Run: python -m benchmarks.overhead_jax --spec mlp-tiny
 """
 from __future__ import annotations
 
-import json
-
 import jax
 import optax
 from flax import nnx
 
-from benchmarks.timing import interleaved, parse_args, ratio, summarize
-from common.data import make_dataset
-from common.presets import load_spec
+from benchmarks.jitted import measure
 from common.weights import init_params
-from jax_impl import convert, sharding
-from jax_impl.instrument import CompileMonitor
+from jax_impl import convert
 from jax_impl.models import build_model
 from jax_impl.optim import make_optimizer
-from jax_impl.train import JaxTrainer, cross_entropy, timed_step
+from jax_impl.train import JaxTrainer, cross_entropy
 
 
 def minimal_loop(spec, batch):
@@ -57,30 +52,7 @@ def minimal_loop(spec, batch):
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
-    spec = load_spec(args.spec)
-    mesh = sharding.make_mesh(spec.mesh)
-    batch = sharding.put_batch(make_dataset(spec).global_batch(0), spec.mesh, mesh)
-    monitor = CompileMonitor()
-    trainer = JaxTrainer(spec, mesh)
-    counter = iter(range(10 ** 9))
-
-    candidates = {
-        "minimal": minimal_loop(spec, batch),
-        "toolkit": lambda: timed_step(trainer, monitor, next(counter), batch),
-        "uninstrumented": lambda: sharding.scalar_to_host(trainer.step(batch)),
-    }
-    for step in candidates.values():  # compile and warm up outside the measurement
-        for _ in range(3):
-            step()
-    warm_compiles = len(monitor.events)
-    hooks = {"minimal": monitor.close, "toolkit": monitor.install, "uninstrumented": monitor.close}
-    samples = interleaved(candidates, args.rounds, args.steps_per_round, hooks)
-    monitor.install()
-    print(json.dumps({"backend": "jax", "spec": args.spec, "step_ms": summarize(samples), "ratios": {
-        "toolkit_over_minimal": ratio(samples, "toolkit", "minimal"),
-        "instrumented_over_uninstrumented": ratio(samples, "toolkit", "uninstrumented")},
-        "compiles_while_timed": len(monitor.events) - warm_compiles}))
+    measure("jax", __doc__.splitlines()[0], JaxTrainer, minimal_loop)
 
 
 if __name__ == "__main__":

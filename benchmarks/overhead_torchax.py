@@ -3,31 +3,25 @@
 - `minimal`: what a torchax user writes, after torchax's own recipe: `torchax.extract_jax(model)`, a
   loss through `interop.call_torch`, optax, one `jax.jit` step with donation, the loss read with
   `float()`;
-- `toolkit`: the loop body `compare` runs (`torchax_impl.train.timed_step`) with JAX's compile
+- `toolkit`: the loop body `compare` runs (`jax_impl.loop.timed_step`) with JAX's compile
   listeners and cache-miss logging installed;
 - `uninstrumented`: the same trainer's step and loss on the host, listeners removed, no timing.
 Prints one JSON line. Run: python -m benchmarks.overhead_torchax --spec mlp-tiny
 """
 from __future__ import annotations
 
-import json
-
 import jax
 import optax
 import torchax
 from torchax import interop
 
-from benchmarks.timing import interleaved, parse_args, ratio, summarize
-from common.data import make_dataset
-from common.presets import load_spec
+from benchmarks.jitted import measure
 from common.weights import init_params
-from jax_impl import sharding
-from jax_impl.instrument import CompileMonitor
 from jax_impl.optim import make_optimizer
 from torch_impl.convert import load_canonical
 from torch_impl.models import build_model
 from torch_impl.train import cross_entropy
-from torchax_impl.train import TorchaxTrainer, timed_step
+from torchax_impl.train import TorchaxTrainer
 
 
 def minimal_loop(spec, batch):
@@ -54,29 +48,7 @@ def minimal_loop(spec, batch):
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
-    spec = load_spec(args.spec)
-    mesh = sharding.make_mesh(spec.mesh)
-    batch = sharding.put_batch(make_dataset(spec).global_batch(0), spec.mesh, mesh)
-    monitor = CompileMonitor()
-    trainer = TorchaxTrainer(spec, mesh)
-    counter = iter(range(10 ** 9))
-    candidates = {
-        "minimal": minimal_loop(spec, batch),
-        "toolkit": lambda: timed_step(trainer, monitor, next(counter), batch),
-        "uninstrumented": lambda: sharding.scalar_to_host(trainer.step(batch)),
-    }
-    for step in candidates.values():  # compile and warm up outside the measurement
-        for _ in range(3):
-            step()
-    warm_compiles = len(monitor.events)
-    hooks = {"minimal": monitor.close, "toolkit": monitor.install, "uninstrumented": monitor.close}
-    samples = interleaved(candidates, args.rounds, args.steps_per_round, hooks)
-    monitor.install()
-    print(json.dumps({"backend": "torchax", "spec": args.spec, "step_ms": summarize(samples), "ratios": {
-        "toolkit_over_minimal": ratio(samples, "toolkit", "minimal"),
-        "instrumented_over_uninstrumented": ratio(samples, "toolkit", "uninstrumented")},
-        "compiles_while_timed": len(monitor.events) - warm_compiles}))
+    measure("torchax", __doc__.splitlines()[0], TorchaxTrainer, minimal_loop)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ float32 before the softmax cross-entropy.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import jax
@@ -20,13 +19,13 @@ import numpy as np
 import optax
 from flax import nnx
 
-from common.data import Batch, make_dataset, shape_changed
-from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
+from common.data import Batch
+from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
-from common.vocab import Phase, RecordStatus
 from common.weights import init_params, load_checkpoint
 from jax_impl import convert, sharding
-from jax_impl.instrument import CompileMonitor, hlo_statistics
+from jax_impl.instrument import CompileMonitor
+from jax_impl.loop import run_jitted
 from jax_impl.models import build_model
 from jax_impl.optim import make_optimizer
 
@@ -88,73 +87,13 @@ class JaxTrainer:
                 "grads": {k: sharding.to_host(v) for k, v in convert.to_canonical(grads).items()}}
 
 
-def timed_step(trainer: JaxTrainer, monitor: CompileMonitor, step: int, batch: Batch) -> tuple[float, float]:
-    """One instrumented loop step: (loss on the host, synced wall ms). The benchmark times this same function."""
-    monitor.at(Phase.LOOP, step)
-    start = time.perf_counter()
-    loss = trainer.step(batch)
-    loss.block_until_ready()  # one executable: when the loss is ready, so are the new params
-    wall_ms = (time.perf_counter() - start) * 1e3
-    return sharding.scalar_to_host(loss), wall_ms
-
-
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
         throughput_steps: int | None = None, shape_change_step: int | None = None,
         monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
-    """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
-    timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
-    if spec.train.matmul_precision != "default":
-        jax.config.update("jax_default_matmul_precision", spec.train.matmul_precision)
-    mesh = sharding.make_mesh(spec.mesh)
-    data = make_dataset(spec)
-    trainer = JaxTrainer(spec, mesh, checkpoint)
-    put = lambda step: _device_batch(data, step, spec, mesh, shape_change_step)  # noqa: E731
-
-    tensors = trainer.step0_tensors(put(0)) if parity else {}  # before any update
-
-    record = _new_record(spec)
-    timeline["loop_start"] = time.time()
-    for step in range(spec.train.steps):
-        value, wall_ms = timed_step(trainer, monitor, step, put(step))
-        if progress:
-            progress(step, value, wall_ms)
-        if not record.add_step(step, value, wall_ms):
-            break
-    monitor.at(Phase.LOOP, spec.train.steps)
-
-    if record.status == RecordStatus.OK:
-        if parity:
-            tensors["params"] = trainer.canonical_params()
-        record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps)
-    timeline["loop_end"] = time.time()
-    if record.status == RecordStatus.OK:
-        monitor.paused = True  # the analysis compile below is not part of training
-        record.hlo_stats = hlo_statistics(trainer.train_step, (trainer.params, trainer.opt_state, put(0)),
-                                          out_dir / "train_step.hlo.txt")
-        monitor.paused = False
-    record.compile_events, record.recompile_causes = list(monitor.events), list(monitor.causes)
-    record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
-    return record, tensors
-
-
-def _device_batch(data, step: int, spec: RunSpec, mesh, shape_change_step: int | None) -> Batch:
-    batch = shape_changed(data.global_batch(step), step, shape_change_step)
-    return sharding.put_batch(batch, spec.mesh, mesh)
-
-
-def _pipelined_throughput(trainer: JaxTrainer, spec: RunSpec, put, steps: int | None) -> dict:
-    """K more steps dispatched back to back, one wait at the end (state is discarded after)."""
-    steps = spec.train.steps if steps is None else steps
-    if steps <= 0:
-        return {}
-    batches = [put(spec.train.steps + i) for i in range(steps)]  # data ready on device before the clock
-    jax.block_until_ready(batches)
-    start = time.perf_counter()
-    for batch in batches:
-        loss = trainer.step(batch)
-    loss.block_until_ready()
-    seconds = time.perf_counter() - start
-    return throughput_summary(spec, steps, seconds)
+    """Train `spec` with the NNX twin; returns its record and the parity tensors (the caller writes both)."""
+    return run_jitted(spec, out_dir, lambda mesh: JaxTrainer(spec, mesh, checkpoint), lambda: _new_record(spec),
+                      parity=parity, throughput_steps=throughput_steps, shape_change_step=shape_change_step,
+                      monitor=monitor, progress=progress)
 
 
 def _new_record(spec: RunSpec) -> RunRecord:

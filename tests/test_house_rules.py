@@ -29,7 +29,7 @@ ALLOWED = {
     "compare": {"common"},
 }
 # The JAX twin's modules other JAX runtimes may use: they import jax and optax, never flax.
-PLAIN_JAX = {"jax_impl.optim", "jax_impl.sharding", "jax_impl.instrument"}
+PLAIN_JAX = {"jax_impl.optim", "jax_impl.sharding", "jax_impl.instrument", "jax_impl.loop"}
 
 
 def _module_name(path: Path) -> str:

@@ -18,7 +18,6 @@ bfloat16 run would silently compute in float32; `__main__` refuses it.
 """
 from __future__ import annotations
 
-import time
 import warnings
 from pathlib import Path
 
@@ -28,13 +27,13 @@ import optax
 import torchax
 from torchax import interop
 
-from common.data import Batch, make_dataset, shape_changed
-from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
+from common.data import Batch
+from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
-from common.vocab import Phase, RecordStatus
 from common.weights import init_params, load_checkpoint
 from jax_impl import sharding
-from jax_impl.instrument import CompileMonitor, hlo_statistics
+from jax_impl.instrument import CompileMonitor
+from jax_impl.loop import run_jitted
 from jax_impl.optim import make_optimizer
 from torch_impl.convert import load_canonical, to_canonical
 from torch_impl.models import build_model
@@ -91,68 +90,16 @@ class TorchaxTrainer:
                 "grads": to_canonical({k: sharding.to_host(v) for k, v in grads.items()}, self.spec.model)}
 
 
-def timed_step(trainer: TorchaxTrainer, monitor: CompileMonitor, step: int, batch: Batch) -> tuple[float, float]:
-    """One instrumented loop step: (loss on the host, synced wall ms). The benchmark times this same function."""
-    monitor.at(Phase.LOOP, step)
-    start = time.perf_counter()
-    loss = trainer.step(batch)
-    loss.block_until_ready()
-    wall_ms = (time.perf_counter() - start) * 1e3
-    return sharding.scalar_to_host(loss), wall_ms
-
-
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
         throughput_steps: int | None = None, shape_change_step: int | None = None,
         monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
-    """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
-    timeline = {"ready": time.time()}
+    """Train `spec` through torchax; returns its record and the parity tensors (the caller writes both)."""
     # cross_entropy casts the targets to torch's index dtype, int64; JAX without x64 keeps int32 (every
     # class and token id fits) and would warn at each trace
     warnings.filterwarnings("ignore", message="Explicitly requested dtype int64", category=UserWarning)
-    if spec.train.matmul_precision != "default":
-        jax.config.update("jax_default_matmul_precision", spec.train.matmul_precision)
-    mesh = sharding.make_mesh(spec.mesh)
-    data = make_dataset(spec)
-    trainer = TorchaxTrainer(spec, mesh, checkpoint)
-    put = lambda step: sharding.put_batch(shape_changed(data.global_batch(step), step, shape_change_step),  # noqa: E731
-                                          spec.mesh, mesh)
-    tensors = trainer.step0_tensors(put(0)) if parity else {}
-    record = _new_record(spec)
-    timeline["loop_start"] = time.time()
-    for step in range(spec.train.steps):
-        value, wall_ms = timed_step(trainer, monitor, step, put(step))
-        if progress:
-            progress(step, value, wall_ms)
-        if not record.add_step(step, value, wall_ms):
-            break
-    monitor.at(Phase.LOOP, spec.train.steps)
-    if record.status == RecordStatus.OK:
-        if parity:
-            tensors["params"] = trainer.canonical_params()
-        record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps)
-    timeline["loop_end"] = time.time()
-    if record.status == RecordStatus.OK:
-        monitor.paused = True  # the analysis compile below is not part of training
-        record.hlo_stats = hlo_statistics(trainer.train_step, (trainer.params, trainer.opt_state, put(0)),
-                                          out_dir / "train_step.hlo.txt")
-        monitor.paused = False
-    record.compile_events, record.recompile_causes = list(monitor.events), list(monitor.causes)
-    record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
-    return record, tensors
-
-
-def _pipelined_throughput(trainer: TorchaxTrainer, spec: RunSpec, put, steps: int | None) -> dict:
-    """K more steps dispatched back to back, one wait at the end (state is discarded after)."""
-    steps = spec.train.steps if steps is None else steps
-    if steps <= 0:
-        return {}
-    batches = [put(spec.train.steps + i) for i in range(steps)]
-    jax.block_until_ready(batches)
-    start = time.perf_counter()
-    for batch in batches:
-        loss = trainer.step(batch)
-    loss.block_until_ready()
-    return throughput_summary(spec, steps, time.perf_counter() - start)
+    return run_jitted(spec, out_dir, lambda mesh: TorchaxTrainer(spec, mesh, checkpoint), lambda: _new_record(spec),
+                      parity=parity, throughput_steps=throughput_steps, shape_change_step=shape_change_step,
+                      monitor=monitor, progress=progress)
 
 
 def _new_record(spec: RunSpec) -> RunRecord:

@@ -1,0 +1,85 @@
+"""The train loop of every runtime that trains through one jitted JAX step: the JAX twin and torchax.
+
+Plain JAX (never flax): a runtime hands `run_jitted` a trainer built on the
+mesh (`step`, `step0_tensors`, `canonical_params`, and `train_step`, `params`,
+`opt_state` for the HLO analysis) and its record; the loop, the timing, the
+pipelined throughput and the HLO statistics are the same for all of them.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+from common.data import Batch, make_dataset, shape_changed
+from common.record import RunRecord, peak_rss_mb, throughput_summary
+from common.spec import RunSpec
+from common.vocab import Phase, RecordStatus
+from jax_impl import sharding
+from jax_impl.instrument import CompileMonitor, hlo_statistics
+
+
+def timed_step(trainer, monitor: CompileMonitor, step: int, batch: Batch) -> tuple[float, float]:
+    """One instrumented loop step: (loss on the host, synced wall ms). The benchmark times this same function."""
+    monitor.at(Phase.LOOP, step)
+    start = time.perf_counter()
+    loss = trainer.step(batch)
+    loss.block_until_ready()  # one executable: when the loss is ready, so are the new params
+    wall_ms = (time.perf_counter() - start) * 1e3
+    return sharding.scalar_to_host(loss), wall_ms
+
+
+def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record: Callable[[], RunRecord], *,
+               parity: bool, throughput_steps: int | None, shape_change_step: int | None,
+               monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
+    """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
+    timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
+    if spec.train.matmul_precision != "default":
+        jax.config.update("jax_default_matmul_precision", spec.train.matmul_precision)
+    mesh = sharding.make_mesh(spec.mesh)
+    data = make_dataset(spec)
+    trainer = make_trainer(mesh)
+    put = lambda step: sharding.put_batch(shape_changed(data.global_batch(step), step, shape_change_step),  # noqa: E731
+                                          spec.mesh, mesh)
+
+    tensors = trainer.step0_tensors(put(0)) if parity else {}  # before any update
+
+    record = new_record()
+    timeline["loop_start"] = time.time()
+    for step in range(spec.train.steps):
+        value, wall_ms = timed_step(trainer, monitor, step, put(step))
+        if progress:
+            progress(step, value, wall_ms)
+        if not record.add_step(step, value, wall_ms):
+            break
+    monitor.at(Phase.LOOP, spec.train.steps)
+
+    if record.status == RecordStatus.OK:
+        if parity:
+            tensors["params"] = trainer.canonical_params()
+        record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps)
+    timeline["loop_end"] = time.time()
+    if record.status == RecordStatus.OK:
+        monitor.paused = True  # the analysis compile below is not part of training
+        record.hlo_stats = hlo_statistics(trainer.train_step, (trainer.params, trainer.opt_state, put(0)),
+                                          out_dir / "train_step.hlo.txt")
+        monitor.paused = False
+    record.compile_events, record.recompile_causes = list(monitor.events), list(monitor.causes)
+    record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
+    return record, tensors
+
+
+def _pipelined_throughput(trainer, spec: RunSpec, put, steps: int | None) -> dict:
+    """K more steps dispatched back to back, one wait at the end (state is discarded after)."""
+    steps = spec.train.steps if steps is None else steps
+    if steps <= 0:
+        return {}
+    batches = [put(spec.train.steps + i) for i in range(steps)]  # data ready on device before the clock
+    jax.block_until_ready(batches)
+    start = time.perf_counter()
+    for batch in batches:
+        loss = trainer.step(batch)
+    loss.block_until_ready()
+    return throughput_summary(spec, steps, time.perf_counter() - start)
