@@ -1,7 +1,7 @@
-"""The `python -m <backend>` driver both twins share: flags, run directory, record, exit code.
+"""The `python -m <backend>` driver every backend shares: flags, run directory, record, exit code.
 
 A backend supplies `train(spec, args, out_dir, progress) -> (record, tensors,
-is_writer)`; this module handles everything around it the same way for both.
+is_writer)`; this module handles everything around it the same way for all.
 """
 from __future__ import annotations
 

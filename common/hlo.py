@@ -1,4 +1,4 @@
-"""Statistics of optimized HLO text, the same for both twins."""
+"""Statistics of optimized HLO text, the same for every backend that compiles through XLA."""
 from __future__ import annotations
 
 import re

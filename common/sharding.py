@@ -1,4 +1,4 @@
-"""Framework-neutral sharding rules, read by both twins.
+"""Framework-neutral sharding rules, read by every backend that shards (jax, torch_xla, torchax).
 
 A partition spec is a tuple with one entry per tensor dimension: None
 (replicated), one mesh axis name, or a tuple of axis names (the dimension is

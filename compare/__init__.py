@@ -1,1 +1,1 @@
-"""Runs both twins as subprocesses and compares their run records. Imports neither framework."""
+"""Runs every backend as a subprocess and compares their run records. Imports no framework."""

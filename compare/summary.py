@@ -48,7 +48,7 @@ def step_times(record: RunRecord) -> tuple[dict | None, dict | None]:
 
 
 def flops_per_step(record: RunRecord, record_dir: Path) -> float | None:
-    """Dot + convolution flops of the train step's optimized HLO (the same count for both twins)."""
+    """Dot + convolution flops of the train step's optimized HLO (the same count for every XLA runtime)."""
     hlo = (record.hlo_stats or {}).get("hlo_file")
     path = record_dir / hlo if hlo else None
     if path is None or not path.exists():
