@@ -129,8 +129,10 @@ def test_other_runtimes_use_only_the_plain_jax_modules_of_the_jax_twin():
         assert not any(t.split(".")[0] == "flax" for t in graph[module]), module
 
 
+# torchax_impl's own modules never import flax (the static test above); torchax itself may: the
+# torchax 0.0.13 that fresh installs here get imports flax.training in its checkpoint helpers.
 @pytest.mark.parametrize("module, absent", [("torch_impl.train", ("torch_xla", "jax", "flax")),
-                                            ("torchax_impl.train", ("torch_xla", "flax")),
+                                            ("torchax_impl.train", ("torch_xla",)),
                                             ("jax_impl.train", ("torch", "torch_xla"))])
 def test_a_backend_loads_only_what_it_runs_on(module, absent):
     code = f"import sys, {module}; print(','.join(m for m in {absent!r} if m in sys.modules))"
