@@ -75,6 +75,10 @@ class ArrayDataset:
         classes = spec.model.num_classes
         if len(y) and (y.min() < 0 or y.max() >= classes):
             raise DataError(f"{source}: labels span {y.min()}..{y.max()}, model.num_classes={classes}")
+        if not np.isfinite(x).all():
+            bad = int(np.argwhere(~np.isfinite(x.reshape(len(x), -1)))[0][0])
+            raise DataError(f"{source}: example {bad} has a NaN or Inf input; clean the data (it would make the "
+                            "loss non-finite)")
         self.x = np.ascontiguousarray(x, dtype=np.float32)
         self.y = y.astype(np.int32)
         self.batch_size = spec.train.global_batch_size
@@ -125,13 +129,24 @@ class TokenDataset:
         self.seed = spec.data.seed
         if len(tokens) < self.seq_len + 2:
             raise DataError(f"{source}: {len(tokens)} tokens is too short for sequences of {self.seq_len}")
+        self._check_ids()
+
+    def _check_ids(self, chunk: int = 1 << 24) -> None:
+        """Every token id against the vocabulary, once, before any backend starts: a bad id found later,
+        inside a framework's data-loader thread, would read as a crash of that framework. One pass over
+        the stream in 16M-token chunks (a second or so per GB of tokens)."""
+        for lo in range(0, len(self.tokens), chunk):
+            part = np.asarray(self.tokens[lo:lo + chunk])
+            low, high = int(part.min()), int(part.max())
+            if low < 0 or high >= self.vocab_size:
+                bad = lo + int(np.argmax((part < 0) | (part >= self.vocab_size)))
+                raise DataError(f"{self.source}: token id {int(self.tokens[bad])} at position {bad} is outside "
+                                f"model.vocab_size={self.vocab_size}; use a matching model.vocab_size or "
+                                "re-tokenize")
 
     def global_batch(self, step: int) -> Batch:
         starts = _rng(self.seed, _OFFSETS, step).integers(0, len(self.tokens) - self.seq_len - 1, self.batch_size)
         windows = np.stack([np.asarray(self.tokens[s:s + self.seq_len + 1]) for s in starts]).astype(np.int32)
-        if windows.max() >= self.vocab_size:
-            raise DataError(f"{self.source}: token id {windows.max()} at step {step} is outside "
-                            f"model.vocab_size={self.vocab_size}")
         return Batch(windows[:, :-1], windows[:, 1:])
 
 

@@ -15,6 +15,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from common.cli import INPUT_ERRORS, add_run_flags, fail, resolve_spec, run_flags_argv  # noqa: E402
+from common.data import make_dataset  # noqa: E402
 from common.fsutil import write_json_atomic, write_text_atomic  # noqa: E402
 from common.record import RecordError, read_record, read_tensors  # noqa: E402
 from common.vocab import TRACE_MODE_MEANINGS, Backend, BackendStatus, ExitCode, TraceMode, values  # noqa: E402
@@ -100,6 +101,8 @@ def check_inputs(args, names: list[str]):
             side.overrides = list(args.overrides) + getattr(args, f"{name}_set")
             resolve_spec(side)
         policy = load_policy(args.tolerance_profile, spec.train.dtype)
+        if spec.data.path:  # a user's data file is read and checked once here, before any backend starts
+            make_dataset(spec)
     except (*INPUT_ERRORS, ToleranceError) as e:
         fail(str(e), ExitCode.USAGE)
     reuse = {n: getattr(args, f"{n}_record") for n in names if getattr(args, f"{n}_record")}

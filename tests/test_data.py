@@ -98,7 +98,11 @@ def test_bad_user_data_is_explained(tmp_path):
         make_dataset(load_spec("mlp-tiny", ["data.dataset=arrays", f"data.path={tmp_path / 'wrong.npz'}"]))
     with pytest.raises(DataError, match="does not exist"):
         make_dataset(load_spec("gpt-tiny", ["data.dataset=tokens-file", "data.path=/nonexistent/train.bin"]))
-    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "big.bin")
-    ds = make_dataset(load_spec("gpt-tiny", ["data.dataset=tokens-file", f"data.path={tmp_path / 'big.bin'}"]))
-    with pytest.raises(DataError, match="outside model.vocab_size=256"):
-        ds.global_batch(0)
+    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "big.bin")  # ids up to 999; the first bad one is 256
+    with pytest.raises(DataError, match=r"big.bin: token id 256 at position 256 is outside model.vocab_size=256"):
+        make_dataset(load_spec("gpt-tiny", ["data.dataset=tokens-file", f"data.path={tmp_path / 'big.bin'}"]))
+    x = np.zeros((10, 784), np.float32)
+    x[7, 3] = np.nan
+    np.savez(tmp_path / "nan.npz", x=x, y=np.zeros(10, np.int64))
+    with pytest.raises(DataError, match="nan.npz: example 7 has a NaN or Inf input"):
+        make_dataset(load_spec("mlp-tiny", ["data.dataset=arrays", f"data.path={tmp_path / 'nan.npz'}"]))

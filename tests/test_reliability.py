@@ -93,6 +93,22 @@ def test_bad_usage_is_exit_2_with_one_line_and_no_run_dir(args, message, tmp_pat
     assert not out.exists()  # refused before anything started: nothing half-made
 
 
+@pytest.mark.parametrize("backend", ["jax", "torch_xla", "torch", "torchax"])
+def test_bad_data_is_refused_before_any_backend_the_same_everywhere(backend, tmp_path):
+    import numpy as np
+
+    tokens = tmp_path / "train.bin"
+    np.arange(1000, dtype=np.uint16).tofile(tokens)  # nanoGPT-style ids; 256 and up exceed gpt-tiny's vocab
+    message = f"{tokens}: token id 256 at position 256 is outside model.vocab_size=256"
+    args = ("--set", "data.dataset=tokens-file", "--set", f"data.path={tokens}", "--steps", "2")
+    proc = compare("--out", str(tmp_path / "run"), "--backend", backend, *args)
+    assert proc.returncode == 2 and message in one_line_error(proc)
+    assert not (tmp_path / "run").exists()
+    module = {"jax": "jax_impl", "torch_xla": "torch_xla_impl", "torch": "torch_impl", "torchax": "torchax_impl"}
+    alone = run_cli(module[backend], *args, "--out", str(tmp_path / "alone"))  # the backend alone says the same
+    assert alone.returncode == 2 and message in one_line_error(alone)
+
+
 @pytest.mark.parametrize("backend, env", [("jax_impl", {"JAX_NUM_CPU_DEVICES": "1"}),
                                           ("torch_xla_impl", {"CPU_NUM_DEVICES": "1"})])
 def test_a_mesh_larger_than_the_platform_is_refused(backend, env, tmp_path):
