@@ -8,7 +8,8 @@ report.json keys (schema_version 2):
   tolerances              {kind: {atol, rtol}} used for this dtype
   backend_names           the backends in the order they ran
   reference               the backend every other one is judged against (--reference)
-  parity                  null when only one backend ran, else per other backend, against the reference:
+  parity                  null unless the reference and another backend finished, else per other
+                          backend that finished, against the reference:
     .<name>.checked, .comparable, .setting_differences, .intended_differences,
     .first_divergent_step (null when none), .loss {max_abs, per_step_abs, steps_compared},
     .tensors {"<group>/<name>": {abs, rel, within, kind}}, .worst [10 worst], .passed
@@ -48,12 +49,12 @@ def build_report(args, spec, policy, names: list[str], reference: str, runs: dic
             records[name] = record
         if tensor_groups is not None:
             tensors[name] = tensor_groups
-    parity = None
-    if len(names) > 1 and all(n in tensors for n in names):
+    parity = None  # every backend that finished is judged, even when another one failed
+    if reference in tensors and len(tensors) > 1:
         intended = {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names}
         parity = {n: check_parity(records[reference], records[n], tensors[reference], tensors[n], policy,
                                   intended=intended[reference] + intended[n])
-                  for n in names if n != reference}
+                  for n in names if n != reference and n in tensors}
     status = _status(backends, runs, parity, interrupted)
     code = REPORT_STATUS_EXIT[status]
     report = {

@@ -172,10 +172,12 @@ def test_a_crashing_backend_gives_exit_3_and_the_other_tables(tmp_path):
                      "kill -ABRT $$\n")
     crash.chmod(crash.stat().st_mode | stat.S_IEXEC)
     out = tmp_path / "run"
-    proc = compare(out, "--backend", "both", "--spec", "mlp-tiny", "--steps", "6", "--torch-xla-python", str(crash))
+    proc = compare(out, "--backend", "jax,torch,torch_xla", "--spec", "mlp-tiny", "--steps", "6",
+                   "--torch-xla-python", str(crash))
     assert proc.returncode == 3
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "backend_failed" and report["verdict"] == "fail"
+    assert list(report["parity"]) == ["torch"] and report["parity"]["torch"]["passed"]  # still judged
     torch = report["backends"]["torch_xla"]
     assert torch["status"] == "failed" and "killed by SIGABRT" in torch["message"]
     assert "Check failed: simulated" in torch["message"]
