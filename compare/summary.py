@@ -142,6 +142,8 @@ def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
     if peak and "TPU" in peak_source:
         peak *= devices
     mfu = flops / (step_ms["median"] / 1e3) / peak if flops and peak and step_ms else None
+    if mfu is not None and mfu > 1 and "measured" in peak_source:  # say it, rather than print 180 % as a fact
+        peak_source += " (below this run's own rate: the machine was busy when the peak was measured)"
     return {"status": record.status, "message": record.message, "compiles": compile_summary(record),
             "step_ms": step_ms, "trace_ms": trace_ms, "throughput": record.throughput,
             "flops_per_step": flops, "cost_analysis_flops": (record.hlo_stats or {}).get("flops"),
