@@ -1,9 +1,9 @@
 """The train loop of every runtime that trains through one jitted JAX step: the JAX twin and torchax.
 
-Plain JAX (never flax): a runtime hands `run_jitted` a trainer built on the
-mesh (`step`, `step0_tensors`, `canonical_params`, and `train_step`, `params`,
-`opt_state` for the HLO analysis) and its record; the loop, the timing, the
-pipelined throughput and the HLO statistics are the same for all of them.
+Plain JAX (never flax): a runtime's trainer derives from `JittedTrainer` and
+hands `run_jitted` how to build it on the mesh and its record; the optimizer
+placement, the jitted step, the loop, the timing, the pipelined throughput and
+the HLO statistics are the same for all of them.
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
+import numpy as np
+import optax
 
 from common.data import Batch, make_dataset, shape_changed
 from common.record import RunRecord, peak_rss_mb, throughput_summary
@@ -19,6 +21,45 @@ from common.spec import RunSpec
 from common.vocab import Phase, RecordStatus
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor, hlo_statistics
+
+
+class JittedTrainer:
+    """What every one-jitted-step trainer shares: optimizer state placed like its parameters, the jitted
+    step with donation, forward and loss-and-grads, and the step-0 parity tensors. A runtime sets
+    `spec`, `params` (placed on `mesh`) and `tx`, calls `compile_functions(mesh)`, and defines `_forward`,
+    `_loss` and `to_canonical` (its gradient or parameter tree -> {canonical name: numpy array})."""
+
+    def compile_functions(self, mesh) -> None:
+        # Optimizer moments are placed like their parameters (sharded under fsdp/tp), counters
+        # replicated; committed from the start, so step 1 does not recompile.
+        param_placement = jax.tree.map(lambda x: x.sharding, self.params)
+        opt_placement = optax.tree_utils.tree_map_params(
+            self.tx, lambda _, s: s, jax.eval_shape(self.tx.init, self.params), param_placement,
+            transform_non_params=lambda _: sharding.replicated(mesh))
+        self.opt_state = jax.jit(self.tx.init, out_shardings=opt_placement)(self.params)
+        self.train_step = jax.jit(self._train_step, donate_argnums=(0, 1),
+                                  out_shardings=(param_placement, opt_placement, sharding.replicated(mesh)))
+        self.forward = jax.jit(self._forward)
+        self.loss_and_grads = jax.jit(jax.value_and_grad(self._loss))
+
+    def _train_step(self, params, opt_state, batch: Batch):
+        loss, grads = jax.value_and_grad(self._loss)(params, batch)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def step(self, batch: Batch):
+        self.params, self.opt_state, loss = self.train_step(self.params, self.opt_state, batch)
+        return loss
+
+    def canonical_params(self) -> dict[str, np.ndarray]:
+        return self.to_canonical(self.params)
+
+    def step0_tensors(self, batch: Batch) -> dict[str, dict[str, np.ndarray]]:
+        """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
+        logits = self.forward(self.params, batch.inputs)
+        loss, grads = self.loss_and_grads(self.params, batch)
+        return {"outputs": {"logits": sharding.to_host(logits), "loss": np.asarray(sharding.to_host(loss))},
+                "grads": self.to_canonical(grads)}
 
 
 def timed_step(trainer, monitor: CompileMonitor, step: int, batch: Batch) -> tuple[float, float]:

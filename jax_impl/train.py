@@ -25,7 +25,7 @@ from common.spec import RunSpec
 from common.weights import init_params, load_checkpoint
 from jax_impl import convert, sharding
 from jax_impl.instrument import CompileMonitor
-from jax_impl.loop import run_jitted
+from jax_impl.loop import JittedTrainer, run_jitted
 from jax_impl.models import build_model
 from jax_impl.optim import make_optimizer
 
@@ -37,8 +37,8 @@ def cross_entropy(logits, targets):
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean()
 
 
-class JaxTrainer:
-    """Holds the split model, optimizer state and jitted functions for one spec."""
+class JaxTrainer(JittedTrainer):
+    """The split NNX model, its optimizer state and jitted functions for one spec."""
 
     def __init__(self, spec: RunSpec, mesh, checkpoint: Path | None = None):
         self.spec, self.mesh = spec, mesh
@@ -49,17 +49,7 @@ class JaxTrainer:
         self.param_shardings = sharding.param_shardings(spec.model, spec.mesh, mesh)
         self.params = convert.load_canonical(abstract, canonical, spec.model, self.param_shardings)
         self.tx = make_optimizer(spec.train)
-        # Optimizer moments are placed like their parameters (sharded under fsdp/tp),
-        # counters replicated; committed from the start, so step 1 does not recompile.
-        param_placement = jax.tree.map(lambda x: x.sharding, self.params)
-        opt_placement = optax.tree_utils.tree_map_params(
-            self.tx, lambda _, s: s, jax.eval_shape(self.tx.init, self.params), param_placement,
-            transform_non_params=lambda _: sharding.replicated(mesh))
-        self.opt_state = jax.jit(self.tx.init, out_shardings=opt_placement)(self.params)
-        self.train_step = jax.jit(self._train_step, donate_argnums=(0, 1),
-                                  out_shardings=(param_placement, opt_placement, sharding.replicated(mesh)))
-        self.forward = jax.jit(self._forward)
-        self.loss_and_grads = jax.jit(jax.value_and_grad(self._loss))
+        self.compile_functions(mesh)
 
     def _forward(self, params, inputs):
         return nnx.merge(self.graphdef, params, self.rest)(inputs)
@@ -67,24 +57,8 @@ class JaxTrainer:
     def _loss(self, params, batch: Batch):
         return cross_entropy(self._forward(params, batch.inputs), batch.targets)
 
-    def _train_step(self, params, opt_state, batch: Batch):
-        loss, grads = jax.value_and_grad(self._loss)(params, batch)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    def step(self, batch: Batch):
-        self.params, self.opt_state, loss = self.train_step(self.params, self.opt_state, batch)
-        return loss
-
-    def canonical_params(self) -> dict[str, np.ndarray]:
-        return {k: sharding.to_host(v) for k, v in convert.to_canonical(self.params).items()}
-
-    def step0_tensors(self, batch: Batch) -> dict[str, dict[str, np.ndarray]]:
-        """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
-        logits = self.forward(self.params, batch.inputs)
-        loss, grads = self.loss_and_grads(self.params, batch)
-        return {"outputs": {"logits": sharding.to_host(logits), "loss": np.asarray(sharding.to_host(loss))},
-                "grads": {k: sharding.to_host(v) for k, v in convert.to_canonical(grads).items()}}
+    def to_canonical(self, tree) -> dict[str, np.ndarray]:
+        return {k: sharding.to_host(v) for k, v in convert.to_canonical(tree).items()}
 
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import optax
 import torchax
 from torchax import interop
 
@@ -33,7 +32,7 @@ from common.spec import RunSpec
 from common.weights import init_params, load_checkpoint
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
-from jax_impl.loop import run_jitted
+from jax_impl.loop import JittedTrainer, run_jitted
 from jax_impl.optim import make_optimizer
 from torch_impl.convert import load_canonical, to_canonical
 from torch_impl.models import build_model
@@ -43,7 +42,7 @@ from torchax_impl.sharding import param_shardings
 SETTLE_STEPS = 1  # one jitted step: it compiles at step 0 and never again
 
 
-class TorchaxTrainer:
+class TorchaxTrainer(JittedTrainer):
     """The extracted weights, optimizer state and jitted functions of one spec."""
 
     def __init__(self, spec: RunSpec, mesh, checkpoint: Path | None = None):
@@ -54,40 +53,16 @@ class TorchaxTrainer:
         shardings = param_shardings(spec.model, spec.mesh, mesh)
         self.params = {k: jax.device_put(v, shardings[k]) for k, v in weights.items()}
         self.tx = make_optimizer(spec.train)
-        # optimizer moments placed like their weights, counters replicated (as in the JAX twin)
-        param_placement = {k: v.sharding for k, v in self.params.items()}
-        opt_placement = optax.tree_utils.tree_map_params(
-            self.tx, lambda _, s: s, jax.eval_shape(self.tx.init, self.params), param_placement,
-            transform_non_params=lambda _: sharding.replicated(mesh))
-        self.opt_state = jax.jit(self.tx.init, out_shardings=opt_placement)(self.params)
-        self.train_step = jax.jit(self._train_step, donate_argnums=(0, 1),
-                                  out_shardings=(param_placement, opt_placement, sharding.replicated(mesh)))
-        self.forward = jax.jit(self._forward)
-        self.loss_and_grads = jax.jit(jax.value_and_grad(self._loss))
+        self.compile_functions(mesh)
+
     def _forward(self, params, inputs):
         return self.forward_fn(params, (inputs,))
 
     def _loss(self, params, batch: Batch):
         return interop.call_torch(cross_entropy, self._forward(params, batch.inputs), batch.targets)
 
-    def _train_step(self, params, opt_state, batch: Batch):
-        loss, grads = jax.value_and_grad(self._loss)(params, batch)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    def step(self, batch: Batch):
-        self.params, self.opt_state, loss = self.train_step(self.params, self.opt_state, batch)
-        return loss
-
-    def canonical_params(self) -> dict[str, np.ndarray]:
-        return to_canonical({k: sharding.to_host(v) for k, v in self.params.items()}, self.spec.model)
-
-    def step0_tensors(self, batch: Batch) -> dict[str, dict[str, np.ndarray]]:
-        """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
-        logits = self.forward(self.params, batch.inputs)
-        loss, grads = self.loss_and_grads(self.params, batch)
-        return {"outputs": {"logits": sharding.to_host(logits), "loss": np.asarray(sharding.to_host(loss))},
-                "grads": to_canonical({k: sharding.to_host(v) for k, v in grads.items()}, self.spec.model)}
+    def to_canonical(self, tree) -> dict[str, np.ndarray]:
+        return to_canonical({k: sharding.to_host(v) for k, v in tree.items()}, self.spec.model)
 
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
