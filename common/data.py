@@ -41,6 +41,11 @@ def _input_shape(spec: RunSpec) -> tuple[int, ...]:
     return (m.input_size,) if isinstance(m, MLPSpec) else tuple(m.input_shape)
 
 
+def input_ndim(spec: RunSpec) -> int:
+    """Dimensions of a batch's inputs: (B, T) tokens or (B, *input_shape)."""
+    return 2 if spec.is_language_model else 1 + len(_input_shape(spec))
+
+
 class SyntheticClassification:
     """Gaussian inputs labelled by a fixed random two-layer tanh teacher: learnable, endless."""
 

@@ -15,8 +15,8 @@ from common.spec import (
     SpecError,
     TrainSpec,
     TransformerSpec,
-    apply_overrides,
 )
+from common.spec_parse import apply_overrides, run_spec_from_dict
 
 PRESETS: dict[str, RunSpec] = {
     # 784 -> 256 -> 256 -> 10 on a synthetic teacher task (MNIST-sized inputs).
@@ -73,7 +73,7 @@ def load_spec(spec: str, overrides: list[str] | tuple[str, ...] = ()) -> RunSpec
             raise SpecError(f"spec file {spec} is not valid {path.suffix[1:].upper()}: {e}") from None
         if not isinstance(raw, dict):
             raise SpecError(f"spec file {spec} must hold a table with model/train/mesh/data sections")
-        base = RunSpec.from_dict(raw, name=path.stem)
+        base = run_spec_from_dict(raw, name=path.stem)
     else:
         raise SpecError(f"unknown spec {spec!r}: use a preset ({', '.join(PRESETS)}) or a .toml/.json file")
     return apply_overrides(base, list(overrides)).validate()

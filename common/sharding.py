@@ -15,12 +15,17 @@ Strategies follow from the mesh (`common.spec.MeshSpec`):
                     and d_ff), attn.o and mlp.proj split their input rows, so
                     each block needs one all-reduce after attention and one
                     after the MLP. MLP/CNN: layers alternate column / row.
+User twins (`common/twin.py`): dp and fsdp need nothing; tp follows the twin's `partition_rules`
+(regex over canonical names -> spec), and a parameter no rule matches is replicated over `tensor`.
 Axes of size 1 never appear. A dimension the axis does not divide stays
 replicated (correct, only slower).
 """
 from __future__ import annotations
 
-from common.spec import CNNSpec, MeshSpec, MLPSpec, ModelSpec, TransformerSpec
+import re
+
+from common.spec import CNNSpec, MeshSpec, MLPSpec, ModelSpec, SpecError, TransformerSpec, TwinSpec
+from common.twin import load_twin
 from common.weights import param_infos
 
 PartitionSpec = tuple  # of None | str | tuple[str, ...]
@@ -59,12 +64,29 @@ def _tensor_dim(shape: tuple[int, ...], role: str, is_bias: bool) -> int | None:
     return len(shape) - 1 if role == COLUMN else len(shape) - 2
 
 
+def _rule_spec(rules, name: str, shape: tuple, mesh: MeshSpec) -> list:
+    """A user twin's partition rules: the first regex that matches the canonical name gives its spec
+    (axes of size 1 and splits the axis does not divide are dropped)."""
+    for pattern, rule in rules:
+        if re.search(pattern, name):
+            rule = tuple(rule)
+            if len(rule) != len(shape):
+                raise SpecError(f"partition rule {pattern!r} gives {len(rule)} entries for {name} of shape "
+                                f"{list(shape)}; give one per dimension")
+            return [a if a and getattr(mesh, a) > 1 and shape[d] % getattr(mesh, a) == 0 else None
+                    for d, a in enumerate(rule)]
+    return [None] * len(shape)
+
+
 def param_partition_specs(model: ModelSpec, mesh: MeshSpec) -> dict[str, PartitionSpec]:
     """Canonical name -> partition spec for this mesh."""
     table = {}
+    rules = load_twin(model.twin).partition_rules if isinstance(model, TwinSpec) and mesh.tensor > 1 else ()
     for name, info in param_infos(model).items():
         spec: list = [None] * len(info.shape)
-        role = _tensor_parallel_role(model, name) if mesh.tensor > 1 else None
+        if isinstance(model, TwinSpec):
+            spec = _rule_spec(rules, name, info.shape, mesh)
+        role = _tensor_parallel_role(model, name) if mesh.tensor > 1 and not isinstance(model, TwinSpec) else None
         if role is not None:
             dim = _tensor_dim(info.shape, role, name.endswith(".bias") or name.endswith(".scale"))
             if dim is not None and info.shape[dim] % mesh.tensor == 0:

@@ -120,8 +120,62 @@ class TransformerSpec:
         _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
 
 
-ModelSpec = MLPSpec | CNNSpec | TransformerSpec
-MODEL_FAMILIES: dict[str, type] = {"mlp": MLPSpec, "cnn": CNNSpec, "gpt": TransformerSpec}
+TASKS = ("lm", "classification")
+TASK_ROLES = {"lm": ("vocab_size", "seq_len"), "classification": ("input_shape", "num_classes")}
+
+
+@dataclass(frozen=True)
+class TwinSpec:
+    """A user's own twin (`common/twin.py`): the hyperparameters its two factories take (`--set
+    model.<name>=...` reaches them) and the canonical parameter tree, which is the NNX model's
+    (names and shapes; `python -m compare --twin` fills it in before any backend runs).
+
+    `io` names the hyperparameters the data needs: vocab_size and seq_len for a language model,
+    input_shape and num_classes for a classifier (default: hyperparameters of those names).
+    """
+
+    family: Literal["twin"] = "twin"
+    twin: str = ""  # FILE_OR_MODULE:NAME
+    task: Literal["lm", "classification"] = "lm"
+    hparams: dict = field(default_factory=dict)
+    io: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)  # canonical name -> shape (list of ints)
+
+    def role(self, name: str):
+        return self.hparams[self.io.get(name, name)]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.role("vocab_size")
+
+    @property
+    def seq_len(self) -> int:
+        return self.role("seq_len")
+
+    @property
+    def num_classes(self) -> int:
+        return self.role("num_classes")
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        shape = self.role("input_shape")
+        return tuple(shape) if isinstance(shape, (list, tuple)) else (shape,)
+
+    def validate(self) -> None:
+        _require(":" in self.twin, f"model.twin={self.twin!r} must be FILE_OR_MODULE:NAME")
+        _require(self.task in TASKS, f"model.task={self.task!r} is not one of {', '.join(TASKS)}")
+        for role in TASK_ROLES[self.task]:
+            key = self.io.get(role, role)
+            _require(key in self.hparams, f"twin {self.twin}: task {self.task} needs the hyperparameter "
+                                          f"{key!r} ({role}); add it to hparams or map it in io")
+            values = self.role(role) if role != "input_shape" else self.input_shape
+            for v in values if isinstance(values, tuple) else (values,):
+                _require(isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                         f"model.{key}={_fmt(values)} must be a positive integer ({role})")
+
+
+ModelSpec = MLPSpec | CNNSpec | TransformerSpec | TwinSpec
+MODEL_FAMILIES: dict[str, type] = {"mlp": MLPSpec, "cnn": CNNSpec, "gpt": TransformerSpec, "twin": TwinSpec}
 
 
 @dataclass(frozen=True)
@@ -261,118 +315,37 @@ class RunSpec:
                  f"train.global_batch_size={t.global_batch_size} is not divisible by the data-parallel size "
                  f"mesh.data*mesh.fsdp={mesh.batch_replicas}")
         token_data = d.dataset in ("synthetic-tokens", "tokens-file")
-        if isinstance(m, TransformerSpec):
-            _require(token_data, f"data.dataset={d.dataset} gives no tokens; model.family=gpt needs "
+        kind = f"model.family={m.family}" if m.family != "twin" else f"model.task={m.task}"
+        if self.is_language_model:
+            _require(token_data, f"data.dataset={d.dataset} gives no tokens; {kind} needs "
                                  "synthetic-tokens or tokens-file")
             _require(self.seq_len <= m.seq_len,
                      f"data.seq_len={d.seq_len} is longer than the positional table model.seq_len={m.seq_len}")
+        else:
+            _require(not token_data, f"data.dataset={d.dataset} gives tokens; {kind} needs "
+                                     "synthetic-classification, digits or arrays")
+            _require(d.seq_len == 0, f"data.seq_len={d.seq_len} only applies to language models")
+        if isinstance(m, TransformerSpec):
             _require(m.n_heads % mesh.tensor == 0,
                      f"mesh.tensor={mesh.tensor} does not divide model.n_heads={m.n_heads}")
-        else:
-            _require(not token_data, f"data.dataset={d.dataset} gives tokens; model.family={m.family} needs "
-                                     "synthetic-classification, digits or arrays")
-            _require(d.seq_len == 0, f"data.seq_len={d.seq_len} only applies to model.family=gpt")
         if d.dataset == "digits":
             want = 64 if isinstance(m, MLPSpec) else (8, 8, 1)
-            got = m.input_size if isinstance(m, MLPSpec) else m.input_shape
+            got = m.input_size if isinstance(m, MLPSpec) else tuple(m.input_shape)
             _require(got == want and m.num_classes == 10,
                      f"data.dataset=digits has 8x8x1 images in 10 classes; model input {_fmt(got)} "
                      f"/ num_classes {m.num_classes} do not match")
 
     @property
+    def is_language_model(self) -> bool:
+        m = self.model
+        return m.family == "gpt" or (m.family == "twin" and m.task == "lm")
+
+    @property
     def seq_len(self) -> int:
-        """Training sequence length (GPT only)."""
-        assert isinstance(self.model, TransformerSpec)
+        """Training sequence length (language models only)."""
+        assert self.is_language_model
         return self.data.seq_len or self.model.seq_len
 
     def to_dict(self) -> dict:
         """Plain JSON types (tuples become lists), as written into run records."""
         return json.loads(json.dumps(dataclasses.asdict(self)))
-
-    @staticmethod
-    def from_dict(raw: dict, name: str = "custom") -> RunSpec:
-        """Build from plain dicts (a parsed TOML/JSON file or a record's spec)."""
-        raw = dict(raw)
-        model_raw = dict(raw.get("model") or {})
-        family = model_raw.get("family")
-        _require(family in MODEL_FAMILIES,
-                 f"model.family={family!r} is unknown; choose one of {', '.join(MODEL_FAMILIES)}")
-        sections = {
-            "model": _build(MODEL_FAMILIES[family], model_raw, "model"),
-            "train": _build(TrainSpec, raw.get("train") or {}, "train"),
-            "mesh": _build(MeshSpec, raw.get("mesh") or {}, "mesh"),
-            "data": _build(DataSpec, raw.get("data") or {}, "data"),
-        }
-        unknown = sorted(set(raw) - set(sections) - {"name"})
-        if unknown:
-            raise SpecError(f"unknown spec section {unknown[0]!r}; sections are model, train, mesh, data")
-        return RunSpec(name=str(raw.get("name", name)), **sections)
-
-
-def _build(cls: type, raw: dict, section: str):
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for key, value in raw.items():
-        _require(key in fields, f"unknown key {section}.{key}; {section} has: {', '.join(fields)}")
-        kwargs[key] = _coerce(f"{section}.{key}", value, hints[key])
-    return cls(**kwargs)
-
-
-def _coerce(where: str, value, hint):
-    """Convert a TOML/JSON value or a `--set` string to the field's type."""
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        choices = typing.get_args(hint)
-        _require(value in choices, f"{where}={value} is not one of {', '.join(map(str, choices))}")
-        return value
-    if origin is tuple:
-        if isinstance(value, str):
-            text = value.strip().strip("[]()")
-            value = [v for v in (p.strip() for p in text.split(",")) if v]
-        _require(isinstance(value, (list, tuple)), f"{where}={value} must be a list of integers, e.g. 128,64")
-        return tuple(_coerce(where, v, int) for v in value)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        _require(text in ("true", "false", "1", "0"), f"{where}={value} must be true or false")
-        return text in ("true", "1")
-    if hint is int:
-        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise SpecError(f"{where}={value} must be an integer")
-        try:
-            return int(value) if not isinstance(value, str) else int(value.strip())
-        except ValueError:
-            raise SpecError(f"{where}={value} must be an integer") from None
-    if hint is float:
-        _require(not isinstance(value, bool), f"{where}={value} must be a number")
-        try:
-            result = float(value)
-        except (TypeError, ValueError):
-            raise SpecError(f"{where}={value} must be a number") from None
-        _require(math.isfinite(result), f"{where}={value} must be a finite number")
-        return result
-    if hint is str:
-        return str(value)
-    raise SpecError(f"{where}: unsupported field type {hint}")  # a bug in this file, not in the input
-
-
-def apply_overrides(spec: RunSpec, overrides: list[str]) -> RunSpec:
-    """Apply `section.field=value` strings, each parsed to the field's type."""
-    sections = {"model": spec.model, "train": spec.train, "mesh": spec.mesh, "data": spec.data}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        section, dot, name = key.strip().partition(".")
-        _require(bool(sep) and bool(dot) and bool(name),
-                 f"--set {item!r} must look like section.field=value (e.g. train.lr=3e-4)")
-        _require(section in sections,
-                 f"--set {key}: unknown section {section!r}; sections are model, train, mesh, data")
-        target = sections[section]
-        names = [f.name for f in dataclasses.fields(target)]
-        _require(name in names, f"--set {key}: unknown key {section}.{name}; {section} has: {', '.join(names)}")
-        _require(not (section == "model" and name == "family"),
-                 "--set model.family cannot switch model families; pick a preset or spec file with --spec")
-        hint = typing.get_type_hints(type(target))[name]
-        sections[section] = dataclasses.replace(target, **{name: _coerce(key, value, hint)})
-    return dataclasses.replace(spec, **sections)

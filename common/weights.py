@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from common.fsutil import atomic_path
-from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec
+from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec, TwinSpec
 
 
 class CheckpointError(ValueError):
@@ -41,7 +41,7 @@ class CheckpointError(ValueError):
 @dataclass(frozen=True)
 class ParamInfo:
     shape: tuple[int, ...]
-    init: str  # "normal", "zeros" or "ones"
+    init: str  # "normal", "zeros", "ones", or "checkpoint" (a user twin's, see TwinSpec)
     std: float = 0.0
 
 
@@ -91,6 +91,8 @@ def param_infos(model: ModelSpec) -> dict[str, ParamInfo]:
         _layernorm(params, "ln_f", d)
         if not model.tied_embeddings:
             params["lm_head.kernel"] = ParamInfo((d, model.vocab_size), "normal", std)
+    elif isinstance(model, TwinSpec):  # a user twin: its NNX tree, initialised by its torch factory
+        params = {name: ParamInfo(tuple(shape), "checkpoint") for name, shape in model.params.items()}
     else:
         raise TypeError(f"unknown model spec {type(model).__name__}")
     return params
@@ -98,6 +100,9 @@ def param_infos(model: ModelSpec) -> dict[str, ParamInfo]:
 
 def init_params(model: ModelSpec, seed: int) -> dict[str, np.ndarray]:
     """Deterministic canonical float32 parameters from `seed` (see module doc)."""
+    if isinstance(model, TwinSpec):
+        raise CheckpointError(f"twin {model.twin} starts from its torch initialisation, which compare prepares; "
+                              "run it through python -m compare --twin, or pass --checkpoint")
     out = {}
     for name, info in param_infos(model).items():
         if info.init == "zeros":
@@ -135,6 +140,11 @@ def save_checkpoint(path: str | Path, params: dict[str, np.ndarray], metadata: d
     tensors = {k: np.ascontiguousarray(v) for k, v in params.items()}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
+
+
+def start_params(model: ModelSpec, seed: int, checkpoint: str | Path | None = None) -> dict[str, np.ndarray]:
+    """What every backend starts from: the checkpoint when given, else the canonical init."""
+    return load_checkpoint(checkpoint, model) if checkpoint else init_params(model, seed)
 
 
 def load_checkpoint(path: str | Path, model: ModelSpec) -> dict[str, np.ndarray]:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec
+from common.twin import TwinError, hparams_of, resolve, twin_of
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
@@ -147,15 +148,41 @@ class GPT(nnx.Module):
         return self.wte.attend(x) if self.tied else self.lm_head(x)
 
 
-MODEL_CLASSES = {"mlp": MLP, "cnn": CNN, "gpt": GPT}
+# The built-in twins' NNX factories (common/twin.py BUILTIN): called with the spec's fields.
+def mlp(*, rngs: nnx.Rngs, compute_dtype=jnp.float32, **hparams) -> MLP:
+    return MLP(MLPSpec(**hparams), compute_dtype=compute_dtype, rngs=rngs)
+
+
+def cnn(*, rngs: nnx.Rngs, compute_dtype=jnp.float32, **hparams) -> CNN:
+    return CNN(CNNSpec(**hparams), compute_dtype=compute_dtype, rngs=rngs)
+
+
+def gpt(*, rngs: nnx.Rngs, compute_dtype=jnp.float32, **hparams) -> GPT:
+    return GPT(TransformerSpec(**hparams), compute_dtype=compute_dtype, rngs=rngs)
 
 
 def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0):
-    """The NNX model; parameter values come from convert.load_canonical.
+    """The twin's NNX model, from its factory (`common.twin`); parameter values come from
+    convert.load_canonical.
 
-    Without dropout it is built abstractly (shapes only), so no init kernel
-    compiles; with dropout it is built for real to own live RNG state.
+    A built-in model without dropout is built abstractly (shapes only), so no init kernel compiles;
+    with dropout, or a user's model (whose non-parameter state, a rotary table say, its constructor
+    computes), it is built for real.
     """
-    cls = MODEL_CLASSES[spec.family]
-    make = lambda: cls(spec, compute_dtype=compute_dtype, rngs=nnx.Rngs(seed))  # noqa: E731
-    return make() if getattr(spec, "dropout", 0.0) > 0 else nnx.eval_shape(make)
+    twin = twin_of(spec)
+    factory = resolve(twin.nnx, twin.base_dir)
+    kwargs = hparams_of(spec)
+    if twin.nnx_dtype_arg:
+        kwargs[twin.nnx_dtype_arg] = compute_dtype
+    elif compute_dtype != jnp.float32:
+        raise TwinError(f"twin {getattr(spec, 'twin', spec.family)} names no nnx_dtype_arg, so its NNX side "
+                        "cannot compute in bfloat16; add one to the Twin or run float32")
+    abstract = twin.init == "canonical" and getattr(spec, "dropout", 0.0) == 0
+    try:
+        make = lambda: factory(**kwargs, rngs=nnx.Rngs(seed))  # noqa: E731  (Rngs made inside the trace)
+        model = nnx.eval_shape(make) if abstract else make()
+    except Exception as e:
+        raise TwinError(f"NNX factory {twin.nnx} raised {type(e).__name__}: {e}") from None
+    if not isinstance(model, nnx.Module):
+        raise TwinError(f"NNX factory {twin.nnx} returned a {type(model).__name__}, not a flax.nnx.Module")
+    return model

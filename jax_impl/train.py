@@ -22,7 +22,7 @@ from flax import nnx
 from common.data import Batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
-from common.weights import init_params, load_checkpoint
+from common.weights import start_params
 from jax_impl import convert, sharding
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
@@ -45,7 +45,7 @@ class JaxTrainer(JittedTrainer):
         compute_dtype = jnp.bfloat16 if spec.train.dtype == "bfloat16" else jnp.float32
         model = build_model(spec.model, compute_dtype, seed=spec.train.seed)
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
-        canonical = load_checkpoint(checkpoint, spec.model) if checkpoint else init_params(spec.model, spec.train.seed)
+        canonical = start_params(spec.model, spec.train.seed, checkpoint)
         self.param_shardings = sharding.param_shardings(spec.model, spec.mesh, mesh)
         self.params = convert.load_canonical(abstract, canonical, spec.model, self.param_shardings)
         self.tx = make_optimizer(spec.train)

@@ -27,17 +27,18 @@ STEPS = 5
 
 def torch_side(spec, batches):
     """Eager torch on the CPU, written from the shared pieces as a user's loop would be."""
-    from torch_impl.convert import load_canonical, to_canonical
+    from torch_impl.convert import correspondence, load_canonical, to_canonical
     from torch_impl.models import build_model
     from torch_impl.train import clip_gradients, cross_entropy, make_optimizer, set_lr
 
     model = load_canonical(build_model(spec.model), init_params(spec.model, spec.train.seed), spec.model)
+    links = correspondence(model, spec.model)
     inputs, targets = (torch.from_numpy(a) for a in batches[0])
     logits = model(inputs)
     loss = cross_entropy(logits, targets)
     loss.backward()
     step0 = {"logits": logits.detach().numpy(), "loss": loss.item(),
-             "grads": to_canonical({n: p.grad for n, p in model.named_parameters()}, spec.model)}
+             "grads": to_canonical({n: p.grad for n, p in model.named_parameters()}, links)}
     optimizer = make_optimizer(model.parameters(), spec.train)
     losses = []
     for step, (x, y) in enumerate(batches):
@@ -48,7 +49,7 @@ def torch_side(spec, batches):
         clip_gradients(model.parameters(), spec.train)
         optimizer.step()
         losses.append(loss.item())
-    return step0, losses, to_canonical(model.state_dict(), spec.model)
+    return step0, losses, to_canonical(model.state_dict(), links)
 
 
 def jax_side(spec, batches):
@@ -114,9 +115,9 @@ def test_canonical_round_trip_is_bit_identical(preset, overrides):
 
     model_spec = load_spec(preset, overrides).model
     canonical = init_params(model_spec, seed=7)
-    torch_model = torch_impl.models.build_model(model_spec)
-    torch_back = torch_impl.convert.to_canonical(
-        torch_impl.convert.load_canonical(torch_model, canonical, model_spec).state_dict(), model_spec)
+    torch_model = torch_impl.convert.load_canonical(torch_impl.models.build_model(model_spec), canonical, model_spec)
+    torch_back = torch_impl.convert.to_canonical(torch_model.state_dict(),
+                                                 torch_impl.convert.correspondence(torch_model, model_spec))
     _, abstract, _ = nnx.split(jax_impl.models.build_model(model_spec), nnx.Param, ...)
     assert sorted(jax_impl.convert.to_canonical(abstract)) == sorted(param_infos(model_spec))
     jax_back = jax_impl.convert.to_canonical(jax_impl.convert.load_canonical(abstract, canonical, model_spec))

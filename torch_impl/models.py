@@ -12,6 +12,7 @@ as the JAX twin (no fused SDPA kernel).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec
+from common.twin import TwinError, hparams_of, resolve, twin_of
 
 ACTIVATIONS = {
     "relu": F.relu,
@@ -138,12 +140,32 @@ class GPT(nn.Module):
         return F.linear(x, self.wte.weight) if self.lm_head is None else self.lm_head(x)
 
 
-MODEL_CLASSES = {"mlp": MLP, "cnn": CNN, "gpt": GPT}
+# The built-in twins' torch factories (common/twin.py BUILTIN): called with the spec's fields.
+def mlp(**hparams) -> MLP:
+    return MLP(MLPSpec(**hparams))
 
 
-def build_model(spec: ModelSpec) -> nn.Module:
-    """The torch model on the CPU, created without spending time on random init
-    (values come from convert.load_canonical)."""
-    with torch.device("meta"):
-        model = MODEL_CLASSES[spec.family](spec)
-    return model.to_empty(device="cpu")
+def cnn(**hparams) -> CNN:
+    return CNN(CNNSpec(**hparams))
+
+
+def gpt(**hparams) -> GPT:
+    return GPT(TransformerSpec(**hparams))
+
+
+def build_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
+    """The twin's torch model on the CPU, from its factory (`common.twin`). Parameter values come from
+    convert.load_canonical; a built-in model is made on the meta device (no time spent on a random init
+    that is overwritten), a user's for real, seeded, since its buffers (rotary tables, say) are made
+    by its constructor."""
+    twin = twin_of(spec)
+    factory = resolve(twin.torch, twin.base_dir)
+    torch.manual_seed(seed)
+    try:
+        with torch.device("meta") if twin.init == "canonical" else contextlib.nullcontext():
+            model = factory(**hparams_of(spec))
+    except Exception as e:
+        raise TwinError(f"torch factory {twin.torch} raised {type(e).__name__}: {e}") from None
+    if not isinstance(model, nn.Module):
+        raise TwinError(f"torch factory {twin.torch} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model.to_empty(device="cpu") if twin.init == "canonical" else model

@@ -17,8 +17,8 @@ from common.data import make_dataset, shape_changed
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec, TrainSpec
 from common.vocab import RecordStatus
-from common.weights import init_params, load_checkpoint
-from torch_impl.convert import load_canonical, to_canonical
+from common.weights import start_params
+from torch_impl.convert import correspondence, load_canonical, to_canonical
 from torch_impl.models import build_model
 
 
@@ -71,8 +71,9 @@ class TorchTrainer:
     def __init__(self, spec: RunSpec, checkpoint: Path | None = None, shape_change_step: int | None = None,
                  device: torch.device | None = None):
         self.spec, self.device, self.shape_change_step = spec, device or device_for_this_machine(), shape_change_step
-        canonical = load_checkpoint(checkpoint, spec.model) if checkpoint else init_params(spec.model, spec.train.seed)
-        self.model = load_canonical(build_model(spec.model), canonical, spec.model).to(self.device)
+        canonical = start_params(spec.model, spec.train.seed, checkpoint)
+        self.model = load_canonical(build_model(spec.model, spec.train.seed), canonical, spec.model).to(self.device)
+        self.correspondence = correspondence(self.model, spec.model)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)
         bf16 = spec.train.dtype == "bfloat16"
@@ -103,12 +104,12 @@ class TorchTrainer:
         loss.backward()
         grads = {name: p.grad for name, p in self.model.named_parameters()}
         out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
-               "grads": to_canonical(grads, self.spec.model)}
+               "grads": to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
         return out
 
     def canonical_params(self) -> dict[str, np.ndarray]:
-        return to_canonical(self.model.state_dict(), self.spec.model)
+        return to_canonical(self.model.state_dict(), self.correspondence)
 
     def matmul_flops(self, inputs, targets) -> float:
         """Matmul and convolution flops of one forward + backward, counted by torch (FlopCounterMode),

@@ -2,7 +2,7 @@
 
 `torch_xla.runtime.use_spmd()` makes one process drive every device through
 GSPMD, like `jax.jit` does: parameters get `mark_sharding` specs (converted to
-torch layouts by `convert.partition_spec`), batches are sharded by
+torch layouts by `convert.partition_specs`), batches are sharded by
 `MpDeviceLoader(input_sharding=...)`. With the packed `attn.qkv` weight a
 tensor-parallel split of its 3*D rows is not head-aligned; GSPMD still
 computes the same result, with more communication than Megatron's layout.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.sharding import batch_partition_spec, param_partition_specs
+from common.sharding import batch_partition_spec
 from common.spec import AXES, MeshSpec, ModelSpec, SpecError
 
 
@@ -46,17 +46,13 @@ def shard_model(model, model_spec: ModelSpec, mesh_spec: MeshSpec, mesh) -> dict
     """mark_sharding on every parameter (already on the XLA device); returns key -> spec."""
     import torch_xla.distributed.spmd as xs
 
-    from torch_impl.convert import partition_spec
+    from torch_impl.convert import partition_specs
 
     params = dict(model.named_parameters())
-    applied = {}
-    for canonical, spec in param_partition_specs(model_spec, mesh_spec).items():
-        key, torch_spec = partition_spec(canonical, spec)
-        if key in applied:  # q, k, v share the packed attn.qkv: q decides
-            continue
+    specs = partition_specs(model, model_spec, mesh_spec)  # q, k, v share the packed attn.qkv: q decides
+    for key, torch_spec in specs.items():
         xs.mark_sharding(params[key], mesh, torch_spec)
-        applied[key] = torch_spec
-    return applied
+    return specs
 
 
 def input_sharding(mesh_spec: MeshSpec, mesh, ndims: dict[str, int]) -> dict:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from concurrent.futures.process import BrokenProcessPool
 
 from common.spec import RunSpec
+from common.spec_parse import run_spec_from_dict
 
 
 def _replica(index: int, spec_dict: dict, options: dict) -> None:
@@ -40,7 +41,7 @@ def _replica(index: int, spec_dict: dict, options: dict) -> None:
     from torch_xla_impl.instrument import CompileMonitor, NoMonitor
     from torch_xla_impl.train import run
 
-    spec = RunSpec.from_dict(spec_dict, name=spec_dict.get("name", "custom"))
+    spec = run_spec_from_dict(spec_dict, name=spec_dict.get("name", "custom"))
     ordinal, world = xr.global_ordinal(), xr.world_size()
     out_dir = options["out_dir"]
     record, tensors = run(spec, out_dir, parity=options["parity"], checkpoint=options["checkpoint"],

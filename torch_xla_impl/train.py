@@ -39,11 +39,11 @@ import torch_xla.core.xla_model as xm
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
-from common.data import make_dataset, process_slice, shape_changed
+from common.data import input_ndim, make_dataset, process_slice, shape_changed
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
 from common.vocab import Phase, RecordStatus, TraceMode
-from common.weights import init_params, load_checkpoint
+from common.weights import start_params
 from torch_impl import convert
 from torch_impl.models import build_model
 from torch_impl.train import clip_gradients, cross_entropy, make_optimizer, set_lr
@@ -86,9 +86,10 @@ class TorchXlaTrainer:
         self.spec, self.mesh, self.trace_mode = spec, spmd_mesh, trace_mode
         self.replica, self.replicas = replica, replicas
         self.device = torch_xla.device()
-        model = build_model(spec.model)
-        canonical = load_checkpoint(checkpoint, spec.model) if checkpoint else init_params(spec.model, spec.train.seed)
+        model = build_model(spec.model, spec.train.seed)
+        canonical = start_params(spec.model, spec.train.seed, checkpoint)
         convert.load_canonical(model, canonical, spec.model)
+        self.correspondence = convert.correspondence(model, spec.model)
         self.model = model.to(self.device)
         if spmd_mesh is not None:
             sharding.shard_model(self.model, spec.model, spec.mesh, spmd_mesh)
@@ -97,7 +98,7 @@ class TorchXlaTrainer:
         self.shape_change_step = shape_change_step
         self.autocast = (lambda: torch.autocast("xla", dtype=torch.bfloat16)) if spec.train.dtype == "bfloat16" \
             else contextlib.nullcontext
-        ndims = {"inputs": 4 if spec.model.family == "cnn" else 2, "targets": 2}
+        ndims = {"inputs": input_ndim(spec), "targets": 2}
         self.input_sharding = sharding.input_sharding(spec.mesh, spmd_mesh, ndims) if spmd_mesh is not None else None
         self.train_loss = torch.compile(self._train_loss, backend="openxla") if trace_mode == TraceMode.DYNAMO \
             else self._train_loss
@@ -170,7 +171,7 @@ class TorchXlaTrainer:
         return xm.all_reduce(xm.REDUCE_SUM, loss.detach(), scale=1.0 / self.replicas)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
-        return convert.to_canonical(self.model.state_dict(), self.spec.model)
+        return convert.to_canonical(self.model.state_dict(), self.correspondence)
 
     def step0_tensors(self, batch) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
@@ -179,7 +180,7 @@ class TorchXlaTrainer:
         torch_xla.sync()
         grads = {name: p.grad for name, p in self.model.named_parameters()}
         out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
-               "grads": convert.to_canonical(grads, self.spec.model)}
+               "grads": convert.to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
         return out
 

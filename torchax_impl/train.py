@@ -29,12 +29,12 @@ from torchax import interop
 from common.data import Batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
-from common.weights import init_params, load_checkpoint
+from common.weights import start_params
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
 from jax_impl.optim import make_optimizer
-from torch_impl.convert import load_canonical, to_canonical
+from torch_impl.convert import correspondence, load_canonical, to_canonical
 from torch_impl.models import build_model
 from torch_impl.train import cross_entropy
 from torchax_impl.sharding import param_shardings
@@ -47,22 +47,26 @@ class TorchaxTrainer(JittedTrainer):
 
     def __init__(self, spec: RunSpec, mesh, checkpoint: Path | None = None):
         self.spec, self.mesh = spec, mesh
-        canonical = load_checkpoint(checkpoint, spec.model) if checkpoint else init_params(spec.model, spec.train.seed)
-        model = load_canonical(build_model(spec.model), canonical, spec.model)
-        weights, self.forward_fn = torchax.extract_jax(model)
-        shardings = param_shardings(spec.model, spec.mesh, mesh)
-        self.params = {k: jax.device_put(v, shardings[k]) for k, v in weights.items()}
+        canonical = start_params(spec.model, spec.train.seed, checkpoint)
+        model = load_canonical(build_model(spec.model, spec.train.seed), canonical, spec.model)
+        self.correspondence = correspondence(model, spec.model)
+        states, self.forward_fn = torchax.extract_jax(model)  # parameters and buffers, by state_dict name
+        shardings = param_shardings(model, spec.model, spec.mesh, mesh)
+        self.params = {k: jax.device_put(v, shardings[k]) for k, v in states.items() if k in shardings}
+        # buffers (a rotary table, say) are inputs of the forward, never trained
+        self.buffers = {k: jax.device_put(v, sharding.replicated(mesh)) for k, v in states.items()
+                        if k not in shardings}
         self.tx = make_optimizer(spec.train)
         self.compile_functions(mesh)
 
     def _forward(self, params, inputs):
-        return self.forward_fn(params, (inputs,))
+        return self.forward_fn({**params, **self.buffers}, (inputs,))
 
     def _loss(self, params, batch: Batch):
         return interop.call_torch(cross_entropy, self._forward(params, batch.inputs), batch.targets)
 
     def to_canonical(self, tree) -> dict[str, np.ndarray]:
-        return to_canonical({k: sharding.to_host(v) for k, v in tree.items()}, self.spec.model)
+        return to_canonical({k: sharding.to_host(v) for k, v in tree.items()}, self.correspondence)
 
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,

@@ -1,0 +1,212 @@
+"""Parameter correspondence between a torch model and its NNX twin, derived from the two trees.
+
+The canonical tree is the NNX model's (its `nnx.state(model, nnx.Param)` paths and layouts). Each torch
+parameter links to one canonical tensor, or to several when it packs them (nanoGPT's `attn.qkv`). A
+link is found by name, after the twin's `rename` regexes, with module paths compared case- and
+underscore-blind, and the standard leaf and layout rules:
+
+  torch leaf   NNX leaf     layout (torch -> canonical)
+  weight       kernel       2-D: transpose (Linear (out, in) -> (in, out));
+                            n-D: (O, I, *k) -> (*k, I, O)  (Conv OIHW -> HWIO)
+  weight       embedding    same          (Embedding)
+  weight       scale        same          (LayerNorm, RMSNorm)
+  bias         bias         same
+  <other>      <same name>  same, or transposed when the 2-D shapes are reversed
+
+Anything left unmatched on either side fails with one line listing every such tensor, its shape and
+its closest candidate on the other side. Conversions are numpy and exact (transposes, splits, concats).
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.spec import SpecError
+
+LEAF_RULES = {"weight": ("kernel", "embedding", "scale", "weight"), "bias": ("bias",)}
+SAME, TRANSPOSE, CONV = "same", "transpose", "conv"
+
+
+class CorrespondenceError(SpecError):
+    """The two parameter trees do not correspond; one line listing every unmatched tensor."""
+
+
+@dataclass(frozen=True)
+class Link:
+    torch: str
+    canonical: tuple[str, ...]  # several when the torch tensor packs them (split along its dim 0)
+    layout: str  # SAME, TRANSPOSE or CONV
+
+
+def _layout(leaf: str, torch_shape: tuple, canonical_shape: tuple) -> str:
+    if leaf == "kernel":
+        return TRANSPOSE if len(canonical_shape) == 2 else CONV
+    if len(torch_shape) == 2 and torch_shape != canonical_shape and torch_shape[::-1] == tuple(canonical_shape):
+        return TRANSPOSE
+    return SAME
+
+
+def to_canonical_layout(value: np.ndarray, layout: str) -> np.ndarray:
+    if layout == TRANSPOSE:
+        return value.T
+    if layout == CONV:  # (O, I, *k) -> (*k, I, O)
+        return value.transpose(*range(2, value.ndim), 1, 0)
+    return value
+
+
+def to_torch_layout(value: np.ndarray, layout: str) -> np.ndarray:
+    if layout == TRANSPOSE:
+        return value.T
+    if layout == CONV:  # (*k, I, O) -> (O, I, *k)
+        n = value.ndim
+        return value.transpose(n - 1, n - 2, *range(n - 2))
+    return value
+
+
+def _torch_shape(layout: str, canonical_shape: tuple) -> tuple:
+    return tuple(to_torch_layout(np.empty(canonical_shape, np.bool_), layout).shape)
+
+
+def _norm(module: str) -> str:
+    return module.lower().replace("_", "")
+
+
+def _module_leaf(name: str) -> tuple[str, str]:
+    module, _, leaf = name.rpartition(".")
+    return module, leaf
+
+
+class Correspondence:
+    """The links of one twin; converts whole trees (parameters, gradients) both ways."""
+
+    def __init__(self, links: list[Link], canonical: Mapping[str, tuple]):
+        self.links = links
+        self.canonical_shapes = {k: tuple(v) for k, v in canonical.items()}
+
+    def to_canonical(self, torch_arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """{torch name: array} -> {canonical name: array}, in the canonical tree's order."""
+        out = {}
+        for link in self.links:
+            value = np.asarray(torch_arrays[link.torch])
+            parts = [value] if len(link.canonical) == 1 else np.split(value, self._offsets(link), axis=0)
+            for name, part in zip(link.canonical, parts):
+                out[name] = np.ascontiguousarray(to_canonical_layout(part, link.layout))
+        return {k: out[k] for k in self.canonical_shapes}
+
+    def to_torch(self, canonical: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """{canonical name: array} -> {torch name: array} in torch layouts (packed tensors concatenated)."""
+        out = {}
+        for link in self.links:
+            parts = [to_torch_layout(np.asarray(canonical[n]), link.layout) for n in link.canonical]
+            out[link.torch] = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+        return out
+
+    def _offsets(self, link: Link) -> list[int]:
+        sizes = [_torch_shape(link.layout, self.canonical_shapes[n])[0] for n in link.canonical]
+        return list(np.cumsum(sizes)[:-1])
+
+    def torch_partition_specs(self, canonical_specs: Mapping[str, tuple]) -> dict[str, tuple]:
+        """Canonical partition specs in torch's layout, keyed by torch name (a packed tensor takes its
+        first part's spec)."""
+        out = {}
+        for link in self.links:
+            spec = tuple(canonical_specs[link.canonical[0]])
+            if link.layout == TRANSPOSE:
+                spec = spec[::-1]
+            elif link.layout == CONV:
+                n = len(spec)
+                spec = (spec[n - 1], spec[n - 2], *spec[:n - 2])
+            out[link.torch] = spec
+        return out
+
+
+def _fits(torch_shape: tuple, parts: list[tuple]) -> bool:
+    """The parts (in torch layout) make up the torch tensor: equal, or stacked along dim 0."""
+    if len(parts) == 1:
+        return parts[0] == torch_shape
+    return all(p[1:] == torch_shape[1:] for p in parts) and sum(p[0] for p in parts) == torch_shape[0]
+
+
+def _packed_targets(module: str, packed: Mapping[str, tuple]) -> list[str] | None:
+    for key, parts in packed.items():
+        if module == key or module.endswith("." + key):
+            prefix = module[: len(module) - len(key)]
+            return [prefix + p for p in parts]
+    return None
+
+
+def _rename(name: str, rename: Mapping[str, str]) -> str:
+    for pattern, replacement in rename.items():
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
+           packed: Mapping[str, tuple] = {}, rename: Mapping[str, str] = {}) -> Correspondence:  # noqa: B006
+    """Link every torch parameter to the canonical tree, or raise CorrespondenceError listing all misses."""
+    canonical = {k: tuple(v) for k, v in canonical.items()}
+    by_module: dict[tuple[str, str], str] = {}  # (normalised module, leaf) -> canonical name
+    for name in canonical:
+        module, leaf = _module_leaf(name)
+        by_module[(_norm(module), leaf)] = name
+    links, taken, misses = [], set(), {}
+    for torch_name, torch_shape in torch_params.items():
+        torch_shape = tuple(torch_shape)
+        module, leaf = _module_leaf(_rename(torch_name, rename))
+        modules = _packed_targets(module, packed) or [module]
+        link = None
+        for nnx_leaf in LEAF_RULES.get(leaf, (leaf,)):
+            names = [by_module.get((_norm(m), nnx_leaf)) for m in modules]
+            if all(names) and not taken.intersection(names):
+                layout = _layout(nnx_leaf, torch_shape, canonical[names[0]])
+                if _fits(torch_shape, [_torch_shape(layout, canonical[n]) for n in names]):
+                    link = Link(torch_name, tuple(names), layout)
+                    break
+                misses[torch_name] = f"shape differs from {names[0]} {list(canonical[names[0]])}"
+        if link is None:
+            misses.setdefault(torch_name, "")
+            continue
+        misses.pop(torch_name, None)
+        links.append(link)
+        taken.update(link.canonical)
+    unmatched_nnx = [n for n in canonical if n not in taken]
+    if misses or unmatched_nnx:
+        raise CorrespondenceError(_unmatched_message(torch_params, canonical, misses, unmatched_nnx))
+    return Correspondence(links, canonical)
+
+
+def _closest(name: str, pool: Mapping[str, tuple]) -> str:
+    match = difflib.get_close_matches(name, list(pool), n=1, cutoff=0.0)
+    return f"closest {match[0]} {list(pool[match[0]])}" if match else "no candidate left"
+
+
+def _unmatched_message(torch_params, canonical, misses: dict, unmatched_nnx: list[str]) -> str:
+    left_torch = {n: torch_params[n] for n in misses}
+    left_nnx = {n: canonical[n] for n in unmatched_nnx}
+    torch_items = [f"{n} {list(torch_params[n])} ({why or _closest(n, left_nnx or canonical)})"
+                   for n, why in misses.items()]
+    nnx_items = [f"{n} {list(canonical[n])} ({_closest(n, left_torch or torch_params)})" for n in unmatched_nnx]
+    return (f"the torch and NNX parameter trees do not correspond: torch has {len(torch_items)} unmatched "
+            f"[{'; '.join(torch_items)}], NNX has {len(nnx_items)} unmatched [{'; '.join(nnx_items)}]; name the "
+            "modules alike, or declare packed/rename in the twin")
+
+
+def module_map(torch_modules: list[str], canonical: Mapping[str, tuple], rename: Mapping[str, str] = {}  # noqa: B006
+               ) -> dict[str, str]:
+    """torch module path -> NNX module path, for the modules both sides have (by normalised path; every
+    prefix of a canonical parameter name is an NNX module). The root is ''."""
+    nnx_modules = {""}
+    for name in canonical:
+        parts = name.split(".")
+        nnx_modules.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    by_norm = {_norm(m): m for m in nnx_modules}
+    out = {}
+    for module in torch_modules:
+        renamed = _rename(module + ".", rename).rstrip(".") if module else ""
+        if _norm(renamed) in by_norm:
+            out[module] = by_norm[_norm(renamed)]
+    return out
