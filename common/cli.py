@@ -86,7 +86,7 @@ def run_flags_argv(args: argparse.Namespace) -> list[str]:
 
 
 def resolve_spec(args: argparse.Namespace) -> RunSpec:
-    return load_spec(args.spec, spec_overrides(args))
+    return load_spec(args.spec, spec_overrides(args), twin=getattr(args, "twin", None))
 
 
 def fail(message: str, code: ExitCode) -> NoReturn:

@@ -17,6 +17,7 @@ from common.spec import (
     TransformerSpec,
 )
 from common.spec_parse import apply_overrides, run_spec_from_dict
+from common.twin import twin_run_spec
 
 PRESETS: dict[str, RunSpec] = {
     # 784 -> 256 -> 256 -> 10 on a synthetic teacher task (MNIST-sized inputs).
@@ -57,9 +58,12 @@ PRESETS: dict[str, RunSpec] = {
 }
 
 
-def load_spec(spec: str, overrides: list[str] | tuple[str, ...] = ()) -> RunSpec:
-    """A preset name or a .toml/.json file, then `--set` overrides, validated."""
-    if spec in PRESETS:
+def load_spec(spec: str, overrides: list[str] | tuple[str, ...] = (), twin: str | None = None) -> RunSpec:
+    """A preset name, a .toml/.json file or a twin (`--twin FILE_OR_MODULE:NAME`, which wins), then `--set`
+    overrides, validated."""
+    if twin:
+        base = twin_run_spec(twin)
+    elif spec in PRESETS:
         base = PRESETS[spec]
     elif spec.endswith((".toml", ".json")):
         path = Path(spec)

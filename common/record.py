@@ -208,7 +208,7 @@ def throughput_summary(spec, steps: int, seconds: float) -> dict:
     """Pipelined throughput of `steps` steps of a RunSpec that took `seconds` in all."""
     examples = spec.train.global_batch_size * steps
     out = {"steps": steps, "seconds": seconds, "steps_per_s": steps / seconds, "examples_per_s": examples / seconds}
-    if spec.model.family == "gpt":
+    if spec.is_language_model:
         out["tokens_per_s"] = examples * spec.seq_len / seconds
     return out
 

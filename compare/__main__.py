@@ -22,12 +22,15 @@ from common.vocab import TRACE_MODE_MEANINGS, Backend, BackendStatus, ExitCode, 
 from compare.cache import backend_cache_dir, default_cache_dir  # noqa: E402
 from compare.determinism import judge_determinism  # noqa: E402
 from compare.orchestrate import BACKEND_MODULES, Plan, run_all  # noqa: E402
+from compare.prepare import INIT_FILE, SPEC_FILE, prepare_twin  # noqa: E402
 from compare.progress import LiveProgress  # noqa: E402
 from compare.render import markdown, print_tables  # noqa: E402
 from compare.report import build_report  # noqa: E402
 from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
 
 BOTH = (Backend.JAX.value, Backend.TORCH_XLA.value)  # `--backend both`, the default
+TORCH_RUNTIMES = (Backend.TORCH.value, Backend.TORCH_XLA.value, Backend.TORCHAX.value)
+TWIN_DIR = "twin"  # a user twin's preparation inside the run directory
 
 
 def parse_args(argv):
@@ -38,6 +41,9 @@ def parse_args(argv):
     parser.add_argument("--reference", help="the backend every other is judged against (default jax when it "
                                             "runs, else the first listed)")
     add_run_flags(parser)
+    parser.add_argument("--twin", metavar="FILE_OR_MODULE:NAME",
+                        help="compare your own model: a common.twin.Twin, e.g. examples/llama/twin.py:llama_tiny "
+                             "(instead of --spec; --set model.<hparam>=... reaches its hyperparameters)")
     parser.add_argument("--out", type=Path, help="run directory (default runs/compare-<time>)")
     parser.add_argument("--overwrite", action="store_true", help="reuse an --out that already holds a finished run")
     for name in BACKEND_MODULES:  # one flag of each kind per backend, named after it
@@ -137,8 +143,20 @@ def prepare_out_dir(args) -> Path:
     return out
 
 
+def prepare(args, spec, names: list[str]) -> Path:
+    """A user twin: both sides described and matched, the common start made (compare/prepare.py)."""
+    torch_side = next((n for n in names if n in TORCH_RUNTIMES), Backend.TORCH.value)
+    try:
+        _, folder = prepare_twin(spec, getattr(args, f"{torch_side}_python"), args.jax_python, args.timeout)
+    except INPUT_ERRORS as e:
+        fail(str(e), ExitCode.USAGE)
+    return folder
+
+
 def backend_argv(args, name: str) -> list[str]:
     argv = run_flags_argv(args) + [a for item in getattr(args, f"{name}_set") for a in ("--set", item)]
+    if getattr(args, "checkpoint", None):
+        argv += ["--checkpoint", str(args.checkpoint)]
     if name == "torch_xla":
         argv += ["--trace-mode", args.torch_xla_mode]
     if args.compile_cache:
@@ -155,7 +173,16 @@ def main(argv=None) -> int:
     names = backends_of(args.backend)
     reference = reference_of(args, names)
     spec, policy, reuse = check_inputs(args, names)
-    out = prepare_out_dir(args)
+    prepared = prepare(args, spec, names) if spec.model.family == "twin" else None
+    try:
+        out = prepare_out_dir(args)
+    except SystemExit:
+        if prepared:
+            shutil.rmtree(prepared, ignore_errors=True)
+        raise
+    if prepared:  # the backends run the prepared spec (canonical tree filled in) from the common start
+        shutil.move(prepared, out / TWIN_DIR)
+        args.spec, args.twin, args.checkpoint = str(out / TWIN_DIR / SPEC_FILE), None, out / TWIN_DIR / INIT_FILE
     signal.signal(signal.SIGTERM, _raise_interrupt)
     plan = Plan(names, {n: getattr(args, f"{n}_python") for n in names}, {n: backend_argv(args, n) for n in names},
                 reuse, out, args.timeout, args.check_determinism)

@@ -35,8 +35,17 @@ class BackendRun:
     started_at: float | None = None  # epoch seconds at launch: the backend's timeline is placed against it
 
 
-def _error_line(stderr_path: Path) -> str:
-    lines = [ln.strip() for ln in stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
+def backend_env() -> dict[str, str]:
+    """A backend's environment: this toolkit importable, output unbuffered."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def error_line(stderr: str) -> str:
+    """The line a failed backend said it failed with (its last `error:` line, else its last line)."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("error:")]
     return (errors or lines or [""])[-1].removeprefix("error:").strip()
 
@@ -85,9 +94,7 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
                 on_progress=None) -> BackendRun:
     run_dir.mkdir(parents=True, exist_ok=True)
     command = [python, "-m", BACKEND_MODULES[name], *argv, "--out", str(run_dir), "--progress"]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["PYTHONUNBUFFERED"] = "1"
+    env = backend_env()
     start, started_at = time.perf_counter(), time.time()
     with open(run_dir / STDOUT_LOG, "w") as out_log, open(run_dir / STDERR_LOG, "w") as err_log:
         try:
@@ -115,7 +122,7 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
         reader.join(timeout=5)
     if code == ExitCode.OK:
         return BackendRun(name, run_dir, BackendStatus.OK, 0, "", wall, command, started_at)
-    message = _error_line(run_dir / STDERR_LOG)
+    message = error_line((run_dir / STDERR_LOG).read_text(errors="replace"))
     if code == ExitCode.USAGE:
         status = BackendStatus.USAGE_ERROR
     elif code == ExitCode.NONFINITE:

@@ -1,0 +1,100 @@
+"""The Flax NNX port of `torch_llama.py`, written as a team porting its model would write it. Module
+names follow the port's own style (`attn`, not `self_attn`); the twin declares that one rename. NNX
+keeps Linear kernels (in, out), Embed's `embedding` and RMSNorm's `scale`: the toolkit derives every
+layout from the two trees.
+
+`rope_layout` picks how rotary pairs are formed: "rotate_half" (Hugging Face's, pairs i and i + hd/2,
+what the torch model does) or "interleaved" (Meta's original checkpoints, pairs 2i and 2i + 1). The
+second one is the classic port mistake `twin.py:llama_tiny_misported` makes.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def _linear(n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(n_in, n_out, use_bias=False, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+
+
+def rotary(x, theta: float, layout: str):  # x (B, T, H, hd)
+    t, hd = x.shape[1], x.shape[-1]
+    inv_freq = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
+    freqs = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # (T, hd/2)
+    if layout == "rotate_half":
+        cos, sin = (jnp.concatenate((f, f), axis=-1)[None, :, None, :] for f in (jnp.cos(freqs), jnp.sin(freqs)))
+        half = hd // 2
+        return x * cos + jnp.concatenate((-x[..., half:], x[..., :half]), axis=-1) * sin
+    cos, sin = jnp.cos(freqs)[None, :, None, :], jnp.sin(freqs)[None, :, None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return jnp.stack((even * cos - odd * sin, even * sin + odd * cos), axis=-1).reshape(x.shape)
+
+
+class Attention(nnx.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs: nnx.Rngs):
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.q_proj = _linear(d_model, n_heads * self.head_dim, rngs)
+        self.k_proj = _linear(d_model, n_kv_heads * self.head_dim, rngs)
+        self.v_proj = _linear(d_model, n_kv_heads * self.head_dim, rngs)
+        self.o_proj = _linear(n_heads * self.head_dim, d_model, rngs)
+        self.rope_theta, self.rope_layout = rope_theta, rope_layout
+
+    def __call__(self, x):  # (B, T, D)
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        q, k = (rotary(z, self.rope_theta, self.rope_layout) for z in (q, k))
+        repeat = self.n_heads // self.n_kv_heads
+        k, v = jnp.repeat(k, repeat, axis=2), jnp.repeat(v, repeat, axis=2)
+        scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.head_dim)
+        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+        probs = jax.nn.softmax(jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1).astype(x.dtype)
+        return self.o_proj(jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, -1))
+
+
+class MLP(nnx.Module):
+    def __init__(self, d_model, d_ff, rngs: nnx.Rngs):
+        self.gate_proj = _linear(d_model, d_ff, rngs)
+        self.up_proj = _linear(d_model, d_ff, rngs)
+        self.down_proj = _linear(d_ff, d_model, rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rope_layout, rngs: nnx.Rngs):
+        self.input_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, rngs=rngs)
+        self.attn = Attention(d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs)
+        self.post_attention_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, rngs=rngs)
+        self.mlp = MLP(d_model, d_ff, rngs)
+
+    def __call__(self, x):
+        x = x + self.attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nnx.Module):
+    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
+                 d_ff: int, rms_eps: float = 1e-5, rope_theta: float = 10000.0, rope_layout: str = "rotate_half",
+                 *, rngs: nnx.Rngs):
+        self.embed_tokens = nnx.Embed(vocab_size, d_model, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+        self.layers = nnx.List([DecoderLayer(d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rope_layout,
+                                             rngs) for _ in range(n_layers)])
+        self.norm = nnx.RMSNorm(d_model, epsilon=rms_eps, rngs=rngs)
+        self.lm_head = _linear(d_model, vocab_size, rngs)
+
+    def __call__(self, tokens):  # (B, T) int -> (B, T, vocab)
+        x = self.embed_tokens(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+
+
+def llama_interleaved(**hparams) -> Llama:
+    """The mis-port: rotary pairs formed as Meta's original code does, while the torch model rotates halves."""
+    return Llama(**hparams, rope_layout="interleaved")

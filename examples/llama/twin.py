@@ -1,0 +1,42 @@
+"""The Llama example twin, as a user declares one: this file imports no framework (compare reads it in
+its own process); the two models live in torch_llama.py and nnx_llama.py.
+
+    python -m compare --twin examples/llama/twin.py:llama_tiny --backend both
+    python -m compare --twin examples/llama/twin.py:llama_tiny --mesh data=2,tensor=2
+    python -m compare --twin examples/llama/twin.py:llama_tiny_misported    # fails at layer 0's attention
+"""
+from common.spec import TrainSpec
+from common.twin import Twin
+
+HPARAMS = {"vocab_size": 256, "seq_len": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+           "d_ff": 176, "rms_eps": 1e-5, "rope_theta": 10000.0}
+
+# Megatron's tensor-parallel layout over the NNX (canonical) names: column-parallel q/k/v, gate and
+# up (their output columns split), row-parallel o and down (their input rows), a vocab-parallel head.
+PARTITION_RULES = (
+    (r"attn\.(q|k|v)_proj\.kernel$", (None, "tensor")),
+    (r"mlp\.(gate|up)_proj\.kernel$", (None, "tensor")),
+    (r"(attn\.o_proj|mlp\.down_proj)\.kernel$", ("tensor", None)),
+    (r"lm_head\.kernel$", (None, "tensor")),
+)
+
+llama_tiny = Twin(
+    torch="torch_llama.py:Llama",
+    nnx="nnx_llama.py:Llama",
+    task="lm",
+    hparams=HPARAMS,
+    rename={r"\.self_attn\.": ".attn."},  # Hugging Face's name on the torch side, the port's own on the NNX side
+    partition_rules=PARTITION_RULES,
+    train=TrainSpec(optimizer="adamw", lr=3e-3, weight_decay=0.1, beta2=0.95, schedule="warmup_cosine",
+                    schedule_warmup_steps=5, global_batch_size=16, steps=30),
+)
+
+llama_tiny_misported = Twin(
+    torch="torch_llama.py:Llama",
+    nnx="nnx_llama.py:llama_interleaved",
+    task="lm",
+    hparams=HPARAMS,
+    rename={r"\.self_attn\.": ".attn."},
+    partition_rules=PARTITION_RULES,
+    train=llama_tiny.train,
+)
