@@ -41,6 +41,18 @@ def _input_shape(spec: RunSpec) -> tuple[int, ...]:
     return (m.input_size,) if isinstance(m, MLPSpec) else tuple(m.input_shape)
 
 
+ACTIVATION_ROWS, ACTIVATION_TOKENS = 2, 64
+
+
+def activation_inputs(spec: RunSpec, inputs: np.ndarray) -> np.ndarray:
+    """The slice of step 0's inputs whose per-module activations are captured, small enough to keep for
+    any model: 2 examples; of a language model 1 sequence's first 64 tokens (it is causal: a prefix is
+    computed as in the whole sequence)."""
+    if spec.is_language_model:
+        return np.ascontiguousarray(inputs[:1, :ACTIVATION_TOKENS])
+    return np.ascontiguousarray(inputs[:ACTIVATION_ROWS])
+
+
 def input_ndim(spec: RunSpec) -> int:
     """Dimensions of a batch's inputs: (B, T) tokens or (B, *input_shape)."""
     return 2 if spec.is_language_model else 1 + len(_input_shape(spec))

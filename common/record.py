@@ -2,7 +2,8 @@
 
 A run directory holds `record.json` (this schema) and, with `--parity`,
 `tensors.npz` (canonical layout, keys `<group>/<canonical name>`, groups
-`outputs`, `grads`, `params`). Both are written atomically (temp file +
+`outputs`, `grads`, `params`, and `activations`: step 0's per-module outputs and inputs (`<module>:in`)
+in the order the modules finished). Both are written atomically (temp file +
 rename), so a reader never sees half a file. `read_record` validates and
 raises `RecordError` with one line on a missing, corrupt or wrong-schema file.
 """
@@ -29,7 +30,7 @@ from common.vocab import Phase, RecordStatus, values
 SCHEMA_VERSION = 2
 RECORD_FILE = "record.json"
 TENSORS_FILE = "tensors.npz"
-TENSOR_GROUPS = ("outputs", "grads", "params")
+TENSOR_GROUPS = ("outputs", "grads", "params", "activations")
 
 # Environment variables that change numerics, devices or compilation.
 NUMERICS_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION",

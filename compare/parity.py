@@ -96,6 +96,36 @@ def worst_tensors(tensors: dict[str, dict], n: int = 10) -> list[dict]:
     return [{"name": name, **e} for name, e in sorted(tensors.items(), key=key)[:n]]
 
 
+def _aligned(ref: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """`other` in `ref`'s layout: image activations may be NCHW on one side and NHWC on the other."""
+    if ref.shape != other.shape and other.ndim == 4:
+        for axes in ((0, 2, 3, 1), (0, 3, 1, 2)):
+            if other.transpose(axes).shape == ref.shape:
+                return other.transpose(axes)
+    return other
+
+
+def first_divergent_module(ref: dict, other: dict, bounds: dict) -> dict | None:
+    """Where two ports part at step 0: in the order the reference's modules finished, the first module
+    whose input agrees but whose output does not (the culprit: everything it was fed agreed), else the
+    first module whose output disagrees. None when every module agrees (or none was captured)."""
+    outputs = [k for k in ref if not k.endswith(":in") and k in other]
+    errors = {k: tensor_error(ref[k], _aligned(ref[k], other[k]), bounds["atol"], bounds["rtol"]) for k in outputs}
+    diverging = [k for k in outputs if not errors[k]["within"]]
+    if not diverging:
+        return None
+
+    def input_agrees(k: str) -> bool:
+        a, b = ref.get(f"{k}:in"), other.get(f"{k}:in")
+        return a is not None and b is not None and tensor_error(a, _aligned(a, b), bounds["atol"],
+                                                                bounds["rtol"])["within"]
+
+    culprit = next((k for k in diverging if input_agrees(k)), None)
+    module = culprit or diverging[0]
+    return {"step": 0, "module": module, "input_agrees": culprit is not None, "output_error": errors[module],
+            "modules_compared": len(outputs), "modules_diverging": len(diverging)}
+
+
 def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, policy, intended: list[str]) -> dict:
     """The whole parity verdict of two runs (report.json's `parity`): settings, tensors, losses."""
     differences = setting_differences(ref, other)
@@ -103,8 +133,14 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     tensors = compare_tensors(ref_tensors, other_tensors, policy)
     loss = compare_losses(ref.losses, other.losses, policy["loss"])
     comparable = not unexplained
-    passed = comparable and loss["first_divergent_step"] is None and all(t["within"] for t in tensors.values())
+    # step 0's logits, loss and gradients are measured before the first update: when one of them is out of
+    # tolerance the runs part at step 0, even if the loss curves stay close for a while
+    step0_fails = any(not t["within"] for k, t in tensors.items() if not k.startswith("params/"))
+    first_step = 0 if step0_fails else loss["first_divergent_step"]
+    passed = comparable and first_step is None and all(t["within"] for t in tensors.values())
     return {"checked": True, "comparable": comparable, "setting_differences": differences,
             "intended_differences": [d for d in differences if d not in unexplained],
-            "first_divergent_step": loss["first_divergent_step"], "loss": loss, "tensors": tensors,
+            "first_divergent_step": first_step, "loss": loss, "tensors": tensors,
+            "first_divergent_module": first_divergent_module(ref_tensors.get("activations", {}),
+                                                             other_tensors.get("activations", {}), policy["forward"]),
             "worst": worst_tensors(tensors), "passed": passed}

@@ -13,6 +13,14 @@ def _fmt(value, spec: str = ".3g") -> str:
     return str(value)
 
 
+def _module(found: dict | None) -> str:
+    if not found:
+        return "-"
+    why = "its input agrees, its output does not" if found["input_agrees"] else "its output differs"
+    return (f"{found['module']} ({why}: max abs {_fmt(found['output_error']['abs'], '.3e')}; "
+            f"{found['modules_diverging']}/{found['modules_compared']} modules differ)")
+
+
 def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """One column per backend judged against the reference, its worst tensors, and every pair's |Δloss|."""
     parity, ref = report["parity"], report["reference"]
@@ -21,6 +29,7 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             ["settings compared"] + ["equal" if not parity[n]["setting_differences"]
                                      else "; ".join(parity[n]["setting_differences"]) for n in others],
             ["first divergent step"] + [_fmt(parity[n]["first_divergent_step"]) for n in others],
+            ["first divergent module (step 0)"] + [_module(parity[n].get("first_divergent_module")) for n in others],
             ["max |Δloss| over steps"] + [_fmt((parity[n].get("loss") or {}).get("max_abs"), ".3e") for n in others],
             ["tensors within tolerance"] + [f"{sum(t['within'] for t in parity[n]['tensors'].values())}/"
                                             f"{len(parity[n]['tensors'])}" for n in others]]

@@ -11,7 +11,9 @@ report.json keys (schema_version 2):
   parity                  null unless the reference and another backend finished, else per other
                           backend that finished, against the reference:
     .<name>.checked, .comparable, .setting_differences, .intended_differences,
-    .first_divergent_step (null when none), .loss {max_abs, per_step_abs, steps_compared},
+    .first_divergent_step (null when none; 0 when a step-0 tensor is out of tolerance),
+    .first_divergent_module {step, module, input_agrees, output_error, modules_compared, modules_diverging}
+      (null when every module's step-0 activation agrees), .loss {max_abs, per_step_abs, steps_compared},
     .tensors {"<group>/<name>": {abs, rel, within, kind}}, .worst [10 worst], .passed
   pairwise_loss           {"<a> vs <b>": max |Δloss| over the steps} for every pair of backends
   backends.<name>         status (a BackendStatus), message, exit_code, wall_s, record, logs,
@@ -127,7 +129,10 @@ def _failure(name: str, parity: dict) -> str:
     worst = parity["worst"][0] if parity["worst"] else None
     step = parity["first_divergent_step"]
     where = f"{name}: parity failed: first divergent step {step if step is not None else 'none'}"
-    return where + (f"; worst tensor {worst['name']} (max abs {worst['abs']}, within={worst['within']})"
+    module = parity.get("first_divergent_module")
+    if module:
+        where += f", first divergent module {module['module']}"
+    return where + (f"; worst tensor {worst['name']} (max abs {worst['abs']:.3g}, within={worst['within']})"
                     if worst else "")
 
 

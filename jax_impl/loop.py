@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import optax
 
-from common.data import Batch, make_dataset, shape_changed
+from common.data import Batch, activation_inputs, make_dataset, shape_changed
 from common.record import RunRecord, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
 from common.vocab import Phase, RecordStatus
@@ -27,7 +27,8 @@ class JittedTrainer:
     """What every one-jitted-step trainer shares: optimizer state placed like its parameters, the jitted
     step with donation, forward and loss-and-grads, and the step-0 parity tensors. A runtime sets
     `spec`, `params` (placed on `mesh`) and `tx`, calls `compile_functions(mesh)`, and defines `_forward`,
-    `_loss` and `to_canonical` (its gradient or parameter tree -> {canonical name: numpy array})."""
+    `_loss`, `to_canonical` (its gradient or parameter tree -> {canonical name: numpy array}) and
+    `step0_activations` (inputs -> {module: activation}, named like the NNX twin's modules)."""
 
     def compile_functions(self, mesh) -> None:
         # Optimizer moments are placed like their parameters (sharded under fsdp/tp), counters
@@ -54,12 +55,13 @@ class JittedTrainer:
     def canonical_params(self) -> dict[str, np.ndarray]:
         return self.to_canonical(self.params)
 
-    def step0_tensors(self, batch: Batch) -> dict[str, dict[str, np.ndarray]]:
-        """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
+    def step0_tensors(self, batch: Batch, activation_inputs: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+        """Parity tensors before any update: logits and loss of `batch`, every gradient (canonical), and
+        every module's input and output on `activation_inputs` (a slice of the batch)."""
         logits = self.forward(self.params, batch.inputs)
         loss, grads = self.loss_and_grads(self.params, batch)
         return {"outputs": {"logits": sharding.to_host(logits), "loss": np.asarray(sharding.to_host(loss))},
-                "grads": self.to_canonical(grads)}
+                "grads": self.to_canonical(grads), "activations": self.step0_activations(activation_inputs)}
 
 
 def timed_step(trainer, monitor: CompileMonitor, step: int, batch: Batch) -> tuple[float, float]:
@@ -85,7 +87,8 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
     put = lambda step: sharding.put_batch(shape_changed(data.global_batch(step), step, shape_change_step),  # noqa: E731
                                           spec.mesh, mesh)
 
-    tensors = trainer.step0_tensors(put(0)) if parity else {}  # before any update
+    # before any update
+    tensors = trainer.step0_tensors(put(0), activation_inputs(spec, data.global_batch(0).inputs)) if parity else {}
 
     record = new_record()
     timeline["loop_start"] = time.time()

@@ -24,6 +24,7 @@ from common.record import RunRecord, host_platform, numerics_env, package_versio
 from common.spec import RunSpec
 from common.weights import start_params
 from jax_impl import convert, sharding
+from jax_impl.capture import capture_activations
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
 from jax_impl.models import build_model
@@ -56,6 +57,9 @@ class JaxTrainer(JittedTrainer):
 
     def _loss(self, params, batch: Batch):
         return cross_entropy(self._forward(params, batch.inputs), batch.targets)
+
+    def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
+        return capture_activations(nnx.merge(self.graphdef, self.params, self.rest), inputs)
 
     def to_canonical(self, tree) -> dict[str, np.ndarray]:
         return {k: sharding.to_host(v) for k, v in convert.to_canonical(tree).items()}

@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from common.data import make_dataset, shape_changed
+from common.data import activation_inputs, make_dataset, shape_changed
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec, TrainSpec
 from common.vocab import RecordStatus
 from common.weights import start_params
-from torch_impl.convert import correspondence, load_canonical, to_canonical
+from torch_impl.capture import capture_activations
+from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
 from torch_impl.models import build_model
 
 
@@ -74,6 +75,7 @@ class TorchTrainer:
         canonical = start_params(spec.model, spec.train.seed, checkpoint)
         self.model = load_canonical(build_model(spec.model, spec.train.seed), canonical, spec.model).to(self.device)
         self.correspondence = correspondence(self.model, spec.model)
+        self.module_names = modules_to_canonical(self.model, spec.model)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)
         bf16 = spec.train.dtype == "bfloat16"
@@ -106,7 +108,14 @@ class TorchTrainer:
         out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
                "grads": to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
+        out["activations"] = self.step0_activations()
         return out
+
+    def step0_activations(self) -> dict[str, np.ndarray]:
+        """Every module's input and output on a slice of step 0's batch (torch_impl.capture)."""
+        inputs = torch.from_numpy(activation_inputs(self.spec, self.data.global_batch(0).inputs)).to(self.device)
+        with self.autocast():
+            return capture_activations(self.model, inputs, self.module_names)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return to_canonical(self.model.state_dict(), self.correspondence)

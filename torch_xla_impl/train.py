@@ -39,12 +39,13 @@ import torch_xla.core.xla_model as xm
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
-from common.data import input_ndim, make_dataset, process_slice, shape_changed
+from common.data import activation_inputs, input_ndim, make_dataset, process_slice, shape_changed
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
 from common.vocab import Phase, RecordStatus, TraceMode
 from common.weights import start_params
 from torch_impl import convert
+from torch_impl.capture import capture_activations
 from torch_impl.models import build_model
 from torch_impl.train import clip_gradients, cross_entropy, make_optimizer, set_lr
 from torch_xla_impl import replicas as replica_sync
@@ -90,6 +91,7 @@ class TorchXlaTrainer:
         canonical = start_params(spec.model, spec.train.seed, checkpoint)
         convert.load_canonical(model, canonical, spec.model)
         self.correspondence = convert.correspondence(model, spec.model)
+        self.module_names = convert.modules_to_canonical(model, spec.model)
         self.model = model.to(self.device)
         if spmd_mesh is not None:
             sharding.shard_model(self.model, spec.model, spec.mesh, spmd_mesh)
@@ -182,7 +184,14 @@ class TorchXlaTrainer:
         out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
                "grads": convert.to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
+        out["activations"] = self.step0_activations()
         return out
+
+    def step0_activations(self) -> dict[str, np.ndarray]:
+        """Every module's input and output on a slice of step 0's batch (torch_impl.capture)."""
+        inputs = torch.from_numpy(activation_inputs(self.spec, self.data.global_batch(0).inputs)).to(self.device)
+        with self.autocast():
+            return capture_activations(self.model, inputs, self.module_names)
 
 
 def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, batch) -> tuple[float, float, float]:

@@ -34,7 +34,8 @@ from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
 from jax_impl.optim import make_optimizer
-from torch_impl.convert import correspondence, load_canonical, to_canonical
+from torch_impl.capture import capture_activations
+from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
 from torch_impl.models import build_model
 from torch_impl.train import cross_entropy
 from torchax_impl.sharding import param_shardings
@@ -50,6 +51,7 @@ class TorchaxTrainer(JittedTrainer):
         canonical = start_params(spec.model, spec.train.seed, checkpoint)
         model = load_canonical(build_model(spec.model, spec.train.seed), canonical, spec.model)
         self.correspondence = correspondence(model, spec.model)
+        self.model, self.module_names = model, modules_to_canonical(model, spec.model)
         states, self.forward_fn = torchax.extract_jax(model)  # parameters and buffers, by state_dict name
         shardings = param_shardings(model, spec.model, spec.mesh, mesh)
         self.params = {k: jax.device_put(v, shardings[k]) for k, v in states.items() if k in shardings}
@@ -64,6 +66,15 @@ class TorchaxTrainer(JittedTrainer):
 
     def _loss(self, params, batch: Batch):
         return interop.call_torch(cross_entropy, self._forward(params, batch.inputs), batch.targets)
+
+    def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
+        """Module activations from the torch module run eagerly by torchax (forward hooks see torchax
+        tensors); called before any update, when the module still holds the starting weights."""
+        env = torchax.default_env()
+        with env:
+            model = self.model.to("jax")
+            return capture_activations(model, env.j2t_iso(jax.numpy.asarray(inputs)), self.module_names,
+                                       to_numpy=lambda t: np.asarray(env.t2j_iso(t)))
 
     def to_canonical(self, tree) -> dict[str, np.ndarray]:
         return to_canonical({k: sharding.to_host(v) for k, v in tree.items()}, self.correspondence)
