@@ -29,6 +29,7 @@ from common.spec import SpecError
 
 LEAF_RULES = {"weight": ("kernel", "embedding", "scale", "weight"), "bias": ("bias",)}
 SAME, TRANSPOSE, CONV = "same", "transpose", "conv"
+ROOT_MODULE = "(model)"  # the whole model's name among the step-0 activations (its own forward's code)
 
 
 class CorrespondenceError(SpecError):
@@ -198,15 +199,15 @@ def _unmatched_message(torch_params, canonical, misses: dict, unmatched_nnx: lis
 def module_map(torch_modules: list[str], canonical: Mapping[str, tuple], rename: Mapping[str, str] = {}  # noqa: B006
                ) -> dict[str, str]:
     """torch module path -> NNX module path, for the modules both sides have (by normalised path; every
-    prefix of a canonical parameter name is an NNX module). The root is ''."""
-    nnx_modules = {""}
+    prefix of a canonical parameter name is an NNX module). The root is ROOT_MODULE."""
+    nnx_modules = set()
     for name in canonical:
         parts = name.split(".")
         nnx_modules.update(".".join(parts[:i]) for i in range(1, len(parts)))
     by_norm = {_norm(m): m for m in nnx_modules}
-    out = {}
-    for module in torch_modules:
-        renamed = _rename(module + ".", rename).rstrip(".") if module else ""
+    out = {"": ROOT_MODULE} if "" in torch_modules else {}
+    for module in filter(None, torch_modules):
+        renamed = _rename(module + ".", rename).rstrip(".")
         if _norm(renamed) in by_norm:
             out[module] = by_norm[_norm(renamed)]
     return out

@@ -104,10 +104,12 @@ def resolve(ref: str, base_dir: str = "", what: str = "factory"):
     """The object an import string names: `path/to/file.py:name` or `package.module:name[.attr]`."""
     target, name = _split_ref(ref, what)
     try:
-        if target.endswith(".py"):
+        if target.endswith(".py") or "/" in target:
             path = Path(base_dir, target) if base_dir and not Path(target).is_absolute() else Path(target)
             if not path.is_file():
                 raise TwinError(f"{what} {ref!r}: file {path} does not exist")
+            if path.suffix != ".py":
+                raise TwinError(f"{what} {ref!r}: {path} is not a Python file (.py)")
             module = _import_file(path.resolve())
         else:
             module = importlib.import_module(target)

@@ -61,8 +61,14 @@ def prepare_twin(spec: RunSpec, torch_python: str, jax_python: str, timeout_s: f
         write_json_atomic(folder / SPEC_FILE, spec.to_dict())
         procs = {side: _describe(python, module, folder / SPEC_FILE, folder) for side, python, module in
                  (("torch", torch_python, "torch_impl.describe"), ("NNX", jax_python, "jax_impl.describe"))}
-        for side, proc in procs.items():
-            _wait(proc, side, timeout_s)
+        try:
+            for side, proc in procs.items():
+                _wait(proc, side, timeout_s)
+        finally:  # one side failed: stop the other before its files land in a folder about to go
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
         torch_params = _read_json(folder / "torch_params.json")
         canonical = _read_json(folder / "nnx_params.json")
         corr = derive(torch_params, canonical, packed=twin.packed, rename=twin.rename)

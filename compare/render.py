@@ -4,6 +4,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from common.correspond import ROOT_MODULE
+
 
 def _fmt(value, spec: str = ".3g") -> str:
     if value is None:
@@ -17,6 +19,9 @@ def _module(found: dict | None) -> str:
     if not found:
         return "-"
     why = "its input agrees, its output does not" if found["input_agrees"] else "its output differs"
+    if found["module"] == ROOT_MODULE and found["input_agrees"]:
+        why = "the model's own forward code, outside its submodules: each submodule that differs was fed a " \
+              "differing input"
     return (f"{found['module']} ({why}: max abs {_fmt(found['output_error']['abs'], '.3e')}; "
             f"{found['modules_diverging']}/{found['modules_compared']} modules differ)")
 

@@ -11,6 +11,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from common.correspond import ROOT_MODULE
+
 
 def _first_array(value):
     if isinstance(value, jax.Array):
@@ -21,8 +23,8 @@ def _first_array(value):
 
 
 def capture_activations(model: nnx.Module, inputs) -> dict[str, np.ndarray]:
-    """{path: output, path + ':in': first input} of every submodule (the root's output is the logits)."""
-    paths = {id(m): ".".join(str(p) for p in path) for path, m in nnx.iter_modules(model) if path}
+    """{path: output, path + ':in': first input} of every module, the model itself as ROOT_MODULE."""
+    paths = {id(m): ".".join(str(p) for p in path) or ROOT_MODULE for path, m in nnx.iter_modules(model)}
     captured: dict[str, np.ndarray] = {}
     patched = {}
     for cls in {type(m) for _, m in nnx.iter_modules(model)}:
@@ -41,7 +43,7 @@ def capture_activations(model: nnx.Module, inputs) -> dict[str, np.ndarray]:
         patched[cls] = cls.__dict__.get("__call__")
         cls.__call__ = call
     try:
-        model(inputs)
+        model(jax.numpy.asarray(inputs))
     finally:
         for cls, own in patched.items():
             if own is None:

@@ -1,0 +1,48 @@
+"""A user's own small classifier, once in torch.nn and once in Flax NNX (a throwaway project's file:
+the toolkit reaches it only through twins.py)."""
+import jax
+import torch
+from flax import nnx
+from torch import nn
+
+
+class TorchNet(nn.Module):
+    def __init__(self, input_shape: int, hidden: int, num_classes: int):
+        super().__init__()
+        self.fc1 = nn.Linear(input_shape, hidden)
+        self.norm = nn.LayerNorm(hidden, eps=1e-5)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.norm(self.fc1(x))))
+
+
+class NnxNet(nnx.Module):
+    def __init__(self, input_shape: int, hidden: int, num_classes: int, *, rngs: nnx.Rngs, gelu: bool = False):
+        self.fc1 = nnx.Linear(input_shape, hidden, rngs=rngs)
+        self.norm = nnx.LayerNorm(hidden, epsilon=1e-5, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden, num_classes, rngs=rngs)
+        self.activation = jax.nn.gelu if gelu else jax.nn.relu
+
+    def __call__(self, x):
+        return self.fc2(self.activation(self.norm(self.fc1(x))))
+
+
+def nnx_net_misported(**hparams):
+    """The port reached for GELU where the torch model uses ReLU."""
+    return NnxNet(**hparams, gelu=True)
+
+
+def nnx_net_renamed(input_shape, hidden, num_classes, *, rngs):
+    net = NnxNet(input_shape, hidden, num_classes, rngs=rngs)
+    net.out = net.fc2  # a head named differently from torch's fc2
+    del net.fc2
+    return net
+
+
+def raises(**hparams):
+    raise ValueError("hidden must be even")
+
+
+def not_a_module(**hparams):
+    return {"fc1": None}

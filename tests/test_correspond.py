@@ -1,0 +1,114 @@
+"""The derived parameter correspondence (common/correspond.py) and twin definitions (common/twin.py):
+numpy only, no framework."""
+import numpy as np
+import pytest
+
+from common.correspond import CorrespondenceError, derive, module_map
+from common.presets import load_spec
+from common.spec import SpecError
+from common.twin import BUILTIN, TwinError, hparams_of, load_twin
+from common.weights import init_params
+
+TORCH_GPT_BLOCK = {  # nanoGPT-style names and torch layouts
+    "wte.weight": (50, 8), "h.0.ln_1.weight": (8,), "h.0.ln_1.bias": (8,), "h.0.attn.c_attn.weight": (24, 8),
+    "h.0.attn.c_attn.bias": (24,), "h.0.attn.c_proj.weight": (8, 8), "h.0.mlp.fc.weight": (32, 8),
+    "conv.weight": (4, 3, 5, 5),
+}
+NNX_GPT_BLOCK = {
+    "wte.embedding": (50, 8), "h.0.ln_1.scale": (8,), "h.0.ln_1.bias": (8,), "h.0.attn.q.kernel": (8, 8),
+    "h.0.attn.k.kernel": (8, 8), "h.0.attn.v.kernel": (8, 8), "h.0.attn.q.bias": (8,), "h.0.attn.k.bias": (8,),
+    "h.0.attn.v.bias": (8,), "h.0.attn.c_proj.kernel": (8, 8), "h.0.mlp.fc.kernel": (8, 32),
+    "conv.kernel": (5, 5, 3, 4),
+}
+PACKED = {"attn.c_attn": ("attn.q", "attn.k", "attn.v")}
+
+
+def test_layouts_and_packed_projection_round_trip_bitwise():
+    corr = derive(TORCH_GPT_BLOCK, NNX_GPT_BLOCK, packed=PACKED)
+    layouts = {link.torch: (link.canonical, link.layout) for link in corr.links}
+    assert layouts["wte.weight"] == (("wte.embedding",), "same")
+    assert layouts["h.0.ln_1.weight"] == (("h.0.ln_1.scale",), "same")
+    assert layouts["h.0.attn.c_attn.weight"] == (("h.0.attn.q.kernel", "h.0.attn.k.kernel", "h.0.attn.v.kernel"),
+                                                 "transpose")
+    assert layouts["conv.weight"] == (("conv.kernel",), "conv")
+    rng = np.random.default_rng(0)
+    torch_arrays = {k: rng.standard_normal(s).astype(np.float32) for k, s in TORCH_GPT_BLOCK.items()}
+    canonical = corr.to_canonical(torch_arrays)
+    assert np.array_equal(canonical["h.0.attn.k.kernel"], torch_arrays["h.0.attn.c_attn.weight"][8:16].T)
+    assert np.array_equal(canonical["conv.kernel"], torch_arrays["conv.weight"].transpose(2, 3, 1, 0))
+    back = corr.to_torch(canonical)
+    assert all(np.array_equal(back[k], v) for k, v in torch_arrays.items())
+
+
+def test_unequal_packed_parts_split_by_the_nnx_shapes():
+    """Grouped-query attention packs a wide q with narrow k and v."""
+    corr = derive({"attn.qkv.weight": (16, 8)}, {"attn.q.kernel": (8, 8), "attn.k.kernel": (8, 4),
+                                                 "attn.v.kernel": (8, 4)}, packed={"attn.qkv": ("attn.q", "attn.k",
+                                                                                                "attn.v")})
+    value = np.arange(128, dtype=np.float32).reshape(16, 8)
+    canonical = corr.to_canonical({"attn.qkv.weight": value})
+    assert np.array_equal(canonical["attn.v.kernel"], value[12:].T)
+
+
+def test_rename_and_normalised_names():
+    corr = derive({"layers.0.self_attn.q_proj.weight": (4, 6), "Final_Norm.weight": (6,)},
+                  {"layers.0.attn.q_proj.kernel": (6, 4), "finalnorm.scale": (6,)},
+                  rename={r"\.self_attn\.": ".attn."})
+    assert [(link.torch, link.canonical[0]) for link in corr.links] == [
+        ("layers.0.self_attn.q_proj.weight", "layers.0.attn.q_proj.kernel"), ("Final_Norm.weight", "finalnorm.scale")]
+    assert module_map(["", "layers.0.self_attn", "layers.0.self_attn.q_proj", "layers.0.dropout"],
+                      {"layers.0.attn.q_proj.kernel": (6, 4)}, {r"\.self_attn\.": ".attn."}) == {
+        "": "(model)", "layers.0.self_attn": "layers.0.attn", "layers.0.self_attn.q_proj": "layers.0.attn.q_proj"}
+
+
+def test_unmatched_tensors_of_both_sides_are_all_listed_with_shapes_and_closest():
+    torch_side = {"embed.weight": (50, 8), "blocks.0.attn.wq.weight": (8, 8), "blocks.0.attn.wk.weight": (8, 8),
+                  "blocks.0.norm.weight": (8,), "head.weight": (50, 8)}
+    nnx_side = {"embed.embedding": (50, 8), "blocks.0.attn.query.kernel": (8, 8), "blocks.0.attn.key.kernel": (8, 8),
+                "blocks.0.norm.scale": (8,), "head.kernel": (8, 60)}
+    with pytest.raises(CorrespondenceError) as caught:
+        derive(torch_side, nnx_side)
+    message = str(caught.value)
+    assert "\n" not in message and isinstance(caught.value, SpecError)  # one line, exit 2 in the CLIs
+    assert "torch has 3 unmatched" in message and "NNX has 3 unmatched" in message
+    for item in ("blocks.0.attn.wq.weight [8, 8]", "blocks.0.attn.wk.weight [8, 8]", "head.weight [50, 8]",
+                 "blocks.0.attn.query.kernel [8, 8]", "blocks.0.attn.key.kernel [8, 8]", "head.kernel [8, 60]"):
+        assert item in message, item
+    assert "head.weight [50, 8] (shape differs from head.kernel [8, 60])" in message
+    assert "blocks.0.attn.wq.weight [8, 8] (closest blocks.0.attn.query.kernel [8, 8])" in message
+
+
+@pytest.mark.parametrize("preset", ["gpt-tiny", "mlp-tiny", "cnn-digits"])
+def test_builtin_models_are_twins(preset):
+    spec = load_spec(preset).model
+    twin = BUILTIN[spec.family]
+    assert twin.torch == f"torch_impl.models:{spec.family}" and twin.init == "canonical"
+    assert hparams_of(spec)  # the factories take the spec's fields
+    assert set(init_params(spec, 0))
+
+
+def test_twin_references_that_do_not_load(tmp_path):
+    (tmp_path / "twins.py").write_text("from common.twin import Twin\nnot_a_twin = 3\n"
+                                       "t = Twin(torch='m.py:A', nnx='m.py:B', hparams={'vocab_size': 8, 'seq_len': 4})\n")
+    (tmp_path / "heavy.py").write_text("import torch\nfrom common.twin import Twin\n"
+                                       "t = Twin(torch='m.py:A', nnx='m.py:B')\n")
+    cases = [(f"{tmp_path}/missing.py:t", "file .*missing.py does not exist"),
+             (f"{tmp_path}/twins.py:nope", "has no 'nope'"),
+             (f"{tmp_path}/twins.py:not_a_twin", "is a int, not a common.twin.Twin"),
+             (f"{tmp_path}/twins.py", "must look like path/to/file.py:name"),
+             (f"{tmp_path}/heavy.py:t", "loading it imported torch; keep framework code in the factory modules")]
+    for ref, message in cases:
+        with pytest.raises(TwinError, match=message):
+            load_twin(ref, frameworks_allowed=False)
+    assert load_twin(f"{tmp_path}/twins.py:t").base_dir == str(tmp_path)
+
+
+def test_set_reaches_a_twins_hyperparameters_with_their_types():
+    spec = load_spec("", ["model.n_layers=3", "model.rope_theta=500000", "train.steps=4"],
+                     twin="examples/llama/twin.py:llama_tiny")
+    assert spec.model.hparams["n_layers"] == 3 and spec.model.hparams["rope_theta"] == 500000.0
+    assert spec.model.vocab_size == 256 and spec.seq_len == 64 and spec.train.steps == 4
+    with pytest.raises(SpecError, match="has no hyperparameter 'n_layer'"):
+        load_spec("", ["model.n_layer=3"], twin="examples/llama/twin.py:llama_tiny")
+    with pytest.raises(SpecError, match="model.n_layers=x must be an integer"):
+        load_spec("", ["model.n_layers=x"], twin="examples/llama/twin.py:llama_tiny")

@@ -1,0 +1,91 @@
+"""Bring your own twin: `python -m compare --twin`, the Python API and the pytest plugin on a user's own
+models (tests/data/user_project, a throwaway project of its own) and the Llama example twin."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, run_cli
+
+USER = "tests/data/user_project/twins.py"
+LLAMA = "examples/llama/twin.py"
+
+
+def compare(*args, timeout=900):
+    return run_cli("compare", "--quiet", *args, timeout=timeout)
+
+
+@pytest.mark.parametrize("twin, message", [
+    (f"{USER}x:net", r"file .*twins.pyx does not exist"),
+    ("tests/data/user_project/models.py", "must look like path/to/file.py:name"),
+    ("tests/data/user_project/missing.py:net", "missing.py does not exist"),
+    (f"{USER}:no_such_twin", "has no 'no_such_twin'"),
+    (f"{USER}:torch_raises", "torch factory models.py:raises raised ValueError: hidden must be even"),
+    (f"{USER}:nnx_not_a_module", "NNX factory models.py:not_a_module returned a dict, not a flax.nnx.Module"),
+    (f"{USER}:net_renamed", "parameter trees do not correspond: torch has 2 unmatched .*fc2.weight \\[5, 32\\].*"
+                            "NNX has 2 unmatched .*out.kernel \\[32, 5\\] \\(closest fc2.weight \\[5, 32\\]\\)"),
+])
+def test_bad_twins_are_one_line_exit_2_and_leave_no_run_directory(tmp_path, twin, message):
+    out = tmp_path / "run"
+    proc = compare("--twin", twin, "--backend", "jax,torch", "--out", str(out))
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+    assert __import__("re").search(message, errors[0]), errors[0]
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_user_twin_passes_from_its_torch_init(tmp_path):
+    from compare import check_twin
+
+    report = check_twin(f"{USER}:net", out=tmp_path / "run", python=sys.executable)
+    assert report.passed and report.exit_code == 0, report.message
+    worst = max(t["abs"] for t in report.data["parity"]["torch"]["tensors"].values())
+    assert worst < 1e-5
+    prepared = tmp_path / "run" / "twin"
+    assert {"spec.json", "init.safetensors", "correspondence.json"} <= {p.name for p in prepared.iterdir()}
+    links = json.loads((prepared / "correspondence.json").read_text())
+    assert {"torch": "fc1.weight", "canonical": ["fc1.kernel"], "layout": "transpose"} in links
+    assert report.first_divergent_module("torch") is None
+
+
+@pytest.mark.slow
+def test_llama_twin_passes_single_device_and_on_a_mesh(tmp_path):
+    proc = compare("--twin", f"{LLAMA}:llama_tiny", "--backend", "both", "--steps", "12", "--out", str(tmp_path / "a"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert report["parity"]["torch_xla"]["loss"]["max_abs"] < 1e-4
+    proc = compare("--twin", f"{LLAMA}:llama_tiny", "--backend", "jax,torch_xla,torchax", "--mesh", "data=2,tensor=2",
+                   "--steps", "6", "--out", str(tmp_path / "b"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((tmp_path / "b" / "jax" / "record.json").read_text())
+    assert record["extra"]["mesh_strategy"] == "dpxtp"
+
+
+@pytest.mark.slow
+def test_misported_rotary_fails_at_step_0_in_layer_0_attention(tmp_path):
+    out = tmp_path / "run"
+    proc = compare("--twin", f"{LLAMA}:llama_tiny_misported", "--backend", "both", "--steps", "3", "--out", str(out))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    parity = json.loads((out / "report.json").read_text())["parity"]["torch_xla"]
+    found = parity["first_divergent_module"]
+    assert parity["first_divergent_step"] == 0 and found["module"] == "layers.0.attn" and found["input_agrees"]
+    markdown = (out / "report.md").read_text()
+    assert "first divergent step 0, first divergent module layers.0.attn" in markdown
+
+
+@pytest.mark.slow
+def test_pytest_plugin_in_a_throwaway_project(tmp_path):
+    """A user's project outside the repo, nothing installed by hand: the plugin comes with the toolkit."""
+    project = tmp_path / "my_port"
+    shutil.copytree(REPO / "tests" / "data" / "user_project", project)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"], cwd=project,
+                          capture_output=True, text=True, timeout=900, env=env)
+    out = proc.stdout
+    assert proc.returncode == 1 and "1 failed, 1 passed" in out, out[-3000:]
+    assert "test_misported" in out and "twin twins.py:net_misported fails parity" in out
+    assert "first divergent step 0, first divergent module (model)" in out
