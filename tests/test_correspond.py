@@ -89,7 +89,7 @@ def test_builtin_models_are_twins(preset):
 
 def test_twin_references_that_do_not_load(tmp_path):
     (tmp_path / "twins.py").write_text("from common.twin import Twin\nnot_a_twin = 3\n"
-                                       "t = Twin(torch='m.py:A', nnx='m.py:B', hparams={'vocab_size': 8, 'seq_len': 4})\n")
+                                       "t = Twin(torch='m.py:A', nnx='m.py:B')\n")
     (tmp_path / "heavy.py").write_text("import torch\nfrom common.twin import Twin\n"
                                        "t = Twin(torch='m.py:A', nnx='m.py:B')\n")
     cases = [(f"{tmp_path}/missing.py:t", "file .*missing.py does not exist"),
