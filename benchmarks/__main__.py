@@ -1,9 +1,10 @@
 """python -m benchmarks: is the toolkit as fast as the frameworks, and what does a comparison cost?
 
-1. Per backend (jax, torch_xla, eager torch, torchax) and preset, in one
-   subprocess each, interleaved side by side: the toolkit's step vs a minimal
-   hand-written loop; instrumented vs uninstrumented; for torch_xla the three
-   trace modes.
+1. Per backend (jax, torch_xla, eager torch, torchax) and preset, and per user
+   twin (`--twins`, default the Llama example, started from its torch init as
+   compare starts it), in one subprocess each, interleaved side by side: the
+   toolkit's step vs a minimal hand-written loop; instrumented vs
+   uninstrumented; for torch_xla the three trace modes.
 2. Per preset, whole runs repeated `--repeats` times: `python -m compare
    --backend both` (synced vs pipelined step, compile time, steady-state
    recompiles, MFU, peak RSS; for gpt-tiny, the default command, its wall
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,19 +36,45 @@ TARGETS = {"toolkit_over_minimal": 1.03, "instrumented_over_uninstrumented": 1.0
            "default_compare_wall_s": 60.0, "warm_over_cold": 0.5}
 
 
-def overhead(backend: str, preset: str, rounds: int, *flags: str) -> dict:
+def overhead(backend: str, preset: str, rounds: int, *flags: str, label: str | None = None) -> dict:
     cmd = [sys.executable, "-m", f"benchmarks.overhead_{backend}", "--spec", preset, "--rounds", str(rounds), *flags]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"overhead {backend} {preset}: exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
-    return json.loads(lines[-1])
+        raise RuntimeError(f"overhead {backend} {label or preset}: exit {proc.returncode}: "
+                           f"{proc.stderr.strip()[-300:]}")
+    return {**json.loads(lines[-1]), "spec": label or preset}
+
+
+def twin_overheads(refs: list[str], backends: list[str], rounds: int, tmp: Path, console) -> tuple[list, list]:
+    """The step benchmark on user twins: each prepared as compare prepares it (its own torch init)."""
+    from common.presets import load_spec
+    from compare.prepare import INIT_FILE, SPEC_FILE, prepare_twin
+
+    results, failures = [], []
+    for ref in refs:
+        try:
+            _, folder = prepare_twin(load_spec("", twin=ref), sys.executable, sys.executable, 600)
+        except ValueError as e:
+            failures.append(f"twin {ref}: {e}")
+            continue
+        moved = Path(shutil.move(folder, tmp / f"twin-{len(results)}-{folder.name}"))
+        for backend in backends:
+            console.print(f"step benchmark: {backend} {ref}", style="dim")
+            try:
+                results.append(overhead(backend, str(moved / SPEC_FILE), rounds, "--checkpoint",
+                                        str(moved / INIT_FILE), label=ref.rpartition(":")[2]))
+            except RuntimeError as e:
+                failures.append(str(e))
+    return results, failures
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default="mlp-tiny,cnn-digits,gpt-tiny")
     parser.add_argument("--backends", default="jax,torch_xla,torch,torchax", help="for the step benchmarks")
+    parser.add_argument("--twins", default="examples/llama/twin.py:llama_tiny",
+                        help="user twins for the step benchmarks (comma list; '' for none)")
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds of the step benchmarks")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of every whole run")
     parser.add_argument("--skip-runs", action="store_true", help="only the step benchmarks")
@@ -66,6 +94,11 @@ def main() -> int:
                     result["trace_mode_steps"].append(overhead(backend, preset, args.rounds, "--trace-modes"))
             except RuntimeError as e:
                 result["failures"].append(str(e))
+    with tempfile.TemporaryDirectory(prefix="benchmarks-twins-") as tmp:
+        found, failures = twin_overheads([t for t in args.twins.split(",") if t], args.backends.split(","),
+                                         args.rounds, Path(tmp), console)
+        result["overhead"] += found
+        result["failures"] += failures
     if not args.skip_runs:
         with tempfile.TemporaryDirectory(prefix="benchmarks-") as tmp:
             for preset in presets:

@@ -19,10 +19,10 @@ def measure(backend: str, description: str, make_trainer, minimal_loop) -> None:
     mesh = sharding.make_mesh(spec.mesh)
     batch = sharding.put_batch(make_dataset(spec).global_batch(0), spec.mesh, mesh)
     monitor = CompileMonitor()
-    trainer = make_trainer(spec, mesh)
+    trainer = make_trainer(spec, mesh, args.checkpoint)
     counter = iter(range(10 ** 9))
     candidates = {
-        "minimal": minimal_loop(spec, batch),
+        "minimal": minimal_loop(spec, batch, args.checkpoint),
         "toolkit": lambda: timed_step(trainer, monitor, next(counter), batch),
         "uninstrumented": lambda: sharding.scalar_to_host(trainer.step(batch)),
     }

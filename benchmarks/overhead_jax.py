@@ -19,17 +19,17 @@ import optax
 from flax import nnx
 
 from benchmarks.jitted import measure
-from common.weights import init_params
+from common.weights import start_params
 from jax_impl import convert
 from jax_impl.models import build_model
 from jax_impl.optim import make_optimizer
 from jax_impl.train import JaxTrainer, cross_entropy
 
 
-def minimal_loop(spec, batch):
+def minimal_loop(spec, batch, checkpoint=None):
     """The hand-written baseline: no instrumentation, no sharding annotations."""
     graphdef, abstract, rest = nnx.split(build_model(spec.model), nnx.Param, ...)
-    params = convert.load_canonical(abstract, init_params(spec.model, spec.train.seed), spec.model)
+    params = convert.load_canonical(abstract, start_params(spec.model, spec.train.seed, checkpoint), spec.model)
     tx = make_optimizer(spec.train)
     opt_state = tx.init(params)
 

@@ -16,14 +16,14 @@ import torch
 
 from benchmarks.timing import interleaved, parse_args, ratio, summarize
 from common.presets import load_spec
-from common.weights import init_params
+from common.weights import start_params
 from torch_impl.convert import load_canonical
 from torch_impl.models import build_model
 from torch_impl.train import TorchTrainer, cross_entropy, make_optimizer, timed_step
 
 
-def minimal_loop(spec, inputs, targets):
-    model = load_canonical(build_model(spec.model), init_params(spec.model, spec.train.seed), spec.model)
+def minimal_loop(spec, inputs, targets, checkpoint=None):
+    model = load_canonical(build_model(spec.model), start_params(spec.model, spec.train.seed, checkpoint), spec.model)
     optimizer = make_optimizer(model.parameters(), spec.train)
 
     def step():
@@ -40,11 +40,11 @@ def minimal_loop(spec, inputs, targets):
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     spec = load_spec(args.spec)
-    trainer = TorchTrainer(spec)
+    trainer = TorchTrainer(spec, args.checkpoint)
     inputs, targets = trainer.batch(0)
     counter = iter(range(10 ** 9))
     candidates = {
-        "minimal": minimal_loop(spec, inputs, targets),
+        "minimal": minimal_loop(spec, inputs, targets, args.checkpoint),
         "toolkit": lambda: timed_step(trainer, next(counter) % spec.train.steps, inputs, targets),
         "uninstrumented": lambda: trainer.step(0, inputs, targets).item(),
     }

@@ -29,7 +29,7 @@ import torch_xla.core.xla_model as xm  # noqa: E402
 
 from benchmarks.timing import interleaved, parse_args, ratio, spread, summarize  # noqa: E402
 from common.presets import load_spec  # noqa: E402
-from common.weights import init_params  # noqa: E402
+from common.weights import start_params  # noqa: E402
 from torch_impl import convert  # noqa: E402
 from torch_impl.models import build_model  # noqa: E402
 from torch_impl.train import cross_entropy, make_optimizer  # noqa: E402
@@ -37,10 +37,10 @@ from torch_xla_impl.instrument import CompileMonitor  # noqa: E402
 from torch_xla_impl.train import TorchXlaTrainer, timed_step  # noqa: E402
 
 
-def minimal_loop(spec, batch):
+def minimal_loop(spec, batch, checkpoint=None):
     device = torch_xla.device()
     model = build_model(spec.model)
-    convert.load_canonical(model, init_params(spec.model, spec.train.seed), spec.model)
+    convert.load_canonical(model, start_params(spec.model, spec.train.seed, checkpoint), spec.model)
     model = model.to(device)
     optimizer = make_optimizer(model.parameters(), spec.train)
 
@@ -63,7 +63,7 @@ def main() -> None:
     spec = load_spec(args.spec)
     monitor = CompileMonitor()
     modes = ("lazy", "compile", "dynamo") if args.trace_modes else ("lazy",)
-    trainers = {mode: TorchXlaTrainer(spec, trace_mode=mode) for mode in modes}
+    trainers = {mode: TorchXlaTrainer(spec, trace_mode=mode, checkpoint=args.checkpoint) for mode in modes}
     batch = trainers["lazy"].global_device_batch(0)
     trace_ms: dict[str, list[float]] = {}
 
@@ -85,7 +85,7 @@ def main() -> None:
     if args.trace_modes:
         candidates = {mode: instrumented(mode, trainer) for mode, trainer in trainers.items()}
     else:
-        candidates = {"minimal": minimal_loop(spec, batch), "toolkit": instrumented("toolkit", trainers["lazy"]),
+        candidates = {"minimal": minimal_loop(spec, batch, args.checkpoint), "toolkit": instrumented("toolkit", trainers["lazy"]),
                       "uninstrumented": uninstrumented}
     for step in candidates.values():  # compile and warm up outside the measurement
         for _ in range(3):

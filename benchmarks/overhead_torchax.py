@@ -16,7 +16,7 @@ import torchax
 from torchax import interop
 
 from benchmarks.jitted import measure
-from common.weights import init_params
+from common.weights import start_params
 from jax_impl.optim import make_optimizer
 from torch_impl.convert import load_canonical
 from torch_impl.models import build_model
@@ -24,13 +24,16 @@ from torch_impl.train import cross_entropy
 from torchax_impl.train import TorchaxTrainer
 
 
-def minimal_loop(spec, batch):
-    model = load_canonical(build_model(spec.model), init_params(spec.model, spec.train.seed), spec.model)
-    weights, forward = torchax.extract_jax(model)
+def minimal_loop(spec, batch, checkpoint=None):
+    model = load_canonical(build_model(spec.model), start_params(spec.model, spec.train.seed, checkpoint), spec.model)
+    states, forward = torchax.extract_jax(model)
+    trainable = dict(model.named_parameters())
+    weights = {k: v for k, v in states.items() if k in trainable}
+    buffers = {k: v for k, v in states.items() if k not in trainable}  # a rotary table, say: never trained
     tx = make_optimizer(spec.train)
 
     def loss_fn(w, b):
-        return interop.call_torch(cross_entropy, forward(w, (b.inputs,)), b.targets)
+        return interop.call_torch(cross_entropy, forward({**w, **buffers}, (b.inputs,)), b.targets)
 
     def train_step(w, s, b):
         loss, grads = jax.value_and_grad(loss_fn)(w, b)

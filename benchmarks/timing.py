@@ -11,7 +11,8 @@ def parse_args(description: str, extra=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     if extra:
         extra(parser)
-    parser.add_argument("--spec", default="mlp-tiny")
+    parser.add_argument("--spec", default="mlp-tiny", help="preset or spec file (a prepared twin's spec.json)")
+    parser.add_argument("--checkpoint", default=None, help="start weights (a prepared twin's init.safetensors)")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps-per-round", type=int, default=10)
     return parser.parse_args()
