@@ -85,8 +85,8 @@ def main() -> None:
     if args.trace_modes:
         candidates = {mode: instrumented(mode, trainer) for mode, trainer in trainers.items()}
     else:
-        candidates = {"minimal": minimal_loop(spec, batch, args.checkpoint), "toolkit": instrumented("toolkit", trainers["lazy"]),
-                      "uninstrumented": uninstrumented}
+        candidates = {"minimal": minimal_loop(spec, batch, args.checkpoint),
+                      "toolkit": instrumented("toolkit", trainers["lazy"]), "uninstrumented": uninstrumented}
     for step in candidates.values():  # compile and warm up outside the measurement
         for _ in range(3):
             step()
