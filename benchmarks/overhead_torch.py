@@ -24,6 +24,7 @@ from torch_impl.train import TorchTrainer, cross_entropy, make_optimizer, timed_
 
 def minimal_loop(spec, inputs, targets, checkpoint=None):
     model = load_canonical(build_model(spec.model), start_params(spec.model, spec.train.seed, checkpoint), spec.model)
+    model = model.to(inputs.device)  # CUDA when present, as the trainer
     optimizer = make_optimizer(model.parameters(), spec.train)
 
     def step():
