@@ -165,9 +165,9 @@ def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0):
     """The twin's NNX model, from its factory (`common.twin`); parameter values come from
     convert.load_canonical.
 
-    A built-in model without dropout is built abstractly (shapes only), so no init kernel compiles;
-    with dropout, or a user's model (whose non-parameter state, a rotary table say, its constructor
-    computes), it is built for real.
+    A model is built abstractly (shapes only), so no init kernel compiles, unless it holds state other
+    than its parameters that its constructor computes (dropout's RNG state, a user's rotary table):
+    then it is built for real.
     """
     twin = twin_of(spec)
     factory = resolve(twin.nnx, twin.base_dir)
@@ -177,10 +177,11 @@ def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0):
     elif compute_dtype != jnp.float32:
         raise TwinError(f"twin {getattr(spec, 'twin', spec.family)} names no nnx_dtype_arg, so its NNX side "
                         "cannot compute in bfloat16; add one to the Twin or run float32")
-    abstract = twin.init == "canonical" and getattr(spec, "dropout", 0.0) == 0
     try:
         make = lambda: factory(**kwargs, rngs=nnx.Rngs(seed))  # noqa: E731  (Rngs made inside the trace)
-        model = nnx.eval_shape(make) if abstract else make()
+        model = nnx.eval_shape(make)
+        if isinstance(model, nnx.Module) and jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param))):
+            model = make()
     except Exception as e:
         raise TwinError(f"NNX factory {twin.nnx} raised {type(e).__name__}: {e}") from None
     if not isinstance(model, nnx.Module):

@@ -3,7 +3,8 @@
 From the same canonical weights and the same batch, per model family: logits,
 loss and every gradient (canonical names), then a few optimizer steps of the
 real JAX trainer (optax) against `torch.optim` with the same lr schedule and
-clip. Most twin regressions show here long before the subprocess runs.
+clip, and every module's step-0 activation (with the first module a port mistake
+breaks). Most twin regressions show here long before the subprocess runs.
 """
 import numpy as np
 import pytest
@@ -11,9 +12,10 @@ import pytest
 jax = pytest.importorskip("jax")
 torch = pytest.importorskip("torch")
 
-from common.data import make_dataset  # noqa: E402
+from common.data import activation_inputs, make_dataset  # noqa: E402
 from common.presets import load_spec  # noqa: E402
 from common.weights import init_params, param_infos  # noqa: E402
+from compare.parity import first_divergent_module  # noqa: E402
 
 CASES = [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []), ("gpt-tiny", ["model.tied_embeddings=false"]),
          ("cnn-digits", ["model.pooling=flatten"]),
@@ -23,11 +25,13 @@ CASES = [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []), ("gpt-tiny", ["
 # division by sqrt(v) magnifies the tiny differences of near-zero gradients).
 LOGITS_ATOL, GRAD_RTOL, GRAD_ATOL, PARAM_ATOL, LOSS_ATOL = 1e-5, 1e-5, 1e-9, 5e-5, 1e-5
 STEPS = 5
+ACTIVATION_BOUNDS = {"atol": 1e-5, "rtol": 1e-4}  # the default forward tolerance (compare/tolerances.py)
 
 
 def torch_side(spec, batches):
     """Eager torch on the CPU, written from the shared pieces as a user's loop would be."""
-    from torch_impl.convert import correspondence, load_canonical, to_canonical
+    from torch_impl.capture import capture_activations
+    from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
     from torch_impl.models import build_model
     from torch_impl.train import clip_gradients, cross_entropy, make_optimizer, set_lr
 
@@ -38,7 +42,9 @@ def torch_side(spec, batches):
     loss = cross_entropy(logits, targets)
     loss.backward()
     step0 = {"logits": logits.detach().numpy(), "loss": loss.item(),
-             "grads": to_canonical({n: p.grad for n, p in model.named_parameters()}, links)}
+             "grads": to_canonical({n: p.grad for n, p in model.named_parameters()}, links),
+             "activations": capture_activations(model, torch.from_numpy(activation_inputs(spec, batches[0].inputs)),
+                                                modules_to_canonical(model, spec.model))}
     optimizer = make_optimizer(model.parameters(), spec.train)
     losses = []
     for step, (x, y) in enumerate(batches):
@@ -63,7 +69,8 @@ def jax_side(spec, batches):
     put = lambda b: sharding.put_batch(b, spec.mesh, mesh)
     tensors = trainer.step0_tensors(put(batches[0]))
     step0 = {"logits": tensors["outputs"]["logits"], "loss": float(tensors["outputs"]["loss"]),
-             "grads": tensors["grads"]}
+             "grads": tensors["grads"], "activations": trainer.step0_activations(activation_inputs(spec,
+                                                                                                  batches[0].inputs))}
     losses = [float(trainer.step(put(b))) for b in batches]
     return step0, losses, trainer.canonical_params()
 
@@ -83,6 +90,9 @@ def test_torch_and_nnx_agree_in_one_process(preset, overrides):
         # + an absolute floor: attention's key bias has a zero gradient in exact arithmetic (~1e-12 here)
         bound = GRAD_RTOL * float(np.max(np.abs(grad))) + GRAD_ATOL
         assert np.max(np.abs(grad - j0["grads"][name])) <= bound, name
+    common = set(t0["activations"]) & set(j0["activations"])
+    assert {"(model)", "(model):in"} < common and len(common) >= 4, sorted(common)
+    assert first_divergent_module(j0["activations"], t0["activations"], ACTIVATION_BOUNDS) is None
     assert np.max(np.abs(np.array(t_losses) - np.array(j_losses))) <= LOSS_ATOL
     assert t_losses[0] == pytest.approx(t0["loss"], abs=1e-6)  # step 0 of the loop is the parity step
     for name, value in t_params.items():
@@ -99,6 +109,8 @@ def test_a_port_mistake_is_caught_in_one_process():
     t0, _, _ = torch_side(spec, batches)
     j0, _, _ = jax_side(other, batches)
     assert np.max(np.abs(t0["logits"] - j0["logits"])) > 100 * LOGITS_ATOL
+    found = first_divergent_module(j0["activations"], t0["activations"], ACTIVATION_BOUNDS)
+    assert found["module"] == "blocks.0.ln1" and found["input_agrees"]  # the first LayerNorm is the culprit
 
 
 @pytest.mark.parametrize("preset, overrides", [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []),

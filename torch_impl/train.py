@@ -108,14 +108,12 @@ class TorchTrainer:
         out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
                "grads": to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
-        out["activations"] = self.step0_activations()
         return out
 
-    def step0_activations(self) -> dict[str, np.ndarray]:
-        """Every module's input and output on a slice of step 0's batch (torch_impl.capture)."""
-        inputs = torch.from_numpy(activation_inputs(self.spec, self.data.global_batch(0).inputs)).to(self.device)
+    def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
+        """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture)."""
         with self.autocast():
-            return capture_activations(self.model, inputs, self.module_names)
+            return capture_activations(self.model, torch.from_numpy(inputs).to(self.device), self.module_names)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return to_canonical(self.model.state_dict(), self.correspondence)
@@ -150,6 +148,8 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
         torch.set_float32_matmul_precision(precision)
     trainer = TorchTrainer(spec, checkpoint, shape_change_step)
     tensors = trainer.step0_tensors(*trainer.batch(0)) if parity else {}
+    if parity:
+        tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
     record = _new_record(spec, trainer.device)
     timeline["loop_start"] = time.time()
     for step in range(spec.train.steps):

@@ -184,14 +184,12 @@ class TorchXlaTrainer:
         out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
                "grads": convert.to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
-        out["activations"] = self.step0_activations()
         return out
 
-    def step0_activations(self) -> dict[str, np.ndarray]:
-        """Every module's input and output on a slice of step 0's batch (torch_impl.capture)."""
-        inputs = torch.from_numpy(activation_inputs(self.spec, self.data.global_batch(0).inputs)).to(self.device)
+    def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
+        """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture)."""
         with self.autocast():
-            return capture_activations(self.model, inputs, self.module_names)
+            return capture_activations(self.model, torch.from_numpy(inputs).to(self.device), self.module_names)
 
 
 def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, batch) -> tuple[float, float, float]:
@@ -222,6 +220,10 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
     if parity and replica == 0:  # step-0 forward and gradients on the global batch, before any update
         tensors = trainer.step0_tensors(trainer.global_device_batch(0))
         monitor.collect()
+        counted = len(monitor.events)
+        tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
+        monitor.collect()
+        del monitor.events[counted:]  # analysis, not training: its graphs are not counted (as the HLO statistics')
 
     record = _new_record(spec, mode, replicas, trace_mode)
     trace_ms, shapes = [], []
