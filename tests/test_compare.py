@@ -140,13 +140,18 @@ def test_a_deliberate_difference_on_one_side_fails_parity(tmp_path):
 
 
 def test_bfloat16_runs_are_compared_under_the_bf16_policy(tmp_path):
-    proc = compare(tmp_path, "--backend", "jax,torch,torch_xla", "--spec", "mlp-tiny", "--steps", "5",
-                   "--dtype", "bfloat16")
+    proc = compare(tmp_path, "--backend", "all", "--spec", "mlp-tiny", "--steps", "5", "--dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["dtype"] == "bfloat16" and report["tolerances"]["loss"] == {"atol": 5e-2, "rtol": 2e-2}
     assert report["parity"]["torch_xla"]["loss"]["max_abs"] < 5e-2 and report["verdict"] == "pass"
     assert report["parity"]["torch"]["passed"]  # eager autocast: measured bitwise equal to JAX's bf16 here
+    # torchax casts weights and inputs to bf16 in its step (the JAX twin's policy): its Linear layers really
+    # compute in bf16 (under torchax's own autocast they stayed fp32 and the loss was bitwise the fp32 one)
+    torchax = json.loads((tmp_path / "torchax" / "record.json").read_text())
+    assert report["parity"]["torchax"]["passed"] and "cast to bfloat16" in torchax["numerics"]["bf16_policy"]
+    fp32_first_loss = 2.377404  # mlp-tiny's step-0 loss in fp32 (measured; fp32 runs agree to ~1e-6)
+    assert abs(torchax["steps"][0]["loss"] - fp32_first_loss) > 5e-5  # bf16 moved it (by 2.2e-4 here)
     # bf16 logits are stored as float32
     assert report["parity"]["torch_xla"]["tensors"]["outputs/logits"]["abs"] is not None
 

@@ -53,13 +53,6 @@ def test_torchax_recompile_is_seen_with_its_cause(tmp_path):
     assert "now f32[64,784] and before f32[128,784]" in rec.recompile_causes[0]["cause"]
 
 
-def test_torchax_refuses_bfloat16_in_one_line(tmp_path):
-    proc = run_cli("torchax_impl", "--spec", "mlp-tiny", "--dtype", "bfloat16", "--out", str(tmp_path))
-    assert proc.returncode == 2
-    line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: train.dtype=bfloat16 is not run on torchax") and "F.linear" in line
-
-
 def test_the_new_runtimes_are_deterministic_and_compare_with_each_other(tmp_path):
     proc = run_cli("compare", "--out", str(tmp_path), "--backend", "torch,torchax", "--spec", "mlp-tiny", "--steps",
                    "4", "--check-determinism", "--quiet")

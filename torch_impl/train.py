@@ -93,11 +93,12 @@ class TorchTrainer:
 
     def step(self, step: int, inputs, targets) -> torch.Tensor:
         set_lr(self.optimizer, self.spec.train, step)
-        loss, _ = self.loss(inputs, targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.autocast():  # the logits are not kept: freed as soon as the loss is computed, as in any loop
+            loss = cross_entropy(self.model(inputs), targets)
         loss.backward()
         clip_gradients(self.model.parameters(), self.spec.train)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return loss
 
     def step0_tensors(self, inputs, targets) -> dict[str, dict[str, np.ndarray]]:

@@ -6,7 +6,6 @@ import sys
 
 from common import backend_main
 from common.cli import fail
-from common.spec import SpecError
 from common.vocab import ExitCode
 
 for _module in ("torch", "jax", "optax", "torchax"):
@@ -24,10 +23,6 @@ def train(spec, args, out_dir, progress):
     from jax_impl.instrument import CompileMonitor, enable_compile_cache
     from torchax_impl.train import run
 
-    if spec.train.dtype == "bfloat16":
-        raise SpecError("train.dtype=bfloat16 is not run on torchax: torchax 0.0.13's autocast casts torch.matmul "
-                        "but leaves F.linear in float32, so the run would compute in float32; use --dtype float32 "
-                        "for torchax, or compare bfloat16 on jax, torch and torch_xla")
     sharding.set_cpu_device_count(spec.mesh.device_count)
     cache = enable_compile_cache(args.compile_cache)
     monitor = CompileMonitor()
