@@ -25,8 +25,9 @@ def interleaved(candidates: dict, rounds: int, steps_per_round: int,
     Alternating rounds, in A, B, C then C, B, A order, spread machine noise
     (other jobs, frequency changes) and the cost of coming right after another
     candidate (measured: up to 5 % on eager torch on this CPU) evenly over the
-    candidates, so their ratio is trustworthy even when absolute times drift. `before_round[name]()` runs untimed before each
-    of that candidate's rounds (e.g. installing or removing instrumentation).
+    candidates, so their ratio is trustworthy even when absolute times drift.
+    `before_round[name]()` runs untimed before each of that candidate's rounds
+    (e.g. installing or removing instrumentation).
     """
     samples: dict[str, list[list[float]]] = {name: [] for name in candidates}
     for i in range(rounds):
