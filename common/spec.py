@@ -182,7 +182,10 @@ class TrainSpec:
     """Optimizer, schedule and numerics. Every hyperparameter is explicit.
 
     sgd: torch semantics (weight decay is L2 added to the gradient before
-    momentum). adamw: decoupled weight decay, applied to every parameter.
+    momentum). adamw: decoupled weight decay. `weight_decay_mask` says which
+    parameters decay: "all", or "matrices" (parameters of 2+ dimensions:
+    matrices, embeddings, conv kernels; none on biases and norm scales, the
+    default of nanoGPT and Hugging Face).
     """
 
     optimizer: Literal["adamw", "sgd"] = "adamw"
@@ -191,6 +194,7 @@ class TrainSpec:
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.01
+    weight_decay_mask: Literal["all", "matrices"] = "all"
     momentum: float = 0.0
     nesterov: bool = False
     schedule: Literal["constant", "warmup_cosine"] = "constant"
@@ -219,6 +223,16 @@ class TrainSpec:
         _require(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0 (0 turns clipping off)")
         _require(self.timing_warmup_steps >= 0, f"train.timing_warmup_steps={self.timing_warmup_steps} must be >= 0")
         _require(self.seed >= 0, f"train.seed={self.seed} must be >= 0")
+
+    def decays(self, ndim: int) -> bool:
+        """Whether a parameter of `ndim` dimensions gets weight decay (the one rule both twins build from)."""
+        return self.weight_decay_mask == "all" or ndim >= 2
+
+    @property
+    def decay_applies_to(self) -> str:
+        """The run record's words for the mask."""
+        return "all parameters" if self.weight_decay_mask == "all" else \
+            "parameters of 2+ dimensions (matrices, embeddings, conv kernels); none on biases and norm scales"
 
     @property
     def timed_from(self) -> int:

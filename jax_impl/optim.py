@@ -33,10 +33,11 @@ def make_optimizer(train: TrainSpec) -> optax.GradientTransformation:
     """Every hyperparameter passed: optax.adamw's default weight decay (1e-4) is not torch's (0.01)."""
     parts = [clip_by_global_norm_like_torch(train.grad_clip)] if train.grad_clip > 0 else []
     schedule = lr_schedule(train)
+    mask = lambda params: jax.tree.map(lambda p: train.decays(p.ndim), params)  # noqa: E731 (TrainSpec.decays)
     if train.optimizer == "adamw":
         parts.append(optax.adamw(schedule, b1=train.beta1, b2=train.beta2, eps=train.eps,
-                                 weight_decay=train.weight_decay))
+                                 weight_decay=train.weight_decay, mask=mask))
     else:  # torch SGD: L2 weight decay added to the gradient before momentum
-        parts.append(optax.add_decayed_weights(train.weight_decay))
+        parts.append(optax.add_decayed_weights(train.weight_decay, mask=mask))
         parts.append(optax.sgd(schedule, momentum=train.momentum or None, nesterov=train.nesterov))
     return optax.chain(*parts)

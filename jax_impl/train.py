@@ -86,7 +86,7 @@ def _new_record(spec: RunSpec) -> RunRecord:
                   "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
                   "bf16_policy": "float32 params and optimizer state, bfloat16 module compute, float32 loss",
                   "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
-                  "weight_decay_applies_to": "all parameters", "env": numerics_env()},
+                  "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
         settle_steps=SETTLE_STEPS,
         extra={"step_api": "jax.jit(pure step over nnx.split state, donate params "
                                                          "and optimizer state)",

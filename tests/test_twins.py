@@ -19,7 +19,8 @@ from compare.parity import first_divergent_module  # noqa: E402
 
 CASES = [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []), ("gpt-tiny", ["model.tied_embeddings=false"]),
          ("cnn-digits", ["model.pooling=flatten"]),
-         ("mlp-tiny", ["train.optimizer=sgd", "train.momentum=0.9", "train.lr=0.05"])]
+         ("mlp-tiny", ["train.optimizer=sgd", "train.momentum=0.9", "train.lr=0.05"]),
+         ("gpt-tiny", ["train.weight_decay_mask=matrices", "train.weight_decay=0.5"])]
 # Measured on this CPU (fp32), worst case over CASES: logits 8.2e-7, gradients 1.4e-6 relative to the
 # tensor's largest entry, losses 2.4e-6, parameters after 5 steps 1.2e-5 (mlp-tiny under Adam, whose
 # division by sqrt(v) magnifies the tiny differences of near-zero gradients).
@@ -165,3 +166,35 @@ def test_shape_mismatch_names_the_tensor():
     canonical["head.kernel"] = np.zeros((256, 9), np.float32)
     with pytest.raises(ValueError, match="tensor head.kernel has shape"):
         load_canonical(build_model(spec), canonical, spec)
+
+
+@pytest.mark.parametrize("mask", ["matrices", "all"])
+def test_weight_decay_mask_spares_biases_and_norms(mask):
+    """With zero gradients an AdamW step is pure decay: p <- p * (1 - lr * wd) where the mask decays, p
+    unchanged where it does not; the same values from torch's param groups and optax's mask."""
+    import optax
+
+    from jax_impl.optim import make_optimizer as optax_optimizer
+    from torch_impl.train import make_optimizer as torch_optimizer
+
+    spec = load_spec("gpt-tiny", ["train.schedule=constant", "train.schedule_warmup_steps=0", "train.lr=0.1",
+                                  "train.weight_decay=0.5", "train.grad_clip=0", f"train.weight_decay_mask={mask}"])
+    start = {k: v + 1.0 for k, v in init_params(spec.model, 0).items()}  # no zeros: decay must show
+    params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in start.items()}
+    optimizer = torch_optimizer(params.values(), spec.train)
+    for p in params.values():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    tx = optax_optimizer(spec.train)
+    jax_params = {k: jax.numpy.asarray(v) for k, v in start.items()}
+    updates, _ = tx.update(jax.tree.map(jax.numpy.zeros_like, jax_params), tx.init(jax_params), jax_params)
+    stepped = optax.apply_updates(jax_params, updates)
+    shrink = np.float32(1 - 0.1 * 0.5)
+    for name, value in start.items():
+        decayed = mask == "all" or value.ndim >= 2
+        want = value * shrink if decayed else value
+        for got in (params[name].detach().numpy(), np.asarray(stepped[name])):
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=name)
+        if not decayed:  # biases and LayerNorm scales: exactly untouched
+            assert np.array_equal(params[name].detach().numpy(), value), name
+    assert {"blocks.0.ln1.scale", "blocks.0.attn.q.bias", "wte.embedding", "blocks.0.mlp.fc.kernel"} <= set(start)

@@ -24,12 +24,16 @@ from torch_impl.models import build_model
 
 
 def make_optimizer(params, train: TrainSpec) -> torch.optim.Optimizer:
-    """Every hyperparameter passed explicitly (torch AdamW defaults weight_decay to 0.01, optax to 1e-4)."""
+    """Every hyperparameter passed explicitly (torch AdamW defaults weight_decay to 0.01, optax to 1e-4);
+    the weight-decay mask as two param groups, from the rule optax's `mask=` uses (TrainSpec.decays)."""
+    params = list(params)
+    groups = [{"params": [p for p in params if train.decays(p.ndim)], "weight_decay": train.weight_decay},
+              {"params": [p for p in params if not train.decays(p.ndim)], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
     if train.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
-                                 weight_decay=train.weight_decay, amsgrad=False)
-    return torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, dampening=0.0,
-                           weight_decay=train.weight_decay, nesterov=train.nesterov)
+        return torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
+                                 amsgrad=False)
+    return torch.optim.SGD(groups, lr=train.lr, momentum=train.momentum, dampening=0.0, nesterov=train.nesterov)
 
 
 def cross_entropy(logits, targets):
@@ -194,7 +198,7 @@ def _new_record(spec: RunSpec, device: torch.device) -> RunRecord:
         numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
                   "torch_float32_matmul_precision": torch.get_float32_matmul_precision(), "bf16_policy": BF16_POLICY,
                   "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
-                  "weight_decay_applies_to": "all parameters", "env": numerics_env()},
+                  "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
         settle_steps=SETTLE_STEPS,
         extra={"compiles": "none: eager PyTorch runs op by op and compiles nothing, so it has no compile counts "
                            "or recompile causes", "step_api": "loss.backward(), clip_grad_norm_, optimizer.step()",

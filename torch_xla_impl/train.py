@@ -296,7 +296,7 @@ def _new_record(spec: RunSpec, mode: str, replicas: int, trace_mode: TraceMode) 
                   "bf16_policy": "float32 params and optimizer state, torch.autocast('xla', bfloat16) forward, "
                                  "float32 loss",
                   "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
-                  "weight_decay_applies_to": "all parameters", "env": numerics_env()},
+                  "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
         settle_steps=SETTLE_STEPS, trace_mode=trace_mode,
         extra={"mode": mode, "replicas": replicas,
                "compile_counts_cover": "every replica in this process" if mode == "spawn" else "this process",

@@ -118,7 +118,7 @@ def _new_record(spec: RunSpec) -> RunRecord:
                   "bf16_policy": "float32 params and optimizer state, float params, buffers and inputs cast to "
                                  "bfloat16 for the forward (the JAX twin's module-dtype policy), float32 loss",
                   "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
-                  "weight_decay_applies_to": "all parameters", "env": numerics_env()},
+                  "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
         settle_steps=SETTLE_STEPS,
         extra={"optimizer": "optax with torch's semantics (jax_impl.optim) on the extracted weights, inside the "
                             "jitted step: torchax's own training recipe; torch.optim's in-place Python updates "
