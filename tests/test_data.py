@@ -106,3 +106,25 @@ def test_bad_user_data_is_explained(tmp_path):
     np.savez(tmp_path / "nan.npz", x=x, y=np.zeros(10, np.int64))
     with pytest.raises(DataError, match="nan.npz: example 7 has a NaN or Inf input"):
         make_dataset(load_spec("mlp-tiny", ["data.dataset=arrays", f"data.path={tmp_path / 'nan.npz'}"]))
+
+
+def test_real_text_is_the_running_pythons_language_reference(tmp_path):
+    from common.text_data import VOCAB_SIZE, pydoc_text, write_tokens
+
+    info = write_tokens(tmp_path / "pydoc.bin", pydoc_text())
+    tokens = np.fromfile(tmp_path / "pydoc.bin", dtype=np.uint16)
+    assert info["tokens"] == tokens.size > 300_000 and tokens.max() < VOCAB_SIZE
+    text = bytes(tokens.astype(np.uint8)).decode("utf-8")
+    assert text == pydoc_text() and "The \"assert\" statement" in text
+
+
+@pytest.mark.slow
+def test_the_gpt_twin_learns_real_text(tmp_path):
+    """gpt-tiny (vocabulary 256) on the byte-level reference: 5.48 -> 3.05 in 50 steps, measured."""
+    from common.text_data import pydoc_text, write_tokens
+    from tests.helpers import train
+
+    write_tokens(tmp_path / "pydoc.bin", pydoc_text())
+    record = train("jax_impl", tmp_path / "run", "--set", "data.dataset=tokens-file", "--set",
+                   f"data.path={tmp_path / 'pydoc.bin'}")
+    assert record.losses[0] > 5.0 and record.losses[-1] < 3.5  # ln 256 = 5.55: it learned the text
