@@ -16,9 +16,11 @@ def test_benchmark_measures_every_figure(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["failures"] == []
-    overhead = {r["backend"]: r for r in result["overhead"]}
+    overhead = {r["backend"]: r for r in result["overhead"] if r["spec"] == "mlp-tiny"}
     assert set(overhead) == {"jax", "torch_xla", "torch", "torchax"}
-    for r in overhead.values():
+    twin = {r["backend"]: r for r in result["overhead"] if r["spec"] == "llama_tiny"}  # the default --twins
+    assert set(twin) == set(overhead)
+    for r in [*overhead.values(), *twin.values()]:
         assert r["compiles_while_timed"] == 0  # every candidate was compiled before the clock
         for name in ("toolkit_over_minimal", "instrumented_over_uninstrumented"):
             assert 0.5 < r["ratios"][name]["median"] < 2.0 and r["ratios"][name]["n"] == 3
@@ -36,7 +38,7 @@ def test_benchmark_measures_every_figure(tmp_path):
     for mode in ("compile", "dynamo"):
         assert result["trace_modes"]["mlp-tiny"][mode]["steady_state_recompiles"]["median"] == 0
     checked = [c["what"] for c in result["checks"]]
-    assert sum("toolkit_over_minimal" in c for c in checked) == 4
+    assert sum("toolkit_over_minimal" in c for c in checked) == 8  # 4 backends x (mlp-tiny, llama_tiny)
     assert sum("steady-state recompiles" in c for c in checked) == 4
     imports = result["imports"]  # compare's process imports no framework; the backends' mostly frameworks
     assert imports["compare"]["frameworks"] == 0 and imports["compare"]["toolkit"] > 0
