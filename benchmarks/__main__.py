@@ -49,12 +49,12 @@ def overhead(backend: str, preset: str, rounds: int, *flags: str, label: str | N
 def twin_overheads(refs: list[str], backends: list[str], rounds: int, tmp: Path, console) -> tuple[list, list]:
     """The step benchmark on user twins: each prepared as compare prepares it (its own torch init)."""
     from common.presets import load_spec
-    from compare.prepare import INIT_FILE, SPEC_FILE, prepare_twin
+    from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start
 
     results, failures = [], []
     for ref in refs:
         try:
-            _, folder = prepare_twin(load_spec("", twin=ref), sys.executable, sys.executable, 600)
+            _, folder = prepare_start(load_spec("", twin=ref), None, sys.executable, sys.executable, 600)
         except ValueError as e:
             failures.append(f"twin {ref}: {e}")
             continue

@@ -50,6 +50,9 @@ class Twin:
     # (("attn\\.(q|k|v)\\.kernel", (None, "tensor")), ...); the first that matches wins
     partition_rules: tuple = ()
     nnx_dtype_arg: str | None = None  # the NNX factory's keyword for the compute dtype; None: float32 only
+    # Hugging Face checkpoints it loads (common/hf.py): {"model_type": "llama", "prefix": "model.",
+    # "config": {HF config key (dotted for nested): hyperparameter}}; empty: none
+    hf: Mapping = field(default_factory=dict)
     init: Literal["torch", "canonical"] = "torch"  # whose initialisation both sides start from
     train: TrainSpec = field(default_factory=TrainSpec)
     data: DataSpec | None = None  # None: synthetic data of the task
@@ -61,7 +64,7 @@ GPT_PACKED = {"attn.qkv": ("attn.q", "attn.k", "attn.v")}  # nanoGPT's packed pr
 BUILTIN: dict[str, Twin] = {
     family: Twin(torch=f"torch_impl.models:{family}", nnx=f"jax_impl.models:{family}",
                  task="lm" if family == "gpt" else "classification", packed=GPT_PACKED if family == "gpt" else {},
-                 nnx_dtype_arg="compute_dtype", init="canonical")
+                 nnx_dtype_arg="compute_dtype", init="canonical", hf={"model_type": "gpt2"} if family == "gpt" else {})
     for family in ("mlp", "cnn", "gpt")
 }
 

@@ -125,6 +125,26 @@ TRACE_MODE_MEANINGS = {
 }
 
 
+class CheckpointFormat(enum.StrEnum):
+    """What `--checkpoint FORMAT:PATH` reads (and `python -m compare.convert` writes)."""
+
+    CANONICAL = "canonical"
+    TORCH = "torch"
+    HF = "hf"
+    ORBAX = "orbax"
+
+
+CHECKPOINT_FORMAT_MEANINGS = {
+    CheckpointFormat.CANONICAL: "safetensors in the canonical (NNX) names and layouts: what the backends read",
+    CheckpointFormat.TORCH: "a torch state_dict (.pt/.pth/.bin, loaded with weights_only=True, or .safetensors) "
+                            "in the torch model's names, mapped through the twin's correspondence",
+    CheckpointFormat.HF: "a Hugging Face model directory (config.json + safetensors): GPT-2 onto the built-in gpt "
+                         "twin, Llama onto a twin that declares `hf` (examples/llama)",
+    CheckpointFormat.ORBAX: "an orbax-checkpoint directory of the NNX model's parameter state (nnx.state / "
+                            "nnx.update restore it)",
+}
+
+
 def values(enum_cls) -> list[str]:
     """Member values, in definition order (argparse `choices`)."""
     return [m.value for m in enum_cls]

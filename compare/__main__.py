@@ -18,11 +18,20 @@ from common.cli import INPUT_ERRORS, add_run_flags, fail, resolve_spec, run_flag
 from common.data import make_dataset  # noqa: E402
 from common.fsutil import write_json_atomic, write_text_atomic  # noqa: E402
 from common.record import RecordError, read_record, read_tensors  # noqa: E402
-from common.vocab import TRACE_MODE_MEANINGS, Backend, BackendStatus, ExitCode, TraceMode, values  # noqa: E402
+from common.vocab import (  # noqa: E402
+    CHECKPOINT_FORMAT_MEANINGS,
+    TRACE_MODE_MEANINGS,
+    Backend,
+    BackendStatus,
+    CheckpointFormat,
+    ExitCode,
+    TraceMode,
+    values,
+)
 from compare.cache import backend_cache_dir, default_cache_dir  # noqa: E402
 from compare.determinism import judge_determinism  # noqa: E402
 from compare.orchestrate import BACKEND_MODULES, Plan, run_all  # noqa: E402
-from compare.prepare import INIT_FILE, SPEC_FILE, prepare_twin  # noqa: E402
+from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start  # noqa: E402
 from compare.progress import LiveProgress  # noqa: E402
 from compare.render import markdown, print_tables  # noqa: E402
 from compare.report import build_report  # noqa: E402
@@ -30,7 +39,7 @@ from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E4
 
 BOTH = (Backend.JAX.value, Backend.TORCH_XLA.value)  # `--backend both`, the default
 TORCH_RUNTIMES = (Backend.TORCH.value, Backend.TORCH_XLA.value, Backend.TORCHAX.value)
-TWIN_DIR = "twin"  # a user twin's preparation inside the run directory
+START_DIR = "start"  # the prepared common start (a user twin, a torch / hf checkpoint) in the run directory
 
 
 def parse_args(argv):
@@ -44,6 +53,10 @@ def parse_args(argv):
     parser.add_argument("--twin", metavar="FILE_OR_MODULE:NAME",
                         help="compare your own model: a common.twin.Twin, e.g. examples/llama/twin.py:llama_tiny "
                              "(instead of --spec; --set model.<hparam>=... reaches its hyperparameters)")
+    parser.add_argument("--checkpoint", metavar="FORMAT:PATH",
+                        help="start every backend from these weights: " + "; ".join(
+                            f"{f.value}: {m}" for f, m in CHECKPOINT_FORMAT_MEANINGS.items()
+                            if f != CheckpointFormat.ORBAX))
     parser.add_argument("--out", type=Path, help="run directory (default runs/compare-<time>)")
     parser.add_argument("--overwrite", action="store_true", help="reuse an --out that already holds a finished run")
     for name in BACKEND_MODULES:  # one flag of each kind per backend, named after it
@@ -143,11 +156,13 @@ def prepare_out_dir(args) -> Path:
     return out
 
 
-def prepare(args, spec, names: list[str]) -> Path:
-    """A user twin: both sides described and matched, the common start made (compare/prepare.py)."""
+def prepare(args, spec, names: list[str]) -> Path | None:
+    """A user twin or a torch / hf checkpoint: the sides described and matched, the common start made
+    (compare/prepare.py); None when the backends start as they are (built-in init, canonical checkpoint)."""
     torch_side = next((n for n in names if n in TORCH_RUNTIMES), Backend.TORCH.value)
     try:
-        _, folder = prepare_twin(spec, getattr(args, f"{torch_side}_python"), args.jax_python, args.timeout)
+        _, folder = prepare_start(spec, args.checkpoint, getattr(args, f"{torch_side}_python"), args.jax_python,
+                                  args.timeout)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     return folder
@@ -173,7 +188,7 @@ def main(argv=None) -> int:
     names = backends_of(args.backend)
     reference = reference_of(args, names)
     spec, policy, reuse = check_inputs(args, names)
-    prepared = prepare(args, spec, names) if spec.model.family == "twin" else None
+    prepared = prepare(args, spec, names)
     try:
         out = prepare_out_dir(args)
     except SystemExit:
@@ -181,8 +196,8 @@ def main(argv=None) -> int:
             shutil.rmtree(prepared, ignore_errors=True)
         raise
     if prepared:  # the backends run the prepared spec (canonical tree filled in) from the common start
-        shutil.move(prepared, out / TWIN_DIR)
-        args.spec, args.twin, args.checkpoint = str(out / TWIN_DIR / SPEC_FILE), None, out / TWIN_DIR / INIT_FILE
+        shutil.move(prepared, out / START_DIR)
+        args.spec, args.twin, args.checkpoint = str(out / START_DIR / SPEC_FILE), None, out / START_DIR / INIT_FILE
     signal.signal(signal.SIGTERM, _raise_interrupt)
     plan = Plan(names, {n: getattr(args, f"{n}_python") for n in names}, {n: backend_argv(args, n) for n in names},
                 reuse, out, args.timeout, args.check_determinism)

@@ -45,7 +45,7 @@ def test_a_user_twin_passes_from_its_torch_init(tmp_path):
     assert report.passed and report.exit_code == 0, report.message
     worst = max(t["abs"] for t in report.data["parity"]["torch"]["tensors"].values())
     assert worst < 1e-5
-    prepared = tmp_path / "run" / "twin"
+    prepared = tmp_path / "run" / "start"
     assert {"spec.json", "init.safetensors", "correspondence.json"} <= {p.name for p in prepared.iterdir()}
     links = json.loads((prepared / "correspondence.json").read_text())
     assert {"torch": "fc1.weight", "canonical": ["fc1.kernel"], "layout": "transpose"} in links

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -50,7 +51,7 @@ from torch_impl.models import build_model
 from torch_impl.train import clip_gradients, cross_entropy, make_optimizer, set_lr
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
-from torch_xla_impl.instrument import CompileMonitor, attach_causes, hlo_statistics, step_graphs
+from torch_xla_impl.instrument import DUMP_DIR, CompileMonitor, attach_causes, hlo_statistics, step_graphs
 
 SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
 
@@ -88,8 +89,8 @@ class TorchXlaTrainer:
         self.replica, self.replicas = replica, replicas
         self.device = torch_xla.device()
         model = build_model(spec.model, spec.train.seed)
-        canonical = start_params(spec.model, spec.train.seed, checkpoint)
-        convert.load_canonical(model, canonical, spec.model)
+        self.start_params = start_params(spec.model, spec.train.seed, checkpoint)
+        convert.load_canonical(model, self.start_params, spec.model)
         self.correspondence = convert.correspondence(model, spec.model)
         self.module_names = convert.modules_to_canonical(model, spec.model)
         self.model = model.to(self.device)
@@ -187,9 +188,13 @@ class TorchXlaTrainer:
         return out
 
     def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
-        """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture)."""
+        """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture), from
+        a fresh copy of the model holding the start weights: it runs after the run, whose graphs, compile
+        events and HLO dump it must not join."""
+        model = build_model(self.spec.model, self.spec.train.seed)
+        model = convert.load_canonical(model, self.start_params, self.spec.model).to(self.device)
         with self.autocast():
-            return capture_activations(self.model, torch.from_numpy(inputs).to(self.device), self.module_names)
+            return capture_activations(model, torch.from_numpy(inputs).to(self.device), self.module_names)
 
 
 def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, batch) -> tuple[float, float, float]:
@@ -220,10 +225,6 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
     if parity and replica == 0:  # step-0 forward and gradients on the global batch, before any update
         tensors = trainer.step0_tensors(trainer.global_device_batch(0))
         monitor.collect()
-        counted = len(monitor.events)
-        tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
-        monitor.collect()
-        del monitor.events[counted:]  # analysis, not training: its graphs are not counted (as the HLO statistics')
 
     record = _new_record(spec, mode, replicas, trace_mode)
     trace_ms, shapes = [], []
@@ -252,6 +253,9 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
     if replica == 0:  # one reader of the shared debug log and HLO dump
         attach_causes(record, out_dir, shapes)
         record.hlo_stats = hlo_statistics(out_dir, step_graphs(record.compile_events, SETTLE_STEPS, trace_mode))
+    if parity and replica == 0:  # last: the capture's graphs are analysis and never mix with the run's compiles
+        tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
+        shutil.rmtree(out_dir / DUMP_DIR, ignore_errors=True)
     return record, tensors
 
 

@@ -20,6 +20,13 @@ PARTITION_RULES = (
     (r"lm_head\.kernel$", (None, "tensor")),
 )
 
+# Hugging Face's LlamaForCausalLM checkpoints load onto it: the same names behind "model.", and these
+# config fields must equal the hyperparameters (common/hf.py checks them, naming every mismatch)
+HF = {"model_type": "llama", "prefix": "model.",
+      "config": {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
+                 "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads", "intermediate_size": "d_ff",
+                 "rms_norm_eps": "rms_eps", "rope_parameters.rope_theta": "rope_theta"}}
+
 llama_tiny = Twin(
     torch="torch_llama.py:Llama",
     nnx="nnx_llama.py:Llama",
@@ -27,6 +34,7 @@ llama_tiny = Twin(
     hparams=HPARAMS,
     rename={r"\.self_attn\.": ".attn."},  # Hugging Face's name on the torch side, the port's own on the NNX side
     partition_rules=PARTITION_RULES,
+    hf=HF,
     train=TrainSpec(optimizer="adamw", lr=3e-3, weight_decay=0.1, beta2=0.95, schedule="warmup_cosine",
                     schedule_warmup_steps=5, global_batch_size=16, steps=30),
 )

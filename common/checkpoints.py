@@ -1,0 +1,54 @@
+"""`--checkpoint FORMAT:PATH`: which format, and whether a set of tensors fits a model (numpy only).
+
+Every failure is a one-line CheckpointError naming the file and the tensors: missing ones, unexpected
+ones, wrong shapes, all listed at once, so one fix makes the file load.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from common.vocab import CheckpointFormat, values
+from common.weights import CheckpointError
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")  # cast to float32 exactly; anything else is refused
+
+
+def parse_checkpoint(ref: str | Path) -> tuple[CheckpointFormat, Path]:
+    """'hf:DIR', 'torch:model.pt', 'canonical:x.safetensors', 'orbax:DIR', or a bare path (canonical)."""
+    text = str(ref)
+    fmt, sep, path = text.partition(":")
+    if not sep or fmt not in values(CheckpointFormat):
+        if sep and "/" not in fmt and len(fmt) > 1:  # 'xyz:path' with an unknown format (not C:\\...)
+            raise CheckpointError(f"--checkpoint {text!r}: unknown format {fmt!r}; use "
+                                  f"{' | '.join(values(CheckpointFormat))}:PATH")
+        return CheckpointFormat.CANONICAL, Path(text)
+    if not path:
+        raise CheckpointError(f"--checkpoint {text!r} names no path after {fmt}:")
+    return CheckpointFormat(fmt), Path(path)
+
+
+def check_against(arrays: dict[str, np.ndarray], expected: dict[str, tuple], source: str) -> None:
+    """The tensors must be exactly the model's, by name and shape."""
+    missing = [f"{n} {list(s)}" for n, s in expected.items() if n not in arrays]
+    extra = [f"{n} {list(np.shape(arrays[n]))}" for n in arrays if n not in expected]
+    shapes = [f"{n} is {list(np.shape(arrays[n]))}, the model's is {list(s)}" for n, s in expected.items()
+              if n in arrays and tuple(np.shape(arrays[n])) != tuple(s)]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) missing: {', '.join(missing)}")
+    if extra:
+        problems.append(f"{len(extra)} tensor(s) the model does not have: {', '.join(extra)}")
+    if shapes:
+        problems.append(f"{len(shapes)} shape(s) differ: {'; '.join(shapes)}")
+    if problems:
+        raise CheckpointError(f"{source} does not fit the model: {'; '.join(problems)} (a checkpoint of another "
+                              "architecture or size?)")
+
+
+def float32_of(name: str, dtype: str, source: str) -> None:
+    """Refuse a tensor whose dtype is not a floating point one a parameter can hold exactly in float32."""
+    if dtype not in FLOAT_DTYPES:
+        raise CheckpointError(f"{source}: tensor {name} has dtype {dtype}; parameters must be "
+                              f"{', '.join(FLOAT_DTYPES)}")

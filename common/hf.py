@@ -1,0 +1,131 @@
+"""Hugging Face checkpoints: their config checked against the spec, their tensors renamed to the twin's
+torch names (numpy only; the tensors are read in a torch process, which reads any dtype).
+
+GPT-2 loads onto the built-in gpt twin: HF's `Conv1D` stores (in, out), so every projection is
+transposed into torch's Linear (out, in), and `c_attn` already packs q|k|v as the twin's `attn.qkv`.
+A twin names other model types in its `hf` field (examples/llama): the checkpoint's names are its
+torch model's behind a prefix (`model.`), and `config` maps HF's config keys to its hyperparameters.
+Llama checkpoints in Hugging Face's layout use rotate-half rotary pairs; Meta's original ones
+(`tok_embeddings`, `attention.wq`) interleave them and are refused with that said.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from common.spec import TransformerSpec
+from common.twin import Twin, hparams_of
+from common.weights import CheckpointError
+
+GPT2_CONFIG = {"vocab_size": "vocab_size", "n_positions": "seq_len", "n_embd": "d_model", "n_layer": "n_layers",
+               "n_head": "n_heads", "layer_norm_epsilon": "layernorm_eps"}
+GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}
+GPT2_RENAMES = [(r"^transformer\.", ""), (r"\.h\.|^h\.", "blocks."), (r"\.ln_1\.", ".ln1."), (r"\.ln_2\.", ".ln2."),
+                (r"\.attn\.c_attn\.", ".attn.qkv."), (r"\.attn\.c_proj\.", ".attn.o."),
+                (r"\.mlp\.c_fc\.", ".mlp.fc."), (r"\.mlp\.c_proj\.", ".mlp.proj.")]
+META_NAMES = re.compile(r"^tok_embeddings\.|\.attention\.w[qkvo]\.|\.feed_forward\.w[123]\.")
+
+
+def read_config(path: Path) -> dict:
+    """config.json of an HF model directory (or beside a safetensors file)."""
+    config_path = path / "config.json" if path.is_dir() else path.parent / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"hf checkpoint {path} does not exist")
+    try:
+        return json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"hf checkpoint {path}: no config.json in {config_path.parent} (save the model with "
+                              "save_pretrained, which writes it)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"hf checkpoint {path}: {config_path} is not readable JSON: {e}") from None
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of an HF checkpoint (one, or the shards its index names)."""
+    if path.is_file():
+        return [path]
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / s for s in shards]
+    if (path / "model.safetensors").exists():
+        return [path / "model.safetensors"]
+    raise CheckpointError(f"hf checkpoint {path}: no model.safetensors (nor an index of shards); save it with "
+                          "save_pretrained(..., safe_serialization=True)")
+
+
+def _lookup(config: dict, key: str):
+    value = config
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _expected_gpt2(config: dict, spec: TransformerSpec) -> list[tuple[str, object, str, object]]:
+    pairs = [(k, config.get(k), f"model.{f}", getattr(spec, f)) for k, f in GPT2_CONFIG.items()]
+    n_inner = config.get("n_inner") or 4 * (config.get("n_embd") or 0)
+    pairs += [("n_inner", n_inner, "model.d_ff", spec.d_ff),
+              ("activation_function", config.get("activation_function"), "model.gelu",
+               {"tanh": "gelu_new", "exact": "gelu"}[spec.gelu]),
+              ("tie_word_embeddings", config.get("tie_word_embeddings", True), "model.tied_embeddings",
+               spec.tied_embeddings)]
+    return pairs
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, str) and isinstance(b, str) and a in GPT2_GELU and b in GPT2_GELU:
+        return GPT2_GELU[a] == GPT2_GELU[b]
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9)
+    return a == b
+
+
+def check_config(config: dict, model_spec, twin: Twin, source: str) -> None:
+    """Every HF config field the twin maps must equal the spec's; all mismatches named in one line."""
+    model_type = config.get("model_type")
+    want = twin.hf.get("model_type")
+    if not want:
+        raise CheckpointError(f"{source}: this twin loads no Hugging Face checkpoints (its Twin declares no hf); "
+                              "use the torch format with its own state_dict")
+    if model_type != want:
+        raise CheckpointError(f"{source} is a {model_type!r} model; this twin loads {want!r} checkpoints "
+                              "(a checkpoint of another architecture?)")
+    if want == "gpt2":
+        pairs = _expected_gpt2(config, model_spec)
+    else:
+        hparams = hparams_of(model_spec)
+        pairs = [(k, _lookup(config, k), f"model.{h}", hparams[h]) for k, h in twin.hf.get("config", {}).items()]
+    wrong = [f"{k}={got} but {field}={spec_value}" for k, got, field, spec_value in pairs if not _same(got, spec_value)]
+    if wrong:
+        raise CheckpointError(f"{source}: its config.json does not match the spec: {'; '.join(wrong)} (use --set, or "
+                              "a spec of this size)")
+
+
+def to_torch_names(arrays: dict[str, np.ndarray], twin: Twin, source: str) -> dict[str, np.ndarray]:
+    """HF's tensor names and layouts -> the twin's torch model's."""
+    if any(META_NAMES.search(n) for n in arrays):
+        raise CheckpointError(f"{source} is in Meta's original Llama layout (tok_embeddings, attention.wq, ...: "
+                              "interleaved rotary pairs); convert it to Hugging Face's rotate-half layout first "
+                              "(transformers' convert_llama_weights_to_hf.py permutes the q and k rows)")
+    if twin.hf.get("model_type") == "gpt2":
+        return _gpt2_to_torch(arrays)
+    prefix = twin.hf.get("prefix", "")
+    return {n.removeprefix(prefix): v for n, v in arrays.items()}
+
+
+def _gpt2_to_torch(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out = {}
+    for name, value in arrays.items():
+        if re.search(r"\.attn\.(bias|masked_bias)$", name):  # causal-mask buffers of older versions
+            continue
+        new = name
+        for pattern, replacement in GPT2_RENAMES:
+            new = re.sub(pattern, replacement, new)
+        if new.endswith(".weight") and re.search(r"\.(attn\.qkv|attn\.o|mlp\.fc|mlp\.proj)\.weight$", new):
+            value = np.ascontiguousarray(value.T)  # Conv1D (in, out) -> Linear (out, in)
+        out[new] = value
+    return out

@@ -1,0 +1,149 @@
+"""`--checkpoint FORMAT:PATH`: Hugging Face GPT-2 and Llama checkpoints (transformers builds them from a
+config, nothing downloaded) and torch state_dicts start every backend; bad checkpoints are one line."""
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from common.data import make_dataset  # noqa: E402
+from common.presets import load_spec  # noqa: E402
+from common.record import read_record, read_tensors  # noqa: E402
+from tests.helpers import run_cli  # noqa: E402
+
+LLAMA = "examples/llama/twin.py:llama_tiny"
+STEPS = 5
+
+
+def hf_gpt2(path, **overrides):
+    torch.manual_seed(0)
+    config = dict(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+                  attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**config, **overrides}))
+    model.save_pretrained(path)
+    return model
+
+
+def hf_llama(path):
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=64, tie_word_embeddings=False))
+    model.save_pretrained(path)
+    return model
+
+
+def hf_reference(model, spec):
+    """HF's own step-0 logits and its per-step losses under torch.optim.AdamW on the spec's batches."""
+    data = make_dataset(spec)
+    batches = [tuple(torch.from_numpy(a).long() for a in data.global_batch(s)) for s in range(STEPS)]
+    t = spec.train
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                                  weight_decay=t.weight_decay)
+    model.train()
+    with torch.no_grad():
+        logits0 = model(batches[0][0]).logits.numpy()
+    losses = []
+    for step, (inputs, targets) in enumerate(batches):
+        for group in optimizer.param_groups:
+            group["lr"] = t.lr_at(step)
+        logits = model(inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+    return logits0, losses
+
+
+def compare(tmp_path, *args):
+    return run_cli("compare", "--quiet", "--backend", "jax,torch", "--steps", str(STEPS), "--out",
+                   str(tmp_path / "run"), *args, timeout=900)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_both_twins_reproduce_the_hf_model(tmp_path, family):
+    model = hf_gpt2(tmp_path / "hf") if family == "gpt2" else hf_llama(tmp_path / "hf")
+    twin = [] if family == "gpt2" else ["--twin", LLAMA]
+    proc = compare(tmp_path, *twin, "--checkpoint", f"hf:{tmp_path / 'hf'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    spec = load_spec("gpt-tiny", [f"train.steps={STEPS}"], twin=LLAMA if twin else None)
+    logits0, losses = hf_reference(model, spec)
+    for backend in ("jax", "torch"):
+        run = tmp_path / "run" / backend
+        record = read_record(run)
+        assert np.max(np.abs(read_tensors(run, record)["outputs"]["logits"] - logits0)) <= 1e-5, backend
+        assert np.max(np.abs(np.array(record.losses) - np.array(losses))) <= 1e-4, (backend, record.losses, losses)
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["verdict"] == "pass"
+
+
+def test_a_torch_state_dict_starts_every_backend_bitwise(tmp_path):
+    from common.weights import init_params, load_checkpoint
+    from torch_impl.convert import load_canonical
+    from torch_impl.models import build_model
+
+    spec = load_spec("gpt-tiny")
+    canonical = init_params(spec.model, seed=3)
+    model = load_canonical(build_model(spec.model), canonical, spec.model)
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    proc = compare(tmp_path, "--checkpoint", f"torch:{tmp_path / 'model.pt'}", "--steps", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    start = load_checkpoint(tmp_path / "run" / "start" / "init.safetensors", spec.model)
+    assert all(np.array_equal(start[k], v) for k, v in canonical.items())
+
+
+def bad_checkpoints(tmp_path) -> list[tuple[list[str], str]]:
+    from torch_impl.models import build_model
+
+    spec = load_spec("gpt-tiny")
+    state = {k: torch.randn(v.shape) for k, v in build_model(spec.model).state_dict().items()}
+    cases = []
+
+    def save(name, obj):
+        torch.save(obj, tmp_path / name)
+        return f"torch:{tmp_path / name}"
+
+    missing = dict(state)
+    missing.pop("blocks.1.mlp.fc.weight")
+    cases.append(([save("missing.pt", missing)], r"1 tensor\(s\) missing: blocks.1.mlp.fc.weight \[256, 64\]"))
+    cases.append(([save("extra.pt", {**state, "blocks.9.attn.qkv.weight": torch.zeros(3, 3)})],
+                  r"1 tensor\(s\) the model does not have: blocks.9.attn.qkv.weight \[3, 3\]"))
+    cases.append(([save("shape.pt", {**state, "wte.weight": torch.zeros(300, 64)})],
+                  r"wte.weight is \[300, 64\], the model's is \[256, 64\]"))
+    cases.append(([save("dtype.pt", {**state, "ln_f.weight": torch.ones(64, dtype=torch.int64)})],
+                  r"tensor ln_f.weight has dtype int64; parameters must be float32, bfloat16, float16"))
+    cases.append(([save("list.pt", [state["wte.weight"]])], r"holds a list, not a state_dict"))
+    cases.append(([save("model.pt", torch.nn.Linear(2, 2))], r"holds objects other than tensors"))
+    truncated = tmp_path / "truncated.pt"
+    torch.save(state, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:5000])
+    cases.append(([f"torch:{truncated}"], r"truncated.pt is not a readable torch file \(truncated or corrupt\)"))
+    hf_gpt2(tmp_path / "wide", n_embd=96)
+    cases.append(([f"hf:{tmp_path / 'wide'}"], r"config.json does not match the spec: n_embd=96 but "
+                                               r"model.d_model=64; n_inner=384 but model.d_ff=256"))
+    hf_llama(tmp_path / "llama")
+    cases.append(([f"hf:{tmp_path / 'llama'}"], r"is a 'llama' model; this twin loads 'gpt2' checkpoints"))
+    cases.append(([f"pickle:{tmp_path / 'x'}"], r"unknown format 'pickle'; use canonical \| torch \| hf \| orbax"))
+    return cases
+
+
+@pytest.mark.slow
+def test_bad_checkpoints_are_one_line_exit_2_and_write_nothing(tmp_path):
+    import re
+    import tempfile
+    from pathlib import Path
+
+    before = set(Path(tempfile.gettempdir()).glob("xla-twins-prepare-*"))
+    for args, message in bad_checkpoints(tmp_path):
+        out = tmp_path / "run"
+        proc = compare(tmp_path, "--checkpoint", *args)
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert re.search(message, errors[0]), (message, errors[0])
+        assert str(Path(args[0].partition(":")[2]).name) in errors[0] or "unknown format" in errors[0]
+        assert not out.exists()
+    assert set(Path(tempfile.gettempdir()).glob("xla-twins-prepare-*")) == before  # nothing left behind
