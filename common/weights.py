@@ -147,6 +147,13 @@ def start_params(model: ModelSpec, seed: int, checkpoint: str | Path | None = No
     return load_checkpoint(checkpoint, model) if checkpoint else init_params(model, seed)
 
 
+def start_info(checkpoint: str | Path | None, seconds: float) -> dict:
+    """The run record's `extra.start`: where the weights came from, and what reading them and converting
+    them to the runtime's layout cost."""
+    return {"from": str(checkpoint) if checkpoint else "the canonical init (common/weights.py)",
+            "load_and_convert_s": seconds}
+
+
 def load_checkpoint(path: str | Path, model: ModelSpec) -> dict[str, np.ndarray]:
     """Load and check a canonical checkpoint against the spec."""
     from safetensors import SafetensorError

@@ -26,9 +26,10 @@ from jax_impl.instrument import CompileMonitor, hlo_statistics
 class JittedTrainer:
     """What every one-jitted-step trainer shares: optimizer state placed like its parameters, the jitted
     step with donation, forward and loss-and-grads, and the step-0 parity tensors. A runtime sets
-    `spec`, `params` (placed on `mesh`) and `tx`, calls `compile_functions(mesh)`, and defines `_forward`,
-    `_loss`, `to_canonical` (its gradient or parameter tree -> {canonical name: numpy array}) and
-    `step0_activations` (inputs -> {module: activation}, named like the NNX twin's modules)."""
+    `spec`, `params` (placed on `mesh`), `tx` and `start` (common.weights.start_info), calls
+    `compile_functions(mesh)`, and defines `_forward`, `_loss`, `to_canonical` (its gradient or parameter
+    tree -> {canonical name: numpy array}) and `step0_activations` (inputs -> {module: activation}, named
+    like the NNX twin's modules)."""
 
     def compile_functions(self, mesh) -> None:
         # Optimizer moments are placed like their parameters (sharded under fsdp/tp), counters
@@ -93,6 +94,7 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
         monitor.paused = False
 
     record = new_record()
+    record.extra["start"] = trainer.start
     timeline["loop_start"] = time.time()
     for step in range(spec.train.steps):
         value, wall_ms = timed_step(trainer, monitor, step, put(step))

@@ -11,6 +11,7 @@ float32 before the softmax cross-entropy.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import jax
@@ -22,7 +23,7 @@ from flax import nnx
 from common.data import Batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
-from common.weights import start_params
+from common.weights import start_info, start_params
 from jax_impl import convert, sharding
 from jax_impl.capture import capture_activations
 from jax_impl.instrument import CompileMonitor
@@ -46,9 +47,12 @@ class JaxTrainer(JittedTrainer):
         compute_dtype = jnp.bfloat16 if spec.train.dtype == "bfloat16" else jnp.float32
         model = build_model(spec.model, compute_dtype, seed=spec.train.seed)
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
+        started = time.perf_counter()
         canonical = start_params(spec.model, spec.train.seed, checkpoint)
         self.param_shardings = sharding.param_shardings(spec.model, spec.mesh, mesh)
         self.params = convert.load_canonical(abstract, canonical, spec.model, self.param_shardings)
+        jax.block_until_ready(self.params)
+        self.start = start_info(checkpoint, time.perf_counter() - started)
         self.tx = make_optimizer(spec.train)
         self.compile_functions(mesh)
 

@@ -147,3 +147,33 @@ def test_bad_checkpoints_are_one_line_exit_2_and_write_nothing(tmp_path):
         assert str(Path(args[0].partition(":")[2]).name) in errors[0] or "unknown format" in errors[0]
         assert not out.exists()
     assert set(Path(tempfile.gettempdir()).glob("xla-twins-prepare-*")) == before  # nothing left behind
+
+
+def convert(*args):
+    proc = run_cli("compare.convert", *args, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("twin", [None, LLAMA])
+def test_torch_state_dict_to_orbax_nnx_and_back_is_bitwise(tmp_path, twin):
+    """torch state_dict -> canonical -> orbax (NNX state, nnx.update restores it) -> torch state_dict."""
+    from torch_impl.models import build_model
+
+    spec = load_spec("gpt-tiny", twin=twin)
+    torch.manual_seed(1)
+    model = build_model(spec.model, seed=1) if twin else None
+    if model is None:  # the built-in gpt: random values in its own torch layout
+        from common.weights import init_params
+        from torch_impl.convert import load_canonical
+
+        model = load_canonical(build_model(spec.model), init_params(spec.model, 1), spec.model)
+    state = {name: p.detach().clone() for name, p in model.named_parameters()}
+    torch.save(state, tmp_path / "sd.pt")
+    which = ["--twin", twin] if twin else ["--spec", "gpt-tiny"]
+    convert(*which, "--from", f"torch:{tmp_path / 'sd.pt'}", "--to", f"orbax:{tmp_path / 'nnx'}")
+    assert (tmp_path / "nnx" / "state").is_dir()
+    convert(*which, "--from", f"orbax:{tmp_path / 'nnx'}", "--to", f"torch:{tmp_path / 'back.pt'}")
+    back = torch.load(tmp_path / "back.pt", weights_only=True)
+    assert list(back) == list(state)
+    assert all(torch.equal(back[k], v) for k, v in state.items())

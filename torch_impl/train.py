@@ -17,7 +17,7 @@ from common.data import activation_inputs, make_dataset, shape_changed
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec, TrainSpec
 from common.vocab import RecordStatus
-from common.weights import start_params
+from common.weights import start_info, start_params
 from torch_impl.capture import capture_activations
 from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
 from torch_impl.models import build_model
@@ -76,8 +76,10 @@ class TorchTrainer:
     def __init__(self, spec: RunSpec, checkpoint: Path | None = None, shape_change_step: int | None = None,
                  device: torch.device | None = None):
         self.spec, self.device, self.shape_change_step = spec, device or device_for_this_machine(), shape_change_step
+        started = time.perf_counter()
         canonical = start_params(spec.model, spec.train.seed, checkpoint)
         self.model = load_canonical(build_model(spec.model, spec.train.seed), canonical, spec.model).to(self.device)
+        self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = correspondence(self.model, spec.model)
         self.module_names = modules_to_canonical(self.model, spec.model)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
@@ -156,6 +158,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
     if parity:
         tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
     record = _new_record(spec, trainer.device)
+    record.extra["start"] = trainer.start
     timeline["loop_start"] = time.time()
     for step in range(spec.train.steps):
         value, wall_ms = timed_step(trainer, step, *trainer.batch(step))

@@ -44,7 +44,7 @@ from common.data import activation_inputs, input_ndim, make_dataset, process_sli
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
 from common.vocab import Phase, RecordStatus, TraceMode
-from common.weights import start_params
+from common.weights import start_info, start_params
 from torch_impl import convert
 from torch_impl.capture import capture_activations
 from torch_impl.models import build_model
@@ -88,9 +88,11 @@ class TorchXlaTrainer:
         self.spec, self.mesh, self.trace_mode = spec, spmd_mesh, trace_mode
         self.replica, self.replicas = replica, replicas
         self.device = torch_xla.device()
+        started = time.perf_counter()
         model = build_model(spec.model, spec.train.seed)
         self.start_params = start_params(spec.model, spec.train.seed, checkpoint)
         convert.load_canonical(model, self.start_params, spec.model)
+        self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = convert.correspondence(model, spec.model)
         self.module_names = convert.modules_to_canonical(model, spec.model)
         self.model = model.to(self.device)
@@ -227,6 +229,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
         monitor.collect()
 
     record = _new_record(spec, mode, replicas, trace_mode)
+    record.extra["start"] = trainer.start
     trace_ms, shapes = [], []
     timeline["loop_start"] = time.time()
     for step, batch in enumerate(trainer.loader(0, spec.train.steps)):

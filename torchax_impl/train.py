@@ -21,6 +21,7 @@ run under it computes its Linear layers in float32.
 """
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from torchax import interop
 from common.data import Batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
-from common.weights import start_params
+from common.weights import start_info, start_params
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
@@ -53,8 +54,10 @@ class TorchaxTrainer(JittedTrainer):
 
     def __init__(self, spec: RunSpec, mesh, checkpoint: Path | None = None):
         self.spec, self.mesh = spec, mesh
+        started = time.perf_counter()
         canonical = start_params(spec.model, spec.train.seed, checkpoint)
         model = load_canonical(build_model(spec.model, spec.train.seed), canonical, spec.model)
+        self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = correspondence(model, spec.model)
         self.model, self.module_names = model, modules_to_canonical(model, spec.model)
         states, self.forward_fn = torchax.extract_jax(model)  # parameters and buffers, by state_dict name

@@ -1,0 +1,94 @@
+"""python -m compare.convert: carry a model's weights between formats, through the canonical one.
+
+    python -m compare.convert --spec gpt-tiny --from torch:model.pt --to orbax:runs/gpt-orbax
+    python -m compare.convert --twin examples/llama/twin.py:llama_tiny --from hf:DIR --to torch:llama.pt
+    python -m compare.convert --twin examples/llama/twin.py:llama_tiny --from orbax:DIR --to torch:back.pt
+
+Reads canonical, torch (.pt/.pth/.bin/.safetensors), hf and orbax; writes canonical, torch (.pt or
+.safetensors) and orbax (an NNX `nnx.state(model, nnx.Param)` checkpoint that `nnx.update` restores).
+Each side runs in its own interpreter (`--torch-python`, `--jax-python`), as in compare; every step
+checks names and shapes, and round trips are bitwise. Bad input is one line and exit 2, nothing written.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common.checkpoints import parse_checkpoint
+from common.cli import INPUT_ERRORS, fail, resolve_spec
+from common.fsutil import write_json_atomic
+from common.vocab import CheckpointFormat, ExitCode
+from common.weights import CheckpointError, load_checkpoint, save_checkpoint
+from compare.orchestrate import backend_env, error_line
+from compare.prepare import INIT_FILE, prepare_start
+
+
+def run_side(python: str, module: str, *args: str) -> None:
+    proc = subprocess.run([python, "-m", module, *args], capture_output=True, text=True, env=backend_env())
+    if proc.returncode != 0:
+        raise CheckpointError(error_line(proc.stderr) or f"{module} exited with code {proc.returncode}")
+
+
+def convert(args, tmp: Path) -> None:
+    src_fmt, src = parse_checkpoint(args.source)
+    dst_fmt, dst = parse_checkpoint(args.target)
+    if dst_fmt == CheckpointFormat.HF:
+        raise CheckpointError(f"--to {args.target}: writing Hugging Face checkpoints is not supported; write torch: "
+                              "and load it into the HF model with load_state_dict")
+    spec = resolve_spec(args)
+    from_torch_side = src_fmt in (CheckpointFormat.TORCH, CheckpointFormat.HF, CheckpointFormat.CANONICAL)
+    spec, folder = prepare_start(spec, args.source if from_torch_side else None, args.torch_python, args.jax_python,
+                                 args.timeout)  # a user twin's canonical tree, and the source made canonical
+    try:
+        write(args, spec, src_fmt, src, dst_fmt, dst, folder, tmp)
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def write(args, spec, src_fmt, src: Path, dst_fmt, dst: Path, folder: Path | None, tmp: Path) -> None:
+    spec_file = tmp / "spec.json"
+    write_json_atomic(spec_file, spec.to_dict())
+    if src_fmt == CheckpointFormat.ORBAX:
+        canonical = tmp / "canonical.safetensors"
+        run_side(args.jax_python, "jax_impl.export", "--spec", str(spec_file), "--orbax", str(src),
+                 "--to-canonical", str(canonical))
+    else:
+        canonical = folder / INIT_FILE if folder else src
+    if dst_fmt == CheckpointFormat.CANONICAL:
+        save_checkpoint(dst, load_checkpoint(canonical, spec.model))
+    elif dst_fmt == CheckpointFormat.TORCH:
+        run_side(args.torch_python, "torch_impl.export", "--spec", str(spec_file), "--canonical", str(canonical),
+                 "--to", str(dst))
+    else:
+        run_side(args.jax_python, "jax_impl.export", "--spec", str(spec_file), "--canonical", str(canonical),
+                 "--to-orbax", str(dst))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m compare.convert", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", default="gpt-tiny", help="preset or spec file (default gpt-tiny)")
+    parser.add_argument("--twin", metavar="FILE_OR_MODULE:NAME", help="a user twin instead of --spec")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    parser.add_argument("--from", dest="source", required=True, metavar="FORMAT:PATH")
+    parser.add_argument("--to", dest="target", required=True, metavar="FORMAT:PATH")
+    parser.add_argument("--torch-python", default=sys.executable)
+    parser.add_argument("--jax-python", default=sys.executable)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    args.steps = args.mesh = args.dtype = args.seed = None  # the run flags resolve_spec reads
+    try:
+        with tempfile.TemporaryDirectory(prefix="xla-twins-convert-") as tmp:
+            convert(args, Path(tmp))
+    except INPUT_ERRORS as e:
+        fail(str(e), ExitCode.USAGE)
+    print(f"{args.source} -> {args.target}")
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""python -m torch_impl.export --spec S --canonical IN.safetensors --to OUT: the torch side of
+`python -m compare.convert`: canonical weights loaded into the twin's torch model (through the derived
+correspondence), its parameters written as a state_dict, `.pt` (torch.save) or `.safetensors`, atomically."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from common.cli import INPUT_ERRORS, fail
+from common.fsutil import atomic_path
+from common.presets import load_spec
+from common.vocab import ExitCode
+from common.weights import CheckpointError, load_checkpoint
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_impl.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--canonical", type=Path, required=True)
+    parser.add_argument("--to", type=Path, required=True, help="a .pt or .safetensors file")
+    args = parser.parse_args(argv)
+    try:
+        if args.to.suffix not in (".pt", ".pth", ".safetensors"):
+            raise CheckpointError(f"{args.to}: a torch checkpoint is written as .pt, .pth or .safetensors")
+        spec = load_spec(args.spec)
+        import torch
+
+        from torch_impl.convert import load_canonical
+        from torch_impl.models import build_model
+
+        model = load_canonical(build_model(spec.model, spec.train.seed), load_checkpoint(args.canonical, spec.model),
+                               spec.model)
+        state = {name: p.detach().contiguous() for name, p in model.named_parameters()}
+        with atomic_path(args.to) as tmp:
+            if args.to.suffix == ".safetensors":
+                from safetensors.torch import save_file
+
+                save_file(state, str(tmp))
+            else:
+                torch.save(state, tmp)
+    except INPUT_ERRORS as e:
+        fail(str(e), ExitCode.USAGE)
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
