@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.vocab import BackendStatus, ExitCode, ReportStatus, TraceMode
+from common.vocab import BackendStatus, CheckpointFormat, ExitCode, ReportStatus, TraceMode
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "jax_impl", "torch_impl", "torch_xla_impl", "torchax_impl", "compare", "benchmarks")
@@ -170,6 +170,8 @@ def test_every_vocabulary_member_is_documented():
         assert f"`{member.value}`" in errors, f"status {member.value} missing from docs/errors.md"
     for mode in TraceMode:
         assert f"`{mode.value}`" in readme, f"trace mode {mode.value} missing from README.md"
+    for fmt in CheckpointFormat:  # `hf:`, `torch:` ... as the README shows them
+        assert f"`{fmt.value}:`" in readme, f"checkpoint format {fmt.value} missing from README.md"
 
 
 def test_atomic_writes_keep_the_umask_permissions(tmp_path):
