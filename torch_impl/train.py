@@ -76,9 +76,10 @@ class TorchTrainer:
     def __init__(self, spec: RunSpec, checkpoint: Path | None = None, shape_change_step: int | None = None,
                  device: torch.device | None = None):
         self.spec, self.device, self.shape_change_step = spec, device or device_for_this_machine(), shape_change_step
-        started = time.perf_counter()
-        canonical = start_params(spec.model, spec.train.seed, checkpoint)
-        self.model = load_canonical(build_model(spec.model, spec.train.seed), canonical, spec.model).to(self.device)
+        model = build_model(spec.model, spec.train.seed)
+        started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
+        self.model = load_canonical(model, start_params(spec.model, spec.train.seed, checkpoint), spec.model)
+        self.model = self.model.to(self.device)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = correspondence(self.model, spec.model)
         self.module_names = modules_to_canonical(self.model, spec.model)

@@ -88,8 +88,8 @@ class TorchXlaTrainer:
         self.spec, self.mesh, self.trace_mode = spec, spmd_mesh, trace_mode
         self.replica, self.replicas = replica, replicas
         self.device = torch_xla.device()
-        started = time.perf_counter()
         model = build_model(spec.model, spec.train.seed)
+        started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
         self.start_params = start_params(spec.model, spec.train.seed, checkpoint)
         convert.load_canonical(model, self.start_params, spec.model)
         self.start = start_info(checkpoint, time.perf_counter() - started)

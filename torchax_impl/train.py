@@ -54,10 +54,9 @@ class TorchaxTrainer(JittedTrainer):
 
     def __init__(self, spec: RunSpec, mesh, checkpoint: Path | None = None):
         self.spec, self.mesh = spec, mesh
-        started = time.perf_counter()
-        canonical = start_params(spec.model, spec.train.seed, checkpoint)
-        model = load_canonical(build_model(spec.model, spec.train.seed), canonical, spec.model)
-        self.start = start_info(checkpoint, time.perf_counter() - started)
+        model = build_model(spec.model, spec.train.seed)
+        started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
+        model = load_canonical(model, start_params(spec.model, spec.train.seed, checkpoint), spec.model)
         self.correspondence = correspondence(model, spec.model)
         self.model, self.module_names = model, modules_to_canonical(model, spec.model)
         states, self.forward_fn = torchax.extract_jax(model)  # parameters and buffers, by state_dict name
@@ -66,6 +65,8 @@ class TorchaxTrainer(JittedTrainer):
         # buffers (a rotary table, say) are inputs of the forward, never trained
         self.buffers = {k: jax.device_put(v, sharding.replicated(mesh)) for k, v in states.items()
                         if k not in shardings}
+        jax.block_until_ready(self.params)
+        self.start = start_info(checkpoint, time.perf_counter() - started)
         self.tx = make_optimizer(spec.train)
         self.compile_functions(mesh)
 
