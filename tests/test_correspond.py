@@ -1,5 +1,9 @@
 """The derived parameter correspondence (common/correspond.py) and twin definitions (common/twin.py):
 numpy only, no framework."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -8,6 +12,7 @@ from common.presets import load_spec
 from common.spec import SpecError
 from common.twin import BUILTIN, TwinError, hparams_of, load_twin
 from common.weights import init_params
+from tests.helpers import REPO
 
 TORCH_GPT_BLOCK = {  # nanoGPT-style names and torch layouts
     "wte.weight": (50, 8), "h.0.ln_1.weight": (8,), "h.0.ln_1.bias": (8,), "h.0.attn.c_attn.weight": (24, 8),
@@ -95,12 +100,17 @@ def test_twin_references_that_do_not_load(tmp_path):
     cases = [(f"{tmp_path}/missing.py:t", "file .*missing.py does not exist"),
              (f"{tmp_path}/twins.py:nope", "has no 'nope'"),
              (f"{tmp_path}/twins.py:not_a_twin", "is a int, not a common.twin.Twin"),
-             (f"{tmp_path}/twins.py", "must look like path/to/file.py:name"),
-             (f"{tmp_path}/heavy.py:t", "loading it imported torch; keep framework code in the factory modules")]
+             (f"{tmp_path}/twins.py", "must look like path/to/file.py:name")]
     for ref, message in cases:
         with pytest.raises(TwinError, match=message):
             load_twin(ref, frameworks_allowed=False)
     assert load_twin(f"{tmp_path}/twins.py:t").base_dir == str(tmp_path)
+    # in a fresh interpreter, as compare's (this one may have imported torch already)
+    proc = subprocess.run([sys.executable, "-c", "from common.twin import load_twin; "
+                           f"load_twin({str(tmp_path / 'heavy.py') + ':t'!r}, frameworks_allowed=False)"],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1
+    assert "loading it imported torch; keep framework code in the factory modules" in proc.stderr
 
 
 def test_set_reaches_a_twins_hyperparameters_with_their_types():
