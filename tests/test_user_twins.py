@@ -59,7 +59,7 @@ def test_a_user_twin_passes_from_its_torch_init(tmp_path):
 
 @pytest.mark.slow
 def test_llama_twin_passes_single_device_and_on_a_mesh(tmp_path):
-    proc = compare("--twin", f"{LLAMA}:llama_tiny", "--backend", "all", "--steps", "12", "--out", str(tmp_path / "a"))
+    proc = compare("--twin", f"{LLAMA}:llama_tiny", "--backend", "all", "--steps", "6", "--out", str(tmp_path / "a"))
     assert proc.returncode == 0, proc.stderr[-2000:]  # `all` runs both's pair (jax, torch_xla) and the other two
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert list(report["parity"]) == ["torch", "torch_xla", "torchax"]
