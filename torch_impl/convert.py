@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.correspond import Correspondence, derive, module_map
+from common.correspond import Correspondence, derive, module_map, to_torch_layout
 from common.sharding import param_partition_specs
 from common.spec import MeshSpec
 from common.twin import twin_of
@@ -57,13 +57,20 @@ def to_state_dict(canonical: dict[str, np.ndarray], corr: Correspondence) -> dic
 
 
 def load_canonical(model: torch.nn.Module, canonical: dict[str, np.ndarray], model_spec) -> torch.nn.Module:
-    """Copy canonical arrays into the model's parameters (its buffers stay as its factory made them)."""
+    """Copy canonical arrays into the model's parameters (its buffers stay as its factory made them).
+
+    Each canonical tensor is copied once, straight into its place: a transposed view goes to
+    `Tensor.copy_`, which does the strided copy itself, and a packed tensor's parts go to their rows (no
+    contiguous intermediate, no concatenation: 124M parameters load in a fraction of the time)."""
     check_params(model_spec, canonical)
-    state = to_state_dict(canonical, correspondence(model, model_spec))
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, value in state.items():
-            params[name].copy_(value)
+        for link in correspondence(model, model_spec).links:
+            target, row = params[link.torch], 0
+            for name in link.canonical:
+                part = torch.from_numpy(to_torch_layout(np.asarray(canonical[name]), link.layout))
+                target[row:row + part.shape[0]].copy_(part)
+                row += part.shape[0]
     return model
 
 
