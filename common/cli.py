@@ -14,7 +14,7 @@ from common.data import DataError
 from common.presets import load_spec
 from common.record import RecordError
 from common.spec import RunSpec, SpecError
-from common.vocab import CheckpointFormat, ExitCode
+from common.vocab import ExitCode
 from common.weights import CheckpointError
 
 INPUT_ERRORS = (SpecError, DataError, CheckpointError, RecordError)
@@ -42,13 +42,13 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="seed of parameter init and data (train.seed, data.seed)")
 
 
-def canonical_checkpoint(text: str) -> Path:
-    """A backend's --checkpoint: canonical safetensors (the other formats are converted by compare)."""
-    fmt, path = parse_checkpoint(text)
-    if fmt != CheckpointFormat.CANONICAL:
-        raise argparse.ArgumentTypeError(f"a backend reads canonical checkpoints; give {text} to python -m compare "
-                                         "--checkpoint, or convert it: python -m compare.convert")
-    return path
+def checkpoint_ref(text: str) -> str:
+    """A backend's --checkpoint FORMAT:PATH, its format checked (each runtime reads what its framework can)."""
+    try:
+        parse_checkpoint(text)
+    except CheckpointError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def backend_parser(backend: str) -> argparse.ArgumentParser:
@@ -58,9 +58,10 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="run directory (default runs/<backend>-<time>)")
     parser.add_argument("--parity", action="store_true",
                         help="also save step-0 outputs and gradients and the final parameters (canonical layout)")
-    parser.add_argument("--checkpoint", type=canonical_checkpoint, metavar="[canonical:]PATH",
-                        help="start from this canonical safetensors checkpoint (python -m compare --checkpoint "
-                             "also takes torch: and hf: checkpoints, and converts them for the backends)")
+    parser.add_argument("--checkpoint", type=checkpoint_ref, metavar="FORMAT:PATH",
+                        help="start from these weights: canonical:PATH (or a bare path) on every backend; torch: "
+                             "and hf: on the torch runtimes, orbax: on jax (compare --checkpoint converts any of "
+                             "them once for every backend)")
     parser.add_argument("--compile-cache", type=Path, metavar="DIR",
                         help="the framework's persistent compile cache in DIR (default: off when run alone)")
     parser.add_argument("--throughput-steps", type=int, default=None,

@@ -64,6 +64,22 @@ def restore_orbax(spec, directory: Path) -> dict:
     return {k: np.asarray(v) for k, v in convert.to_canonical(nnx.state(model, nnx.Param)).items()}
 
 
+def start_weights(spec, checkpoint) -> dict:
+    """What the JAX twin starts from (canonical arrays): the canonical init or checkpoint, or an orbax one."""
+    from common.checkpoints import parse_checkpoint
+    from common.vocab import CheckpointFormat
+    from common.weights import start_params
+
+    fmt, path = parse_checkpoint(checkpoint) if checkpoint else (None, None)
+    if fmt in (None, CheckpointFormat.CANONICAL):
+        return start_params(spec.model, spec.train.seed, path)
+    if fmt == CheckpointFormat.ORBAX:
+        return restore_orbax(spec, path)
+    raise CheckpointError(f"--checkpoint {checkpoint}: the jax backend reads canonical and orbax checkpoints; a "
+                          f"{fmt} one is read by torch: pass it to python -m compare --checkpoint (converted once "
+                          "for every backend) or convert it with python -m compare.convert")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jax_impl.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", required=True)

@@ -23,9 +23,10 @@ from flax import nnx
 from common.data import Batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
-from common.weights import start_info, start_params
+from common.weights import start_info
 from jax_impl import convert, sharding
 from jax_impl.capture import capture_activations
+from jax_impl.export import start_weights
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
 from jax_impl.models import build_model
@@ -48,7 +49,7 @@ class JaxTrainer(JittedTrainer):
         model = build_model(spec.model, compute_dtype, seed=spec.train.seed)
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
         started = time.perf_counter()
-        canonical = start_params(spec.model, spec.train.seed, checkpoint)
+        canonical = start_weights(spec, checkpoint)
         self.param_shardings = sharding.param_shardings(spec.model, spec.mesh, mesh)
         self.params = convert.load_canonical(abstract, canonical, spec.model, self.param_shardings)
         jax.block_until_ready(self.params)

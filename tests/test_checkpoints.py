@@ -191,3 +191,21 @@ def test_torch_state_dict_to_orbax_nnx_and_back_is_bitwise(tmp_path, twin):
     back = torch.load(tmp_path / "back.pt", weights_only=True)
     assert list(back) == list(state)
     assert all(torch.equal(back[k], v) for k, v in state.items())
+
+
+@pytest.mark.slow
+def test_each_backend_alone_reads_what_its_framework_can(tmp_path):
+    """torch runtimes read torch: and hf:, jax reads orbax:; the same start, the same first losses."""
+    hf_gpt2(tmp_path / "hf")
+    convert("--from", f"hf:{tmp_path / 'hf'}", "--to", f"orbax:{tmp_path / 'nnx'}")
+    losses = {}
+    for backend, ref in (("torch_impl", f"hf:{tmp_path / 'hf'}"), ("jax_impl", f"orbax:{tmp_path / 'nnx'}")):
+        proc = run_cli(backend, "--checkpoint", ref, "--steps", "2", "--throughput-steps", "0", "--out",
+                       str(tmp_path / backend))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        record = read_record(tmp_path / backend)
+        assert record.extra["start"]["from"] == ref
+        losses[backend] = record.losses
+    assert np.max(np.abs(np.array(losses["torch_impl"]) - np.array(losses["jax_impl"]))) < 1e-5
+    proc = run_cli("jax_impl", "--checkpoint", f"hf:{tmp_path / 'hf'}", "--out", str(tmp_path / "no"))
+    assert proc.returncode == 2 and "the jax backend reads canonical and orbax checkpoints" in proc.stderr

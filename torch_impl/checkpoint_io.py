@@ -10,7 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.checkpoints import float32_of
+from common import hf
+from common.checkpoints import check_against, float32_of, parse_checkpoint
+from common.twin import twin_of
+from common.vocab import CheckpointFormat
 from common.weights import CheckpointError
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
@@ -65,3 +68,33 @@ def load_hf(path: Path) -> dict[str, np.ndarray]:
     for file in weight_files(path):
         out.update(load_state(file))
     return out
+
+
+def load_torch_side(ref: str, spec, shapes: dict[str, tuple]) -> dict[str, np.ndarray]:
+    """A torch or hf checkpoint in the torch model's names, checked against its parameters."""
+    fmt, path = parse_checkpoint(ref)
+    if fmt == CheckpointFormat.HF:
+        twin = twin_of(spec.model)
+        hf.check_config(hf.read_config(path), spec.model, twin, f"hf checkpoint {path}")
+        arrays = hf.to_torch_names(load_hf(path), twin, f"hf checkpoint {path}")
+    else:
+        arrays = load_state(path)
+    check_against(arrays, shapes, f"{fmt} checkpoint {path}")
+    return arrays
+
+
+def start_weights(model: torch.nn.Module, spec, checkpoint: str | Path | None) -> dict[str, np.ndarray]:
+    """What a torch runtime starts from (canonical arrays): the canonical init or checkpoint, or a torch
+    or hf checkpoint read here and carried through the model's correspondence."""
+    from common.weights import start_params
+    from torch_impl.convert import correspondence
+
+    fmt, _ = parse_checkpoint(checkpoint) if checkpoint else (None, None)
+    if fmt in (None, CheckpointFormat.CANONICAL):
+        return start_params(spec.model, spec.train.seed, parse_checkpoint(checkpoint)[1] if checkpoint else None)
+    if fmt == CheckpointFormat.ORBAX:
+        raise CheckpointError(f"--checkpoint {checkpoint}: an orbax checkpoint is NNX state, which the torch runtimes "
+                              "cannot read; pass it to python -m compare --checkpoint or convert it with python -m "
+                              "compare.convert")
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    return correspondence(model, spec.model).to_canonical(load_torch_side(str(checkpoint), spec, shapes))

@@ -17,6 +17,7 @@ from common.fsutil import write_json_atomic
 from common.presets import load_spec
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
+from torch_impl.checkpoint_io import load_torch_side
 
 
 def main(argv=None) -> int:
@@ -31,32 +32,13 @@ def main(argv=None) -> int:
 
         model = build_model(spec.model, spec.train.seed)
         shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        params = load(args.load, spec, shapes) if args.load else \
+        params = load_torch_side(args.load, spec, shapes) if args.load else \
             {name: p.detach().float().cpu().numpy() for name, p in model.named_parameters()}
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     write_json_atomic(args.out / "torch_params.json", {name: list(shape) for name, shape in shapes.items()})
     save_checkpoint(args.out / "torch_init.safetensors", params)
     return ExitCode.OK
-
-
-def load(ref: str, spec, shapes: dict[str, tuple]) -> dict:
-    """A torch or hf checkpoint in the torch model's names, checked against its parameters."""
-    from common import hf
-    from common.checkpoints import check_against, parse_checkpoint
-    from common.twin import twin_of
-    from common.vocab import CheckpointFormat
-    from torch_impl.checkpoint_io import load_hf, load_state
-
-    fmt, path = parse_checkpoint(ref)
-    if fmt == CheckpointFormat.HF:
-        twin = twin_of(spec.model)
-        hf.check_config(hf.read_config(path), spec.model, twin, f"hf checkpoint {path}")
-        arrays = hf.to_torch_names(load_hf(path), twin, f"hf checkpoint {path}")
-    else:
-        arrays = load_state(path)
-    check_against(arrays, shapes, f"{fmt} checkpoint {path}")
-    return arrays
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ from common.data import activation_inputs, make_dataset, shape_changed
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec, TrainSpec
 from common.vocab import RecordStatus
-from common.weights import start_info, start_params
+from common.weights import start_info
 from torch_impl.capture import capture_activations
+from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
 from torch_impl.models import build_model
 
@@ -78,7 +79,7 @@ class TorchTrainer:
         self.spec, self.device, self.shape_change_step = spec, device or device_for_this_machine(), shape_change_step
         model = build_model(spec.model, spec.train.seed)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
-        self.model = load_canonical(model, start_params(spec.model, spec.train.seed, checkpoint), spec.model)
+        self.model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
         self.model = self.model.to(self.device)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = correspondence(self.model, spec.model)

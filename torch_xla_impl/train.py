@@ -44,9 +44,10 @@ from common.data import activation_inputs, input_ndim, make_dataset, process_sli
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
 from common.vocab import Phase, RecordStatus, TraceMode
-from common.weights import start_info, start_params
+from common.weights import start_info
 from torch_impl import convert
 from torch_impl.capture import capture_activations
+from torch_impl.checkpoint_io import start_weights
 from torch_impl.models import build_model
 from torch_impl.train import clip_gradients, cross_entropy, make_optimizer, set_lr
 from torch_xla_impl import replicas as replica_sync
@@ -90,7 +91,7 @@ class TorchXlaTrainer:
         self.device = torch_xla.device()
         model = build_model(spec.model, spec.train.seed)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
-        self.start_params = start_params(spec.model, spec.train.seed, checkpoint)
+        self.start_params = start_weights(model, spec, checkpoint)
         convert.load_canonical(model, self.start_params, spec.model)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = convert.correspondence(model, spec.model)

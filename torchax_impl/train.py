@@ -35,12 +35,13 @@ from torchax import interop
 from common.data import Batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
-from common.weights import start_info, start_params
+from common.weights import start_info
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
 from jax_impl.optim import make_optimizer
 from torch_impl.capture import capture_activations
+from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
 from torch_impl.models import build_model
 from torch_impl.train import cross_entropy
@@ -56,7 +57,7 @@ class TorchaxTrainer(JittedTrainer):
         self.spec, self.mesh = spec, mesh
         model = build_model(spec.model, spec.train.seed)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
-        model = load_canonical(model, start_params(spec.model, spec.train.seed, checkpoint), spec.model)
+        model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
         self.correspondence = correspondence(model, spec.model)
         self.model, self.module_names = model, modules_to_canonical(model, spec.model)
         states, self.forward_fn = torchax.extract_jax(model)  # parameters and buffers, by state_dict name
