@@ -134,9 +134,9 @@ def bad_checkpoints(tmp_path) -> list[tuple[list[str], str]]:
 
 @pytest.mark.parametrize("index", range(10))
 def test_each_bad_checkpoint_is_refused_naming_file_and_tensor(tmp_path, index):
-    """What the torch describe step runs on a --checkpoint (torch_impl.describe.load), in this process."""
+    """What the torch describe step runs on a --checkpoint (checkpoint_io.load_torch_side), in this process."""
     from common.cli import INPUT_ERRORS
-    from torch_impl.describe import load
+    from torch_impl.checkpoint_io import load_torch_side as load
     from torch_impl.models import build_model
 
     (ref,), message = bad_checkpoints(tmp_path)[index]
