@@ -51,25 +51,26 @@ def _layout(leaf: str, torch_shape: tuple, canonical_shape: tuple) -> str:
     return SAME
 
 
-def to_canonical_layout(value: np.ndarray, layout: str) -> np.ndarray:
+def torch_axes(layout: str, ndim: int) -> tuple[int, ...]:
+    """The canonical axes in torch's order: torch tensor = canonical.transpose(torch_axes). One
+    permutation serves arrays, shapes and partition specs."""
     if layout == TRANSPOSE:
-        return value.T
-    if layout == CONV:  # (O, I, *k) -> (*k, I, O)
-        return value.transpose(*range(2, value.ndim), 1, 0)
-    return value
+        return (1, 0)
+    if layout == CONV:  # (*k, I, O) -> (O, I, *k)
+        return (ndim - 1, ndim - 2, *range(ndim - 2))
+    return tuple(range(ndim))
 
 
 def to_torch_layout(value: np.ndarray, layout: str) -> np.ndarray:
-    if layout == TRANSPOSE:
-        return value.T
-    if layout == CONV:  # (*k, I, O) -> (O, I, *k)
-        n = value.ndim
-        return value.transpose(n - 1, n - 2, *range(n - 2))
-    return value
+    return value.transpose(torch_axes(layout, value.ndim))  # a view
+
+
+def to_canonical_layout(value: np.ndarray, layout: str) -> np.ndarray:
+    return value.transpose(np.argsort(torch_axes(layout, value.ndim)))  # a view
 
 
 def _torch_shape(layout: str, canonical_shape: tuple) -> tuple:
-    return tuple(to_torch_layout(np.empty(canonical_shape, np.bool_), layout).shape)
+    return tuple(canonical_shape[i] for i in torch_axes(layout, len(canonical_shape)))
 
 
 def _norm(module: str) -> str:
@@ -98,13 +99,16 @@ class Correspondence:
                 out[name] = np.ascontiguousarray(to_canonical_layout(part, link.layout))
         return {k: out[k] for k in self.canonical_shapes}
 
+    def torch_parts(self, canonical: Mapping[str, np.ndarray]):
+        """(torch name, [its parts in torch layout, as views, in row order]) per link: a packed tensor's
+        parts stack along dim 0."""
+        for link in self.links:
+            yield link.torch, [to_torch_layout(np.asarray(canonical[n]), link.layout) for n in link.canonical]
+
     def to_torch(self, canonical: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """{canonical name: array} -> {torch name: array} in torch layouts (packed tensors concatenated)."""
-        out = {}
-        for link in self.links:
-            parts = [to_torch_layout(np.asarray(canonical[n]), link.layout) for n in link.canonical]
-            out[link.torch] = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
-        return out
+        return {name: np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+                for name, parts in self.torch_parts(canonical)}
 
     def _offsets(self, link: Link) -> list[int]:
         sizes = [_torch_shape(link.layout, self.canonical_shapes[n])[0] for n in link.canonical]
@@ -116,11 +120,7 @@ class Correspondence:
         out = {}
         for link in self.links:
             spec = tuple(canonical_specs[link.canonical[0]])
-            if link.layout == TRANSPOSE:
-                spec = spec[::-1]
-            elif link.layout == CONV:
-                n = len(spec)
-                spec = (spec[n - 1], spec[n - 2], *spec[:n - 2])
+            spec = tuple(spec[i] for i in torch_axes(link.layout, len(spec)))
             out[link.torch] = spec
         return out
 

@@ -62,10 +62,8 @@ def load_state(path: Path) -> dict[str, np.ndarray]:
 
 def load_hf(path: Path) -> dict[str, np.ndarray]:
     """{HF name: float32 array} of an HF checkpoint's safetensors (every shard)."""
-    from common.hf import weight_files
-
     out: dict[str, np.ndarray] = {}
-    for file in weight_files(path):
+    for file in hf.weight_files(path):
         out.update(load_state(file))
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.correspond import Correspondence, derive, module_map, to_torch_layout
+from common.correspond import Correspondence, derive, module_map
 from common.sharding import param_partition_specs
 from common.spec import MeshSpec
 from common.twin import twin_of
@@ -51,11 +51,6 @@ def to_canonical(tensors: dict, corr: Correspondence) -> dict[str, np.ndarray]:
     return corr.to_canonical({link.torch: _to_numpy(tensors[link.torch]) for link in corr.links})
 
 
-def to_state_dict(canonical: dict[str, np.ndarray], corr: Correspondence) -> dict[str, torch.Tensor]:
-    """Canonical arrays -> {parameter name: CPU tensor} in torch layouts."""
-    return {k: torch.from_numpy(v) for k, v in corr.to_torch(canonical).items()}
-
-
 def load_canonical(model: torch.nn.Module, canonical: dict[str, np.ndarray], model_spec) -> torch.nn.Module:
     """Copy canonical arrays into the model's parameters (its buffers stay as its factory made them).
 
@@ -65,11 +60,10 @@ def load_canonical(model: torch.nn.Module, canonical: dict[str, np.ndarray], mod
     check_params(model_spec, canonical)
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for link in correspondence(model, model_spec).links:
-            target, row = params[link.torch], 0
-            for name in link.canonical:
-                part = torch.from_numpy(to_torch_layout(np.asarray(canonical[name]), link.layout))
-                target[row:row + part.shape[0]].copy_(part)
+        for name, parts in correspondence(model, model_spec).torch_parts(canonical):
+            row = 0
+            for part in parts:
+                params[name][row:row + part.shape[0]].copy_(torch.from_numpy(part))
                 row += part.shape[0]
     return model
 
