@@ -10,8 +10,8 @@ import pytest
 from common.correspond import CorrespondenceError, derive, module_map
 from common.presets import load_spec
 from common.spec import SpecError
-from common.twin import BUILTIN, TwinError, hparams_of, load_twin
-from common.weights import init_params
+from common.twin import BUILTIN, TwinError, hparams_of, load_twin, twin_of
+from common.weights import init_params, param_infos
 from tests.helpers import REPO
 
 TORCH_GPT_BLOCK = {  # nanoGPT-style names and torch layouts
@@ -41,6 +41,11 @@ def test_layouts_and_packed_projection_round_trip_bitwise():
     canonical = corr.to_canonical(torch_arrays)
     assert np.array_equal(canonical["h.0.attn.k.kernel"], torch_arrays["h.0.attn.c_attn.weight"][8:16].T)
     assert np.array_equal(canonical["conv.kernel"], torch_arrays["conv.weight"].transpose(2, 3, 1, 0))
+    specs = corr.torch_partition_specs({**{n: (None,) * len(v) for n, v in NNX_GPT_BLOCK.items()},
+                                        "conv.kernel": (None, None, "fsdp", "tensor"),
+                                        "h.0.mlp.fc.kernel": (None, "tensor")})
+    assert specs["conv.weight"] == ("tensor", "fsdp", None, None)  # HWIO -> OIHW
+    assert specs["h.0.mlp.fc.weight"] == ("tensor", None)  # (in, out) -> (out, in)
     back = corr.to_torch(canonical)
     assert all(np.array_equal(back[k], v) for k, v in torch_arrays.items())
 
@@ -88,8 +93,12 @@ def test_builtin_models_are_twins(preset):
     spec = load_spec(preset).model
     twin = BUILTIN[spec.family]
     assert twin.torch == f"torch_impl.models:{spec.family}" and twin.init == "canonical"
-    assert hparams_of(spec)  # the factories take the spec's fields
-    assert set(init_params(spec, 0))
+    hparams = hparams_of(spec)  # the factories take the spec's fields, family aside
+    assert "family" not in hparams and all(hparams[k] == getattr(spec, k) for k in hparams)
+    assert twin_of(spec) is twin and twin.nnx == f"jax_impl.models:{spec.family}"
+    assert (twin.packed, twin.hf) == (({"attn.qkv": ("attn.q", "attn.k", "attn.v")}, {"model_type": "gpt2"})
+                                      if spec.family == "gpt" else ({}, {}))
+    assert set(init_params(spec, 0)) == set(param_infos(spec))
 
 
 def test_twin_references_that_do_not_load(tmp_path):
