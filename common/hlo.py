@@ -9,6 +9,7 @@ REPORTED_OPS = ("fusion", "dot", "convolution", "all-reduce", "all-gather", "red
                 "collective-permute", "custom-call")
 
 # `%name = f32[2,3]{1,0} opcode(...)`, or a tuple type `(f32[], s32[]) opcode(...)`.
+_COMMENT = re.compile(r"/\*.*?\*/")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?:\([^=]*?\)|[\w\[\]{},:\s]*?)\s*([a-z][\w\-]*)\(")
 
 
@@ -19,7 +20,7 @@ def op_histogram(hlo_text: str) -> dict[str, int]:
     """
     counts: Counter[str] = Counter()
     for line in hlo_text.splitlines():
-        m = _INSTRUCTION.match(line)
+        m = _INSTRUCTION.match(_COMMENT.sub("", line))  # tuple types carry /*index=5*/ markers
         if not m:
             continue
         op = m.group(1)

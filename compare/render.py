@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.correspond import ROOT_MODULE
+from compare.program import metric_rows
 
 
 def _fmt(value, spec: str = ".3g") -> str:
@@ -96,8 +97,27 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
               ["backend process total (s)"] + [wall(n, "total_s") for n in names],
               ["peak host RSS (MiB)"] + [_fmt(b[n].get("peak_rss_mb"), ".0f") for n in names]]
     out.append(("Wall time and memory per backend process", ["", *names], rows_w))
+    out += program_tables(b)
     if report.get("ratios"):
         out.append(("Ratios", ["ratio", "value"], [[k, _fmt(v, ".3f")] for k, v in report["ratios"].items()]))
+    return out
+
+
+def program_tables(backends: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The compiled steps side by side, most different metric first, and what each backend lacks."""
+    programs = {n: b["hlo"] for n, b in backends.items() if (b.get("hlo") or {}).get("available")}
+    if not programs:
+        return []
+    names = list(programs)
+    out = [("Compiled step, per settled step (most different first)", ["", *names],
+            [[row[0]] + [_fmt(float(v), ",.0f") if isinstance(v, (int, float)) else _fmt(v) for v in row[1:]]
+             for row in metric_rows(programs)])]
+    gaps = [[n, what, why] for n, b in backends.items() for what, why in
+            ((b.get("hlo") or {}).get("not_available") or {}).items()]
+    gaps += [[n, "compiled program", b["hlo"]["why"]] for n, b in backends.items()
+             if b.get("hlo") and not b["hlo"].get("available")]
+    if gaps:
+        out.append(("Not available, and why", ["backend", "number", "why"], gaps))
     return out
 
 

@@ -20,6 +20,10 @@ report.json keys (schema_version 2):
     .compiles {setup, loop, steady_state, settle_steps, cache_hits, compile_s, causes},
     .step_ms {median, p10, p90, min, max, n}, .trace_ms (torch_xla), .throughput,
     .flops_per_step, .peak_flops, .peak_source, .mfu, .hlo_ops, .losses, .peak_rss_mb, .trace_mode,
+    .hlo {available, hlo_file, kernels, fusions, dot, convolution, unfused_*, copies, transposes, rng,
+      collectives {op: {count, elements, bytes}}, custom_calls, largest_buffers, matmul_flops,
+      cost_analysis_flops, bytes_accessed, memory {argument/output/temp_size_in_bytes, peak_bytes, ...},
+      memory_source, not_available {number: why}} (compare/program.py; `available: false, why` for eager),
     .compile_cache {enabled, dir, hits, misses, ...},
     .wall_breakdown {start_and_imports_s, compile_s, steps_s, other_s, total_s}
   compile_cache           the cache directory compare gave the backends (null with --no-compile-cache)

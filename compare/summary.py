@@ -12,6 +12,7 @@ from common.hlo import matmul_flops
 from common.record import RunRecord, timed_from
 from common.vocab import Phase
 from compare.cache import cpu_identity
+from compare.program import compiled_program
 
 # Peak dense bf16 flop/s per chip (the vendors' figures).
 TPU_PEAK_FLOPS = {"v4": 2.75e14, "v5e": 1.97e14, "v5 lite": 1.97e14, "v5p": 4.59e14, "v6e": 9.2e14, "v6 lite": 9.2e14}
@@ -150,6 +151,7 @@ def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
             "peak_flops": peak, "peak_source": peak_source, "mfu": mfu,
             "peak_rss_mb": record.peak_rss_mb, "trace_mode": record.trace_mode,
             "compile_cache": record.compile_cache, "hlo_ops": (record.hlo_stats or {}).get("reported_ops"),
+            "hlo": compiled_program(record, record_dir),
             "losses": record.losses, "step_ms_all": [s.wall_ms for s in record.steps[timed_from(record):]],
             "versions": record.versions, "platform": record.platform,
             "numerics": {k: v for k, v in record.numerics.items() if k != "env"}, "extra": record.extra}

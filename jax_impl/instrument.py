@@ -128,4 +128,4 @@ def hlo_statistics(jitted, args, hlo_path) -> dict:
     histogram = op_histogram(text)
     return {"flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
             "op_histogram": histogram, "reported_ops": reported_ops(histogram), "memory": mem,
-            "hlo_file": hlo_path.name}
+            "memory_source": "compiled.memory_analysis()", "hlo_file": hlo_path.name}

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from common.hlo import op_histogram, reported_ops
+from common.hlo_summary import buffer_assignment_memory
 from common.record import CompileEvent, RunRecord
 from common.vocab import Phase, TraceMode
 
@@ -194,7 +195,20 @@ def hlo_statistics(run_dir: Path, graphs: list[int] | None = None) -> dict | Non
         chosen = [max(modules, key=lambda p: p.stat().st_size)]
     text = "\n".join(m.read_text() for m in chosen)
     (run_dir / "train_step.hlo.txt").write_text(text)
+    memory = _memory(chosen)
     shutil.rmtree(dump, ignore_errors=True)
     histogram = op_histogram(text)
     return {"op_histogram": histogram, "reported_ops": reported_ops(histogram), "hlo_file": "train_step.hlo.txt",
-            "source": ", ".join(m.name for m in chosen)}
+            "source": ", ".join(m.name for m in chosen), **memory}
+
+
+def _memory(modules: list[Path]) -> dict:
+    """Memory of the step's modules, summed, from the buffer assignment XLA dumps beside each one."""
+    total: dict[str, int] = {}
+    for module in modules:
+        assignment = module.with_name(module.name.removesuffix(".txt") + "-buffer-assignment.txt")
+        if not assignment.exists():
+            return {"memory": {}, "memory_source": f"not available: no buffer assignment beside {module.name}"}
+        for key, value in buffer_assignment_memory(assignment.read_text()).items():
+            total[key] = total.get(key, 0) + (value or 0)
+    return {"memory": total, "memory_source": "XLA buffer-assignment dump"}
