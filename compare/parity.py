@@ -83,6 +83,49 @@ def compare_losses(ref: list, other: list, bounds: dict) -> dict:
             "max_abs": max(finite) if finite else None, "steps_compared": n}
 
 
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def logit_agreement(ref: np.ndarray, other: np.ndarray, chunk: int = 4096) -> dict | None:
+    """Step-0 logits as next-token distributions: KL(ref || other) per position (nats; mean and max) and
+    how often the top-1 token agrees and how much of the top-5 overlaps. None for mismatched shapes
+    or fewer than two classes. Rows go in chunks so a 50k vocabulary stays in memory."""
+    if ref.shape != other.shape or ref.ndim < 2 or ref.shape[-1] < 2:
+        return None
+    a, b = ref.reshape(-1, ref.shape[-1]), other.reshape(-1, other.shape[-1])
+    k = min(5, a.shape[1])
+    kl, top1, topk = [], [], []
+    for start in range(0, len(a), chunk):
+        x, y = a[start:start + chunk].astype(np.float64), b[start:start + chunk].astype(np.float64)
+        lx, ly = _log_softmax(x), _log_softmax(y)
+        kl.append(np.sum(np.exp(lx) * (lx - ly), axis=-1))
+        top1.append(x.argmax(-1) == y.argmax(-1))
+        tx, ty = np.argpartition(-x, k - 1, axis=-1)[:, :k], np.argpartition(-y, k - 1, axis=-1)[:, :k]
+        topk.append(np.array([len(np.intersect1d(p, q)) / k for p, q in zip(tx, ty)]))
+    kl_all = np.concatenate(kl)
+    return {"kl_mean": float(kl_all.mean()), "kl_max": float(kl_all.max()),
+            "top1": float(np.concatenate(top1).mean()), f"top{k}": float(np.concatenate(topk).mean()),
+            "positions": len(a)}
+
+
+def judge_distribution(ref: dict, other: dict, bounds: dict, dtype: str, tensors: dict) -> dict | None:
+    """Logit agreement with its verdict; in bfloat16 it also decides whether the logits are within."""
+    logits_ref, logits_other = ref.get("outputs", {}).get("logits"), other.get("outputs", {}).get("logits")
+    if logits_ref is None or logits_other is None or not np.all(np.isfinite(logits_ref)) or \
+            not np.all(np.isfinite(logits_other)):
+        return None
+    agreement = logit_agreement(logits_ref, logits_other)
+    if agreement is None:
+        return None
+    agreement["within"] = agreement["kl_mean"] <= bounds["kl_mean"] and agreement["top1"] >= bounds["top1"]
+    entry = tensors.get("outputs/logits")
+    if dtype == "bfloat16" and entry is not None:
+        entry.update(within=agreement["within"], note="bfloat16: judged by KL and top-1 agreement, not max abs")
+    return agreement
+
+
 def worst_tensors(tensors: dict[str, dict], n: int = 10) -> list[dict]:
     """The n tensors that use the most of their tolerance (unmeasurable ones first).
 
@@ -131,15 +174,19 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     differences = setting_differences(ref, other)
     unexplained = [d for d in differences if d.split(":")[0] not in intended]
     tensors = compare_tensors(ref_tensors, other_tensors, policy)
+    distribution = judge_distribution(ref_tensors, other_tensors, policy["distribution"],
+                                      str(ref.numerics.get("dtype")), tensors)
     loss = compare_losses(ref.losses, other.losses, policy["loss"])
     comparable = not unexplained
     # step 0's logits, loss and gradients are measured before the first update: when one of them is out of
     # tolerance the runs part at step 0, even if the loss curves stay close for a while
-    step0_fails = any(not t["within"] for k, t in tensors.items() if not k.startswith("params/"))
+    step0_fails = any(not t["within"] for k, t in tensors.items() if not k.startswith("params/")) or \
+        (distribution is not None and not distribution["within"])
     first_step = 0 if step0_fails else loss["first_divergent_step"]
-    passed = comparable and first_step is None and all(t["within"] for t in tensors.values())
+    passed = comparable and first_step is None and all(t["within"] for t in tensors.values()) and \
+        (distribution is None or distribution["within"])
     return {"checked": True, "comparable": comparable, "setting_differences": differences,
-            "intended_differences": [d for d in differences if d not in unexplained],
+            "intended_differences": [d for d in differences if d not in unexplained], "distribution": distribution,
             "first_divergent_step": first_step, "loss": loss, "tensors": tensors,
             "first_divergent_module": first_divergent_module(ref_tensors.get("activations", {}),
                                                              other_tensors.get("activations", {}), policy["forward"]),

@@ -27,6 +27,17 @@ def _module(found: dict | None) -> str:
             f"{found['modules_diverging']}/{found['modules_compared']} modules differ)")
 
 
+def _kl(d: dict | None) -> str:
+    return "-" if not d else f"{d['kl_mean']:.2e} / {d['kl_max']:.2e}"
+
+
+def _topk(d: dict | None) -> str:
+    if not d:
+        return "-"
+    k = next((key for key in d if key.startswith("top") and key != "top1"), None)
+    return f"{d['top1']:.2%}" + (f" / {d[k]:.2%}" if k else "")
+
+
 def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """One column per backend judged against the reference, its worst tensors, and every pair's |Δloss|."""
     parity, ref = report["parity"], report["reference"]
@@ -37,6 +48,8 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             ["first divergent step"] + [_fmt(parity[n]["first_divergent_step"]) for n in others],
             ["first divergent module (step 0)"] + [_module(parity[n].get("first_divergent_module")) for n in others],
             ["max |Δloss| over steps"] + [_fmt((parity[n].get("loss") or {}).get("max_abs"), ".3e") for n in others],
+            ["step-0 logits: mean / max KL (nats)"] + [_kl(parity[n].get("distribution")) for n in others],
+            ["step-0 logits: top-1 / top-5 agreement"] + [_topk(parity[n].get("distribution")) for n in others],
             ["tensors within tolerance"] + [f"{sum(t['within'] for t in parity[n]['tensors'].values())}/"
                                             f"{len(parity[n]['tensors'])}" for n in others]]
     out = [(f"Parity against {ref} (the reference): overall {report['verdict']}", ["check", *others], rows)]
@@ -65,7 +78,12 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     tol = report["tolerances"]
     out.append((f"Tolerances ({report['dtype']}, profile {report['tolerance_profile']}): "
                 "|a-b| <= atol + rtol*max|ref|", ["kind", "atol", "rtol"],
-                [[k, _fmt(v["atol"], ".0e"), _fmt(v["rtol"], ".0e")] for k, v in tol.items()]))
+                [[k, _fmt(v["atol"], ".0e"), _fmt(v["rtol"], ".0e")] for k, v in tol.items() if "atol" in v]))
+    if "distribution" in tol:
+        d = tol["distribution"]
+        out.append(("Step-0 logits as distributions: pass when mean KL(ref || other) <= kl_mean and top-1 "
+                    "agreement >= top1", ["kl_mean (nats)", "top1"], [[_fmt(d["kl_mean"], ".0e"),
+                                                                        _fmt(d["top1"], ".3g")]]))
     comp = lambda n, k: _fmt((b[n].get("compiles") or {}).get(k))  # noqa: E731
     rows_c = [["setup compiles"] + [comp(n, "setup") for n in names],
               ["loop compiles"] + [comp(n, "loop") for n in names],

@@ -5,7 +5,7 @@ report.json keys (schema_version 2):
   status                  a ReportStatus (common/vocab.py): ok | parity_failed | not_comparable |
                           nondeterministic | backend_failed | usage_error | interrupted
   exit_code               what `python -m compare` returned (an ExitCode)
-  tolerances              {kind: {atol, rtol}} used for this dtype
+  tolerances              {kind: {atol, rtol}} used for this dtype; distribution {kl_mean, top1}
   backend_names           the backends in the order they ran
   reference               the backend every other one is judged against (--reference)
   parity                  null unless the reference and another backend finished, else per other
@@ -14,7 +14,8 @@ report.json keys (schema_version 2):
     .first_divergent_step (null when none; 0 when a step-0 tensor is out of tolerance),
     .first_divergent_module {step, module, input_agrees, output_error, modules_compared, modules_diverging}
       (null when every module's step-0 activation agrees), .loss {max_abs, per_step_abs, steps_compared},
-    .tensors {"<group>/<name>": {abs, rel, within, kind}}, .worst [10 worst], .passed
+    .tensors {"<group>/<name>": {abs, rel, within, kind}}, .worst [10 worst], .passed,
+    .distribution {kl_mean, kl_max, top1, top5, positions, within} (step-0 logits; null without logits)
   pairwise_loss           {"<a> vs <b>": max |Δloss| over the steps} for every pair of backends
   backends.<name>         status (a BackendStatus), message, exit_code, wall_s, record, logs,
     .compiles {setup, loop, steady_state, settle_steps, cache_hits, compile_s, causes},

@@ -62,3 +62,35 @@ def test_tolerance_profiles_and_files(tmp_path):
         load_policy(str(custom), "float32")
     with pytest.raises(ToleranceError, match="not a profile"):
         load_policy(str(tmp_path / "missing.json"), "float32")
+
+
+def test_logit_agreement_by_hand():
+    ref = np.log(np.array([[[0.5, 0.25, 0.25], [0.1, 0.2, 0.7]]]))
+    other = np.log(np.array([[[0.25, 0.5, 0.25], [0.1, 0.2, 0.7]]]))
+    a = parity.logit_agreement(ref, other)
+    kl0 = 0.5 * np.log(0.5 / 0.25) + 0.25 * np.log(0.25 / 0.5)  # position 0; position 1 is identical
+    assert a["kl_mean"] == pytest.approx(kl0 / 2) and a["kl_max"] == pytest.approx(kl0)
+    assert a["top1"] == 0.5 and a["top3"] == 1.0 and a["positions"] == 2
+    assert parity.logit_agreement(ref, ref)["kl_max"] == pytest.approx(0.0, abs=1e-15)
+    assert parity.logit_agreement(ref, other[..., :2]) is None
+
+
+def test_bfloat16_logits_are_judged_by_distribution():
+    logits = np.random.default_rng(0).standard_normal((4, 8, 32))
+    shifted = logits + 0.3  # the same distributions: softmax ignores a constant shift
+    ref, other = {"outputs": {"logits": logits}}, {"outputs": {"logits": shifted}}
+    for dtype, within in (("float32", False), ("bfloat16", True)):
+        policy = load_policy("default", dtype)
+        tensors = parity.compare_tensors(ref, other, policy)
+        d = parity.judge_distribution(ref, other, policy["distribution"], dtype, tensors)
+        assert d["kl_max"] < 1e-12 and d["top1"] == 1.0 and d["within"]
+        assert tensors["outputs/logits"]["within"] is within  # max abs 0.3 fails fp32's bound either way
+
+
+def test_distribution_bounds_from_a_tolerance_file(tmp_path):
+    custom = tmp_path / "tol.json"
+    custom.write_text(json.dumps({"bfloat16": {"distribution": {"kl_mean": 1e-5}}}))
+    assert load_policy(str(custom), "bfloat16")["distribution"] == {"kl_mean": 1e-5, "top1": 0.9}
+    custom.write_text(json.dumps({"bfloat16": {"distribution": {"kl": 1}}}))
+    with pytest.raises(ToleranceError, match="or distribution with kl_mean/top1"):
+        load_policy(str(custom), "bfloat16")
