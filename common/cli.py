@@ -12,9 +12,10 @@ from typing import NoReturn
 from common.checkpoints import parse_checkpoint
 from common.data import DataError
 from common.presets import load_spec
+from common.provoke import Provocation, check_provocations, parse_provocation
 from common.record import RecordError
 from common.spec import RunSpec, SpecError
-from common.vocab import ExitCode
+from common.vocab import PROVOKABLE, ExitCode
 from common.weights import CheckpointError
 
 INPUT_ERRORS = (SpecError, DataError, CheckpointError, RecordError)
@@ -40,6 +41,20 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mesh", help="mesh axis sizes, e.g. data=2,fsdp=1,tensor=4")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="train.dtype")
     parser.add_argument("--seed", type=int, help="seed of parameter init and data (train.seed, data.seed)")
+    add_provoke_flag(parser)
+
+
+def provocation_arg(text: str) -> Provocation:
+    try:
+        return parse_provocation(text)
+    except SpecError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--provoke-recompile {text!r}: ")) from None
+
+
+def add_provoke_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--provoke-recompile", dest="provoke", action="append", default=[], type=provocation_arg,
+                        metavar="CAUSE@STEP", help="diagnostic: from STEP on, provoke a recompile of this cause ("
+                        f"{', '.join(PROVOKABLE)}; repeatable) to see it named; see common/provoke.py")
 
 
 def checkpoint_ref(text: str) -> str:
@@ -66,8 +81,6 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
                         help="the framework's persistent compile cache in DIR (default: off when run alone)")
     parser.add_argument("--throughput-steps", type=int, default=None,
                         help="extra steps timed pipelined (one wait at the end); default: train.steps, 0 = off")
-    parser.add_argument("--shape-change-step", type=int, default=None,
-                        help="diagnostic: from this step on feed half the batch, to show a recompile and its cause")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
     return parser
 
@@ -95,11 +108,15 @@ def run_flags_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, flag)
         if value is not None:
             argv += [f"--{flag}", str(value)]
+    for provocation in args.provoke:
+        argv += ["--provoke-recompile", str(provocation)]
     return argv
 
 
 def resolve_spec(args: argparse.Namespace) -> RunSpec:
-    return load_spec(args.spec, spec_overrides(args), twin=getattr(args, "twin", None))
+    spec = load_spec(args.spec, spec_overrides(args), twin=getattr(args, "twin", None))
+    check_provocations(getattr(args, "provoke", []), spec)
+    return spec
 
 
 def fail(message: str, code: ExitCode) -> NoReturn:

@@ -238,11 +238,3 @@ def process_slice(batch: Batch, process_index: int, process_count: int) -> Batch
     lo = process_index * per
     return Batch(batch.inputs[lo:lo + per], batch.targets[lo:lo + per])
 
-
-def shape_changed(batch: Batch, step: int, shape_change_step: int | None) -> Batch:
-    """The `--shape-change-step` diagnostic, one definition for every backend: from that step on,
-    feed the first half of the global batch (a new input shape, so a recompile with a cause)."""
-    if shape_change_step is None or step < shape_change_step:
-        return batch
-    half = len(batch.inputs) // 2
-    return Batch(batch.inputs[:half], batch.targets[:half])

@@ -125,6 +125,28 @@ TRACE_MODE_MEANINGS = {
 }
 
 
+class RecompileCause(enum.StrEnum):
+    """Why a step recompiled, in one vocabulary for every backend (each framework's own words are kept
+    beside it); the first three are also what `--provoke-recompile CAUSE@STEP` can provoke."""
+
+    INPUT_SHAPE = "input-shape"
+    INPUT_DTYPE = "input-dtype"
+    PYTHON_VALUE = "python-value"
+    NEW_PROGRAM = "new-program"
+    UNKNOWN = "unknown"
+
+
+RECOMPILE_CAUSE_MEANINGS = {
+    RecompileCause.INPUT_SHAPE: "an input's shape changed",
+    RecompileCause.INPUT_DTYPE: "an input's dtype changed",
+    RecompileCause.PYTHON_VALUE: "a Python value that changed was traced into the step as a constant (a static "
+                                 "argument, or a number the graph bakes in)",
+    RecompileCause.NEW_PROGRAM: "the traced program itself changed (other ops: a new code path)",
+    RecompileCause.UNKNOWN: "the framework gave no cause that names one of the above",
+}
+PROVOKABLE = (RecompileCause.INPUT_SHAPE, RecompileCause.INPUT_DTYPE, RecompileCause.PYTHON_VALUE)
+
+
 class CheckpointFormat(enum.StrEnum):
     """What `--checkpoint FORMAT:PATH` reads (and `python -m compare.convert` writes)."""
 

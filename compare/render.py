@@ -91,9 +91,11 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
               ["of these, persistent-cache hits"] + [comp(n, "cache_hits") for n in names],
               ["compile time (s)"] + [_fmt((b[n].get("compiles") or {}).get("compile_s"), ".2f") for n in names]]
     out.append(("Compiles", ["", *names], rows + rows_c))
-    for n in names:
-        for cause in (b[n].get("compiles") or {}).get("causes", []):
-            out.append((f"{n}: recompile at step {cause['step']}", ["cause"], [[cause["cause"][:400]]]))
+    causes = [[n, c["step"], c.get("kind", "-"), c["cause"][:300], (c.get("framework") or "")[:160]]
+              for n in names for c in (b[n].get("compiles") or {}).get("causes", [])]
+    if causes:
+        out.append(("Steady-state recompiles and their causes", ["backend", "step", "cause", "in words",
+                                                                 "the framework's own words"], causes))
     sm = lambda n, k: _fmt((b[n].get("step_ms") or {}).get(k), ".3f")  # noqa: E731
     tp = lambda n, k: _fmt((b[n].get("throughput") or {}).get(k), ".4g")  # noqa: E731
     rows_t = [["median step (ms, synced)"] + [sm(n, "median") for n in names],

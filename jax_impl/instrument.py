@@ -20,6 +20,8 @@ from pathlib import Path
 import jax
 
 from common.hlo import op_histogram, reported_ops
+from common.recompile import classify_jax
+from common.recompile import entry as recompile_entry
 from common.record import CompileEvent
 from common.vocab import Phase
 
@@ -105,8 +107,8 @@ class CompileMonitor(logging.Handler):
         if "CACHE MISS" in message:
             fun = next((ln.split("for ", 1)[1].split(" defined")[0] for ln in message.splitlines()
                         if ln.strip().startswith("for ")), "?")
-            cause = "; ".join(ln.strip() for ln in message.splitlines()[1:] if ln.strip())
-            self.causes.append({"step": self.step, "fun_name": fun, "cause": cause})
+            words = "; ".join(ln.strip() for ln in message.splitlines()[1:] if ln.strip())
+            self.causes.append(recompile_entry(self.step, fun, *classify_jax(message), words))
 
 
 def hlo_statistics(jitted, args, hlo_path) -> dict:

@@ -15,7 +15,8 @@ import jax
 import numpy as np
 import optax
 
-from common.data import Batch, activation_inputs, make_dataset, shape_changed
+from common.data import Batch, activation_inputs, make_dataset
+from common.provoke import Provocation, provoked_batch, python_value, with_python_value
 from common.record import RunRecord, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
 from common.vocab import Phase, RecordStatus
@@ -39,18 +40,20 @@ class JittedTrainer:
             self.tx, lambda _, s: s, jax.eval_shape(self.tx.init, self.params), param_placement,
             transform_non_params=lambda _: sharding.replicated(mesh))
         self.opt_state = jax.jit(self.tx.init, out_shardings=opt_placement)(self.params)
-        self.train_step = jax.jit(self._train_step, donate_argnums=(0, 1),
+        self.train_step = jax.jit(self._train_step, donate_argnums=(0, 1), static_argnames=("python_value",),
                                   out_shardings=(param_placement, opt_placement, sharding.replicated(mesh)))
         self.forward = jax.jit(self._forward)
         self.loss_and_grads = jax.jit(jax.value_and_grad(self._loss))
 
-    def _train_step(self, params, opt_state, batch: Batch):
-        loss, grads = jax.value_and_grad(self._loss)(params, batch)
+    def _train_step(self, params, opt_state, batch: Batch, python_value: float | None = None):
+        loss_fn = lambda p, b: with_python_value(self._loss(p, b), python_value)  # noqa: E731
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
         updates, opt_state = self.tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    def step(self, batch: Batch):
-        self.params, self.opt_state, loss = self.train_step(self.params, self.opt_state, batch)
+    def step(self, batch: Batch, python_value: float | None = None):
+        self.params, self.opt_state, loss = self.train_step(self.params, self.opt_state, batch,
+                                                            python_value=python_value)
         return loss
 
     def canonical_params(self) -> dict[str, np.ndarray]:
@@ -64,18 +67,20 @@ class JittedTrainer:
                 "grads": self.to_canonical(grads)}
 
 
-def timed_step(trainer, monitor: CompileMonitor, step: int, batch: Batch) -> tuple[float, float]:
-    """One instrumented loop step: (loss on the host, synced wall ms). The benchmark times this same function."""
+def timed_step(trainer, monitor: CompileMonitor, step: int, batch: Batch,
+               value: float | None = None) -> tuple[float, float]:
+    """One instrumented loop step: (loss on the host, synced wall ms). The benchmark times this same function.
+    `value`: the python-value provocation's number (common.provoke), None when not provoked."""
     monitor.at(Phase.LOOP, step)
     start = time.perf_counter()
-    loss = trainer.step(batch)
+    loss = trainer.step(batch, value)
     loss.block_until_ready()  # one executable: when the loss is ready, so are the new params
     wall_ms = (time.perf_counter() - start) * 1e3
     return sharding.scalar_to_host(loss), wall_ms
 
 
 def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record: Callable[[], RunRecord], *,
-               parity: bool, throughput_steps: int | None, shape_change_step: int | None,
+               parity: bool, throughput_steps: int | None, provocations: list[Provocation],
                monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
     """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
     timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
@@ -84,8 +89,8 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
     mesh = sharding.make_mesh(spec.mesh)
     data = make_dataset(spec)
     trainer = make_trainer(mesh)
-    put = lambda step: sharding.put_batch(shape_changed(data.global_batch(step), step, shape_change_step),  # noqa: E731
-                                          spec.mesh, mesh)
+    put = lambda step: sharding.put_batch(  # noqa: E731
+        provoked_batch(data.global_batch(step), step, provocations, np.int16), spec.mesh, mesh)
 
     tensors = trainer.step0_tensors(put(0)) if parity else {}  # before any update
     if parity:  # analysis, not training: its eager per-op compiles are not counted (as the HLO statistics')
@@ -95,9 +100,11 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
 
     record = new_record()
     record.extra["start"] = trainer.start
+    record.extra["provoked"] = [str(p) for p in provocations]
     timeline["loop_start"] = time.time()
     for step in range(spec.train.steps):
-        value, wall_ms = timed_step(trainer, monitor, step, put(step))
+        number = python_value(step, provocations, spec.train.steps)
+        value, wall_ms = timed_step(trainer, monitor, step, put(step), number)
         if progress:
             progress(step, value, wall_ms)
         if not record.add_step(step, value, wall_ms):
@@ -107,7 +114,8 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
     if record.status == RecordStatus.OK:
         if parity:
             tensors["params"] = trainer.canonical_params()
-        record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps)
+        record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps,
+                                                  python_value(spec.train.steps, provocations, spec.train.steps))
     timeline["loop_end"] = time.time()
     if record.status == RecordStatus.OK:
         monitor.paused = True  # the analysis compile below is not part of training
@@ -119,7 +127,7 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
     return record, tensors
 
 
-def _pipelined_throughput(trainer, spec: RunSpec, put, steps: int | None) -> dict:
+def _pipelined_throughput(trainer, spec: RunSpec, put, steps: int | None, value: float | None) -> dict:
     """K more steps dispatched back to back, one wait at the end (state is discarded after)."""
     steps = spec.train.steps if steps is None else steps
     if steps <= 0:
@@ -128,6 +136,6 @@ def _pipelined_throughput(trainer, spec: RunSpec, put, steps: int | None) -> dic
     jax.block_until_ready(batches)
     start = time.perf_counter()
     for batch in batches:
-        loss = trainer.step(batch)
+        loss = trainer.step(batch, value)
     loss.block_until_ready()
     return throughput_summary(spec, steps, time.perf_counter() - start)

@@ -71,11 +71,11 @@ class JaxTrainer(JittedTrainer):
 
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
-        throughput_steps: int | None = None, shape_change_step: int | None = None,
+        throughput_steps: int | None = None, provocations=(),
         monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
     """Train `spec` with the NNX twin; returns its record and the parity tensors (the caller writes both)."""
     return run_jitted(spec, out_dir, lambda mesh: JaxTrainer(spec, mesh, checkpoint), lambda: _new_record(spec),
-                      parity=parity, throughput_steps=throughput_steps, shape_change_step=shape_change_step,
+                      parity=parity, throughput_steps=throughput_steps, provocations=list(provocations),
                       monitor=monitor, progress=progress)
 
 

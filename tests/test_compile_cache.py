@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 def test_jax_second_run_hits_for_every_compile_and_keeps_the_recompile(tmp_path):
     cache = tmp_path / "cache"
-    args = ("--spec", "mlp-tiny", "--steps", "6", "--shape-change-step", "4", "--compile-cache", str(cache))
+    args = ("--spec", "mlp-tiny", "--steps", "6", "--provoke-recompile", "input-shape@4", "--compile-cache", str(cache))
     cold = train("jax_impl", tmp_path / "cold", *args)
     warm = train("jax_impl", tmp_path / "warm", *args)
     assert cold.compile_cache["hits"] == 0 and cold.compile_cache["misses"] == len(cold.compile_events) > 0
@@ -27,7 +27,8 @@ def test_jax_second_run_hits_for_every_compile_and_keeps_the_recompile(tmp_path)
     for rec in (cold, warm):
         steady = [e for e in rec.compile_events if e.phase == "loop" and e.step >= rec.settle_steps]
         assert [e.step for e in steady] == [4]
-        assert "now f32[64,784] and before f32[128,784]" in rec.recompile_causes[0]["cause"]
+        assert rec.recompile_causes[0]["kind"] == "input-shape"
+        assert "now f32[64,784] and before f32[128,784]" in rec.recompile_causes[0]["framework"]
     assert warm.losses == cold.losses  # a cached executable computes the same bits
     assert sum(e.duration_s for e in warm.compile_events) < sum(e.duration_s for e in cold.compile_events)
     assert warm.hlo_stats["flops"] == cold.hlo_stats["flops"] > 0  # the HLO is read from a cached executable too

@@ -40,14 +40,6 @@ def test_fixed_shapes_compile_the_loop_once(tmp_path):
     assert len(rec.steps) == 10 and all(s.wall_ms > 0 for s in rec.steps)
 
 
-def test_a_shape_change_is_one_steady_state_recompile_with_its_cause(tmp_path):
-    rec = train("jax_impl", tmp_path / "run", "--spec", "mlp-tiny", "--steps", "10", "--shape-change-step", "6")
-    loop = [e for e in rec.compile_events if e.phase == "loop"]
-    assert [e.step for e in loop] == [0, 6]
-    assert len(rec.recompile_causes) == 1
-    cause = rec.recompile_causes[0]
-    assert cause["step"] == 6 and cause["fun_name"] == "_train_step"
-    assert "now f32[64,784] and before f32[128,784]" in cause["cause"]
 
 
 def test_two_processes_match_one_process(tmp_path):

@@ -26,7 +26,7 @@ def train(spec, args, out_dir, progress):
                         f"{spec.mesh.device_count}: drop --mesh for it, or compare the mesh on jax, torch_xla "
                         "or torchax")
     record, tensors = run(spec, out_dir, parity=args.parity, checkpoint=args.checkpoint,
-                          throughput_steps=args.throughput_steps, shape_change_step=args.shape_change_step,
+                          throughput_steps=args.throughput_steps, provocations=args.provoke,
                           progress=progress)
     record.compile_cache = {"enabled": False, "note": "eager PyTorch compiles nothing (--compile-cache is ignored)"}
     return record, tensors, True

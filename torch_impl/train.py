@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from common.data import activation_inputs, make_dataset, shape_changed
+from common.data import activation_inputs, make_dataset
+from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec, TrainSpec
 from common.vocab import RecordStatus
@@ -74,9 +75,9 @@ def wait(device: torch.device) -> None:
 class TorchTrainer:
     """Model, optimizer and batches of one spec, eagerly, on this machine's device."""
 
-    def __init__(self, spec: RunSpec, checkpoint: Path | None = None, shape_change_step: int | None = None,
+    def __init__(self, spec: RunSpec, checkpoint: Path | None = None, provocations=(),
                  device: torch.device | None = None):
-        self.spec, self.device, self.shape_change_step = spec, device or device_for_this_machine(), shape_change_step
+        self.spec, self.device, self.provocations = spec, device or device_for_this_machine(), list(provocations)
         model = build_model(spec.model, spec.train.seed)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
         self.model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
@@ -91,7 +92,7 @@ class TorchTrainer:
             else contextlib.nullcontext
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = shape_changed(self.data.global_batch(step), step, self.shape_change_step)
+        batch = provoked_batch(self.data.global_batch(step), step, self.provocations, np.int64)
         return (torch.from_numpy(batch.inputs).to(self.device), torch.from_numpy(batch.targets).to(self.device))
 
     def loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,6 +105,7 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast():  # the logits are not kept: freed as soon as the loss is computed, as in any loop
             loss = cross_entropy(self.model(inputs), targets)
+        loss = with_python_value(loss, python_value(step, self.provocations, self.spec.train.steps))
         loss.backward()
         clip_gradients(self.model.parameters(), self.spec.train)
         self.optimizer.step()
@@ -148,19 +150,20 @@ def timed_step(trainer: TorchTrainer, step: int, inputs, targets) -> tuple[float
 
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
-        throughput_steps: int | None = None, shape_change_step: int | None = None,
+        throughput_steps: int | None = None, provocations=(),
         progress=None) -> tuple[RunRecord, dict]:
     """Train `spec` eagerly; returns its record and the parity tensors (the caller writes both)."""
     timeline = {"ready": time.time()}
     precision = MATMUL_PRECISION[spec.train.matmul_precision]
     if torch.get_float32_matmul_precision() != precision:  # (the call warns even when it changes nothing)
         torch.set_float32_matmul_precision(precision)
-    trainer = TorchTrainer(spec, checkpoint, shape_change_step)
+    trainer = TorchTrainer(spec, checkpoint, provocations)
     tensors = trainer.step0_tensors(*trainer.batch(0)) if parity else {}
     if parity:
         tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
     record = _new_record(spec, trainer.device)
     record.extra["start"] = trainer.start
+    record.extra["provoked"] = [str(p) for p in trainer.provocations]
     timeline["loop_start"] = time.time()
     for step in range(spec.train.steps):
         value, wall_ms = timed_step(trainer, step, *trainer.batch(step))

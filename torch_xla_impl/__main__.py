@@ -50,7 +50,7 @@ def train(spec, args, out_dir, progress):
             xr.use_spmd()
         record, tensors = run(spec, out_dir, parity=args.parity, monitor=instrument.CompileMonitor(),
                               checkpoint=args.checkpoint, throughput_steps=args.throughput_steps,
-                              shape_change_step=args.shape_change_step,
+                              provocations=args.provoke,
                               mode="spmd" if spec.mesh.device_count > 1 else "single",
                               trace_mode=args.trace_mode, progress=progress)
     record.compile_cache = instrument.cache_summary(cache, record.extra["counters"])

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from common.hlo import op_histogram, reported_ops
 from common.hlo_summary import buffer_assignment_memory
+from common.recompile import classify_graph_change
+from common.recompile import entry as recompile_entry
 from common.record import CompileEvent, RunRecord
 from common.vocab import Phase, TraceMode
 
@@ -161,20 +163,26 @@ def step_graphs(events: list[CompileEvent], settle_steps: int, trace_mode: Trace
     return first[:-1] + later if later else first
 
 
-def attach_causes(record: RunRecord, out_dir: Path, shapes: list[tuple]) -> None:
-    """Steady-state recompiles get torch_xla's Compilation Analysis plus the batch shape change we saw."""
+def attach_causes(record: RunRecord, out_dir: Path, fed: list[tuple]) -> None:
+    """Each steady-state recompile, named (common.recompile) from the batch fed at its step and the one
+    before (`fed`: (shape, dtype) per step) and from its graph against the previous loop graph as traced,
+    with torch_xla's Compilation Analysis (cause and Python frame) kept as the framework's words."""
     log = out_dir / DEBUG_LOG
     analyses = compilation_causes(log) if log.exists() else []
-    compiled = [e for e in record.compile_events if not e.cache_hit]  # analysis blocks exist for these only
+    traced = sorted((out_dir / DUMP_DIR).glob("*before_optimizations.txt"))  # module_NNNN: compile order
+    compiled = [e for e in record.compile_events if not e.cache_hit]  # analyses and dumps exist for these only
+    previous = None
     for i, event in enumerate(compiled):
-        if event.phase != Phase.LOOP or event.step < record.settle_steps:
+        if event.phase != Phase.LOOP:
             continue
-        parts = []
         step = event.step
-        if 0 < step < len(shapes) and shapes[step] != shapes[step - 1]:
-            parts.append(f"batch inputs shape changed from {shapes[step - 1]} to {shapes[step]}")
-        parts.append(analyses[i] if i < len(analyses) else "no Compilation Analysis captured")
-        record.recompile_causes.append({"step": step, "fun_name": event.fun_name, "cause": "; ".join(parts)})
+        if step >= record.settle_steps and previous is not None:
+            graph = lambda k: traced[k].read_text() if k < len(traced) else None  # noqa: E731
+            seen = lambda s: fed[s] if 0 <= s < len(fed) else None  # noqa: E731
+            cause, detail = classify_graph_change(graph(previous), graph(i), seen(compiled[previous].step), seen(step))
+            words = analyses[i] if i < len(analyses) else "no Compilation Analysis captured"
+            record.recompile_causes.append(recompile_entry(step, event.fun_name, cause, detail, words))
+        previous = i
 
 
 def hlo_statistics(run_dir: Path, graphs: list[int] | None = None) -> dict | None:

@@ -46,7 +46,7 @@ def _replica(index: int, spec_dict: dict, options: dict) -> None:
     out_dir = options["out_dir"]
     record, tensors = run(spec, out_dir, parity=options["parity"], checkpoint=options["checkpoint"],
                           monitor=CompileMonitor() if ordinal == 0 else NoMonitor(),
-                          throughput_steps=options["throughput_steps"], shape_change_step=options["shape_change_step"],
+                          throughput_steps=options["throughput_steps"], provocations=options["provocations"],
                           mode="spawn", replica=ordinal, replicas=world,
                           progress=progress_printer(options["progress"] and ordinal == 0))
     if ordinal == 0:
@@ -62,7 +62,7 @@ def run_spawn(spec: RunSpec, args, out_dir, progress_enabled: bool):
     from common.record import read_record
 
     options = {"out_dir": out_dir, "parity": args.parity, "checkpoint": args.checkpoint,
-               "throughput_steps": args.throughput_steps, "shape_change_step": args.shape_change_step,
+               "throughput_steps": args.throughput_steps, "provocations": args.provoke,
                "progress": progress_enabled}
     try:
         xmp.spawn(_replica, args=(spec.to_dict(), options))

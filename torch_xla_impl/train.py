@@ -40,7 +40,8 @@ import torch_xla.core.xla_model as xm
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
-from common.data import activation_inputs, input_ndim, make_dataset, process_slice, shape_changed
+from common.data import activation_inputs, input_ndim, make_dataset, process_slice
+from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
 from common.vocab import Phase, RecordStatus, TraceMode
@@ -61,16 +62,16 @@ class StepBatches(torch.utils.data.Dataset):
     """Item i is this replica's slice of the global batch of step first_step + i."""
 
     def __init__(self, data, first_step: int, n_steps: int, replica: int = 0, replicas: int = 1,
-                 shape_change_step: int | None = None):
+                 provocations=()):
         self.data, self.first_step, self.n_steps = data, first_step, n_steps
-        self.replica, self.replicas, self.shape_change_step = replica, replicas, shape_change_step
+        self.replica, self.replicas, self.provocations = replica, replicas, list(provocations)
 
     def __len__(self) -> int:
         return self.n_steps
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         step = self.first_step + i
-        batch = shape_changed(self.data.global_batch(step), step, self.shape_change_step)
+        batch = provoked_batch(self.data.global_batch(step), step, self.provocations, np.int64)
         batch = process_slice(batch, self.replica, self.replicas)
         # Targets go at least 2-D ((B, 1) for classifiers; the loss flattens them):
         # torch_xla 2.9's MpDeviceLoader fails on 1-D tensors with an input ShardingSpec
@@ -83,7 +84,7 @@ class TorchXlaTrainer:
     """Model, optimizer and device loaders for one spec on this process's XLA device."""
 
     def __init__(self, spec: RunSpec, *, spmd_mesh=None, replica: int = 0, replicas: int = 1,
-                 checkpoint: Path | None = None, shape_change_step: int | None = None,
+                 checkpoint: Path | None = None, provocations=(),
                  trace_mode: TraceMode = TraceMode.LAZY):
         trace_mode = TraceMode(trace_mode)
         self.spec, self.mesh, self.trace_mode = spec, spmd_mesh, trace_mode
@@ -101,7 +102,7 @@ class TorchXlaTrainer:
             sharding.shard_model(self.model, spec.model, spec.mesh, spmd_mesh)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)
-        self.shape_change_step = shape_change_step
+        self.provocations = list(provocations)
         self.autocast = (lambda: torch.autocast("xla", dtype=torch.bfloat16)) if spec.train.dtype == "bfloat16" \
             else contextlib.nullcontext
         ndims = {"inputs": input_ndim(spec), "targets": 2}
@@ -110,13 +111,13 @@ class TorchXlaTrainer:
             else self._train_loss
 
     def loader(self, first_step: int, n_steps: int) -> pl.MpDeviceLoader:
-        batches = StepBatches(self.data, first_step, n_steps, self.replica, self.replicas, self.shape_change_step)
+        batches = StepBatches(self.data, first_step, n_steps, self.replica, self.replicas, self.provocations)
         cpu_loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False, num_workers=0)
         return pl.MpDeviceLoader(cpu_loader, self.device, input_sharding=self.input_sharding)
 
     def global_device_batch(self, step: int) -> dict[str, torch.Tensor]:
         """The whole global batch of a step on this device (step-0 parity tensors, any mode)."""
-        batches = StepBatches(self.data, step, 1, shape_change_step=self.shape_change_step)
+        batches = StepBatches(self.data, step, 1, provocations=self.provocations)
         loader = torch.utils.data.DataLoader(batches, batch_size=None)
         return next(iter(pl.MpDeviceLoader(loader, self.device, input_sharding=self.input_sharding)))
 
@@ -135,11 +136,12 @@ class TorchXlaTrainer:
         set_lr(self.optimizer, self.spec.train, step)
         if self.trace_mode == TraceMode.COMPILE:
             with torch_xla.compile(full_graph=True, name="train_step"):
-                return self._update(batch)
-        return self._update(batch)
+                return self._update(step, batch)
+        return self._update(step, batch)
 
-    def _update(self, batch) -> torch.Tensor:
+    def _update(self, step: int, batch) -> torch.Tensor:
         loss = self.train_loss(batch["inputs"], batch["targets"])
+        loss = with_python_value(loss, python_value(step, self.provocations, self.spec.train.steps))
         loss.backward()
         if self.replicas > 1:
             # Replicas: average the gradients (and the loss) first, clip the averaged
@@ -214,7 +216,7 @@ def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, bat
 
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, checkpoint: Path | None = None,
-        throughput_steps: int | None = None, shape_change_step: int | None = None, mode: str = "spmd",
+        throughput_steps: int | None = None, provocations=(), mode: str = "spmd",
         trace_mode: TraceMode = TraceMode.LAZY, replica: int = 0, replicas: int = 1,
         progress=None) -> tuple[RunRecord, dict]:
     """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
@@ -223,7 +225,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
     torch_xla.backends.set_mat_mul_precision(spec.train.matmul_precision)
     mesh = sharding.make_mesh(spec.mesh) if mode == "spmd" and spec.mesh.device_count > 1 else None
     trainer = TorchXlaTrainer(spec, spmd_mesh=mesh, replica=replica, replicas=replicas, checkpoint=checkpoint,
-                              shape_change_step=shape_change_step, trace_mode=trace_mode)
+                              provocations=provocations, trace_mode=trace_mode)
     tensors = {}
     if parity and replica == 0:  # step-0 forward and gradients on the global batch, before any update
         tensors = trainer.step0_tensors(trainer.global_device_batch(0))
@@ -231,12 +233,13 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
 
     record = _new_record(spec, mode, replicas, trace_mode)
     record.extra["start"] = trainer.start
-    trace_ms, shapes = [], []
+    record.extra["provoked"] = [str(p) for p in trainer.provocations]
+    trace_ms, fed = [], []
     timeline["loop_start"] = time.time()
     for step, batch in enumerate(trainer.loader(0, spec.train.steps)):
         value, wall_ms, traced_ms = timed_step(trainer, monitor, step, batch)
         trace_ms.append(traced_ms)
-        shapes.append(tuple(batch["inputs"].shape))
+        fed.append((tuple(batch["inputs"].shape), str(batch["inputs"].dtype).removeprefix("torch.")))
         if progress:
             progress(step, value, wall_ms)
         if not record.add_step(step, value, wall_ms):
@@ -255,7 +258,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
     record.trace_ms, record.timeline, record.peak_rss_mb = trace_ms, timeline, peak_rss_mb()
     record.extra["counters"] = monitor.counters()
     if replica == 0:  # one reader of the shared debug log and HLO dump
-        attach_causes(record, out_dir, shapes)
+        attach_causes(record, out_dir, fed)
         record.hlo_stats = hlo_statistics(out_dir, step_graphs(record.compile_events, SETTLE_STEPS, trace_mode))
     if parity and replica == 0:  # last: the capture's graphs are analysis and never mix with the run's compiles
         tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))

@@ -100,14 +100,14 @@ class TorchaxTrainer(JittedTrainer):
 
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
-        throughput_steps: int | None = None, shape_change_step: int | None = None,
+        throughput_steps: int | None = None, provocations=(),
         monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
     """Train `spec` through torchax; returns its record and the parity tensors (the caller writes both)."""
     # cross_entropy casts the targets to torch's index dtype, int64; JAX without x64 keeps int32 (every
     # class and token id fits) and would warn at each trace
     warnings.filterwarnings("ignore", message="Explicitly requested dtype int64", category=UserWarning)
     return run_jitted(spec, out_dir, lambda mesh: TorchaxTrainer(spec, mesh, checkpoint), lambda: _new_record(spec),
-                      parity=parity, throughput_steps=throughput_steps, shape_change_step=shape_change_step,
+                      parity=parity, throughput_steps=throughput_steps, provocations=list(provocations),
                       monitor=monitor, progress=progress)
 
 
