@@ -57,6 +57,18 @@ def add_provoke_flag(parser: argparse.ArgumentParser) -> None:
                         f"{', '.join(PROVOKABLE)}; repeatable) to see it named; see common/provoke.py")
 
 
+def profile_steps(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of steps >= 0")
+    return int(text)
+
+
+def add_profile_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", type=profile_steps, default=0, metavar="N",
+                        help="after the run, N more steady steps under the framework's profiler: an XProf trace "
+                             "in <run>/profile that xprof or TensorBoard opens (default 0: off, costs nothing)")
+
+
 def checkpoint_ref(text: str) -> str:
     """A backend's --checkpoint FORMAT:PATH, its format checked (each runtime reads what its framework can)."""
     try:
@@ -81,6 +93,7 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
                         help="the framework's persistent compile cache in DIR (default: off when run alone)")
     parser.add_argument("--throughput-steps", type=int, default=None,
                         help="extra steps timed pipelined (one wait at the end); default: train.steps, 0 = off")
+    add_profile_flag(parser)
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
     return parser
 

@@ -81,6 +81,7 @@ class RunRecord:
     compile_cache: dict = field(default_factory=dict)  # dir, hits, misses, and why it is off or failing
     flops_per_step: float | None = None  # matmul + conv flops counted by a runtime without HLO (eager torch)
     flops_source: str = ""  # how flops_per_step was counted
+    profile: dict | None = None  # --profile N: {steps, dir, tool, step_ms}: the trace under dir, our clock per step
     extra: dict = field(default_factory=dict)  # backend-specific facts (mode, loop API, counters, ...)
     schema_version: int = SCHEMA_VERSION
 

@@ -147,6 +147,20 @@ RECOMPILE_CAUSE_MEANINGS = {
 PROVOKABLE = (RecompileCause.INPUT_SHAPE, RecompileCause.INPUT_DTYPE, RecompileCause.PYTHON_VALUE)
 
 
+class ProfileRange(enum.StrEnum):
+    """The host annotations every backend puts in its `--profile` trace, so one reader splits every step:
+    the step (what the loop's synced clock times), the framework call inside it (tracing, dispatch), the
+    wait for the device, and the batch's transfer before it."""
+
+    STEP = "xla-twins step"
+    CALL = "xla-twins call"
+    WAIT = "xla-twins wait"
+    INPUT = "xla-twins input"
+
+
+PROFILE_DIR = "profile"
+
+
 class CheckpointFormat(enum.StrEnum):
     """What `--checkpoint FORMAT:PATH` reads (and `python -m compare.convert` writes)."""
 

@@ -14,7 +14,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from common.cli import INPUT_ERRORS, add_run_flags, fail, resolve_spec, run_flags_argv  # noqa: E402
+from common.cli import INPUT_ERRORS, add_profile_flag, add_run_flags, fail, resolve_spec, run_flags_argv  # noqa: E402
 from common.data import make_dataset  # noqa: E402
 from common.fsutil import write_json_atomic, write_text_atomic  # noqa: E402
 from common.record import RecordError, read_record, read_tensors  # noqa: E402
@@ -58,6 +58,7 @@ def parse_args(argv):
                             f"{f.value}: {m}" for f, m in CHECKPOINT_FORMAT_MEANINGS.items()
                             if f != CheckpointFormat.ORBAX))
     parser.add_argument("--out", type=Path, help="run directory (default runs/compare-<time>)")
+    add_profile_flag(parser)
     parser.add_argument("--overwrite", action="store_true", help="reuse an --out that already holds a finished run")
     for name in BACKEND_MODULES:  # one flag of each kind per backend, named after it
         flag = name.replace("_", "-")
@@ -176,6 +177,8 @@ def backend_argv(args, name: str) -> list[str]:
         argv += ["--trace-mode", args.torch_xla_mode]
     if args.compile_cache:
         argv += ["--compile-cache", str(backend_cache_dir(args.compile_cache, name))]
+    if args.profile:
+        argv += ["--profile", str(args.profile)]
     return argv + ["--parity"]
 
 

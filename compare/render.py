@@ -118,6 +118,7 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
               ["peak host RSS (MiB)"] + [_fmt(b[n].get("peak_rss_mb"), ".0f") for n in names]]
     out.append(("Wall time and memory per backend process", ["", *names], rows_w))
     out += program_tables(b)
+    out += profile_tables(b)
     if report.get("ratios"):
         out.append(("Ratios", ["ratio", "value"], [[k, _fmt(v, ".3f")] for k, v in report["ratios"].items()]))
     return out
@@ -139,6 +140,28 @@ def program_tables(backends: dict) -> list[tuple[str, list[str], list[list[str]]
     if gaps:
         out.append(("Not available, and why", ["backend", "number", "why"], gaps))
     return out
+
+
+def profile_tables(backends: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """--profile: where a step goes, per backend, from its trace."""
+    prof = {n: b["profile"] for n, b in backends.items() if (b.get("profile") or {}).get("available")}
+    if not prof:
+        return []
+    names = list(prof)
+    ms = lambda n, k: _fmt(prof[n]["median_ms"].get(k), ".3f")  # noqa: E731
+    rows = [["profiled steps"] + [str(prof[n]["steps"]) for n in names],
+            ["step in the trace (ms, median)"] + [ms(n, "step") for n in names],
+            ["  device busy (ms)"] + [ms(n, "device") for n in names],
+            ["  host only, device idle (ms)"] + [ms(n, "host") for n in names],
+            ["  framework call: tracing + dispatch (ms)"] + [ms(n, "call") for n in names],
+            ["  waiting for the device (ms)"] + [ms(n, "wait") for n in names],
+            ["input before the step (ms)"] + [ms(n, "input") for n in names],
+            ["trace step / synced step without the profiler"] + [_fmt(prof[n]["vs_synced_step"], ".3f")
+                                                                   for n in names],
+            ["busiest device ops (ms/step)"] + ["; ".join(f"{op} {t:.3f}" for op, t in
+                                                          prof[n]["top_device_ops_ms_per_step"][:3]) for n in names],
+            ["trace (opens in xprof / TensorBoard)"] + [prof[n]["trace"] for n in names]]
+    return [("Where the step goes (--profile)", ["", *names], rows)]
 
 
 def markdown(report: dict) -> str:

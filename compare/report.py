@@ -27,6 +27,10 @@ report.json keys (schema_version 2):
       memory_source, not_available {number: why}} (compare/program.py; `available: false, why` for eager),
     .compile_cache {enabled, dir, hits, misses, ...},
     .wall_breakdown {start_and_imports_s, compile_s, steps_s, other_s, total_s}
+  backends.<name>.profile with --profile N: {available, trace, tool, steps, median_ms {step, device, host,
+                          call, wait, input}, our_clock_median_ms, loop_step_median_ms, vs_loop_step,
+                          unprofiled_step_median_ms, vs_synced_step,
+                          device_source, top_device_ops_ms_per_step} (compare/profile.py), or {available: false, why}
   compile_cache           the cache directory compare gave the backends (null with --no-compile-cache)
   wall_time               compare_imports_s, backends_s, report_s, total_s (compare's own process)
   ratios                  per backend over the reference: median step time, pipelined throughput

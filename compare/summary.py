@@ -12,6 +12,7 @@ from common.hlo import matmul_flops
 from common.record import RunRecord, timed_from
 from common.vocab import Phase
 from compare.cache import cpu_identity
+from compare.profile import step_breakdown
 from compare.program import compiled_program
 
 # Peak dense bf16 flop/s per chip (the vendors' figures).
@@ -152,6 +153,7 @@ def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
             "peak_rss_mb": record.peak_rss_mb, "trace_mode": record.trace_mode,
             "compile_cache": record.compile_cache, "hlo_ops": (record.hlo_stats or {}).get("reported_ops"),
             "hlo": compiled_program(record, record_dir),
+            "profile": step_breakdown(record_dir, record.profile, (step_ms or {}).get("median")),
             "losses": record.losses, "step_ms_all": [s.wall_ms for s in record.steps[timed_from(record):]],
             "versions": record.versions, "platform": record.platform,
             "numerics": {k: v for k, v in record.numerics.items() if k != "env"}, "extra": record.extra}

@@ -19,7 +19,7 @@ from common.data import Batch, activation_inputs, make_dataset
 from common.provoke import Provocation, provoked_batch, python_value, with_python_value
 from common.record import RunRecord, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
-from common.vocab import Phase, RecordStatus
+from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor, hlo_statistics
 
@@ -81,7 +81,7 @@ def timed_step(trainer, monitor: CompileMonitor, step: int, batch: Batch,
 
 def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record: Callable[[], RunRecord], *,
                parity: bool, throughput_steps: int | None, provocations: list[Provocation],
-               monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
+               monitor: CompileMonitor, progress=None, profile_steps: int = 0) -> tuple[RunRecord, dict]:
     """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
     timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
     if spec.train.matmul_precision != "default":
@@ -114,8 +114,10 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
     if record.status == RecordStatus.OK:
         if parity:
             tensors["params"] = trainer.canonical_params()
-        record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps,
-                                                  python_value(spec.train.steps, provocations, spec.train.steps))
+        last = python_value(spec.train.steps, provocations, spec.train.steps)
+        record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps, last)
+        record.profile = _profiled_steps(trainer, put, spec.train.steps + record.throughput.get("steps", 0),
+                                         profile_steps, last, out_dir)
     timeline["loop_end"] = time.time()
     if record.status == RecordStatus.OK:
         monitor.paused = True  # the analysis compile below is not part of training
@@ -139,3 +141,38 @@ def _pipelined_throughput(trainer, spec: RunSpec, put, steps: int | None, value:
         loss = trainer.step(batch, value)
     loss.block_until_ready()
     return throughput_summary(spec, steps, time.perf_counter() - start)
+
+
+def _profiled_steps(trainer, put, first: int, n: int, value: float | None, out_dir: Path) -> dict | None:
+    """`--profile N`: N more steps under jax.profiler, annotated as common.vocab.ProfileRange says; the
+    XProf trace goes to <run>/profile. Each step is timed by our clock too, as the loop times it, and so
+    are N steps just before without the profiler (the machine's speed drifts between loop and profile)."""
+    if n <= 0:
+        return None
+    unprofiled = []
+    for step in range(first, first + n):
+        batch = jax.block_until_ready(put(step))
+        start = time.perf_counter()
+        trainer.step(batch, value).block_until_ready()
+        unprofiled.append((time.perf_counter() - start) * 1e3)
+    first += n
+    step_ms = []
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0  # JAX traces every Python call by default: measured to slow a step by up to 1.6x
+    options.host_tracer_level = 1
+    jax.profiler.start_trace(str(out_dir / PROFILE_DIR), profiler_options=options)
+    try:
+        for step in range(first, first + n):
+            with jax.profiler.TraceAnnotation(ProfileRange.INPUT):
+                batch = jax.block_until_ready(put(step))
+            with jax.profiler.StepTraceAnnotation(ProfileRange.STEP, step_num=step):
+                start = time.perf_counter()
+                with jax.profiler.TraceAnnotation(ProfileRange.CALL):
+                    loss = trainer.step(batch, value)
+                with jax.profiler.TraceAnnotation(ProfileRange.WAIT):
+                    loss.block_until_ready()
+                step_ms.append((time.perf_counter() - start) * 1e3)
+    finally:
+        jax.profiler.stop_trace()
+    return {"steps": n, "dir": PROFILE_DIR, "tool": f"jax.profiler (jax {jax.__version__})", "step_ms": step_ms,
+            "unprofiled_step_ms": unprofiled}

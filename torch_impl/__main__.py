@@ -29,6 +29,9 @@ def train(spec, args, out_dir, progress):
                           throughput_steps=args.throughput_steps, provocations=args.provoke,
                           progress=progress)
     record.compile_cache = {"enabled": False, "note": "eager PyTorch compiles nothing (--compile-cache is ignored)"}
+    if args.profile:
+        record.profile = {"steps": 0, "why": "eager torch writes no XProf trace (torch.profiler writes Chrome "
+                                             "traces); --profile is ignored"}
     return record, tensors, True
 
 

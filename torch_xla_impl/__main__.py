@@ -40,6 +40,9 @@ def train(spec, args, out_dir, progress):
     from torch_xla_impl.spawn import run_spawn
     from torch_xla_impl.train import run
 
+    if args.mode == "spawn" and args.profile:
+        fail("--profile is not available with --mode spawn (every replica would have to step under the profiler); "
+             "profile the spmd mode: --mode spmd", ExitCode.USAGE)
     with instrument.stderr_to(out_dir / instrument.DEBUG_LOG):
         cache = instrument.enable_compile_cache(args.compile_cache)
         if args.mode == "spawn":  # replica 0 writes the record, read back here
@@ -50,7 +53,7 @@ def train(spec, args, out_dir, progress):
             xr.use_spmd()
         record, tensors = run(spec, out_dir, parity=args.parity, monitor=instrument.CompileMonitor(),
                               checkpoint=args.checkpoint, throughput_steps=args.throughput_steps,
-                              provocations=args.provoke,
+                              provocations=args.provoke, profile_steps=args.profile,
                               mode="spmd" if spec.mesh.device_count > 1 else "single",
                               trace_mode=args.trace_mode, progress=progress)
     record.compile_cache = instrument.cache_summary(cache, record.extra["counters"])

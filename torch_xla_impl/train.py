@@ -44,7 +44,7 @@ from common.data import activation_inputs, input_ndim, make_dataset, process_sli
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
-from common.vocab import Phase, RecordStatus, TraceMode
+from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
 from common.weights import start_info
 from torch_impl import convert
 from torch_impl.capture import capture_activations
@@ -216,7 +216,7 @@ def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, bat
 
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, checkpoint: Path | None = None,
-        throughput_steps: int | None = None, provocations=(), mode: str = "spmd",
+        throughput_steps: int | None = None, provocations=(), profile_steps: int = 0, mode: str = "spmd",
         trace_mode: TraceMode = TraceMode.LAZY, replica: int = 0, replicas: int = 1,
         progress=None) -> tuple[RunRecord, dict]:
     """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
@@ -252,6 +252,8 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
         if parity and replica == 0:
             tensors["params"] = trainer.canonical_params()
         record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
+        record.profile = _profiled_steps(trainer, spec.train.steps + record.throughput.get("steps", 0),
+                                         profile_steps, out_dir)
         monitor.collect()
     timeline["loop_end"] = time.time()
     record.compile_events = list(monitor.events)
@@ -316,3 +318,43 @@ def _new_record(spec: RunSpec, mode: str, replicas: int, trace_mode: TraceMode) 
                "sync_api": "torch_xla.sync" if hasattr(torch_xla, "sync") else "xm.mark_step",
                "mesh_strategy": spec.mesh.strategy},
     )
+
+
+def _profiled_steps(trainer: TorchXlaTrainer, first: int, n: int, out_dir: Path) -> dict | None:
+    """`--profile N`: N more steps under torch_xla's profiler, annotated as common.vocab.ProfileRange says;
+    the XProf trace goes to <run>/profile, after N steps timed without it (as in jax_impl.loop). The
+    annotations are the profiler's bare TraceMe: xp.Trace also opens an IR scope, and a sync inside one
+    fails ("Expecting scope to be empty")."""
+    if n <= 0:
+        return None
+    import torch_xla.debug.profiler as xp
+
+    trace_me = torch_xla._XLAC.profiler.TraceMe
+    unprofiled, step_ms = [], []
+    batches = iter(trainer.loader(first, 2 * n))
+    for step in range(first, first + n):  # the same steps just before, without the profiler
+        batch = next(batches)
+        start = time.perf_counter()
+        loss = trainer.step(step, batch)
+        trainer.sync(step)
+        trainer.wait()
+        unprofiled.append((time.perf_counter() - start) * 1e3)
+    first += n
+    xp.start_trace(str(out_dir / PROFILE_DIR))
+    try:
+        for step in range(first, first + n):
+            with trace_me(ProfileRange.INPUT):
+                batch = next(batches)
+            with trace_me(ProfileRange.STEP, step_num=step, _r=1):
+                start = time.perf_counter()
+                with trace_me(ProfileRange.CALL):
+                    loss = trainer.step(step, batch)
+                with trace_me(ProfileRange.WAIT):
+                    trainer.sync(step)
+                    trainer.wait()
+                step_ms.append((time.perf_counter() - start) * 1e3)
+            loss.item()
+    finally:
+        xp.stop_trace()
+    return {"steps": n, "dir": PROFILE_DIR, "tool": f"torch_xla.debug.profiler (torch_xla {torch_xla.__version__})",
+            "step_ms": step_ms, "unprofiled_step_ms": unprofiled}

@@ -27,7 +27,7 @@ def train(spec, args, out_dir, progress):
     cache = enable_compile_cache(args.compile_cache)
     monitor = CompileMonitor()
     record, tensors = run(spec, out_dir, parity=args.parity, checkpoint=args.checkpoint,
-                          throughput_steps=args.throughput_steps, provocations=args.provoke,
+                          throughput_steps=args.throughput_steps, provocations=args.provoke, profile_steps=args.profile,
                           monitor=monitor, progress=progress)
     record.compile_cache = monitor.cache_summary(cache)
     return record, tensors, True
