@@ -69,6 +69,12 @@ def add_profile_flag(parser: argparse.ArgumentParser) -> None:
                              "in <run>/profile that xprof or TensorBoard opens (default 0: off, costs nothing)")
 
 
+def add_no_hlo_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-hlo", action="store_true",
+                        help="skip the compiled-program analysis (HLO dump, summary, memory): what "
+                             "benchmarks.hlo_cost measures it costs")
+
+
 def checkpoint_ref(text: str) -> str:
     """A backend's --checkpoint FORMAT:PATH, its format checked (each runtime reads what its framework can)."""
     try:
@@ -94,6 +100,7 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--throughput-steps", type=int, default=None,
                         help="extra steps timed pipelined (one wait at the end); default: train.steps, 0 = off")
     add_profile_flag(parser)
+    add_no_hlo_flag(parser)
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
     return parser
 

@@ -14,7 +14,15 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from common.cli import INPUT_ERRORS, add_profile_flag, add_run_flags, fail, resolve_spec, run_flags_argv  # noqa: E402
+from common.cli import (  # noqa: E402
+    INPUT_ERRORS,
+    add_no_hlo_flag,
+    add_profile_flag,
+    add_run_flags,
+    fail,
+    resolve_spec,
+    run_flags_argv,
+)
 from common.data import make_dataset  # noqa: E402
 from common.fsutil import write_json_atomic, write_text_atomic  # noqa: E402
 from common.record import RecordError, read_record, read_tensors  # noqa: E402
@@ -59,6 +67,7 @@ def parse_args(argv):
                             if f != CheckpointFormat.ORBAX))
     parser.add_argument("--out", type=Path, help="run directory (default runs/compare-<time>)")
     add_profile_flag(parser)
+    add_no_hlo_flag(parser)
     parser.add_argument("--overwrite", action="store_true", help="reuse an --out that already holds a finished run")
     for name in BACKEND_MODULES:  # one flag of each kind per backend, named after it
         flag = name.replace("_", "-")
@@ -179,6 +188,8 @@ def backend_argv(args, name: str) -> list[str]:
         argv += ["--compile-cache", str(backend_cache_dir(args.compile_cache, name))]
     if args.profile:
         argv += ["--profile", str(args.profile)]
+    if args.no_hlo:
+        argv.append("--no-hlo")
     return argv + ["--parity"]
 
 

@@ -24,7 +24,8 @@ def compiled_program(record: RunRecord, record_dir: Path) -> dict:
     stats = record.hlo_stats or {}
     path = record_dir / stats["hlo_file"] if stats.get("hlo_file") else None
     if path is None or not path.exists():
-        return {"available": False, "why": NOT_COMPILED if record.backend == "torch" else "no HLO file recorded"}
+        return {"available": False, "why": NOT_COMPILED if record.backend == "torch" else
+                "no HLO file recorded (run with --no-hlo, or it did not finish)"}
     out = {"available": True, "hlo_file": str(path.relative_to(record_dir.parent)) if record_dir.parent in
            path.parents else str(path), **program_of_text(path.read_text())}
     missing = {}

@@ -81,7 +81,8 @@ def timed_step(trainer, monitor: CompileMonitor, step: int, batch: Batch,
 
 def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record: Callable[[], RunRecord], *,
                parity: bool, throughput_steps: int | None, provocations: list[Provocation],
-               monitor: CompileMonitor, progress=None, profile_steps: int = 0) -> tuple[RunRecord, dict]:
+               monitor: CompileMonitor, progress=None, profile_steps: int = 0,
+               hlo: bool = True) -> tuple[RunRecord, dict]:
     """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
     timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
     if spec.train.matmul_precision != "default":
@@ -119,10 +120,11 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
         record.profile = _profiled_steps(trainer, put, spec.train.steps + record.throughput.get("steps", 0),
                                          profile_steps, last, out_dir)
     timeline["loop_end"] = time.time()
-    if record.status == RecordStatus.OK:
+    if record.status == RecordStatus.OK and hlo:
         monitor.paused = True  # the analysis compile below is not part of training
         record.hlo_stats = hlo_statistics(trainer.train_step, (trainer.params, trainer.opt_state, put(0)),
-                                          out_dir / "train_step.hlo.txt")
+                                          out_dir / "train_step.hlo.txt",
+                                          python_value=python_value(0, provocations, spec.train.steps))
         monitor.paused = False
     record.compile_events, record.recompile_causes = list(monitor.events), list(monitor.causes)
     record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()

@@ -29,7 +29,7 @@ def train(spec, args, out_dir, progress):
     from torch_xla_impl import instrument, sharding
 
     sharding.configure_platform(spec.mesh.device_count)
-    instrument.configure_debug(out_dir)
+    instrument.configure_debug(out_dir, hlo=not args.no_hlo)
     if args.mode == "spawn":
         sharding.require_spawn_mesh(spec.mesh)
         if args.trace_mode != TraceMode.LAZY:
@@ -53,7 +53,7 @@ def train(spec, args, out_dir, progress):
             xr.use_spmd()
         record, tensors = run(spec, out_dir, parity=args.parity, monitor=instrument.CompileMonitor(),
                               checkpoint=args.checkpoint, throughput_steps=args.throughput_steps,
-                              provocations=args.provoke, profile_steps=args.profile,
+                              provocations=args.provoke, profile_steps=args.profile, hlo=not args.no_hlo,
                               mode="spmd" if spec.mesh.device_count > 1 else "single",
                               trace_mode=args.trace_mode, progress=progress)
     record.compile_cache = instrument.cache_summary(cache, record.extra["counters"])

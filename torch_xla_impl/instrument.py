@@ -37,9 +37,11 @@ DUMP_DIR = "xla_dump"
 DEBUG_LOG = "xla_debug.log"
 
 
-def configure_debug(run_dir: Path) -> None:
+def configure_debug(run_dir: Path, hlo: bool = True) -> None:
     """Environment for compile causes and HLO dumps; must run before torch_xla is imported."""
     os.environ.setdefault("PT_XLA_DEBUG_LEVEL", "1")
+    if not hlo:
+        return
     dump = f"--xla_dump_to={run_dir.resolve() / DUMP_DIR} --xla_dump_hlo_as_text"
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {dump}".strip()
 

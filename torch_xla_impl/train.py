@@ -216,7 +216,8 @@ def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, bat
 
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, checkpoint: Path | None = None,
-        throughput_steps: int | None = None, provocations=(), profile_steps: int = 0, mode: str = "spmd",
+        throughput_steps: int | None = None, provocations=(), profile_steps: int = 0, hlo: bool = True,
+        mode: str = "spmd",
         trace_mode: TraceMode = TraceMode.LAZY, replica: int = 0, replicas: int = 1,
         progress=None) -> tuple[RunRecord, dict]:
     """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
@@ -261,7 +262,8 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
     record.extra["counters"] = monitor.counters()
     if replica == 0:  # one reader of the shared debug log and HLO dump
         attach_causes(record, out_dir, fed)
-        record.hlo_stats = hlo_statistics(out_dir, step_graphs(record.compile_events, SETTLE_STEPS, trace_mode))
+        if hlo:
+            record.hlo_stats = hlo_statistics(out_dir, step_graphs(record.compile_events, SETTLE_STEPS, trace_mode))
     if parity and replica == 0:  # last: the capture's graphs are analysis and never mix with the run's compiles
         tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
         shutil.rmtree(out_dir / DUMP_DIR, ignore_errors=True)

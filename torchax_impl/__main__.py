@@ -28,6 +28,7 @@ def train(spec, args, out_dir, progress):
     monitor = CompileMonitor()
     record, tensors = run(spec, out_dir, parity=args.parity, checkpoint=args.checkpoint,
                           throughput_steps=args.throughput_steps, provocations=args.provoke, profile_steps=args.profile,
+                          hlo=not args.no_hlo,
                           monitor=monitor, progress=progress)
     record.compile_cache = monitor.cache_summary(cache)
     return record, tensors, True

@@ -100,7 +100,7 @@ class TorchaxTrainer(JittedTrainer):
 
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
-        throughput_steps: int | None = None, provocations=(), profile_steps: int = 0,
+        throughput_steps: int | None = None, provocations=(), profile_steps: int = 0, hlo: bool = True,
         monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
     """Train `spec` through torchax; returns its record and the parity tensors (the caller writes both)."""
     # cross_entropy casts the targets to torch's index dtype, int64; JAX without x64 keeps int32 (every
@@ -108,7 +108,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
     warnings.filterwarnings("ignore", message="Explicitly requested dtype int64", category=UserWarning)
     return run_jitted(spec, out_dir, lambda mesh: TorchaxTrainer(spec, mesh, checkpoint), lambda: _new_record(spec),
                       parity=parity, throughput_steps=throughput_steps, provocations=list(provocations),
-                      profile_steps=profile_steps,
+                      profile_steps=profile_steps, hlo=hlo,
                       monitor=monitor, progress=progress)
 
 
