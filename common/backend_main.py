@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 
 from common.cli import INPUT_ERRORS, backend_parser, fail, resolve_spec
+from common.nonfinite import input_problem, likely_cause
 from common.record import RunRecord, timed_from, write_record, write_tensors
 from common.vocab import ExitCode, Phase, RecordStatus
 
@@ -37,6 +38,15 @@ def summary_line(record: RunRecord, out_dir: Path) -> str:
     median = f"{statistics.median(timed):.3f} ms" if timed else "-"
     return (f"{record.backend}: {record.status} | loss {first} -> {last} | median step {median} | "
             f"loop compiles {len(loop)} (steady-state {len(steady)}) | {out_dir}")
+
+
+def nonfinite_cause(spec, record: RunRecord) -> str:
+    step = len(record.losses) - 1
+    try:
+        problem = input_problem(spec, step)
+    except Exception:  # the data cannot be read again: judge from the losses alone
+        problem = None
+    return likely_cause(spec, record.losses, problem)
 
 
 def main(backend: str, argv, add_flags, train) -> int:
@@ -64,12 +74,14 @@ def main(backend: str, argv, add_flags, train) -> int:
             raise
         fail(f"{backend} crashed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
              "(rerun with --debug for the traceback)", ExitCode.BACKEND)
+    if record.status == RecordStatus.NONFINITE:  # the message says what most likely did it
+        record.message += f"; likely cause: {nonfinite_cause(spec, record)}"
     if is_writer:
         if tensors:
             record.tensors = write_tensors(out_dir, tensors)
         write_record(out_dir, record)
         print(summary_line(record, out_dir), flush=True)
     if record.status == RecordStatus.NONFINITE:
-        print(f"error: {record.message}; lower train.lr or use float32", file=sys.stderr)
+        print(f"error: {record.message}", file=sys.stderr)
         return ExitCode.NONFINITE
     return ExitCode.OK if record.status == RecordStatus.OK else ExitCode.BACKEND

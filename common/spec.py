@@ -207,6 +207,7 @@ class TrainSpec:
     dtype: Literal["float32", "bfloat16"] = "float32"
     matmul_precision: Literal["default", "high", "highest"] = "highest"
     seed: int = 0  # parameter init
+    dropout_seed: int = -1  # dropout's random masks, in each framework's own generator; -1: train.seed
 
     def validate(self) -> None:
         _positive("train", self, "lr", "global_batch_size", "steps")
@@ -223,6 +224,12 @@ class TrainSpec:
         _require(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0 (0 turns clipping off)")
         _require(self.timing_warmup_steps >= 0, f"train.timing_warmup_steps={self.timing_warmup_steps} must be >= 0")
         _require(self.seed >= 0, f"train.seed={self.seed} must be >= 0")
+        _require(self.dropout_seed >= -1, f"train.dropout_seed={self.dropout_seed} must be >= 0 (or -1: train.seed)")
+
+    @property
+    def mask_seed(self) -> int:
+        """The seed every backend gives the generator its dropout draws from."""
+        return self.seed if self.dropout_seed < 0 else self.dropout_seed
 
     def decays(self, ndim: int) -> bool:
         """Whether a parameter of `ndim` dimensions gets weight decay (the one rule both twins build from)."""

@@ -147,6 +147,21 @@ RECOMPILE_CAUSE_MEANINGS = {
 PROVOKABLE = (RecompileCause.INPUT_SHAPE, RecompileCause.INPUT_DTYPE, RecompileCause.PYTHON_VALUE)
 
 
+class ParityMode(enum.StrEnum):
+    """How `compare` judges parity (`--parity-mode`)."""
+
+    DETERMINISTIC = "deterministic"
+    STATISTICAL = "statistical"
+
+
+PARITY_MODE_MEANINGS = {
+    ParityMode.DETERMINISTIC: "one run per backend, every tensor and step's loss within tolerance (runs without "
+                              "randomness; the default)",
+    ParityMode.STATISTICAL: "K seeds per backend (--seeds), the per-seed mean losses paired by seed in a t-test "
+                            "(runs with dropout: each framework draws its own masks)",
+}
+
+
 class ProfileRange(enum.StrEnum):
     """The host annotations every backend puts in its `--profile` trace, so one reader splits every step:
     the step (what the loop's synced clock times), the framework call inside it (tracing, dispatch), the

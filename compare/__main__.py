@@ -26,13 +26,16 @@ from common.cli import (  # noqa: E402
 from common.data import make_dataset  # noqa: E402
 from common.fsutil import write_json_atomic, write_text_atomic  # noqa: E402
 from common.record import RecordError, read_record, read_tensors  # noqa: E402
+from common.spec import SpecError  # noqa: E402
 from common.vocab import (  # noqa: E402
     CHECKPOINT_FORMAT_MEANINGS,
+    PARITY_MODE_MEANINGS,
     TRACE_MODE_MEANINGS,
     Backend,
     BackendStatus,
     CheckpointFormat,
     ExitCode,
+    ParityMode,
     TraceMode,
     values,
 )
@@ -43,6 +46,7 @@ from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start  # noqa: E402
 from compare.progress import LiveProgress  # noqa: E402
 from compare.render import markdown, print_tables  # noqa: E402
 from compare.report import build_report  # noqa: E402
+from compare.statistical import SEEDS_DIR, apply_verdict, judge  # noqa: E402
 from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
 
 BOTH = (Backend.JAX.value, Backend.TORCH_XLA.value)  # `--backend both`, the default
@@ -87,6 +91,10 @@ def parse_args(argv):
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per backend before it is killed")
     parser.add_argument("--tolerance-profile", default="default",
                         help=f"{' | '.join(PROFILES)} or a JSON file {{dtype: {{kind: {{atol, rtol}}}}}}")
+    parser.add_argument("--parity-mode", choices=values(ParityMode), default=ParityMode.DETERMINISTIC.value,
+                        help="; ".join(f"{m.value}: {meaning}" for m, meaning in PARITY_MODE_MEANINGS.items()))
+    parser.add_argument("--seeds", type=int, default=5, metavar="K", help="seeds per backend in the statistical "
+                                                                          "parity mode (default 5, at least 3)")
     parser.add_argument("--check-determinism", action="store_true",
                         help="run each backend twice and require bitwise-identical per-step losses")
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
@@ -130,6 +138,7 @@ def check_inputs(args, names: list[str]):
             side.overrides = list(args.overrides) + getattr(args, f"{name}_set")
             resolve_spec(side)
         policy = load_policy(args.tolerance_profile, spec.train.dtype)
+        check_parity_mode(args, spec)
         if spec.data.path:  # a user's data file is read and checked once here, before any backend starts
             make_dataset(spec)
     except (*INPUT_ERRORS, ToleranceError) as e:
@@ -147,6 +156,27 @@ def check_inputs(args, names: list[str]):
             fail(f"{flag} {path} holds a {record.backend} run, not a {name} one; pass a {name} run directory "
                  f"(or give it as --{record.backend.replace('_', '-')}-record)", ExitCode.USAGE)
     return spec, policy, reuse
+
+
+def check_parity_mode(args, spec) -> None:
+    """A run with randomness cannot be judged bit by bit; the statistical mode needs runs of its own."""
+    dropout = getattr(spec.model, "dropout", 0) or dict(getattr(spec.model, "hparams", {}) or {}).get("dropout", 0)
+    if args.parity_mode == ParityMode.DETERMINISTIC and dropout:
+        raise SpecError(f"model.dropout={dropout} makes every run random (each framework draws its own masks): "
+                        "judge it with --parity-mode statistical, or set model.dropout=0")
+    if args.parity_mode == ParityMode.STATISTICAL:
+        if args.seeds < 3:
+            raise SpecError(f"--seeds {args.seeds}: the statistical parity mode needs at least 3 seeds per backend")
+        reused = [n for n in BACKEND_MODULES if getattr(args, f"{n}_record", None)]
+        if reused:
+            raise SpecError(f"--parity-mode statistical runs every backend --seeds times; it cannot reuse "
+                            f"--{reused[0].replace('_', '-')}-record")
+
+
+def seed_argv(args, name: str, seed: int) -> list[str]:
+    """A statistical mode's extra seed run: the losses only (no parity tensors, HLO, profile, throughput)."""
+    side = argparse.Namespace(**{**vars(args), "seed": seed, "profile": 0, "no_hlo": True})
+    return [a for a in backend_argv(side, name) if a != "--parity"] + ["--throughput-steps", "0"]
 
 
 def prepare_out_dir(args) -> Path:
@@ -216,10 +246,18 @@ def main(argv=None) -> int:
     plan = Plan(names, {n: getattr(args, f"{n}_python") for n in names}, {n: backend_argv(args, n) for n in names},
                 reuse, out, args.timeout, args.check_determinism)
     main_started = time.time()
+    seeds = [spec.train.seed + i for i in range(args.seeds)] if args.parity_mode == ParityMode.STATISTICAL else []
     with LiveProgress(not (args.quiet or args.json), spec.train.steps) as live:
         outcome = run_all(plan, live)
+        for seed in seeds[1:]:
+            if outcome.interrupted:
+                break
+            outcome.interrupted = run_all(Plan(names, plan.pythons, {n: seed_argv(args, n, seed) for n in names}, {},
+                                               out / SEEDS_DIR / str(seed), args.timeout, False), live).interrupted
     backends_done = time.time()
     report = build_report(args, spec, policy, names, reference, outcome.runs, out, outcome.interrupted)
+    if seeds:
+        report = apply_verdict(report, judge(out, names, reference, seeds))
     if args.check_determinism:
         report = judge_determinism(report, outcome.runs, outcome.repeats)
     report["wall_time"] = {"compare_imports_s": main_started - STARTED_AT, "backends_s": backends_done - main_started,

@@ -52,7 +52,10 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             ["step-0 logits: top-1 / top-5 agreement"] + [_topk(parity[n].get("distribution")) for n in others],
             ["tensors within tolerance"] + [f"{sum(t['within'] for t in parity[n]['tensors'].values())}/"
                                             f"{len(parity[n]['tensors'])}" for n in others]]
-    out = [(f"Parity against {ref} (the reference): overall {report['verdict']}", ["check", *others], rows)]
+    title = f"Parity against {ref} (the reference): overall {report['verdict']}"
+    if report.get("parity_mode") == "statistical":
+        title = f"The first seed alone, tensor by tensor against {ref} (not the verdict: the masks differ)"
+    out = [(title, ["check", *others], rows)]
     for name in others:
         out.append((f"Worst tensors of {name} ({ref} is the reference)",
                     ["tensor", "kind", "max abs", "max rel", "of tolerance", "within"],
@@ -66,6 +69,22 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     return out
 
 
+def statistical_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """--parity-mode statistical: the verdict per backend, and every backend's loss band."""
+    st, ref = report["statistical"], report["reference"]
+    rows = [[name, "pass" if r["passed"] else "FAIL", _fmt(r.get("p"), ".3g"), _fmt(r.get("mean_difference"), ".3e"),
+             r.get("message", "")] for name, r in st["backends"].items()]
+    out = [(f"Statistical parity against {ref}: {st['test']}, {len(st['seeds'])} seeds, pass when p >= "
+            f"{st['alpha']} (the per-seed tensors below differ by design: each framework draws its own masks)",
+            ["backend", "verdict", "p", f"mean loss - {ref}'s", "note"], rows)]
+    bands = st["bands"]
+    if bands:
+        last = lambda b, k: _fmt(b[k][-1], ".4f")  # noqa: E731
+        out.append(("Loss over the seeds at the last step", ["backend", "min", "mean", "max"],
+                    [[n, last(b, "min"), last(b, "mean"), last(b, "max")] for n, b in bands.items()]))
+    return out
+
+
 def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) for each table; the markdown and the terminal both render these."""
     out = []
@@ -73,6 +92,8 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     names = list(b)
     rows = [["status"] + [f"{b[n]['status']}" + (f" ({b[n]['message']})" if b[n].get("message") else "")
                           for n in names]]
+    if report.get("statistical"):
+        out += statistical_tables(report)
     if report.get("parity"):
         out += parity_tables(report)
     tol = report["tolerances"]

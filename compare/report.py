@@ -35,6 +35,9 @@ report.json keys (schema_version 2):
   wall_time               compare_imports_s, backends_s, report_s, total_s (compare's own process)
   ratios                  per backend over the reference: median step time, pipelined throughput
   determinism             with --check-determinism: per backend {bitwise_equal, max_abs, steps}
+  parity_mode, statistical  with --parity-mode statistical: {test, alpha, seeds, bands {<name>: {min, mean,
+                          max} per step}, backends {<name>: {passed, p, t, mean_difference, differences}}}; it
+                          decides the verdict (compare/statistical.py)
 """
 from __future__ import annotations
 

@@ -30,7 +30,15 @@ class JittedTrainer:
     `spec`, `params` (placed on `mesh`), `tx` and `start` (common.weights.start_info), calls
     `compile_functions(mesh)`, and defines `_forward`, `_loss`, `to_canonical` (its gradient or parameter
     tree -> {canonical name: numpy array}) and `step0_activations` (inputs -> {module: activation}, named
-    like the NNX twin's modules)."""
+    like the NNX twin's modules). A runtime whose model holds mutable state besides its parameters (the
+    NNX twin's dropout RNG counts) sets `state` and defines `_loss_and_state`: the state goes through the
+    jitted step as an argument and comes back updated (a Variable closed over would be mutated inside a
+    trace: "Cannot mutate RngCount from a different trace level")."""
+
+    state = None  # mutable non-parameter state threaded through the step; None when there is none
+
+    def _loss_and_state(self, params, state, batch: Batch):
+        return self._loss(params, batch), state
 
     def compile_functions(self, mesh) -> None:
         # Optimizer moments are placed like their parameters (sharded under fsdp/tp), counters
@@ -40,20 +48,26 @@ class JittedTrainer:
             self.tx, lambda _, s: s, jax.eval_shape(self.tx.init, self.params), param_placement,
             transform_non_params=lambda _: sharding.replicated(mesh))
         self.opt_state = jax.jit(self.tx.init, out_shardings=opt_placement)(self.params)
+        state_placement = jax.tree.map(lambda _: sharding.replicated(mesh), self.state)
+        self.state = jax.device_put(self.state, state_placement)  # committed as the step returns it: no recompile
         self.train_step = jax.jit(self._train_step, donate_argnums=(0, 1), static_argnames=("python_value",),
-                                  out_shardings=(param_placement, opt_placement, sharding.replicated(mesh)))
+                                  out_shardings=(param_placement, opt_placement, state_placement,
+                                                 sharding.replicated(mesh)))
         self.forward = jax.jit(self._forward)
-        self.loss_and_grads = jax.jit(jax.value_and_grad(self._loss))
+        self.loss_and_grads = jax.jit(jax.value_and_grad(self._loss_and_state, has_aux=True))
 
-    def _train_step(self, params, opt_state, batch: Batch, python_value: float | None = None):
-        loss_fn = lambda p, b: with_python_value(self._loss(p, b), python_value)  # noqa: E731
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    def _train_step(self, params, opt_state, state, batch: Batch, python_value: float | None = None):
+        def loss_fn(p, b):
+            loss, new_state = self._loss_and_state(p, state, b)
+            return with_python_value(loss, python_value), new_state
+
+        (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
         updates, opt_state = self.tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optax.apply_updates(params, updates), opt_state, state, loss
 
     def step(self, batch: Batch, python_value: float | None = None):
-        self.params, self.opt_state, loss = self.train_step(self.params, self.opt_state, batch,
-                                                            python_value=python_value)
+        self.params, self.opt_state, self.state, loss = self.train_step(
+            self.params, self.opt_state, self.state, batch, python_value=python_value)
         return loss
 
     def canonical_params(self) -> dict[str, np.ndarray]:
@@ -62,7 +76,7 @@ class JittedTrainer:
     def step0_tensors(self, batch: Batch) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
         logits = self.forward(self.params, batch.inputs)
-        loss, grads = self.loss_and_grads(self.params, batch)
+        (loss, _), grads = self.loss_and_grads(self.params, self.state, batch)  # the run's state stays as it is
         return {"outputs": {"logits": sharding.to_host(logits), "loss": np.asarray(sharding.to_host(loss))},
                 "grads": self.to_canonical(grads)}
 
@@ -122,7 +136,8 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
     timeline["loop_end"] = time.time()
     if record.status == RecordStatus.OK and hlo:
         monitor.paused = True  # the analysis compile below is not part of training
-        record.hlo_stats = hlo_statistics(trainer.train_step, (trainer.params, trainer.opt_state, put(0)),
+        record.hlo_stats = hlo_statistics(trainer.train_step, (trainer.params, trainer.opt_state, trainer.state,
+                                                               put(0)),
                                           out_dir / "train_step.hlo.txt",
                                           python_value=python_value(0, provocations, spec.train.steps))
         monitor.paused = False

@@ -161,7 +161,7 @@ def gpt(*, rngs: nnx.Rngs, compute_dtype=jnp.float32, **hparams) -> GPT:
     return GPT(TransformerSpec(**hparams), compute_dtype=compute_dtype, rngs=rngs)
 
 
-def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0):
+def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0, dropout_seed: int | None = None):
     """The twin's NNX model, from its factory (`common.twin`); parameter values come from
     convert.load_canonical.
 
@@ -178,7 +178,8 @@ def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0):
         raise TwinError(f"twin {getattr(spec, 'twin', spec.family)} names no nnx_dtype_arg, so its NNX side "
                         "cannot compute in bfloat16; add one to the Twin or run float32")
     try:
-        make = lambda: factory(**kwargs, rngs=nnx.Rngs(seed))  # noqa: E731  (Rngs made inside the trace)
+        rngs = lambda: nnx.Rngs(seed, dropout=seed if dropout_seed is None else dropout_seed)  # noqa: E731
+        make = lambda: factory(**kwargs, rngs=rngs())  # noqa: E731  (Rngs made inside the trace)
         model = nnx.eval_shape(make)
         if isinstance(model, nnx.Module) and jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param))):
             model = make()

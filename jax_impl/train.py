@@ -40,13 +40,20 @@ def cross_entropy(logits, targets):
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean()
 
 
+def _in_this_trace(state):
+    """`state` with its Variables made anew in the running trace. Dropout advances its RNG count; a
+    Variable from an outer level (the jit's, inside value_and_grad) refuses that ("Cannot mutate RngCount
+    from a different trace level")."""
+    return jax.tree.map(lambda leaf: leaf, state)
+
+
 class JaxTrainer(JittedTrainer):
     """The split NNX model, its optimizer state and jitted functions for one spec."""
 
     def __init__(self, spec: RunSpec, mesh, checkpoint: Path | None = None):
         self.spec, self.mesh = spec, mesh
         compute_dtype = jnp.bfloat16 if spec.train.dtype == "bfloat16" else jnp.float32
-        model = build_model(spec.model, compute_dtype, seed=spec.train.seed)
+        model = build_model(spec.model, compute_dtype, seed=spec.train.seed, dropout_seed=spec.train.mask_seed)
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
         started = time.perf_counter()
         canonical = start_weights(spec, checkpoint)
@@ -55,13 +62,17 @@ class JaxTrainer(JittedTrainer):
         jax.block_until_ready(self.params)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.tx = make_optimizer(spec.train)
+        self.state = self.rest  # RNG state of dropout (and any other non-parameter state), threaded by the step
         self.compile_functions(mesh)
 
     def _forward(self, params, inputs):
-        return nnx.merge(self.graphdef, params, self.rest)(inputs)
+        # the analysis forward runs on a copy of the start state: the run's RNG stream stays as it is
+        return nnx.merge(self.graphdef, params, _in_this_trace(self.rest))(inputs)
 
-    def _loss(self, params, batch: Batch):
-        return cross_entropy(self._forward(params, batch.inputs), batch.targets)
+    def _loss_and_state(self, params, state, batch: Batch):
+        model = nnx.merge(self.graphdef, params, _in_this_trace(state))
+        loss = cross_entropy(model(batch.inputs), batch.targets)
+        return loss, nnx.state(model, nnx.Not(nnx.Param))
 
     def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
         return capture_activations(nnx.merge(self.graphdef, self.params, self.rest), inputs)

@@ -221,6 +221,9 @@ def test_a_nan_loss_stops_the_backend_and_is_reported_with_its_step(tmp_path):
         assert entry["status"] == "nonfinite" and match, entry["message"]
         step = int(match.group(2))
         assert len(entry["losses"]) == step + 1 and entry["losses"][-1] is None  # stopped at that step
+        assert "likely cause: the loss was diverging (2.377 at step 0 -> " in entry["message"]
+        assert entry["message"].endswith("lower train.lr (now 1e+06) and turn gradient clipping on "
+                                         "(train.grad_clip=1.0)")
 
 
 # 7: crash and hang ----------------------------------------------------------------------------------------

@@ -87,6 +87,7 @@ class TorchTrainer:
         self.module_names = modules_to_canonical(self.model, spec.model)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)
+        torch.manual_seed(spec.train.mask_seed)  # dropout draws from here on
         bf16 = spec.train.dtype == "bfloat16"
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 \
             else contextlib.nullcontext

@@ -102,6 +102,7 @@ class TorchXlaTrainer:
             sharding.shard_model(self.model, spec.model, spec.mesh, spmd_mesh)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)
+        xm.set_rng_state(spec.train.mask_seed, device=self.device)  # the device generator dropout draws from
         self.provocations = list(provocations)
         self.autocast = (lambda: torch.autocast("xla", dtype=torch.bfloat16)) if spec.train.dtype == "bfloat16" \
             else contextlib.nullcontext

@@ -69,11 +69,23 @@ class TorchaxTrainer(JittedTrainer):
         jax.block_until_ready(self.params)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.tx = make_optimizer(spec.train)
+        # torchax draws torch's random ops (dropout) from a key in its environment, which it rotates in
+        # Python: inside a jitted step that would leak a tracer, so the key is the step's state instead
+        self.state = {"prng": jax.random.key(spec.train.mask_seed)}
         self.compile_functions(mesh)
 
     def _forward(self, params, inputs):
         states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))
-        return self.forward_fn(states, (inputs,))
+        with torchax.default_env().override_property(prng=jax.random.key(self.spec.train.mask_seed)):
+            return self.forward_fn(states, (inputs,))
+
+    def _loss_and_state(self, params, state, batch: Batch):
+        env = torchax.default_env()
+        with env.override_property(prng=state["prng"]):
+            states, inputs = self._in_compute_dtype(({**params, **self.buffers}, batch.inputs))
+            logits = self.forward_fn(states, (inputs,))
+            key = env.prng_key
+        return interop.call_torch(cross_entropy, logits, batch.targets), {"prng": key}
 
     def _in_compute_dtype(self, tree):
         """bfloat16 runs: every float array cast to bfloat16 (gradients flow back to the float32 params)."""

@@ -1,0 +1,77 @@
+"""Runs with dropout on every backend, and `--parity-mode statistical` judging them over seeds."""
+import json
+
+import pytest
+
+from common.vocab import ReportStatus
+from compare.statistical import ALPHA, apply_verdict, paired_t_test
+from tests.helpers import run_cli
+
+
+def test_paired_t_test_matches_scipy():
+    from scipy import stats
+
+    diffs = [0.012, -0.004, 0.007, 0.001, 0.009]
+    t, p = paired_t_test(diffs)
+    ref = stats.ttest_1samp(diffs, 0.0)
+    assert t == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue)
+    assert paired_t_test([0.0, 0.0, 0.0]) == (0.0, 1.0)
+
+
+def test_the_statistical_verdict_decides_and_failures_keep_their_status():
+    base = {"status": ReportStatus.PARITY_FAILED, "reference": "jax", "exit_code": 1, "verdict": "fail"}
+    ok = {"backends": {"torch": {"passed": True, "p": 0.4, "mean_difference": 1e-4}}}
+    assert apply_verdict(dict(base), ok)["status"] == ReportStatus.OK
+    bad = {"backends": {"torch": {"passed": False, "p": 0.001, "mean_difference": 0.05}}}
+    report = apply_verdict(dict(base, status=ReportStatus.OK), bad)
+    assert report["exit_code"] == 1 and report["message"] == (
+        f"torch: statistical parity failed: mean loss differs from jax's by 0.05 (paired t-test p=0.001 < {ALPHA})")
+    crashed = apply_verdict(dict(base, status=ReportStatus.BACKEND_FAILED, exit_code=3), ok)
+    assert crashed["status"] == ReportStatus.BACKEND_FAILED and crashed["exit_code"] == 3
+
+
+def test_random_runs_need_a_parity_mode_that_can_judge_them(tmp_path):
+    proc = run_cli("compare", "--set", "model.dropout=0.1", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and not (tmp_path / "x").exists()
+    assert proc.stderr.strip() == ("error: model.dropout=0.1 makes every run random (each framework draws its own "
+                                   "masks): judge it with --parity-mode statistical, or set model.dropout=0")
+    proc = run_cli("compare", "--set", "model.dropout=0.1", "--parity-mode", "statistical", "--seeds", "2")
+    assert proc.returncode == 2
+    assert "--seeds 2: the statistical parity mode needs at least 3 seeds per backend" in proc.stderr
+
+
+@pytest.mark.slow
+def test_dropout_runs_on_every_backend_and_passes_statistically(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("compare", "--out", str(out), "--quiet", "--backend", "all", "--spec", "gpt-tiny", "--steps", "10",
+                   "--set", "model.dropout=0.1", "--parity-mode", "statistical", "--seeds", "4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    st = report["statistical"]
+    assert report["parity_mode"] == "statistical" and st["seeds"] == [0, 1, 2, 3]
+    for name in ("torch", "torch_xla", "torchax"):
+        r = st["backends"][name]
+        assert r["passed"] and r["p"] >= ALPHA and len(r["differences"]) == 4
+        assert abs(r["mean_difference"]) < 0.01, (name, r)
+    for name in ("jax", "torch", "torch_xla", "torchax"):
+        band = st["bands"][name]
+        assert len(band["mean"]) == 10 and all(lo < hi for lo, hi in zip(band["min"], band["max"]))
+        assert (out / "seeds" / "3" / name / "record.json").exists()
+        assert report["backends"][name]["compiles"]["steady_state"] == 0  # the RNG state adds no recompile
+    # dropout is really on: the first loss is not the deterministic run's (5.56057, every backend)
+    assert all(abs(report["backends"][n]["losses"][0] - 5.56057) > 1e-4 for n in st["bands"])
+    md = (out / "report.md").read_text()
+    assert "## Statistical parity against jax" in md and "| torchax | pass |" in md
+
+
+@pytest.mark.slow
+def test_a_real_difference_fails_statistically(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("compare", "--out", str(out), "--quiet", "--backend", "jax,torch", "--spec", "gpt-tiny",
+                   "--steps", "10", "--set", "model.dropout=0.1", "--torch-set", "model.dropout=0.3",
+                   "--parity-mode", "statistical", "--seeds", "5")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    r = report["statistical"]["backends"]["torch"]
+    assert not r["passed"] and r["p"] < ALPHA and r["mean_difference"] > 0  # more dropout, higher loss
+    assert report["message"].startswith("torch: statistical parity failed: mean loss differs from jax's by")
