@@ -36,3 +36,25 @@ def test_the_loop_consumes_mp_device_loader_and_calls_optimizer_step(tmp_path, m
     record, _ = train.run(spec, tmp_path, parity=False, monitor=CompileMonitor(), throughput_steps=3, mode="single")
     assert calls == {"optimizer_step": 7, "loader_batches": 7}
     assert len(record.steps) == 4 and record.losses[0] == pytest.approx(2.3774, abs=1e-3)
+
+
+def test_an_error_raised_in_the_loader_thread_reaches_the_loop_as_itself(tmp_path, monkeypatch):
+    """MpDeviceLoader builds batches in its own thread; what that thread raises used to end the loop as
+    `StopIteration` (a crash, exit 3). It is raised in the loop as itself: a DataError stays a usage error."""
+    from common.data import DataError, make_dataset
+    from torch_xla_impl import train
+    from torch_xla_impl.instrument import CompileMonitor
+
+    class FailsAtStep2:
+        def __init__(self, spec):
+            self.data = make_dataset(spec)
+
+        def global_batch(self, step):
+            if step == 2:
+                raise DataError("tokens.bin: token id 999 at position 4 is outside model.vocab_size=256")
+            return self.data.global_batch(step)
+
+    monkeypatch.setattr(train, "make_dataset", FailsAtStep2)
+    spec = load_spec("mlp-tiny", ["train.steps=4"])
+    with pytest.raises(DataError, match=r"^tokens.bin: token id 999 at position 4 is outside model.vocab_size=256$"):
+        train.run(spec, tmp_path, parity=False, monitor=CompileMonitor(), throughput_steps=0, mode="single")

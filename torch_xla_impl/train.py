@@ -66,10 +66,32 @@ class StepBatches(torch.utils.data.Dataset):
         self.data, self.first_step, self.n_steps = data, first_step, n_steps
         self.replica, self.replicas, self.provocations = replica, replicas, list(provocations)
 
+    error: Exception | None = None  # what building a batch raised, for `checked` to raise in the loop
+
     def __len__(self) -> int:
         return self.n_steps
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        try:
+            return self._batch(i)
+        except Exception as e:
+            # raised in MpDeviceLoader's thread, which ends the iteration instead: the loop raises it
+            self.error = e
+            raise
+
+    def checked(self, loader):
+        """Iterate a device loader of these batches; an exception a loader thread met building one is
+        raised here, as itself (a bad input stays a usage error, not `StopIteration`)."""
+        count = 0
+        for batch in loader:
+            count += 1
+            yield batch
+        if self.error is not None:
+            raise self.error
+        if count < self.n_steps:
+            raise RuntimeError(f"the device loader stopped after {count} of {self.n_steps} batches")
+
+    def _batch(self, i: int) -> dict[str, torch.Tensor]:
         step = self.first_step + i
         batch = provoked_batch(self.data.global_batch(step), step, self.provocations, np.int64)
         batch = process_slice(batch, self.replica, self.replicas)
@@ -111,16 +133,18 @@ class TorchXlaTrainer:
         self.train_loss = torch.compile(self._train_loss, backend="openxla") if trace_mode == TraceMode.DYNAMO \
             else self._train_loss
 
-    def loader(self, first_step: int, n_steps: int) -> pl.MpDeviceLoader:
+    def loader(self, first_step: int, n_steps: int):
+        """This replica's batches of n_steps steps on the device, through MpDeviceLoader."""
         batches = StepBatches(self.data, first_step, n_steps, self.replica, self.replicas, self.provocations)
-        cpu_loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False, num_workers=0)
-        return pl.MpDeviceLoader(cpu_loader, self.device, input_sharding=self.input_sharding)
+        return self._device_batches(batches)
 
     def global_device_batch(self, step: int) -> dict[str, torch.Tensor]:
         """The whole global batch of a step on this device (step-0 parity tensors, any mode)."""
-        batches = StepBatches(self.data, step, 1, provocations=self.provocations)
-        loader = torch.utils.data.DataLoader(batches, batch_size=None)
-        return next(iter(pl.MpDeviceLoader(loader, self.device, input_sharding=self.input_sharding)))
+        return next(self._device_batches(StepBatches(self.data, step, 1, provocations=self.provocations)))
+
+    def _device_batches(self, batches: StepBatches):
+        cpu_loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False, num_workers=0)
+        return batches.checked(pl.MpDeviceLoader(cpu_loader, self.device, input_sharding=self.input_sharding))
 
     def loss(self, batch) -> torch.Tensor:
         with self.autocast():
