@@ -15,7 +15,7 @@ from pathlib import Path
 from common.cli import INPUT_ERRORS, backend_parser, fail, resolve_spec
 from common.nonfinite import input_problem, likely_cause
 from common.record import RunRecord, timed_from, write_record, write_tensors
-from common.vocab import ExitCode, Phase, RecordStatus
+from common.vocab import IO_ERRNOS, ExitCode, Phase, RecordStatus
 
 
 def progress_printer(enabled: bool):
@@ -38,6 +38,20 @@ def summary_line(record: RunRecord, out_dir: Path) -> str:
     median = f"{statistics.median(timed):.3f} ms" if timed else "-"
     return (f"{record.backend}: {record.status} | loss {first} -> {last} | median step {median} | "
             f"loop compiles {len(loop)} (steady-state {len(steady)}) | {out_dir}")
+
+
+def raise_crash(backend: str, e: Exception, debug: bool) -> None:
+    if debug:
+        raise e
+    fail(f"{backend} crashed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
+         "(rerun with --debug for the traceback)", ExitCode.BACKEND)
+
+
+def io_failure(out_dir: Path, e: OSError, debug: bool) -> None:
+    if debug:
+        traceback.print_exc()
+    fail(f"cannot write the results to {out_dir}: {e.strerror or e} (disk full, or the directory became "
+         "unwritable); free space or pass another --out", ExitCode.IO)
 
 
 def nonfinite_cause(spec, record: RunRecord) -> str:
@@ -65,21 +79,25 @@ def main(backend: str, argv, add_flags, train) -> int:
         fail(f"cannot create run directory {out_dir}: {e.strerror or e}; pass a writable --out", ExitCode.USAGE)
     try:
         record, tensors, is_writer = train(spec, args, out_dir, progress_printer(args.progress))
+    except OSError as e:
+        if e.errno not in IO_ERRNOS:
+            raise_crash(backend, e, args.debug)
+        io_failure(out_dir, e, args.debug)
     except INPUT_ERRORS as e:
         if args.debug:
             traceback.print_exc()
         fail(str(e), ExitCode.USAGE)
     except Exception as e:  # a crash inside the framework: one line, the traceback only with --debug
-        if args.debug:
-            raise
-        fail(f"{backend} crashed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
-             "(rerun with --debug for the traceback)", ExitCode.BACKEND)
+        raise_crash(backend, e, args.debug)
     if record.status == RecordStatus.NONFINITE:  # the message says what most likely did it
         record.message += f"; likely cause: {nonfinite_cause(spec, record)}"
     if is_writer:
-        if tensors:
-            record.tensors = write_tensors(out_dir, tensors)
-        write_record(out_dir, record)
+        try:
+            if tensors:
+                record.tensors = write_tensors(out_dir, tensors)
+            write_record(out_dir, record)
+        except OSError as e:  # atomic writes: nothing half-written is left behind
+            io_failure(out_dir, e, args.debug)
         print(summary_line(record, out_dir), flush=True)
     if record.status == RecordStatus.NONFINITE:
         print(f"error: {record.message}", file=sys.stderr)

@@ -42,3 +42,20 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 def write_json_atomic(path: str | Path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def unusable_cache_dir(path: Path) -> dict | None:
+    """None when `path` is (or becomes) a writable directory; else the record's `compile_cache` entry saying
+    why the run compiles without a cache. A cache is never a reason to fail a run."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        return None
+    except OSError as e:
+        import sys
+
+        why = f"{path} is not a usable directory ({e.strerror or e}); this run compiled without a cache"
+        print(f"warning: compile cache: {why}", file=sys.stderr)
+        return {"enabled": False, "dir": str(path), "note": why}

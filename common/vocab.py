@@ -37,6 +37,7 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 4
     NONFINITE = 5
     INTERNAL = 6
+    IO = 7
 
 
 EXIT_MEANINGS = {
@@ -49,6 +50,8 @@ EXIT_MEANINGS = {
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C / SIGTERM): the running backend's process group is terminated",
     ExitCode.NONFINITE: "(a backend run alone) its loss became NaN/Inf; compare reports this as 3",
     ExitCode.INTERNAL: "an internal error of compare itself (a bug: report it with the --debug output)",
+    ExitCode.IO: "results could not be written (disk full, or the run directory became unwritable); nothing "
+                 "half-written is left, and compare still reports the other backends",
 }
 
 
@@ -70,7 +73,11 @@ class BackendStatus(enum.StrEnum):
     USAGE_ERROR = "usage_error"
     INTERRUPTED = "interrupted"
     NOT_RUN = "not_run"
+    IO_ERROR = "io_error"
 
+
+# errno values that mean the disk or the directory, not the program: such a failure exits ExitCode.IO
+IO_ERRNOS = (28, 27, 122, 30, 13)  # ENOSPC, EFBIG, EDQUOT, EROFS, EACCES
 
 BACKEND_STATUS_MEANINGS = {
     BackendStatus.OK: "ran to the end and wrote its record",
@@ -80,6 +87,7 @@ BACKEND_STATUS_MEANINGS = {
     BackendStatus.USAGE_ERROR: "refused its input (exit 2), e.g. a mesh its devices cannot hold",
     BackendStatus.INTERRUPTED: "running when compare was interrupted; its process group was terminated",
     BackendStatus.NOT_RUN: "not started because compare was interrupted before its turn",
+    BackendStatus.IO_ERROR: "could not write its results (exit 7: disk full, or its directory became unwritable)",
 }
 
 

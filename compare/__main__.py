@@ -263,8 +263,12 @@ def main(argv=None) -> int:
     report["wall_time"] = {"compare_imports_s": main_started - STARTED_AT, "backends_s": backends_done - main_started,
                            "report_s": time.time() - backends_done, "total_s": time.time() - STARTED_AT,
                            "note": "compare's own interpreter start (before its first line) is not included"}
-    write_json_atomic(out / "report.json", report)
-    write_text_atomic(out / "report.md", markdown(report))
+    try:
+        write_json_atomic(out / "report.json", report)
+        write_text_atomic(out / "report.md", markdown(report))
+    except OSError as e:  # atomic writes: no half report is left
+        fail(f"cannot write the report to {out}: {e.strerror or e} (disk full, or the directory became "
+             "unwritable); free space or pass another --out", ExitCode.IO)
     if args.json:
         print((out / "report.json").read_text(), end="")
     elif not args.quiet:

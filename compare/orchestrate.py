@@ -127,6 +127,8 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
         status = BackendStatus.USAGE_ERROR
     elif code == ExitCode.NONFINITE:
         status = BackendStatus.NONFINITE
+    elif code == ExitCode.IO:
+        status = BackendStatus.IO_ERROR
     else:
         status = BackendStatus.FAILED
         if code < 0:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jax
 
+from common.fsutil import unusable_cache_dir
 from common.hlo import op_histogram, reported_ops
 from common.recompile import classify_jax
 from common.recompile import entry as recompile_entry
@@ -35,7 +36,9 @@ def enable_compile_cache(path: Path | None) -> dict:
     (JAX's defaults skip compiles under 1 s). Returns the record's `compile_cache` entry."""
     if path is None:
         return {"enabled": False}
-    path.mkdir(parents=True, exist_ok=True)
+    unusable = unusable_cache_dir(path)
+    if unusable:
+        return unusable
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)

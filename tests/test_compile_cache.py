@@ -71,3 +71,24 @@ def test_no_compile_cache_turns_it_off(tmp_path):
     assert report["compile_cache"] is None
     assert report["backends"]["jax"]["compile_cache"] == {"enabled": False}
     assert report["backends"]["jax"]["peak_source"] == "measured numpy float32 matmul peak of this CPU"
+
+
+def test_an_unusable_or_corrupt_cache_never_fails_a_run(tmp_path):
+    not_a_dir = tmp_path / "cache-file"
+    not_a_dir.write_text("not a directory")
+    out = tmp_path / "run"
+    proc = run_cli("compare", "--out", str(out), "--quiet", "--spec", "mlp-tiny", "--steps", "3",
+                   "--compile-cache", str(not_a_dir))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    for name in ("jax", "torch_xla"):
+        cache = report["backends"][name]["compile_cache"]
+        assert cache["enabled"] is False and "is not a usable directory (Not a directory)" in cache["note"]
+    # every entry of a filled cache overwritten with garbage: JAX misses and recompiles, the same bits
+    cache = tmp_path / "cache"
+    args = ("--spec", "mlp-tiny", "--steps", "3", "--compile-cache", str(cache))
+    first = train("jax_impl", tmp_path / "first", *args)
+    for entry in (p for p in cache.rglob("*") if p.is_file()):
+        entry.write_bytes(b"garbage")
+    again = train("jax_impl", tmp_path / "again", *args)
+    assert again.compile_cache["hits"] == 0 and again.losses == first.losses

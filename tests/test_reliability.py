@@ -299,3 +299,67 @@ def test_identical_runs_give_bitwise_identical_losses(tmp_path):
     for name in ("jax", "torch_xla"):
         assert report["determinism"][name] == {"bitwise_equal": True, "max_abs": 0.0, "steps": 6}
     assert (out / "jax-repeat" / "record.json").exists() and (out / "torch_xla-repeat" / "record.json").exists()
+
+
+# 9: faults: a backend killed from outside, a disk that fills -----------------------------------------------
+
+def _wrapped_backend(tmp_path: Path, name: str, prelude: str) -> Path:
+    """An 'interpreter' that runs the real backend (`-m module args`) in-process after `prelude`."""
+    return executable(tmp_path / f"{name}-python", f"""#!{sys.executable}
+import os, resource, runpy, signal, sys
+sys.path.insert(0, {str(REPO)!r})
+{prelude}
+module = sys.argv[2]
+sys.argv = [module] + sys.argv[3:]
+runpy.run_module(module, run_name="__main__")
+""")
+
+
+def _no_partial_files(run_dir: Path) -> list[str]:
+    return [p.name for p in run_dir.rglob("*") if p.name.endswith(".tmp") or p.name in ("record.json", "tensors.npz")]
+
+
+@pytest.mark.slow
+def test_a_backend_killed_mid_run_leaves_nothing_half_written_and_the_others_are_judged(tmp_path):
+    killer = _wrapped_backend(tmp_path, "killed", """
+import common.backend_main as bm
+show = bm.progress_printer(True)
+def killing(enabled):
+    def step(i, loss, ms):
+        show(i, loss, ms)
+        if i == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return step
+bm.progress_printer = killing
+""")
+    out = tmp_path / "run"
+    proc = compare("--out", str(out), "--backend", "jax,torch,torchax", "--spec", "mlp-tiny", "--steps", "6",
+                   "--torch-python", str(killer))
+    assert proc.returncode == 3
+    report = report_of(out)
+    assert report["backends"]["torch"]["status"] == "failed"
+    assert report["backends"]["torch"]["message"].startswith("killed by SIGKILL")
+    assert _no_partial_files(out / "torch") == []
+    assert report["backends"]["torchax"]["status"] == "ok" and report["parity"]["torchax"]["passed"]
+    assert "torch: failed: killed by SIGKILL" in report["message"]
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_while_a_backend_writes_is_an_io_error_with_nothing_half_written(tmp_path):
+    # RLIMIT_FSIZE: any file this backend writes past 64 KiB fails with EFBIG ("File too large"), as a full
+    # disk fails with ENOSPC; compare's own files (logs, report) are written by compare, unlimited
+    full = _wrapped_backend(tmp_path, "full", """
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+""")
+    out = tmp_path / "run"
+    proc = compare("--out", str(out), "--backend", "jax,torch", "--spec", "mlp-tiny", "--steps", "3",
+                   "--jax-python", str(full))
+    assert proc.returncode == 3
+    report = report_of(out)
+    jax = report["backends"]["jax"]
+    assert jax["status"] == "io_error" and jax["exit_code"] == 7
+    assert jax["message"] == (f"cannot write the results to {out / 'jax'}: File too large (disk full, or the "
+                              "directory became unwritable); free space or pass another --out")
+    assert _no_partial_files(out / "jax") == []
+    assert report["backends"]["torch"]["status"] == "ok"

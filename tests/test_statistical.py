@@ -43,23 +43,24 @@ def test_random_runs_need_a_parity_mode_that_can_judge_them(tmp_path):
 @pytest.mark.slow
 def test_dropout_runs_on_every_backend_and_passes_statistically(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("compare", "--out", str(out), "--quiet", "--backend", "all", "--spec", "gpt-tiny", "--steps", "10",
-                   "--set", "model.dropout=0.1", "--parity-mode", "statistical", "--seeds", "4")
+    proc = run_cli("compare", "--out", str(out), "--quiet", "--backend", "all", "--spec", "gpt-tiny", "--steps", "5",
+                   "--set", "model.dropout=0.1", "--parity-mode", "statistical", "--seeds", "3")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     st = report["statistical"]
-    assert report["parity_mode"] == "statistical" and st["seeds"] == [0, 1, 2, 3]
-    for name in ("torch", "torch_xla", "torchax"):
+    assert report["parity_mode"] == "statistical" and st["seeds"] == [0, 1, 2]
+    for name in ("torch", "torch_xla", "torchax"):  # measured p 0.18, 0.84, 0.17
         r = st["backends"][name]
-        assert r["passed"] and r["p"] >= ALPHA and len(r["differences"]) == 4
+        assert r["passed"] and r["p"] >= ALPHA and len(r["differences"]) == 3
         assert abs(r["mean_difference"]) < 0.01, (name, r)
+    deterministic = [5.56057, 5.51348, 5.4337]  # gpt-tiny's first losses without dropout, every backend
     for name in ("jax", "torch", "torch_xla", "torchax"):
         band = st["bands"][name]
-        assert len(band["mean"]) == 10 and all(lo < hi for lo, hi in zip(band["min"], band["max"]))
-        assert (out / "seeds" / "3" / name / "record.json").exists()
+        assert len(band["mean"]) == 5 and all(lo < hi for lo, hi in zip(band["min"], band["max"]))
+        assert (out / "seeds" / "2" / name / "record.json").exists()
         assert report["backends"][name]["compiles"]["steady_state"] == 0  # the RNG state adds no recompile
-    # dropout is really on: the first loss is not the deterministic run's (5.56057, every backend)
-    assert all(abs(report["backends"][n]["losses"][0] - 5.56057) > 1e-4 for n in st["bands"])
+        losses = report["backends"][name]["losses"][:3]
+        assert max(abs(a - b) for a, b in zip(losses, deterministic)) > 5e-4, name  # dropout is really on
     md = (out / "report.md").read_text()
     assert "## Statistical parity against jax" in md and "| torchax | pass |" in md
 

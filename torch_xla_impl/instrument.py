@@ -23,6 +23,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from common.fsutil import unusable_cache_dir
 from common.hlo import op_histogram, reported_ops
 from common.hlo_summary import buffer_assignment_memory
 from common.recompile import classify_graph_change
@@ -101,7 +102,9 @@ def enable_compile_cache(path: Path | None) -> dict:
         return {"enabled": False}
     import torch_xla.runtime as xr
 
-    path.mkdir(parents=True, exist_ok=True)
+    unusable = unusable_cache_dir(path)
+    if unusable:
+        return unusable
     xr.initialize_cache(str(path), readonly=False)
     return {"enabled": True, "dir": str(path)}
 
