@@ -13,6 +13,7 @@ Only the text is read, so compare can summarise any backend's program (and
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -51,25 +52,18 @@ class Instruction:
     opcode: str
     rest: str
 
+    def _arrays(self) -> list[tuple[str, int]]:
+        """(dtype, element count) of every array in the result type (one, or a tuple's)."""
+        return [(dtype, math.prod(int(d) for d in dims.split(",") if d))
+                for dtype, dims in _ARRAY.findall(self.type_text)]
+
     @property
     def elements(self) -> int:
-        total = 0
-        for _, dims in _ARRAY.findall(self.type_text):
-            n = 1
-            for d in filter(None, dims.split(",")):
-                n *= int(d)
-            total += n
-        return total
+        return sum(n for _, n in self._arrays())
 
     @property
     def bytes(self) -> float:
-        total = 0.0
-        for dtype, dims in _ARRAY.findall(self.type_text):
-            n = 1
-            for d in filter(None, dims.split(",")):
-                n *= int(d)
-            total += n * BYTES_PER_ELEMENT.get(dtype, 4)
-        return total
+        return sum(n * BYTES_PER_ELEMENT.get(dtype, 4) for dtype, n in self._arrays())
 
 
 def parse_module(text: str) -> tuple[str | None, dict[str, list[Instruction]]]:
