@@ -38,6 +38,7 @@ def test_the_loop_consumes_mp_device_loader_and_calls_optimizer_step(tmp_path, m
     assert len(record.steps) == 4 and record.losses[0] == pytest.approx(2.3774, abs=1e-3)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread's own raise
 def test_an_error_raised_in_the_loader_thread_reaches_the_loop_as_itself(tmp_path, monkeypatch):
     """MpDeviceLoader builds batches in its own thread; what that thread raises used to end the loop as
     `StopIteration` (a crash, exit 3). It is raised in the loop as itself: a DataError stays a usage error."""
