@@ -75,10 +75,11 @@ def step_breakdown(run_dir: Path, profile: dict | None, synced_median_ms: float 
     steps = sorted((e for e in host if e.name == ProfileRange.STEP), key=lambda e: e.start_ns)
     device_lines = _device_lines(events)
     device = [e for e in events if _is_device_op(e, device_lines)]
+    busy_intervals = sorted((e.start_ns, e.end_ns) for e in device)  # once, for every step
     per_step: dict[str, list[float]] = defaultdict(list)
     op_time: dict[str, float] = defaultdict(float)
     for i, s in enumerate(steps):
-        busy = _busy_ns([(e.start_ns, e.end_ns) for e in device], s.start_ns, s.end_ns)
+        busy = _busy_ns(busy_intervals, s.start_ns, s.end_ns)
         per_step["step"].append(s.duration_ns / 1e6)
         per_step["device"].append(busy / 1e6)
         per_step["host"].append((s.duration_ns - busy) / 1e6)

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 
 from common.fsutil import write_json_atomic
-from common.hlo import matmul_flops
 from common.record import RunRecord, timed_from
 from common.vocab import Phase
 from compare.cache import cpu_identity
@@ -47,15 +46,6 @@ def step_times(record: RunRecord) -> tuple[dict | None, dict | None]:
     warm = timed_from(record)
     step_ms = percentiles([s.wall_ms for s in record.steps[warm:]])
     return step_ms, percentiles(record.trace_ms[warm:]) if record.trace_ms else None
-
-
-def flops_per_step(record: RunRecord, record_dir: Path) -> float | None:
-    """Dot + convolution flops of the train step's optimized HLO (the same count for every XLA runtime)."""
-    hlo = (record.hlo_stats or {}).get("hlo_file")
-    path = record_dir / hlo if hlo else None
-    if path is None or not path.exists():
-        return record.flops_per_step  # a runtime without HLO (eager torch) counts its own
-    return matmul_flops(path.read_text()) or None
 
 
 def measured_cpu_peak(seconds: float = 1.0) -> float:
@@ -138,7 +128,10 @@ def wall_breakdown(record: RunRecord, started_at: float | None, wall_s: float | 
 
 def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
     step_ms, trace_ms = step_times(record)
-    flops = flops_per_step(record, record_dir)
+    program = compiled_program(record, record_dir)  # reads the step's HLO once, matmul flops included
+    # dot + convolution flops of the optimized HLO (the same count for every XLA runtime); a runtime
+    # without HLO (eager torch) counts its own
+    flops = (program["matmul_flops"] or None) if program["available"] else record.flops_per_step
     peak, peak_source = peak_flops(record, cpu_peak)
     devices = int(record.platform.get("device_count", 1))
     if peak and "TPU" in peak_source:
@@ -152,7 +145,7 @@ def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
             "peak_flops": peak, "peak_source": peak_source, "mfu": mfu,
             "peak_rss_mb": record.peak_rss_mb, "trace_mode": record.trace_mode,
             "compile_cache": record.compile_cache, "hlo_ops": (record.hlo_stats or {}).get("reported_ops"),
-            "hlo": compiled_program(record, record_dir),
+            "hlo": program,
             "profile": step_breakdown(record_dir, record.profile, (step_ms or {}).get("median")),
             "losses": record.losses, "step_ms_all": [s.wall_ms for s in record.steps[timed_from(record):]],
             "versions": record.versions, "platform": record.platform,

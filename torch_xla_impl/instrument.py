@@ -176,14 +176,14 @@ def attach_causes(record: RunRecord, out_dir: Path, fed: list[tuple]) -> None:
     analyses = compilation_causes(log) if log.exists() else []
     traced = sorted((out_dir / DUMP_DIR).glob("*before_optimizations.txt"))  # module_NNNN: compile order
     compiled = [e for e in record.compile_events if not e.cache_hit]  # analyses and dumps exist for these only
+    graph = lambda k: traced[k].read_text() if k < len(traced) else None  # noqa: E731
+    seen = lambda s: fed[s] if 0 <= s < len(fed) else None  # noqa: E731
     previous = None
     for i, event in enumerate(compiled):
         if event.phase != Phase.LOOP:
             continue
         step = event.step
         if step >= record.settle_steps and previous is not None:
-            graph = lambda k: traced[k].read_text() if k < len(traced) else None  # noqa: E731
-            seen = lambda s: fed[s] if 0 <= s < len(fed) else None  # noqa: E731
             cause, detail = classify_graph_change(graph(previous), graph(i), seen(compiled[previous].step), seen(step))
             words = analyses[i] if i < len(analyses) else "no Compilation Analysis captured"
             record.recompile_causes.append(recompile_entry(step, event.fun_name, cause, detail, words))
