@@ -63,13 +63,16 @@ def nonfinite_cause(spec, record: RunRecord) -> str:
     return likely_cause(spec, record.losses, problem)
 
 
-def main(backend: str, argv, add_flags, train) -> int:
+def main(backend: str, argv, add_flags, train, check=None) -> int:
+    """`check(spec, args)`: the backend's own refusals of flag combinations, before a run directory exists."""
     parser: argparse.ArgumentParser = backend_parser(backend)
     parser.add_argument("--progress", action="store_true", help="print a progress line per step")
     add_flags(parser)
     args = parser.parse_args(argv)
     try:
         spec = resolve_spec(args)
+        if check:
+            check(spec, args)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     out_dir = args.out or Path("runs") / f"{backend}-{time.strftime('%Y%m%d-%H%M%S')}"

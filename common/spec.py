@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from common.vocab import MaskSource, values
+
 
 class SpecError(ValueError):
     """A spec that cannot run; the message is one line naming field, value and rule."""
@@ -207,7 +209,8 @@ class TrainSpec:
     dtype: Literal["float32", "bfloat16"] = "float32"
     matmul_precision: Literal["default", "high", "highest"] = "highest"
     seed: int = 0  # parameter init
-    dropout_seed: int = -1  # dropout's random masks, in each framework's own generator; -1: train.seed
+    dropout_seed: int = -1  # dropout's random masks; -1: train.seed
+    dropout_masks: str = MaskSource.FRAMEWORK.value  # common.vocab.MaskSource: whose generator draws them
 
     def validate(self) -> None:
         _positive("train", self, "lr", "global_batch_size", "steps")
@@ -225,6 +228,8 @@ class TrainSpec:
         _require(self.timing_warmup_steps >= 0, f"train.timing_warmup_steps={self.timing_warmup_steps} must be >= 0")
         _require(self.seed >= 0, f"train.seed={self.seed} must be >= 0")
         _require(self.dropout_seed >= -1, f"train.dropout_seed={self.dropout_seed} must be >= 0 (or -1: train.seed)")
+        _require(self.dropout_masks in values(MaskSource),
+                 f"train.dropout_masks={self.dropout_masks} must be one of {', '.join(values(MaskSource))}")
 
     @property
     def mask_seed(self) -> int:

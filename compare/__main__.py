@@ -35,6 +35,7 @@ from common.vocab import (  # noqa: E402
     BackendStatus,
     CheckpointFormat,
     ExitCode,
+    MaskSource,
     ParityMode,
     TraceMode,
     values,
@@ -100,7 +101,10 @@ def parse_args(argv):
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
     parser.add_argument("--json", action="store_true", help="print only the JSON report")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.parity_mode == ParityMode.EXACT:  # every backend's spec says it: recorded in each run record
+        args.overrides.append(f"train.dropout_masks={MaskSource.COMMON}")
+    return args
 
 
 def backends_of(choice: str) -> list[str]:
@@ -161,9 +165,10 @@ def check_inputs(args, names: list[str]):
 def check_parity_mode(args, spec) -> None:
     """A run with randomness cannot be judged bit by bit; the statistical mode needs runs of its own."""
     dropout = getattr(spec.model, "dropout", 0) or dict(getattr(spec.model, "hparams", {}) or {}).get("dropout", 0)
-    if args.parity_mode == ParityMode.DETERMINISTIC and dropout:
+    if args.parity_mode == ParityMode.DETERMINISTIC and dropout and spec.train.dropout_masks != MaskSource.COMMON:
         raise SpecError(f"model.dropout={dropout} makes every run random (each framework draws its own masks): "
-                        "judge it with --parity-mode statistical, or set model.dropout=0")
+                        "judge it with --parity-mode statistical, feed every backend the same masks with "
+                        "--parity-mode exact, or set model.dropout=0")
     if args.parity_mode == ParityMode.STATISTICAL:
         if args.seeds < 3:
             raise SpecError(f"--seeds {args.seeds}: the statistical parity mode needs at least 3 seeds per backend")

@@ -190,4 +190,14 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
             "first_divergent_step": first_step, "loss": loss, "tensors": tensors,
             "first_divergent_module": first_divergent_module(ref_tensors.get("activations", {}),
                                                              other_tensors.get("activations", {}), policy["forward"]),
-            "worst": worst_tensors(tensors), "passed": passed}
+            "worst": worst_tensors(tensors), "passed": passed,
+            "dropout_sites": dropout_sites(ref, other)}
+
+
+def dropout_sites(ref: RunRecord, other: RunRecord) -> dict | None:
+    """Runs fed common's dropout masks: the dropout calls each made (a port that drops out elsewhere, or
+    not at all, takes other masks and parts at step 0: this says where to look). None without them."""
+    a, b = ref.extra.get("dropout_sites"), other.extra.get("dropout_sites")
+    if a is None or b is None:
+        return None
+    return {"reference": a, "other": b, "equal": a == b}

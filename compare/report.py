@@ -15,7 +15,8 @@ report.json keys (schema_version 2):
     .first_divergent_module {step, module, input_agrees, output_error, modules_compared, modules_diverging}
       (null when every module's step-0 activation agrees), .loss {max_abs, per_step_abs, steps_compared},
     .tensors {"<group>/<name>": {abs, rel, within, kind}}, .worst [10 worst], .passed,
-    .distribution {kl_mean, kl_max, top1, top5, positions, within} (step-0 logits; null without logits)
+    .distribution {kl_mean, kl_max, top1, top5, positions, within} (step-0 logits; null without logits),
+    .dropout_sites {reference, other, equal} (runs fed common's dropout masks; null otherwise)
   pairwise_loss           {"<a> vs <b>": max |Δloss| over the steps} for every pair of backends
   backends.<name>         status (a BackendStatus), message, exit_code, wall_s, record, logs,
     .compiles {setup, loop, steady_state, settle_steps, cache_hits, compile_s, causes},
@@ -144,6 +145,10 @@ def _failure(name: str, parity: dict) -> str:
     module = parity.get("first_divergent_module")
     if module:
         where += f", first divergent module {module['module']}"
+    sites = parity.get("dropout_sites")
+    if sites and not sites["equal"]:
+        where += (f", dropout calls differ ({len(sites['reference'])} in the reference, {len(sites['other'])} "
+                  f"here: run records' extra.dropout_sites)")
     return where + (f"; worst tensor {worst['name']} (max abs {worst['abs']:.3g}, within={worst['within']})"
                     if worst else "")
 

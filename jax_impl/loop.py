@@ -7,6 +7,7 @@ the HLO statistics are the same for all of them.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,10 +17,11 @@ import numpy as np
 import optax
 
 from common.data import Batch, activation_inputs, make_dataset
+from common.masks import MaskFeed, draw_masks, drawing_feed, given_feed
 from common.provoke import Provocation, provoked_batch, python_value, with_python_value
 from common.record import RunRecord, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
-from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus
+from common.vocab import PROFILE_DIR, MaskSource, Phase, ProfileRange, RecordStatus
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor, hlo_statistics
 
@@ -40,6 +42,49 @@ class JittedTrainer:
     def _loss_and_state(self, params, state, batch: Batch):
         return self._loss(params, batch), state
 
+    # ---- common's dropout masks (train.dropout_masks=common): a runtime defines `fed_dropout(feed)`, the
+    # context in which its model's dropout takes the feed's masks, and `mask_array` (a JAX array as that
+    # dropout takes it). The step's masks are step inputs (`Batch.masks`), drawn for the dropout calls an
+    # abstract trace of the step recorded (one trace per input shape).
+
+    mask_array = staticmethod(lambda array: array)
+
+    def fed_dropout(self, feed: MaskFeed):
+        raise NotImplementedError
+
+    def _fed(self, masks):
+        return self.fed_dropout(given_feed(masks, self.mask_array)) if masks else contextlib.nullcontext()
+
+    def _fed_loss_and_state(self, params, state, batch: Batch):
+        with self._fed(batch.masks):
+            return self._loss_and_state(params, state, batch)
+
+    def _fed_forward(self, params, batch: Batch):
+        with self._fed(batch.masks):
+            return self._forward(params, batch.inputs)
+
+    def with_masks(self, batch: Batch, step: int) -> Batch:
+        """`batch` with common's masks of `step` when the spec asks for them."""
+        if self.spec.train.dropout_masks != MaskSource.COMMON:
+            return batch
+        key = (batch.inputs.shape, str(batch.inputs.dtype))
+        if key not in self._sites:
+            with self.fed_dropout(MaskFeed()) as feed:  # records the calls; nothing is computed
+                jax.eval_shape(self._loss_and_state, self.params, self.state, batch)
+            self._sites[key] = feed.sites
+        return batch._replace(masks=draw_masks(self.spec.train.mask_seed, step, self._sites[key]))
+
+    def dropout_sites(self) -> list[str]:
+        """Step 0's dropout calls, masks drawn for (the run record's extra.dropout_sites)."""
+        return [str(site) for site in next(iter(self._sites.values()), [])]
+
+    def capture_masks(self):
+        """The context of the step-0 activation capture (eager): common's masks of step 0, when asked for."""
+        if self.spec.train.dropout_masks != MaskSource.COMMON:
+            return contextlib.nullcontext()
+        return self.fed_dropout(drawing_feed(self.spec.train.mask_seed, 0,
+                                             lambda mask: self.mask_array(jax.numpy.asarray(mask))))
+
     def compile_functions(self, mesh) -> None:
         # Optimizer moments are placed like their parameters (sharded under fsdp/tp), counters
         # replicated; committed from the start, so step 1 does not recompile.
@@ -53,12 +98,13 @@ class JittedTrainer:
         self.train_step = jax.jit(self._train_step, donate_argnums=(0, 1), static_argnames=("python_value",),
                                   out_shardings=(param_placement, opt_placement, state_placement,
                                                  sharding.replicated(mesh)))
-        self.forward = jax.jit(self._forward)
-        self.loss_and_grads = jax.jit(jax.value_and_grad(self._loss_and_state, has_aux=True))
+        self.forward = jax.jit(self._fed_forward)
+        self.loss_and_grads = jax.jit(jax.value_and_grad(self._fed_loss_and_state, has_aux=True))
+        self._sites = {}  # (input shape, dtype) -> the step's dropout calls (common's masks only)
 
     def _train_step(self, params, opt_state, state, batch: Batch, python_value: float | None = None):
         def loss_fn(p, b):
-            loss, new_state = self._loss_and_state(p, state, b)
+            loss, new_state = self._fed_loss_and_state(p, state, b)
             return with_python_value(loss, python_value), new_state
 
         (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
@@ -75,7 +121,7 @@ class JittedTrainer:
 
     def step0_tensors(self, batch: Batch) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
-        logits = self.forward(self.params, batch.inputs)
+        logits = self.forward(self.params, batch)
         (loss, _), grads = self.loss_and_grads(self.params, self.state, batch)  # the run's state stays as it is
         return {"outputs": {"logits": sharding.to_host(logits), "loss": np.asarray(sharding.to_host(loss))},
                 "grads": self.to_canonical(grads)}
@@ -104,13 +150,14 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
     mesh = sharding.make_mesh(spec.mesh)
     data = make_dataset(spec)
     trainer = make_trainer(mesh)
-    put = lambda step: sharding.put_batch(  # noqa: E731
-        provoked_batch(data.global_batch(step), step, provocations, np.int16), spec.mesh, mesh)
+    put = lambda step: sharding.put_batch(trainer.with_masks(  # noqa: E731
+        provoked_batch(data.global_batch(step), step, provocations, np.int16), step), spec.mesh, mesh)
 
     tensors = trainer.step0_tensors(put(0)) if parity else {}  # before any update
     if parity:  # analysis, not training: its eager per-op compiles are not counted (as the HLO statistics')
         monitor.paused = True
-        tensors["activations"] = trainer.step0_activations(activation_inputs(spec, data.global_batch(0).inputs))
+        with trainer.capture_masks():
+            tensors["activations"] = trainer.step0_activations(activation_inputs(spec, data.global_batch(0).inputs))
         monitor.paused = False
 
     record = new_record()
@@ -142,6 +189,8 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
                                           python_value=python_value(0, provocations, spec.train.steps))
         monitor.paused = False
     record.compile_events, record.recompile_causes = list(monitor.events), list(monitor.causes)
+    if spec.train.dropout_masks == MaskSource.COMMON:
+        record.extra["dropout_sites"] = trainer.dropout_sites()
     record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
     return record, tensors
 

@@ -56,13 +56,16 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def put_batch(batch: Batch, mesh_spec: MeshSpec, mesh: Mesh) -> Batch:
-    """A global batch as sharded device arrays; each process supplies only its slice."""
-    shardings = [batch_sharding(mesh_spec, mesh, a.ndim) for a in batch]
+    """A global batch as sharded device arrays; each process supplies only its slice. Dropout masks go
+    replicated (every process draws all of them)."""
+    masks = tuple(jax.device_put(m, replicated(mesh)) for m in batch.masks)
+    arrays = (batch.inputs, batch.targets)
+    shardings = [batch_sharding(mesh_spec, mesh, a.ndim) for a in arrays]
     if jax.process_count() == 1:
-        return Batch(*(jax.device_put(a, s) for a, s in zip(batch, shardings)))
+        return Batch(*(jax.device_put(a, s) for a, s in zip(arrays, shardings)), masks)
     local = process_slice(batch, jax.process_index(), jax.process_count())
     return Batch(*(jax.make_array_from_process_local_data(s, a, a.shape[:0] + g.shape)
-                   for a, s, g in zip(local, shardings, batch)))
+                   for a, s, g in zip(local[:2], shardings, arrays)), masks)
 
 
 def to_host(x) -> np.ndarray:

@@ -24,7 +24,7 @@ from common.data import Batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.weights import start_info
-from jax_impl import convert, sharding
+from jax_impl import convert, masks, sharding
 from jax_impl.capture import capture_activations
 from jax_impl.export import start_weights
 from jax_impl.instrument import CompileMonitor
@@ -64,6 +64,9 @@ class JaxTrainer(JittedTrainer):
         self.tx = make_optimizer(spec.train)
         self.state = self.rest  # RNG state of dropout (and any other non-parameter state), threaded by the step
         self.compile_functions(mesh)
+
+    def fed_dropout(self, feed):
+        return masks.fed_dropout(feed)
 
     def _forward(self, params, inputs):
         # the analysis forward runs on a copy of the start state: the run's RNG stream stays as it is

@@ -34,7 +34,8 @@ def test_random_runs_need_a_parity_mode_that_can_judge_them(tmp_path):
     proc = run_cli("compare", "--set", "model.dropout=0.1", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and not (tmp_path / "x").exists()
     assert proc.stderr.strip() == ("error: model.dropout=0.1 makes every run random (each framework draws its own "
-                                   "masks): judge it with --parity-mode statistical, or set model.dropout=0")
+                                   "masks): judge it with --parity-mode statistical, feed every backend the same masks "
+                                   "with --parity-mode exact, or set model.dropout=0")
     proc = run_cli("compare", "--set", "model.dropout=0.1", "--parity-mode", "statistical", "--seeds", "2")
     assert proc.returncode == 2
     assert "--seeds 2: the statistical parity mode needs at least 3 seeds per backend" in proc.stderr

@@ -17,11 +17,12 @@ from common.data import activation_inputs, make_dataset
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec, TrainSpec
-from common.vocab import RecordStatus
+from common.vocab import MaskSource, RecordStatus
 from common.weights import start_info
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
+from torch_impl.masks import step_masks
 from torch_impl.models import build_model
 
 
@@ -75,6 +76,8 @@ def wait(device: torch.device) -> None:
 class TorchTrainer:
     """Model, optimizer and batches of one spec, eagerly, on this machine's device."""
 
+    dropout_sites = ()  # step 0's dropout calls, when fed common's masks
+
     def __init__(self, spec: RunSpec, checkpoint: Path | None = None, provocations=(),
                  device: torch.device | None = None):
         self.spec, self.device, self.provocations = spec, device or device_for_this_machine(), list(provocations)
@@ -97,15 +100,22 @@ class TorchTrainer:
         return (torch.from_numpy(batch.inputs).to(self.device), torch.from_numpy(batch.targets).to(self.device))
 
     def loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:
-        with self.autocast():
+        """Loss and logits of step 0's batch."""
+        with self.autocast(), self.masks(0):
             logits = self.model(inputs)
         return cross_entropy(logits, targets), logits
+
+    def masks(self, step: int):
+        """The dropout of `step`: common's masks when the spec asks for them (torch_impl.masks)."""
+        return step_masks(self.spec, step, self.device)
 
     def step(self, step: int, inputs, targets) -> torch.Tensor:
         set_lr(self.optimizer, self.spec.train, step)
         self.optimizer.zero_grad(set_to_none=True)
-        with self.autocast():  # the logits are not kept: freed as soon as the loss is computed, as in any loop
+        with self.autocast(), self.masks(step) as feed:  # the logits are not kept: freed once the loss is computed
             loss = cross_entropy(self.model(inputs), targets)
+        if step == 0 and feed:  # the run record's extra.dropout_sites: step 0's dropout calls
+            self.dropout_sites = feed.sites
         loss = with_python_value(loss, python_value(step, self.provocations, self.spec.train.steps))
         loss.backward()
         clip_gradients(self.model.parameters(), self.spec.train)
@@ -124,7 +134,7 @@ class TorchTrainer:
 
     def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
         """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture)."""
-        with self.autocast():
+        with self.autocast(), self.masks(0):
             return capture_activations(self.model, torch.from_numpy(inputs).to(self.device), self.module_names)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
@@ -177,6 +187,8 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
             tensors["params"] = trainer.canonical_params()
         record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
     timeline["loop_end"] = time.time()
+    if spec.train.dropout_masks == MaskSource.COMMON:
+        record.extra["dropout_sites"] = [str(site) for site in trainer.dropout_sites]
     if record.status == RecordStatus.OK:
         record.flops_per_step = trainer.matmul_flops(*trainer.batch(0))
         record.flops_source = "torch.utils.flop_counter.FlopCounterMode over one forward + backward"

@@ -6,7 +6,7 @@ import sys
 
 from common import backend_main
 from common.cli import fail
-from common.vocab import TRACE_MODE_MEANINGS, ExitCode, TraceMode, values
+from common.vocab import TRACE_MODE_MEANINGS, ExitCode, MaskSource, TraceMode, values
 
 for _module in ("torch", "torch_xla"):
     if importlib.util.find_spec(_module) is None:
@@ -23,6 +23,24 @@ def add_flags(parser) -> None:
                             f"{m.value}: {meaning}" for m, meaning in TRACE_MODE_MEANINGS.items()))
 
 
+def check(spec, args) -> None:
+    """What --mode spawn cannot do, refused before the run directory exists."""
+    if args.mode != "spawn":
+        return
+    from torch_xla_impl import sharding
+
+    sharding.require_spawn_mesh(spec.mesh)
+    if args.trace_mode != TraceMode.LAZY:
+        fail(f"--trace-mode {args.trace_mode} is not supported with --mode spawn (its CPU collectives need "
+             "the lazy sync); use --mode spmd or --trace-mode lazy", ExitCode.USAGE)
+    if spec.train.dropout_masks == MaskSource.COMMON:  # a replica's slice would need its rows of each mask
+        fail(f"train.dropout_masks={MaskSource.COMMON} is not supported with --mode spawn (each replica sees "
+             "only its slice of the batch); use --mode spmd", ExitCode.USAGE)
+    if args.profile:
+        fail("--profile is not available with --mode spawn (every replica would have to step under the profiler); "
+             "profile the spmd mode: --mode spmd", ExitCode.USAGE)
+
+
 def train(spec, args, out_dir, progress):
     # Platform, device count, compile-cause printing and HLO dumps are read once,
     # when torch_xla starts: set them first.
@@ -30,19 +48,11 @@ def train(spec, args, out_dir, progress):
 
     sharding.configure_platform(spec.mesh.device_count)
     instrument.configure_debug(out_dir, hlo=not args.no_hlo)
-    if args.mode == "spawn":
-        sharding.require_spawn_mesh(spec.mesh)
-        if args.trace_mode != TraceMode.LAZY:
-            fail(f"--trace-mode {args.trace_mode} is not supported with --mode spawn (its CPU collectives need "
-                 "the lazy sync); use --mode spmd or --trace-mode lazy", ExitCode.USAGE)
     import torch_xla.runtime as xr
 
     from torch_xla_impl.spawn import run_spawn
     from torch_xla_impl.train import run
 
-    if args.mode == "spawn" and args.profile:
-        fail("--profile is not available with --mode spawn (every replica would have to step under the profiler); "
-             "profile the spmd mode: --mode spmd", ExitCode.USAGE)
     with instrument.stderr_to(out_dir / instrument.DEBUG_LOG):
         cache = instrument.enable_compile_cache(args.compile_cache)
         if args.mode == "spawn":  # replica 0 writes the record, read back here
@@ -60,4 +70,4 @@ def train(spec, args, out_dir, progress):
     return record, tensors, True
 
 if __name__ == "__main__":
-    sys.exit(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train))
+    sys.exit(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train, check))

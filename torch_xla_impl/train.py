@@ -44,11 +44,12 @@ from common.data import activation_inputs, input_ndim, make_dataset, process_sli
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
-from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
+from common.vocab import PROFILE_DIR, MaskSource, Phase, ProfileRange, RecordStatus, TraceMode
 from common.weights import start_info
 from torch_impl import convert
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
+from torch_impl.masks import step_masks
 from torch_impl.models import build_model
 from torch_impl.train import clip_gradients, cross_entropy, make_optimizer, set_lr
 from torch_xla_impl import replicas as replica_sync
@@ -105,6 +106,8 @@ class StepBatches(torch.utils.data.Dataset):
 class TorchXlaTrainer:
     """Model, optimizer and device loaders for one spec on this process's XLA device."""
 
+    dropout_sites = ()  # step 0's dropout calls, when fed common's masks
+
     def __init__(self, spec: RunSpec, *, spmd_mesh=None, replica: int = 0, replicas: int = 1,
                  checkpoint: Path | None = None, provocations=(),
                  trace_mode: TraceMode = TraceMode.LAZY):
@@ -147,7 +150,8 @@ class TorchXlaTrainer:
         return batches.checked(pl.MpDeviceLoader(cpu_loader, self.device, input_sharding=self.input_sharding))
 
     def loss(self, batch) -> torch.Tensor:
-        with self.autocast():
+        """Loss and logits of step 0's batch."""
+        with self.autocast(), step_masks(self.spec, 0, self.device):
             logits = self.model(batch["inputs"])
         return cross_entropy(logits, batch["targets"]), logits
 
@@ -165,7 +169,10 @@ class TorchXlaTrainer:
         return self._update(step, batch)
 
     def _update(self, step: int, batch) -> torch.Tensor:
-        loss = self.train_loss(batch["inputs"], batch["targets"])
+        with step_masks(self.spec, step, self.device) as feed:  # common's masks, uploaded as the step traces
+            loss = self.train_loss(batch["inputs"], batch["targets"])
+        if step == 0 and feed:  # the run record's extra.dropout_sites: step 0's dropout calls
+            self.dropout_sites = feed.sites
         loss = with_python_value(loss, python_value(step, self.provocations, self.spec.train.steps))
         loss.backward()
         if self.replicas > 1:
@@ -223,7 +230,7 @@ class TorchXlaTrainer:
         events and HLO dump it must not join."""
         model = build_model(self.spec.model, self.spec.train.seed)
         model = convert.load_canonical(model, self.start_params, self.spec.model).to(self.device)
-        with self.autocast():
+        with self.autocast(), step_masks(self.spec, 0, self.device):
             return capture_activations(model, torch.from_numpy(inputs).to(self.device), self.module_names)
 
 
@@ -285,6 +292,8 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
     record.compile_events = list(monitor.events)
     record.trace_ms, record.timeline, record.peak_rss_mb = trace_ms, timeline, peak_rss_mb()
     record.extra["counters"] = monitor.counters()
+    if spec.train.dropout_masks == MaskSource.COMMON:
+        record.extra["dropout_sites"] = [str(site) for site in trainer.dropout_sites]
     if replica == 0:  # one reader of the shared debug log and HLO dump
         attach_causes(record, out_dir, fed)
         if hlo:

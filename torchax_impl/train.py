@@ -40,6 +40,7 @@ from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
 from jax_impl.optim import make_optimizer
+from torch_impl import masks
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
@@ -73,6 +74,11 @@ class TorchaxTrainer(JittedTrainer):
         # Python: inside a jitted step that would leak a tracer, so the key is the step's state instead
         self.state = {"prng": jax.random.key(spec.train.mask_seed)}
         self.compile_functions(mesh)
+
+    mask_array = staticmethod(interop.torch_view)  # the masks reach torch's dropout as torchax tensors
+
+    def fed_dropout(self, feed):
+        return masks.fed_dropout(feed)
 
     def _forward(self, params, inputs):
         states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))
