@@ -79,11 +79,30 @@ def test_xmp_spawn_refuses_what_it_cannot_run(mesh, message, tmp_path):
     import os
     if mesh == "data=4" and (os.cpu_count() or 1) != 2:
         pytest.skip("the message names this machine's core count")
-    proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--mode", "spawn", "--mesh", mesh, "--out", str(tmp_path))
-    assert proc.returncode == 2 and message in proc.stderr
+    proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--mode", "spawn", "--mesh", mesh,
+                   "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2 and message in proc.stderr and not (tmp_path / "run").exists()
 
 
-def test_xmp_spawn_refuses_other_trace_modes(tmp_path):
-    proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--mode", "spawn", "--mesh", "data=2",
-                   "--trace-mode", "dynamo", "--out", str(tmp_path))
-    assert proc.returncode == 2 and "--trace-mode dynamo is not supported with --mode spawn" in proc.stderr
+@pytest.mark.parametrize("flags, message", [
+    (("--trace-mode", "dynamo"), "--trace-mode dynamo is not supported with --mode spawn (its CPU collectives need "
+                                 "the lazy sync); use --mode spmd or --trace-mode lazy"),
+    (("--set", "model.dropout=0.1", "--set", "train.dropout_masks=common"),
+     "train.dropout_masks=common is not supported with --mode spawn (each replica sees only its slice of the "
+     "batch); use --mode spmd"),
+])
+def test_xmp_spawn_refuses_other_trace_modes_and_common_masks(flags, message, tmp_path):
+    proc = run_cli("torch_xla_impl", "--spec", "gpt-tiny", "--mode", "spawn", "--mesh", "data=2", *flags,
+                   "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: {message}"
+    assert not (tmp_path / "run").exists()  # refused before the run directory is made
+
+
+def test_an_input_error_in_one_replica_is_raised_as_itself(tmp_path):
+    """Replica 1 raises a DataError at once while replica 0 waits for it at the compile barrier: run_spawn
+    raises that DataError (exit 2 through the CLI), not "a replica died", and in seconds, not at a timeout."""
+    from tests.data.failing_replica import MESSAGE
+
+    proc = run_cli("tests.data.failing_replica", str(tmp_path), timeout=180)
+    assert proc.stdout.strip().splitlines()[-1] == f"DataError: {MESSAGE}", proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []  # the replicas' error notes are removed

@@ -22,9 +22,24 @@ def cpu_threads() -> bool:
     return os.environ.get("PJRT_DEVICE") == "CPU"
 
 
+_RELEASED = threading.Event()  # a replica failed: every barrier, present or later, is broken
+
+
 def _barrier(world: int) -> threading.Barrier:
     with _LOCK:
-        return _BARRIERS.setdefault(world, threading.Barrier(world))
+        barrier = _BARRIERS.setdefault(world, threading.Barrier(world))
+        if _RELEASED.is_set():
+            barrier.abort()
+        return barrier
+
+
+def release_barriers() -> None:
+    """A replica that fails: every replica waiting at a barrier gets BrokenBarrierError instead of waiting
+    for it forever."""
+    with _LOCK:
+        _RELEASED.set()
+        for barrier in _BARRIERS.values():
+            barrier.abort()
 
 
 def bucketed_all_reduce(params, loss, world: int):

@@ -27,10 +27,17 @@ different parameters); a graph whose compile skew exceeds 10 s still aborts.
 """
 from __future__ import annotations
 
+import json
+import shutil
+import time
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
+from common.cli import INPUT_ERRORS
 from common.spec import RunSpec
 from common.spec_parse import run_spec_from_dict
+
+ERRORS_DIR = ".replica-errors"  # each failing replica's exception, read back by run_spawn, then removed
 
 
 def _replica(index: int, spec_dict: dict, options: dict) -> None:
@@ -55,8 +62,41 @@ def _replica(index: int, spec_dict: dict, options: dict) -> None:
         write_record(out_dir, record)
 
 
-def run_spawn(spec: RunSpec, args, out_dir, progress_enabled: bool):
-    """Run the replicas; replica 0 writes the record, which is read back here."""
+def _reporting_replica(index: int, replica, spec_dict: dict, options: dict) -> None:
+    """Run `replica`; an exception it raises is written down first (the other replicas may then abort the
+    process in XLA's rendezvous before it travels back), and on CPU the replicas waiting for this one at a
+    barrier are released instead of waiting forever."""
+    try:
+        replica(index, spec_dict, options)
+    except BaseException as e:
+        errors = Path(options["out_dir"]) / ERRORS_DIR
+        errors.mkdir(exist_ok=True)
+        (errors / f"{index}.json").write_text(json.dumps(
+            {"replica": index, "time": time.time(), "type": type(e).__name__, "message": str(e)}))
+        from torch_xla_impl import replicas
+
+        replicas.release_barriers()
+        raise
+
+
+def first_replica_error(out_dir: Path) -> Exception | None:
+    """The first exception any replica raised, as the type the same input raises elsewhere when it is an
+    input error (one line, exit 2), else a RuntimeError naming the replica; the notes are removed."""
+    errors = Path(out_dir) / ERRORS_DIR
+    notes = sorted((json.loads(p.read_text()) for p in errors.glob("*.json")), key=lambda n: n["time"])
+    shutil.rmtree(errors, ignore_errors=True)
+    if not notes:
+        return None
+    first = notes[0]
+    for cls in INPUT_ERRORS:
+        if cls.__name__ == first["type"]:
+            return cls(first["message"])
+    return RuntimeError(f"xmp.spawn replica {first['replica']} raised {first['type']}: {first['message']}")
+
+
+def run_spawn(spec: RunSpec, args, out_dir, progress_enabled: bool, replica=_replica):
+    """Run the replicas; replica 0 writes the record, which is read back here. A replica's exception is
+    raised as itself, whichever way the others ended (a broken barrier, XLA's rendezvous abort)."""
     import torch_xla.distributed.xla_multiprocessing as xmp
 
     from common.record import read_record
@@ -65,8 +105,15 @@ def run_spawn(spec: RunSpec, args, out_dir, progress_enabled: bool):
                "throughput_steps": args.throughput_steps, "provocations": args.provoke,
                "progress": progress_enabled}
     try:
-        xmp.spawn(_replica, args=(spec.to_dict(), options))
-    except BrokenProcessPool:
-        raise RuntimeError("an xmp.spawn replica process died (on CPU usually XLA's 10 s all-reduce rendezvous "
-                           "timeout, see xla_debug.log and docs/xmp-spawn-cpu.md); retry or use --mode spmd") from None
+        xmp.spawn(_reporting_replica, args=(replica, spec.to_dict(), options))
+    except BaseException as e:
+        first = first_replica_error(out_dir)
+        if first is not None:
+            raise first from None
+        if isinstance(e, BrokenProcessPool):
+            raise RuntimeError("an xmp.spawn replica process died (on CPU usually XLA's 10 s all-reduce rendezvous "
+                               "timeout, see xla_debug.log and docs/xmp-spawn-cpu.md); retry or use --mode spmd"
+                               ) from None
+        raise
+    shutil.rmtree(Path(out_dir) / ERRORS_DIR, ignore_errors=True)
     return read_record(out_dir), {}
