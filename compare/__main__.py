@@ -43,6 +43,7 @@ from common.vocab import (  # noqa: E402
 from compare.cache import backend_cache_dir, default_cache_dir  # noqa: E402
 from compare.determinism import judge_determinism  # noqa: E402
 from compare.orchestrate import BACKEND_MODULES, Plan, run_all  # noqa: E402
+from compare.plots import write_plots  # noqa: E402
 from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start  # noqa: E402
 from compare.progress import LiveProgress  # noqa: E402
 from compare.render import markdown, print_tables  # noqa: E402
@@ -269,6 +270,7 @@ def main(argv=None) -> int:
                            "report_s": time.time() - backends_done, "total_s": time.time() - STARTED_AT,
                            "note": "compare's own interpreter start (before its first line) is not included"}
     try:
+        report["plots"] = write_plots(report, out)
         write_json_atomic(out / "report.json", report)
         write_text_atomic(out / "report.md", markdown(report))
     except OSError as e:  # atomic writes: no half report is left

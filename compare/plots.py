@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.fsutil import atomic_path
+
 
 def write_plots(report: dict, run_dir: Path) -> list[str]:
     import matplotlib  # here, not at the top: compare's start does not pay for it before the backends run
@@ -65,6 +67,9 @@ def _save(fig, path: Path) -> str:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:  # a disk that fills leaves no half image
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path.name

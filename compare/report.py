@@ -48,7 +48,6 @@ from pathlib import Path
 from common.record import RECORD_FILE, RecordError, read_record, read_tensors
 from common.vocab import REPORT_STATUS_EXIT, BackendStatus, ExitCode, ReportStatus
 from compare.parity import check_parity
-from compare.plots import write_plots
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
 
 REPORT_SCHEMA = 2
@@ -83,7 +82,6 @@ def build_report(args, spec, policy, names: list[str], reference: str, runs: dic
         "compile_cache": str(args.compile_cache) if args.compile_cache else None,
         "commands": {n: r.command for n, r in runs.items() if r.command},
     }
-    report["plots"] = write_plots(report, out)
     return report
 
 

@@ -9,7 +9,8 @@ import contextlib
 
 from flax import nnx
 
-from common.masks import MaskError, MaskFeed
+from common.masks import MaskFeed
+from common.spec import SpecError
 
 
 @contextlib.contextmanager
@@ -19,7 +20,7 @@ def fed_dropout(feed: MaskFeed):
         if self.rate == 0.0 or deterministic:
             return inputs
         if self.broadcast_dims:
-            raise MaskError(f"nnx.Dropout(broadcast_dims={self.broadcast_dims}) shares its mask across axes; "
+            raise SpecError(f"nnx.Dropout(broadcast_dims={self.broadcast_dims}) shares its mask across axes; "
                             "common's masks are drawn per element: use the framework's masks for this model")
         mask = feed.next(inputs.shape, self.rate)
         return inputs if mask is None else inputs * mask.astype(inputs.dtype)

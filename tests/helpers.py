@@ -18,10 +18,11 @@ CACHE_HOME = tempfile.mkdtemp(prefix="xla-twins-test-cache-")
 atexit.register(shutil.rmtree, CACHE_HOME, ignore_errors=True)
 
 
-def run_cli(module: str, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(module: str, *args: str, timeout: float = 600, env: dict | None = None,
+            preexec_fn=None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": CACHE_HOME, **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+                          timeout=timeout, env=full_env, preexec_fn=preexec_fn)
 
 
 def train(backend: str, out: Path, *args: str, env: dict | None = None) -> RunRecord:

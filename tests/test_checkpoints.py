@@ -133,6 +133,8 @@ def bad_checkpoints(tmp_path) -> list[tuple[list[str], str]]:
 
 
 @pytest.mark.parametrize("index", range(10))
+@pytest.mark.error_case("checkpoint-format-unknown", "checkpoint-torch-misfit", "checkpoint-dtype",
+                        "checkpoint-unreadable", "checkpoint-hf-other")
 def test_each_bad_checkpoint_is_refused_naming_file_and_tensor(tmp_path, index):
     """What the torch describe step runs on a --checkpoint (checkpoint_io.load_torch_side), in this process."""
     from common.cli import INPUT_ERRORS
@@ -194,6 +196,7 @@ def test_torch_state_dict_to_orbax_nnx_and_back_is_bitwise(tmp_path, twin):
 
 
 @pytest.mark.slow
+@pytest.mark.error_case("checkpoint-framework-cannot-read")
 def test_each_backend_alone_reads_what_its_framework_can(tmp_path):
     """torch runtimes read torch: and hf:, jax reads orbax:; the same start, the same first losses."""
     hf_gpt2(tmp_path / "hf")
@@ -209,3 +212,20 @@ def test_each_backend_alone_reads_what_its_framework_can(tmp_path):
     assert np.max(np.abs(np.array(losses["torch_impl"]) - np.array(losses["jax_impl"]))) < 1e-5
     proc = run_cli("jax_impl", "--checkpoint", f"hf:{tmp_path / 'hf'}", "--out", str(tmp_path / "no"))
     assert proc.returncode == 2 and "the jax backend reads canonical and orbax checkpoints" in proc.stderr
+
+
+@pytest.mark.error_case("checkpoint-hf-meta-layout")
+def test_metas_original_llama_layout_is_refused_with_what_to_do():
+    from common.hf import to_torch_names
+    from common.twin import load_twin
+    from common.weights import CheckpointError
+    from tests.helpers import REPO
+
+    twin = load_twin(f"{REPO}/examples/llama/twin.py:llama_tiny")
+    meta = {"tok_embeddings.weight": np.zeros((256, 64), np.float32),
+            "layers.0.attention.wq.weight": np.zeros((64, 64), np.float32)}
+    with pytest.raises(CheckpointError) as err:
+        to_torch_names(meta, twin, "hf checkpoint consolidated")
+    assert str(err.value).startswith("hf checkpoint consolidated is in Meta's original Llama layout (tok_embeddings, "
+                                     "attention.wq, ...: interleaved rotary pairs); convert it to Hugging Face's "
+                                     "rotate-half layout first")

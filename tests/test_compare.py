@@ -184,6 +184,7 @@ def test_one_backend_alone(backend, tmp_path):
     assert list(report["backends"]) == [backend] and report["parity"] is None and report["verdict"] == "pass"
 
 
+@pytest.mark.error_case("backend-crash")
 def test_a_crashing_backend_gives_exit_3_and_the_other_tables(tmp_path):
     import os
     import time

@@ -11,6 +11,7 @@ from tests.helpers import run_cli, train
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.error_case("cache-hit-counted")
 def test_jax_second_run_hits_for_every_compile_and_keeps_the_recompile(tmp_path):
     cache = tmp_path / "cache"
     args = ("--spec", "mlp-tiny", "--steps", "6", "--provoke-recompile", "input-shape@4", "--compile-cache", str(cache))
@@ -34,6 +35,7 @@ def test_jax_second_run_hits_for_every_compile_and_keeps_the_recompile(tmp_path)
     assert warm.hlo_stats["flops"] == cold.hlo_stats["flops"] > 0  # the HLO is read from a cached executable too
 
 
+@pytest.mark.error_case("cache-torch-xla-unreadable")
 def test_compare_uses_the_cache_by_default_and_says_what_torch_xla_did(tmp_path):
     cache = tmp_path / "cache"
     flags = ("--backend", "both", "--spec", "mlp-tiny", "--steps", "6", "--quiet", "--compile-cache", str(cache))
@@ -73,6 +75,7 @@ def test_no_compile_cache_turns_it_off(tmp_path):
     assert report["backends"]["jax"]["peak_source"] == "measured numpy float32 matmul peak of this CPU"
 
 
+@pytest.mark.error_case("cache-dir-unusable", "cache-entries-corrupt")
 def test_an_unusable_or_corrupt_cache_never_fails_a_run(tmp_path):
     not_a_dir = tmp_path / "cache-file"
     not_a_dir.write_text("not a directory")

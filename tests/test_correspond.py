@@ -122,6 +122,7 @@ def test_twin_references_that_do_not_load(tmp_path):
     assert "loading it imported torch; keep framework code in the factory modules" in proc.stderr
 
 
+@pytest.mark.error_case("twin-set-unknown")
 def test_set_reaches_a_twins_hyperparameters_with_their_types():
     spec = load_spec("", ["model.n_layers=3", "model.rope_theta=500000", "train.steps=4"],
                      twin="examples/llama/twin.py:llama_tiny")

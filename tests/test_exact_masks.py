@@ -64,7 +64,24 @@ def test_nnx_dropout_takes_the_masks_in_call_order_and_only_in_train_mode():
         assert drops[0](x) is x and recording.sites == [DropoutSite((4, 6), 0.1)]
 
 
+@pytest.mark.error_case("exact-broadcast-dropout")
+def test_exact_mode_refuses_an_nnx_dropout_that_shares_its_mask_across_axes():
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from common.spec import SpecError
+    from jax_impl.masks import fed_dropout
+
+    drop = nnx.Dropout(0.1, broadcast_dims=(1,), rngs=nnx.Rngs(0))
+    with fed_dropout(MaskFeed()), pytest.raises(SpecError) as err:
+        drop(jnp.ones((2, 3)))
+    assert str(err.value) == ("nnx.Dropout(broadcast_dims=(1,)) shares its mask across axes; common's masks are "
+                              "drawn per element: use the framework's masks for this model")
+
+
 @pytest.mark.slow
+@pytest.mark.error_case("hlo-eager-torch")
 def test_exact_mode_feeds_every_backend_the_same_masks_and_agrees_within_fp32(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("compare", "--out", str(out), "--quiet", "--backend", "all", "--spec", "gpt-tiny", "--steps", "4",
@@ -81,17 +98,22 @@ def test_exact_mode_feeds_every_backend_the_same_masks_and_agrees_within_fp32(tm
         assert report["backends"][name]["compiles"]["steady_state"] in (0, None)
     # the masks did something: the same start without dropout reads 5.56057 at step 0 on every backend
     assert abs(report["backends"]["jax"]["losses"][0] - 5.56057) > 1e-3
+    assert report["backends"]["torch"]["hlo"] == {"available": False,
+                                                  "why": "eager: runs op by op, no compiled program"}
 
 
 @pytest.mark.slow
+@pytest.mark.error_case("hlo-no-hlo")
 def test_exact_mode_names_a_port_that_drops_out_differently(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("compare", "--out", str(out), "--quiet", "--backend", "jax,torch", "--spec", "gpt-tiny",
                    "--steps", "3", "--set", "model.dropout=0.1", "--torch-set", "model.dropout=0.2",
-                   "--parity-mode", "exact")
+                   "--parity-mode", "exact", "--no-hlo")
     assert proc.returncode == 1, proc.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "parity_failed" and report["parity"]["torch"]["first_divergent_step"] == 0
     assert report["message"].startswith("torch: parity failed: first divergent step 0, first divergent module ")
     assert "dropout calls differ (5 in the reference, 5 here: run records' extra.dropout_sites)" in report["message"]
     assert report["parity"]["torch"]["dropout_sites"]["other"] == ["[16,64,64]@0.2"] * 5
+    assert report["backends"]["jax"]["hlo"] == {
+        "available": False, "why": "no HLO file recorded (run with --no-hlo, or it did not finish)"}

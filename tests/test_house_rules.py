@@ -174,6 +174,39 @@ def test_every_vocabulary_member_is_documented():
         assert f"`{fmt.value}:`" in readme, f"checkpoint format {fmt.value} missing from README.md"
 
 
+def documented_error_cases() -> list[str]:
+    """The id of every case row in docs/errors.md (a table whose first column is `id`)."""
+    ids, in_case_table = [], False
+    for line in (REPO / "docs" / "errors.md").read_text().splitlines():
+        if line.startswith("| id |"):
+            in_case_table = True
+        elif not line.startswith("|"):
+            in_case_table = False
+        elif in_case_table and not line.startswith("|---"):
+            ids.append(re.match(r"\| `([a-z0-9-]+)` \|", line).group(1))
+    return ids
+
+
+def error_cases_in_tests() -> dict[str, list[str]]:
+    """id -> the tests that name it in `pytest.mark.error_case(...)` (on the test or on one of its params)."""
+    tested = {}
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "error_case":
+                for arg in node.args:
+                    tested.setdefault(arg.value, []).append(path.name)
+    return tested
+
+
+def test_every_documented_error_case_has_a_test():
+    documented, tested = documented_error_cases(), error_cases_in_tests()
+    assert len(documented) == len(set(documented)) > 60, "a case id is used twice in docs/errors.md"
+    untested = [case for case in documented if case not in tested]
+    assert not untested, f"docs/errors.md cases no test names with pytest.mark.error_case: {untested}"
+    undocumented = sorted(set(tested) - set(documented))
+    assert not undocumented, f"error_case ids the tests name that docs/errors.md lacks: {undocumented}"
+
+
 def test_atomic_writes_keep_the_umask_permissions(tmp_path):
     from common.fsutil import write_json_atomic
     from common.record import write_tensors

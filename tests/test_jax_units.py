@@ -25,3 +25,19 @@ def test_optimizer_matches_torch_semantics():
                                                  "train.grad_clip=1"]).train)
     u, _ = clip.update({"w": jnp.array([3.0, 4.0])}, clip.init(p), p)  # norm 5 -> scale 1/(5+1e-6)
     assert float(u["w"][0]) == pytest.approx(-3.0 / (5.0 + 1e-6), rel=1e-6)
+
+
+@pytest.mark.error_case("twin-bf16-no-dtype-arg")
+def test_bfloat16_on_a_twin_whose_nnx_factory_takes_no_dtype_is_refused():
+    import jax.numpy as jnp
+
+    from common.spec import SpecError
+    from common.twin import twin_run_spec
+    from jax_impl.models import build_model
+    from tests.helpers import REPO
+
+    spec = twin_run_spec(f"{REPO}/tests/data/user_project/twins.py:net")
+    with pytest.raises(SpecError) as err:
+        build_model(spec.model, jnp.bfloat16)
+    assert str(err.value).endswith("names no nnx_dtype_arg, so its NNX side cannot compute in bfloat16; add one "
+                                   "to the Twin or run float32")

@@ -1,6 +1,8 @@
 """Units behind the performance figures: HLO flops over several graphs, which graphs a step runs,
 the wall-time breakdown, and the benchmark's repeat and ratio arithmetic."""
 
+import pytest
+
 from benchmarks.runs import summarize_repeats
 from benchmarks.timing import ratio, spread, summarize
 from common.hlo import matmul_flops
@@ -91,3 +93,21 @@ def test_peak_rss_is_this_process_in_mib():
     assert peak_rss_mb() >= before and peak_rss_mb() > 64
     del block
     assert 10 < before < 100_000
+
+
+@pytest.mark.error_case("cpu-peak-stale")
+def test_an_unreadable_or_stale_cached_cpu_peak_is_measured_again_and_replaced(tmp_path):
+    import json
+
+    from compare.cache import cpu_identity
+    from compare.summary import CPU_PEAK_FILE, CPU_PEAK_SOURCE, cpu_peak
+
+    path = tmp_path / CPU_PEAK_FILE
+    path.write_text('{"identity": {"node"')  # truncated
+    flops, source = cpu_peak(tmp_path)
+    saved = json.loads(path.read_text())
+    assert flops > 0 and source == CPU_PEAK_SOURCE and saved["identity"] == cpu_identity()
+    assert saved["flops"] == flops
+    path.write_text(json.dumps({**saved, "identity": {**saved["identity"], "cpu_count": 4096}, "flops": 1e30}))
+    flops, source = cpu_peak(tmp_path)  # another machine's peak is never used
+    assert flops < 1e30 and source == CPU_PEAK_SOURCE and json.loads(path.read_text())["identity"] == cpu_identity()

@@ -51,6 +51,7 @@ def test_step_breakdown_of_a_known_trace(tmp_path):
     assert [op for op, _ in out["top_device_ops_ms_per_step"]] == ["fusion.1", "fusion.3", "dot.2"]
 
 
+@pytest.mark.error_case("profile-trace-bad")
 def test_a_corrupt_trace_is_named(tmp_path):
     bad = tmp_path / "run" / "profile" / "x.xplane.pb"
     bad.parent.mkdir(parents=True)
@@ -84,6 +85,7 @@ def test_profile_writes_traces_the_profiler_reads_and_host_plus_device_is_the_st
     assert "## Where the step goes (--profile)" in md and "device busy" in md
 
 
+@pytest.mark.error_case("profile-not-number", "profile-spawn")
 def test_profile_is_refused_where_it_cannot_run():
     proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--mode", "spawn", "--mesh", "data=2", "--profile", "2")
     assert proc.returncode == 2

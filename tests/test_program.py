@@ -89,6 +89,7 @@ def _independent_all_reduce(text: str) -> tuple[int, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.error_case("hlo-torch-xla-bytes")
 def test_report_sets_both_compiled_programs_side_by_side_under_data_parallelism(tmp_path):
     out = tmp_path / "dp2"
     proc = run_cli("compare", "--out", str(out), "--quiet", "--spec", "gpt-tiny", "--steps", "3", "--mesh", "data=2")
@@ -120,8 +121,24 @@ def test_report_sets_both_compiled_programs_side_by_side_under_data_parallelism(
     assert re.search(r"all-reduce count\s+│\s+-\s+│\s+1\s+│", diff.stdout)
 
 
+@pytest.mark.error_case("hlo-cli-missing", "hlo-cli-no-backend", "hlo-cli-no-program", "hlo-cli-corrupt-record",
+                        "profile-eager-torch")
 def test_hlo_diff_refuses_what_has_no_program(tmp_path):
-    proc = run_cli("compare.hlo", str(tmp_path / "missing"), str(tmp_path))
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: {tmp_path / 'missing'}: no such file or directory (give an HLO text " \
-                                  "file or a run directory)"
+    def refused(a, *more) -> str:
+        proc = run_cli("compare.hlo", str(a), *more)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        return proc.stderr.strip()
+
+    assert refused(tmp_path / "missing", tmp_path) == \
+        f"error: {tmp_path / 'missing'}: no such file or directory (give an HLO text file or a run directory)"
+    eager = train("torch_impl", tmp_path / "torch", "--spec", "mlp-tiny", "--steps", "2", "--profile", "2")
+    assert eager.profile["why"].startswith("eager torch writes no XProf trace")  # --profile is ignored, said why
+    assert refused(tmp_path / "torch", tmp_path / "torch") == \
+        f"error: {tmp_path / 'torch'} (torch) has no compiled program: eager: runs op by op, no compiled program"
+    (tmp_path / "report.json").write_text(json.dumps({"backend_names": ["torch"], "reference": "torch"}))
+    assert refused(tmp_path, tmp_path, "--backend", "torchax") == \
+        f"error: {tmp_path} has no backend 'torchax' (it ran torch); pick one with --backend"
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "record.json").write_text('{"backend": "ja')
+    assert refused(tmp_path / "bad", tmp_path / "torch").startswith(
+        f"error: run record {tmp_path / 'bad' / 'record.json'} is not valid JSON (truncated or corrupt)")

@@ -82,9 +82,13 @@ time.sleep(600)
     (["--set", "data.seq_len=512"], "data.seq_len=512 is longer than the positional table model.seq_len=64"),
     (["--set", "train.lr=-1"], "train.lr=-1.0 must be positive"),
     (["--set", "train.optimizer=lamb"], "train.optimizer=lamb is not one of adamw, sgd"),
+    (["--set", "train.dropout_masks=numpy"], "train.dropout_masks=numpy must be one of framework, common"),
     (["--mesh", "data=3"], "train.global_batch_size=16 is not divisible by the data-parallel size"),
     (["--tolerance-profile", "lax"], "--tolerance-profile lax: not a profile"),
 ])
+@pytest.mark.error_case("backend-unknown", "backend-twice-or-none", "reference-not-run", "spec-unknown-preset",
+                        "spec-file-unreadable", "set-unknown-key", "set-wrong-type", "spec-invalid-value",
+                        "batch-not-divisible", "tolerance-profile-bad")
 def test_bad_usage_is_exit_2_with_one_line_and_no_run_dir(args, message, tmp_path):
     out = tmp_path / "run"
     proc = compare("--out", str(out), *args)
@@ -94,6 +98,7 @@ def test_bad_usage_is_exit_2_with_one_line_and_no_run_dir(args, message, tmp_pat
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch_xla", "torch", "torchax"])
+@pytest.mark.error_case("data-file-bad")
 def test_bad_data_is_refused_before_any_backend_the_same_everywhere(backend, tmp_path):
     import numpy as np
 
@@ -111,6 +116,7 @@ def test_bad_data_is_refused_before_any_backend_the_same_everywhere(backend, tmp
 
 @pytest.mark.parametrize("backend, env", [("jax_impl", {"JAX_NUM_CPU_DEVICES": "1"}),
                                           ("torch_xla_impl", {"CPU_NUM_DEVICES": "1"})])
+@pytest.mark.error_case("mesh-exceeds-devices")
 def test_a_mesh_larger_than_the_platform_is_refused(backend, env, tmp_path):
     # The backends create the CPU devices a mesh needs unless the user fixed the count, as here.
     proc = run_cli(backend, "--spec", "mlp-tiny", "--mesh", "data=2", "--out", str(tmp_path / "run"), env=env)
@@ -121,6 +127,7 @@ def test_a_mesh_larger_than_the_platform_is_refused(backend, env, tmp_path):
 # 4: a framework missing from the interpreter given ---------------------------------------------------
 
 @pytest.mark.parametrize("backend, extra", [("torch_xla", "torch-xla"), ("torchax", "torchax"), ("torch", "torch-xla")])
+@pytest.mark.error_case("framework-missing")
 def test_a_framework_missing_from_the_given_interpreter(backend, extra, tmp_path):
     base = Path(sys.base_prefix) / "bin" / "python3"
     probe = subprocess.run([str(base), "-c", "import numpy, importlib.util as u; "
@@ -157,6 +164,7 @@ def finished_run(tmp_path_factory):
                                                           "schema_version": 0})), "has schema_version 0"),
     (lambda d: (d / "tensors.npz").write_bytes((d / "tensors.npz").read_bytes()[:500]), "corrupt or truncated"),
 ])
+@pytest.mark.error_case("record-corrupt")
 def test_corrupt_records_are_refused(finished_run, damage, message, tmp_path):
     import shutil
     record_dir = tmp_path / "jax"
@@ -171,6 +179,7 @@ def test_corrupt_records_are_refused(finished_run, damage, message, tmp_path):
 
 
 @pytest.mark.parametrize("flag", ["--torch-xla-record", "--torchax-record"])
+@pytest.mark.error_case("record-other-backend")
 def test_a_record_of_another_backend_is_refused(finished_run, flag, tmp_path):
     backend = flag.removeprefix("--").removesuffix("-record").replace("-", "_")
     proc = compare("--out", str(tmp_path / "again"), "--backend", f"jax,{backend}", "--spec", "mlp-tiny",
@@ -190,6 +199,7 @@ def test_an_existing_record_can_be_compared_again(finished_run, tmp_path):
     assert report["backends"]["jax"]["losses"] == report_of(finished_run)["backends"]["jax"]["losses"]
 
 
+@pytest.mark.error_case("checkpoint-canonical-misfit")
 def test_a_checkpoint_that_does_not_fit_names_the_tensor(tmp_path):
     sys.path.insert(0, str(REPO))
     import numpy as np
@@ -208,6 +218,7 @@ def test_a_checkpoint_that_does_not_fit_names_the_tensor(tmp_path):
 # 6: non-finite loss -------------------------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.error_case("nonfinite")
 def test_a_nan_loss_stops_the_backend_and_is_reported_with_its_step(tmp_path):
     out = tmp_path / "run"
     proc = compare("--out", str(out), "--spec", "mlp-tiny", "--steps", "8", "--set", "train.lr=1e6",
@@ -229,6 +240,7 @@ def test_a_nan_loss_stops_the_backend_and_is_reported_with_its_step(tmp_path):
 # 7: crash and hang ----------------------------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.error_case("backend-timeout")
 def test_a_hanging_backend_is_killed_with_its_children_and_the_other_still_runs(tmp_path):
     marker = f"xla-twins-hang-{os.getpid()}-{time.time_ns()}"
     out = tmp_path / "run"
@@ -248,6 +260,7 @@ def test_a_hanging_backend_is_killed_with_its_children_and_the_other_still_runs(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.error_case("interrupted")
 def test_an_interrupt_terminates_children_and_marks_the_run(sig, tmp_path):
     marker = f"xla-twins-int-{os.getpid()}-{time.time_ns()}"
     out = tmp_path / "run"
@@ -272,6 +285,7 @@ def test_an_interrupt_terminates_children_and_marks_the_run(sig, tmp_path):
 
 # 9: output directory ------------------------------------------------------------------------------------------
 
+@pytest.mark.error_case("out-not-writable")
 def test_an_output_directory_that_cannot_be_created(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -280,6 +294,24 @@ def test_an_output_directory_that_cannot_be_created(tmp_path):
     assert f"run directory {blocker / 'run'} is not writable" in one_line_error(proc)
 
 
+@pytest.mark.error_case("report-disk-full")
+def test_a_disk_that_fills_while_compare_writes_its_report_is_exit_7_with_nothing_half_written(finished_run,
+                                                                                              tmp_path):
+    import resource
+
+    def small_files():  # any file compare writes past 8 KiB fails with EFBIG, as a full disk does with ENOSPC
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+    out = tmp_path / "again"
+    proc = run_cli("compare", "--out", str(out), "--backend", "jax", "--jax-record", str(finished_run / "jax"),
+                   "--spec", "mlp-tiny", "--steps", "3", "--quiet", preexec_fn=small_files)
+    assert proc.returncode == 7
+    assert one_line_error(proc) == (f"error: cannot write the report to {out}: File too large (disk full, or the "
+                                    "directory became unwritable); free space or pass another --out")
+    assert list(out.iterdir()) == []  # no plot, report or temporary file: the plots are written atomically too
+
+
+@pytest.mark.error_case("out-finished")
 def test_a_finished_run_is_not_overwritten_without_asking(finished_run):
     before = (finished_run / "report.json").read_text()
     proc = compare("--out", str(finished_run), "--backend", "jax", "--spec", "mlp-tiny", "--steps", "3")
@@ -320,6 +352,7 @@ def _no_partial_files(run_dir: Path) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.error_case("backend-killed")
 def test_a_backend_killed_mid_run_leaves_nothing_half_written_and_the_others_are_judged(tmp_path):
     killer = _wrapped_backend(tmp_path, "killed", """
 import common.backend_main as bm
@@ -345,6 +378,7 @@ bm.progress_printer = killing
 
 
 @pytest.mark.slow
+@pytest.mark.error_case("backend-disk-full")
 def test_a_disk_that_fills_while_a_backend_writes_is_an_io_error_with_nothing_half_written(tmp_path):
     # RLIMIT_FSIZE: any file this backend writes past 64 KiB fails with EFBIG ("File too large"), as a full
     # disk fails with ENOSPC; compare's own files (logs, report) are written by compare, unlimited

@@ -27,6 +27,7 @@ def test_eager_torch_says_it_compiles_nothing_and_counts_its_flops(tmp_path):
         assert np.max(np.abs(tensors["params"][name] - value)) < 1e-4, name
 
 
+@pytest.mark.error_case("torch-mesh")
 def test_eager_torch_refuses_a_mesh_in_one_line(tmp_path):
     proc = run_cli("torch_impl", "--spec", "mlp-tiny", "--mesh", "data=2", "--out", str(tmp_path))
     assert proc.returncode == 2

@@ -44,6 +44,7 @@ def test_overrides_are_parsed_to_field_types():
     (["model.family=mlp"], "cannot switch model families"),
     (["train.nesterov=true"], "train.nesterov=true needs train.momentum > 0"),
 ])
+@pytest.mark.error_case("mesh-tensor-heads")
 def test_validation_errors_are_one_line_and_name_the_field(overrides, message):
     with pytest.raises(SpecError) as err:
         load_spec("gpt-tiny", overrides)
@@ -83,3 +84,14 @@ def test_warmup_cosine_schedule_values():
     assert t.lr_at(49) == pytest.approx(3e-4)
     assert t.lr_at(27) == pytest.approx(3e-4 + 0.9 * 3e-3 * 0.5 * (1 + math.cos(math.pi * 22 / 44)))
     assert load_spec("mlp-tiny").train.lr_at(30) == 1e-3
+
+
+@pytest.mark.error_case("twin-task-hparam")
+def test_a_twin_task_missing_a_hyperparameter_its_data_needs():
+    from common.spec import TwinSpec
+
+    spec = TwinSpec(twin="twins.py:t", task="lm", hparams={"vocab_size": 256})
+    with pytest.raises(SpecError) as err:
+        spec.validate()
+    assert str(err.value) == ("twin twins.py:t: task lm needs the hyperparameter 'seq_len' (seq_len); add it to "
+                              "hparams or map it in io")

@@ -30,6 +30,7 @@ def test_the_statistical_verdict_decides_and_failures_keep_their_status():
     assert crashed["status"] == ReportStatus.BACKEND_FAILED and crashed["exit_code"] == 3
 
 
+@pytest.mark.error_case("dropout-deterministic", "statistical-seeds", "statistical-reused-record")
 def test_random_runs_need_a_parity_mode_that_can_judge_them(tmp_path):
     proc = run_cli("compare", "--set", "model.dropout=0.1", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and not (tmp_path / "x").exists()
@@ -39,6 +40,11 @@ def test_random_runs_need_a_parity_mode_that_can_judge_them(tmp_path):
     proc = run_cli("compare", "--set", "model.dropout=0.1", "--parity-mode", "statistical", "--seeds", "2")
     assert proc.returncode == 2
     assert "--seeds 2: the statistical parity mode needs at least 3 seeds per backend" in proc.stderr
+    proc = run_cli("compare", "--set", "model.dropout=0.1", "--parity-mode", "statistical", "--jax-record",
+                   str(tmp_path / "x"), "--out", str(tmp_path / "y"))
+    assert proc.returncode == 2 and not (tmp_path / "y").exists()
+    assert proc.stderr.strip() == ("error: --parity-mode statistical runs every backend --seeds times; it cannot "
+                                   "reuse --jax-record")
 
 
 @pytest.mark.slow

@@ -75,6 +75,7 @@ def test_xmp_spawn_one_replica(tmp_path):
     ("data=4", "--mode spawn on CPU runs one thread per replica: mesh data=4 exceeds the 2 cores here"),
     ("data=1,tensor=2", "--mode spawn is data parallel only"),
 ])
+@pytest.mark.error_case("spawn-mesh")
 def test_xmp_spawn_refuses_what_it_cannot_run(mesh, message, tmp_path):
     import os
     if mesh == "data=4" and (os.cpu_count() or 1) != 2:
@@ -91,6 +92,7 @@ def test_xmp_spawn_refuses_what_it_cannot_run(mesh, message, tmp_path):
      "train.dropout_masks=common is not supported with --mode spawn (each replica sees only its slice of the "
      "batch); use --mode spmd"),
 ])
+@pytest.mark.error_case("spawn-trace-mode", "exact-spawn")
 def test_xmp_spawn_refuses_other_trace_modes_and_common_masks(flags, message, tmp_path):
     proc = run_cli("torch_xla_impl", "--spec", "gpt-tiny", "--mode", "spawn", "--mesh", "data=2", *flags,
                    "--out", str(tmp_path / "run"))
@@ -98,6 +100,7 @@ def test_xmp_spawn_refuses_other_trace_modes_and_common_masks(flags, message, tm
     assert not (tmp_path / "run").exists()  # refused before the run directory is made
 
 
+@pytest.mark.error_case("spawn-replica-fails")
 def test_an_input_error_in_one_replica_is_raised_as_itself(tmp_path):
     """Replica 1 raises a DataError at once while replica 0 waits for it at the compile barrier: run_spawn
     raises that DataError (exit 2 through the CLI), not "a replica died", and in seconds, not at a timeout."""

@@ -28,6 +28,7 @@ def compare(*args, timeout=900):
     (f"{USER}:net_renamed", "parameter trees do not correspond: torch has 2 unmatched .*fc2.weight \\[5, 32\\].*"
                             "NNX has 2 unmatched .*out.kernel \\[32, 5\\] \\(closest fc2.weight \\[5, 32\\]\\)"),
 ])
+@pytest.mark.error_case("twin-not-loading", "twin-factory-fails", "twin-trees-differ")
 def test_bad_twins_are_one_line_exit_2_and_leave_no_run_directory(tmp_path, twin, message):
     out = tmp_path / "run"
     proc = compare("--twin", twin, "--backend", "jax,torch", "--out", str(out))
