@@ -6,7 +6,7 @@ draw comes from `np.random.default_rng([seed, stream, index])` (PCG64, which
 numpy guarantees bit-stable across platforms), never from global state.
 `process_slice` cuts the global batch into a process's contiguous share.
 
-Batches are `Batch(inputs, targets)` (a jitted step's may carry its dropout masks too):
+Batches are `Batch(inputs, targets)`:
   classification  inputs float32 (B, *input_shape), targets int32 (B,)
   tokens          inputs int32 (B, T), targets int32 (B, T) (inputs shifted by one)
 """
@@ -30,7 +30,6 @@ class DataError(ValueError):
 class Batch(NamedTuple):
     inputs: np.ndarray
     targets: np.ndarray
-    masks: tuple = ()  # a jitted step's dropout masks, in call order (common/masks.py; exact parity mode)
 
 
 def _rng(seed: int, stream: int, index: int) -> np.random.Generator:

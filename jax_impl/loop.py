@@ -24,6 +24,7 @@ from common.spec import RunSpec
 from common.vocab import PROFILE_DIR, MaskSource, Phase, ProfileRange, RecordStatus
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor, hlo_statistics
+from jax_impl.sharding import StepBatch
 
 
 class JittedTrainer:
@@ -39,12 +40,12 @@ class JittedTrainer:
 
     state = None  # mutable non-parameter state threaded through the step; None when there is none
 
-    def _loss_and_state(self, params, state, batch: Batch):
+    def _loss_and_state(self, params, state, batch: StepBatch):
         return self._loss(params, batch), state
 
     # ---- common's dropout masks (train.dropout_masks=common): a runtime defines `fed_dropout(feed)`, the
     # context in which its model's dropout takes the feed's masks, and `mask_array` (a JAX array as that
-    # dropout takes it). The step's masks are step inputs (`Batch.masks`), drawn for the dropout calls an
+    # dropout takes it). The step's masks are step inputs (`StepBatch.masks`), drawn for the dropout calls an
     # abstract trace of the step recorded (one trace per input shape).
 
     mask_array = staticmethod(lambda array: array)
@@ -55,24 +56,24 @@ class JittedTrainer:
     def _fed(self, masks):
         return self.fed_dropout(given_feed(masks, self.mask_array)) if masks else contextlib.nullcontext()
 
-    def _fed_loss_and_state(self, params, state, batch: Batch):
+    def _fed_loss_and_state(self, params, state, batch: StepBatch):
         with self._fed(batch.masks):
             return self._loss_and_state(params, state, batch)
 
-    def _fed_forward(self, params, batch: Batch):
+    def _fed_forward(self, params, batch: StepBatch):
         with self._fed(batch.masks):
             return self._forward(params, batch.inputs)
 
-    def with_masks(self, batch: Batch, step: int) -> Batch:
-        """`batch` with common's masks of `step` when the spec asks for them."""
+    def masks_for(self, batch: Batch, step: int) -> tuple:
+        """Common's masks of `step` for `batch` when the spec asks for them, else none."""
         if self.spec.train.dropout_masks != MaskSource.COMMON:
-            return batch
+            return ()
         key = (batch.inputs.shape, str(batch.inputs.dtype))
         if key not in self._sites:
             with self.fed_dropout(MaskFeed()) as feed:  # records the calls; nothing is computed
-                jax.eval_shape(self._loss_and_state, self.params, self.state, batch)
+                jax.eval_shape(self._loss_and_state, self.params, self.state, StepBatch(*batch))
             self._sites[key] = feed.sites
-        return batch._replace(masks=draw_masks(self.spec.train.mask_seed, step, self._sites[key]))
+        return draw_masks(self.spec.train.mask_seed, step, self._sites[key])
 
     def dropout_sites(self) -> list[str]:
         """Step 0's dropout calls, masks drawn for (the run record's extra.dropout_sites)."""
@@ -102,7 +103,7 @@ class JittedTrainer:
         self.loss_and_grads = jax.jit(jax.value_and_grad(self._fed_loss_and_state, has_aux=True))
         self._sites = {}  # (input shape, dtype) -> the step's dropout calls (common's masks only)
 
-    def _train_step(self, params, opt_state, state, batch: Batch, python_value: float | None = None):
+    def _train_step(self, params, opt_state, state, batch: StepBatch, python_value: float | None = None):
         def loss_fn(p, b):
             loss, new_state = self._fed_loss_and_state(p, state, b)
             return with_python_value(loss, python_value), new_state
@@ -111,7 +112,7 @@ class JittedTrainer:
         updates, opt_state = self.tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, state, loss
 
-    def step(self, batch: Batch, python_value: float | None = None):
+    def step(self, batch: StepBatch, python_value: float | None = None):
         self.params, self.opt_state, self.state, loss = self.train_step(
             self.params, self.opt_state, self.state, batch, python_value=python_value)
         return loss
@@ -119,7 +120,7 @@ class JittedTrainer:
     def canonical_params(self) -> dict[str, np.ndarray]:
         return self.to_canonical(self.params)
 
-    def step0_tensors(self, batch: Batch) -> dict[str, dict[str, np.ndarray]]:
+    def step0_tensors(self, batch: StepBatch) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
         logits = self.forward(self.params, batch)
         (loss, _), grads = self.loss_and_grads(self.params, self.state, batch)  # the run's state stays as it is
@@ -127,7 +128,7 @@ class JittedTrainer:
                 "grads": self.to_canonical(grads)}
 
 
-def timed_step(trainer, monitor: CompileMonitor, step: int, batch: Batch,
+def timed_step(trainer, monitor: CompileMonitor, step: int, batch: StepBatch,
                value: float | None = None) -> tuple[float, float]:
     """One instrumented loop step: (loss on the host, synced wall ms). The benchmark times this same function.
     `value`: the python-value provocation's number (common.provoke), None when not provoked."""
@@ -150,8 +151,10 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
     mesh = sharding.make_mesh(spec.mesh)
     data = make_dataset(spec)
     trainer = make_trainer(mesh)
-    put = lambda step: sharding.put_batch(trainer.with_masks(  # noqa: E731
-        provoked_batch(data.global_batch(step), step, provocations, np.int16), step), spec.mesh, mesh)
+    def put(step: int) -> StepBatch:
+        batch = provoked_batch(data.global_batch(step), step, provocations, np.int16)
+        return sharding.put_batch(batch, spec.mesh, mesh, trainer.masks_for(batch, step))
+
 
     tensors = trainer.step0_tensors(put(0)) if parity else {}  # before any update
     if parity:  # analysis, not training: its eager per-op compiles are not counted (as the HLO statistics')

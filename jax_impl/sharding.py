@@ -8,6 +8,7 @@ shardings and inserts the collectives.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -55,17 +56,25 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def put_batch(batch: Batch, mesh_spec: MeshSpec, mesh: Mesh) -> Batch:
+class StepBatch(NamedTuple):
+    """What a jitted step takes as its batch: the batch on the devices and, when the run is fed common's
+    dropout masks (common/masks.py), the step's masks in call order."""
+
+    inputs: jax.Array
+    targets: jax.Array
+    masks: tuple = ()
+
+
+def put_batch(batch: Batch, mesh_spec: MeshSpec, mesh: Mesh, masks: tuple = ()) -> StepBatch:
     """A global batch as sharded device arrays; each process supplies only its slice. Dropout masks go
     replicated (every process draws all of them)."""
-    masks = tuple(jax.device_put(m, replicated(mesh)) for m in batch.masks)
-    arrays = (batch.inputs, batch.targets)
-    shardings = [batch_sharding(mesh_spec, mesh, a.ndim) for a in arrays]
+    masks = tuple(jax.device_put(m, replicated(mesh)) for m in masks)
+    shardings = [batch_sharding(mesh_spec, mesh, a.ndim) for a in batch]
     if jax.process_count() == 1:
-        return Batch(*(jax.device_put(a, s) for a, s in zip(arrays, shardings)), masks)
+        return StepBatch(*(jax.device_put(a, s) for a, s in zip(batch, shardings)), masks)
     local = process_slice(batch, jax.process_index(), jax.process_count())
-    return Batch(*(jax.make_array_from_process_local_data(s, a, a.shape[:0] + g.shape)
-                   for a, s, g in zip(local[:2], shardings, arrays)), masks)
+    return StepBatch(*(jax.make_array_from_process_local_data(s, a, a.shape[:0] + g.shape)
+                       for a, s, g in zip(local, shardings, batch)), masks)
 
 
 def to_host(x) -> np.ndarray:

@@ -20,7 +20,6 @@ import numpy as np
 import optax
 from flax import nnx
 
-from common.data import Batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.weights import start_info
@@ -31,6 +30,7 @@ from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
 from jax_impl.models import build_model
 from jax_impl.optim import make_optimizer
+from jax_impl.sharding import StepBatch
 
 SETTLE_STEPS = 1  # a fixed-shape jitted loop compiles once, at its first step
 
@@ -72,7 +72,7 @@ class JaxTrainer(JittedTrainer):
         # the analysis forward runs on a copy of the start state: the run's RNG stream stays as it is
         return nnx.merge(self.graphdef, params, _in_this_trace(self.rest))(inputs)
 
-    def _loss_and_state(self, params, state, batch: Batch):
+    def _loss_and_state(self, params, state, batch: StepBatch):
         model = nnx.merge(self.graphdef, params, _in_this_trace(state))
         loss = cross_entropy(model(batch.inputs), batch.targets)
         return loss, nnx.state(model, nnx.Not(nnx.Param))

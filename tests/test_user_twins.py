@@ -39,6 +39,21 @@ def test_bad_twins_are_one_line_exit_2_and_leave_no_run_directory(tmp_path, twin
 
 
 @pytest.mark.slow
+@pytest.mark.error_case("twin-code-raises")
+def test_an_exception_in_a_twins_own_forward_reads_the_same_on_every_backend(tmp_path):
+    out = tmp_path / "run"
+    proc = compare("--twin", f"{USER}:small_batches", "--backend", "all", "--out", str(out))
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    for name, module in (("jax", "jax_impl"), ("torch", "torch_impl"), ("torch_xla", "torch_xla_impl"),
+                         ("torchax", "torchax_impl")):  # traced under jit, run eagerly, traced lazily
+        backend = report["backends"][name]
+        assert backend["status"] == "failed" and backend["exit_code"] == 3
+        assert backend["message"] == (f"{module} crashed: ValueError: the net takes at most 8 examples per batch, "
+                                      "got 16 (rerun with --debug for the traceback)")
+
+
+@pytest.mark.slow
 def test_a_user_twin_passes_from_its_torch_init(tmp_path):
     from compare import check_twin
 

@@ -32,7 +32,6 @@ import torch
 import torchax
 from torchax import interop
 
-from common.data import Batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.weights import start_info
@@ -40,6 +39,7 @@ from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
 from jax_impl.optim import make_optimizer
+from jax_impl.sharding import StepBatch
 from torch_impl import masks
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
@@ -85,7 +85,7 @@ class TorchaxTrainer(JittedTrainer):
         with torchax.default_env().override_property(prng=jax.random.key(self.spec.train.mask_seed)):
             return self.forward_fn(states, (inputs,))
 
-    def _loss_and_state(self, params, state, batch: Batch):
+    def _loss_and_state(self, params, state, batch: StepBatch):
         env = torchax.default_env()
         with env.override_property(prng=state["prng"]):
             states, inputs = self._in_compute_dtype(({**params, **self.buffers}, batch.inputs))
@@ -99,7 +99,7 @@ class TorchaxTrainer(JittedTrainer):
             return tree
         return jax.tree.map(lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
-    def _loss(self, params, batch: Batch):
+    def _loss(self, params, batch: StepBatch):
         return interop.call_torch(cross_entropy, self._forward(params, batch.inputs), batch.targets)
 
     def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:

@@ -46,3 +46,21 @@ def raises(**hparams):
 
 def not_a_module(**hparams):
     return {"fc1": None}
+
+
+def check_batch(n: int) -> None:
+    """A limit the user's forward enforces on its input, the same on both sides."""
+    if n > 8:
+        raise ValueError(f"the net takes at most 8 examples per batch, got {n}")
+
+
+class TorchNetSmallBatches(TorchNet):
+    def forward(self, x):
+        check_batch(x.shape[0])
+        return super().forward(x)
+
+
+class NnxNetSmallBatches(NnxNet):
+    def __call__(self, x):
+        check_batch(x.shape[0])  # runs while the jitted step traces
+        return super().__call__(x)

@@ -13,3 +13,5 @@ torch_raises = Twin(torch="models.py:raises", nnx="models.py:NnxNet", task="clas
                     train=TRAIN)
 nnx_not_a_module = Twin(torch="models.py:TorchNet", nnx="models.py:not_a_module", task="classification",
                         hparams=HPARAMS, train=TRAIN)
+small_batches = Twin(torch="models.py:TorchNetSmallBatches", nnx="models.py:NnxNetSmallBatches",
+                     task="classification", hparams=HPARAMS, train=TRAIN)
