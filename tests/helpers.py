@@ -19,10 +19,13 @@ atexit.register(shutil.rmtree, CACHE_HOME, ignore_errors=True)
 
 
 def run_cli(module: str, *args: str, timeout: float = 600, env: dict | None = None,
-            preexec_fn=None) -> subprocess.CompletedProcess:
+            shell_prefix: str = "") -> subprocess.CompletedProcess:
+    """`python -m module args`; `shell_prefix`: sh commands run first in the same process (`ulimit ...`)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": CACHE_HOME, **(env or {})}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=full_env, preexec_fn=preexec_fn)
+    command = [sys.executable, "-m", module, *args]
+    if shell_prefix:  # (no preexec_fn: it forks a process whose parent runs JAX's threads)
+        command = ["sh", "-c", f'{shell_prefix}; exec "$0" "$@"', *command]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
 def train(backend: str, out: Path, *args: str, env: dict | None = None) -> RunRecord:
