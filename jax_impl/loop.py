@@ -155,7 +155,6 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
         batch = provoked_batch(data.global_batch(step), step, provocations, np.int16)
         return sharding.put_batch(batch, spec.mesh, mesh, trainer.masks_for(batch, step))
 
-
     tensors = trainer.step0_tensors(put(0)) if parity else {}  # before any update
     if parity:  # analysis, not training: its eager per-op compiles are not counted (as the HLO statistics')
         monitor.paused = True

@@ -68,7 +68,7 @@ def _reporting_replica(index: int, replica, spec_dict: dict, options: dict) -> N
     barrier are released instead of waiting forever."""
     try:
         replica(index, spec_dict, options)
-    except BaseException as e:
+    except Exception as e:
         errors = Path(options["out_dir"]) / ERRORS_DIR
         errors.mkdir(exist_ok=True)
         (errors / f"{index}.json").write_text(json.dumps(
@@ -106,7 +106,7 @@ def run_spawn(spec: RunSpec, args, out_dir, progress_enabled: bool, replica=_rep
                "progress": progress_enabled}
     try:
         xmp.spawn(_reporting_replica, args=(replica, spec.to_dict(), options))
-    except BaseException as e:
+    except Exception as e:
         first = first_replica_error(out_dir)
         if first is not None:
             raise first from None
