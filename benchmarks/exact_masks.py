@@ -23,9 +23,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from common.record import read_record, timed_from
+from common.record import read_record
 from common.vocab import MaskSource, values
 from compare.orchestrate import BACKEND_MODULES
+from compare.summary import step_times
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,8 +38,7 @@ def median_step_ms(backend: str, spec: str, dropout: float, masks: str, steps: i
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
-    record = read_record(out)
-    return statistics.median(s.wall_ms for s in record.steps[timed_from(record):])
+    return step_times(read_record(out))[0]["median"]
 
 
 def measure(backend: str, args, tmp: Path) -> dict:

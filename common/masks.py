@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from common.vocab import MaskSource
+
 MASK_STREAM = 0x6D61736B  # apart from every data stream (common/data.py seeds with 3 entries)
 
 
@@ -32,6 +34,13 @@ class DropoutSite(NamedTuple):
 
     def __str__(self) -> str:
         return f"[{','.join(map(str, self.shape))}]@{self.rate:g}"
+
+
+def record_sites(record, spec, sites) -> None:
+    """The run record's `extra.dropout_sites` (step 0's dropout calls) when the run was fed common's masks:
+    compare names a port whose calls differ. Every runtime records them through this."""
+    if spec.train.dropout_masks == MaskSource.COMMON:
+        record.extra["dropout_sites"] = [str(site) for site in sites]
 
 
 def draw_mask(seed: int, step: int, call: int, shape: tuple[int, ...], rate: float) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from common.data import Batch, activation_inputs, make_dataset
-from common.masks import MaskFeed, draw_masks, drawing_feed, given_feed
+from common.masks import MaskFeed, draw_masks, drawing_feed, given_feed, record_sites
 from common.provoke import Provocation, provoked_batch, python_value, with_python_value
 from common.record import RunRecord, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
@@ -75,9 +75,10 @@ class JittedTrainer:
             self._sites[key] = feed.sites
         return draw_masks(self.spec.train.mask_seed, step, self._sites[key])
 
-    def dropout_sites(self) -> list[str]:
-        """Step 0's dropout calls, masks drawn for (the run record's extra.dropout_sites)."""
-        return [str(site) for site in next(iter(self._sites.values()), [])]
+    @property
+    def dropout_sites(self) -> list:
+        """Step 0's dropout calls (the first input shape's), when fed common's masks."""
+        return next(iter(self._sites.values()), [])
 
     def capture_masks(self):
         """The context of the step-0 activation capture (eager): common's masks of step 0, when asked for."""
@@ -191,8 +192,7 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
                                           python_value=python_value(0, provocations, spec.train.steps))
         monitor.paused = False
     record.compile_events, record.recompile_causes = list(monitor.events), list(monitor.causes)
-    if spec.train.dropout_masks == MaskSource.COMMON:
-        record.extra["dropout_sites"] = trainer.dropout_sites()
+    record_sites(record, spec, trainer.dropout_sites)
     record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
     return record, tensors
 

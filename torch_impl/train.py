@@ -14,10 +14,11 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.data import activation_inputs, make_dataset
+from common.masks import record_sites
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec, TrainSpec
-from common.vocab import MaskSource, RecordStatus
+from common.vocab import RecordStatus
 from common.weights import start_info
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
@@ -187,8 +188,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
             tensors["params"] = trainer.canonical_params()
         record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
     timeline["loop_end"] = time.time()
-    if spec.train.dropout_masks == MaskSource.COMMON:
-        record.extra["dropout_sites"] = [str(site) for site in trainer.dropout_sites]
+    record_sites(record, spec, trainer.dropout_sites)
     if record.status == RecordStatus.OK:
         record.flops_per_step = trainer.matmul_flops(*trainer.batch(0))
         record.flops_source = "torch.utils.flop_counter.FlopCounterMode over one forward + backward"

@@ -115,5 +115,4 @@ def run_spawn(spec: RunSpec, args, out_dir, progress_enabled: bool, replica=_rep
                                "timeout, see xla_debug.log and docs/xmp-spawn-cpu.md); retry or use --mode spmd"
                                ) from None
         raise
-    shutil.rmtree(Path(out_dir) / ERRORS_DIR, ignore_errors=True)
     return read_record(out_dir), {}

@@ -41,10 +41,11 @@ import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
 from common.data import activation_inputs, input_ndim, make_dataset, process_slice
+from common.masks import record_sites
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
-from common.vocab import PROFILE_DIR, MaskSource, Phase, ProfileRange, RecordStatus, TraceMode
+from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
 from common.weights import start_info
 from torch_impl import convert
 from torch_impl.capture import capture_activations
@@ -292,8 +293,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
     record.compile_events = list(monitor.events)
     record.trace_ms, record.timeline, record.peak_rss_mb = trace_ms, timeline, peak_rss_mb()
     record.extra["counters"] = monitor.counters()
-    if spec.train.dropout_masks == MaskSource.COMMON:
-        record.extra["dropout_sites"] = [str(site) for site in trainer.dropout_sites]
+    record_sites(record, spec, trainer.dropout_sites)
     if replica == 0:  # one reader of the shared debug log and HLO dump
         attach_causes(record, out_dir, fed)
         if hlo:
