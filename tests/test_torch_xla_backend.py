@@ -1,6 +1,7 @@
 """The PyTorch/XLA twin through `python -m torch_xla_impl`."""
 import pytest
 
+from common.record import read_record
 from tests.helpers import max_loss_diff, run_cli, train
 
 pytestmark = pytest.mark.slow
@@ -64,8 +65,17 @@ def test_bad_spec_is_a_usage_error():
 
 def test_xmp_spawn_two_replicas_match_the_single_device_run(single_device, tmp_path):
     single = single_device("mlp-tiny")
-    spawned = train("torch_xla_impl", tmp_path / "spawn", "--spec", "mlp-tiny", "--steps", "5", "--mode", "spawn",
-                    "--mesh", "data=2", "--parity")
+    args = ("--spec", "mlp-tiny", "--steps", "5", "--mode", "spawn", "--mesh", "data=2", "--parity",
+            "--throughput-steps", "0")
+    out = tmp_path / "spawn"
+    proc = run_cli("torch_xla_impl", "--out", str(out), *args)
+    if proc.returncode == 3 and "rendezvous.cc" in proc.stderr and "Termination timeout" in proc.stderr:
+        # XLA's CPU rendezvous aborts when one replica thread's compile runs 10 s behind the other's (the
+        # documented limit, docs/xmp-spawn-cpu.md; seen once in ~10 suite runs on 2 busy cores): once more
+        out = tmp_path / "spawn-again"
+        proc = run_cli("torch_xla_impl", "--out", str(out), *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    spawned = read_record(out)
     assert spawned.extra["mode"] == "spawn" and spawned.extra["replicas"] == 2
     assert spawned.extra["step_api"].startswith("bucketed all-reduce with a channel id")
     assert spawned.status == "ok"  # includes the check that both replicas ended with identical parameters
