@@ -6,6 +6,7 @@ is_writer)`; this module handles everything around it the same way for all.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -13,8 +14,9 @@ import traceback
 from pathlib import Path
 
 from common.cli import INPUT_ERRORS, backend_parser, fail, resolve_spec
+from common.fsutil import dangerous_dir
 from common.nonfinite import input_problem, likely_cause
-from common.record import RunRecord, timed_from, write_record, write_tensors
+from common.record import LOG_FILES, RECORD_FILE, RunRecord, timed_from, write_record, write_tensors
 from common.vocab import IO_ERRNOS, ExitCode, Phase, RecordStatus
 
 
@@ -63,6 +65,17 @@ def nonfinite_cause(spec, record: RunRecord) -> str:
     return likely_cause(spec, record.losses, problem)
 
 
+def refuse_foreign_out(out_dir: Path) -> None:
+    """A backend writes (and clears its scratch folders) only in a new or empty directory or an earlier run's
+    of its own (one with a record.json): never among the user's files."""
+    why = dangerous_dir(out_dir)
+    if why:
+        fail(f"--out {out_dir}: {why}; give the run a directory of its own, e.g. --out runs/my-run", ExitCode.USAGE)
+    if out_dir.is_dir() and set(os.listdir(out_dir)) - set(LOG_FILES) and not (out_dir / RECORD_FILE).exists():
+        fail(f"--out {out_dir} holds files this toolkit did not write (no {RECORD_FILE}); pass a new or empty "
+             "directory", ExitCode.USAGE)
+
+
 def main(backend: str, argv, add_flags, train, check=None) -> int:
     """`check(spec, args)`: the backend's own refusals of flag combinations, before a run directory exists."""
     parser: argparse.ArgumentParser = backend_parser(backend)
@@ -76,6 +89,8 @@ def main(backend: str, argv, add_flags, train, check=None) -> int:
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     out_dir = args.out or Path("runs") / f"{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
+    refuse_foreign_out(out_dir)
+    created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -89,9 +104,12 @@ def main(backend: str, argv, add_flags, train, check=None) -> int:
     except INPUT_ERRORS as e:
         if args.debug:
             traceback.print_exc()
+        if created and not any(out_dir.iterdir()):  # refused input: no empty run directory is left behind
+            out_dir.rmdir()
         fail(str(e), ExitCode.USAGE)
     except Exception as e:  # a crash inside the framework: one line, the traceback only with --debug
         raise_crash(backend, e, args.debug)
+    record.run_id = args.run_id
     if record.status == RecordStatus.NONFINITE:  # the message says what most likely did it
         record.message += f"; likely cause: {nonfinite_cause(spec, record)}"
     if is_writer:

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from common.vocab import CheckpointFormat, values
-from common.weights import CheckpointError
+from common.weights import CONVERTED_DTYPES, PARAM_DTYPE, CheckpointError, check_param_dtype
 
-FLOAT_DTYPES = ("float32", "bfloat16", "float16")  # cast to float32 exactly; anything else is refused
+FLOAT_DTYPES = (PARAM_DTYPE, *CONVERTED_DTYPES)  # converted to float32 once; anything else is refused
 
 
 def parse_checkpoint(ref: str | Path) -> tuple[CheckpointFormat, Path]:
@@ -48,7 +48,5 @@ def check_against(arrays: dict[str, np.ndarray], expected: dict[str, tuple], sou
 
 
 def float32_of(name: str, dtype: str, source: str) -> None:
-    """Refuse a tensor whose dtype is not a floating point one a parameter can hold exactly in float32."""
-    if dtype not in FLOAT_DTYPES:
-        raise CheckpointError(f"{source}: tensor {name} has dtype {dtype}; parameters must be "
-                              f"{', '.join(FLOAT_DTYPES)}")
+    """Refuse a tensor that is not floating point: the rule of every checkpoint (common.weights.check_param_dtype)."""
+    check_param_dtype(name, dtype, source)

@@ -21,6 +21,14 @@ from common.weights import CheckpointError
 INPUT_ERRORS = (SpecError, DataError, CheckpointError, RecordError)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the toolkit's error form: one `error:` line and the hint to run --help, exit 2 (not
+    argparse's usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} (see {self.prog} --help)", ExitCode.USAGE)
+
+
 def parse_mesh(text: str) -> list[str]:
     """'data=2,tensor=4' -> ['mesh.data=2', 'mesh.tensor=4']."""
     out = []
@@ -57,9 +65,12 @@ def add_provoke_flag(parser: argparse.ArgumentParser) -> None:
                         f"{', '.join(PROVOKABLE)}; repeatable) to see it named; see common/provoke.py")
 
 
+MAX_PROFILE_STEPS = 1000  # each profiled step adds its trace to the XSpace file compare reads whole
+
+
 def profile_steps(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of steps >= 0")
+    if not text.isdigit() or int(text) > MAX_PROFILE_STEPS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of steps from 0 to {MAX_PROFILE_STEPS}")
     return int(text)
 
 
@@ -85,7 +96,7 @@ def checkpoint_ref(text: str) -> str:
 
 
 def backend_parser(backend: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {backend}", description=f"Train a spec with the {backend} twin "
+    parser = Parser(prog=f"python -m {backend}", description=f"Train a spec with the {backend} twin "
                                      "and write a run record.")
     add_run_flags(parser)
     parser.add_argument("--out", type=Path, help="run directory (default runs/<backend>-<time>)")
@@ -101,6 +112,8 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
                         help="extra steps timed pipelined (one wait at the end); default: train.steps, 0 = off")
     add_profile_flag(parser)
     add_no_hlo_flag(parser)
+    parser.add_argument("--run-id", help="the compare run this backend run belongs to (compare sets it; it is "
+                                          "written into the record so compare judges only its own run's records)")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
     return parser
 
@@ -134,7 +147,8 @@ def run_flags_argv(args: argparse.Namespace) -> list[str]:
 
 
 def resolve_spec(args: argparse.Namespace) -> RunSpec:
-    spec = load_spec(args.spec, spec_overrides(args), twin=getattr(args, "twin", None))
+    spec = load_spec(args.spec, spec_overrides(args), twin=getattr(args, "twin", None),
+                     twin_timeout_s=getattr(args, "timeout", None))
     check_provocations(getattr(args, "provoke", []), spec)
     return spec
 

@@ -150,6 +150,7 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
            packed: Mapping[str, tuple] = {}, rename: Mapping[str, str] = {}) -> Correspondence:  # noqa: B006
     """Link every torch parameter to the canonical tree, or raise CorrespondenceError listing all misses."""
     canonical = {k: tuple(v) for k, v in canonical.items()}
+    _check_packed_used(torch_params, packed, rename)
     by_module: dict[tuple[str, str], str] = {}  # (normalised module, leaf) -> canonical name
     for name in canonical:
         module, leaf = _module_leaf(name)
@@ -178,6 +179,20 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
     if misses or unmatched_nnx:
         raise CorrespondenceError(_unmatched_message(torch_params, canonical, misses, unmatched_nnx))
     return Correspondence(links, canonical)
+
+
+def _check_packed_used(torch_params: Mapping[str, tuple], packed: Mapping[str, tuple],
+                       rename: Mapping[str, str]) -> None:
+    """Every `packed` key names a torch module (a suffix of its path, after `rename`): a declaration that
+    matches nothing is a typo, said as such rather than as a list of unmatched tensors."""
+    modules = sorted({_module_leaf(_rename(name, rename))[0] for name in torch_params})
+    for key, parts in packed.items():
+        if not any(m == key or m.endswith("." + key) for m in modules):
+            close = difflib.get_close_matches(key, modules, n=1, cutoff=0.0)
+            raise CorrespondenceError(
+                f"packed {{{key!r}: {tuple(parts)!r}}} matches no torch module: none is named {key!r} or ends in "
+                f"'.{key}'{f' (closest {close[0]})' if close else ''}; name the torch module that packs the NNX "
+                "modules (a suffix of its path, after rename), or drop the declaration")
 
 
 def _closest(name: str, pool: Mapping[str, tuple]) -> str:

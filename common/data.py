@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from common.fsutil import require_regular_file
 from common.spec import MLPSpec, RunSpec
 
 # Independent random streams of one data seed.
@@ -124,6 +125,7 @@ def _digits(spec: RunSpec) -> ArrayDataset:
 
 def _npz(spec: RunSpec) -> ArrayDataset:
     path = spec.data.path
+    require_regular_file(path, "arrays file", DataError)  # a FIFO would block the read forever
     try:
         with np.load(path) as f:
             if "x" not in f or "y" not in f:
@@ -196,6 +198,7 @@ class SyntheticTokens:
 
 def _token_file(spec: RunSpec) -> TokenDataset:
     path = spec.data.path
+    require_regular_file(path, "tokens file", DataError)  # a FIFO would block the read forever
     if not Path(path).is_file():
         raise DataError(f"tokens file {path} does not exist")
     try:

@@ -1,9 +1,12 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never half."""
+"""Atomic file writes: a reader sees the old file or the whole new one, never half. Which directories the
+toolkit must never write into (`dangerous_dir`), and which paths it must not open for reading
+(`require_regular_file`: a FIFO or a device would hang it)."""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -33,6 +36,44 @@ def atomic_path(path: str | Path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def dangerous_dir(path: str | Path) -> str | None:
+    """Why the toolkit must never write or remove in `path` (None when it may): the filesystem root, the
+    home directory, the current directory or one of its parents, this checkout or one of its parents. An
+    output there would mix the toolkit's files with the user's, and replacing it would remove theirs."""
+    target = Path(path).expanduser().resolve()
+    checkout = Path(__file__).resolve().parents[1]
+    cwd = Path.cwd().resolve()
+    if target == Path(target.anchor):
+        return "is the filesystem root"
+    if target == Path.home().resolve():
+        return "is the home directory"
+    if target == checkout or target in checkout.parents:
+        return "is this toolkit's checkout" if target == checkout else "is a parent of this toolkit's checkout"
+    if target == cwd or target in cwd.parents:
+        return "is the current directory" if target == cwd else "is a parent of the current directory"
+    return None
+
+
+def require_regular_file(path: str | Path, what: str, error: type[Exception] = ValueError, *,
+                         directory_ok: bool = False) -> Path:
+    """`path`, checked before the toolkit opens it for reading: a regular file (or, with `directory_ok`,
+    a directory) passes, and so does a path that does not exist (the caller's own open says so, in its
+    words); anything else raises `error("<what> PATH is not a regular file (a FIFO); give a file")`.
+    Opening a FIFO for reading waits for a writer, forever; a device (/dev/zero) never ends."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, unreadable, a NUL in the name: the caller's open reports it
+        return path
+    if stat.S_ISREG(mode) or (directory_ok and stat.S_ISDIR(mode)):
+        return path
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    kind = next((name for test, name in kinds if test(mode)), "not a file")
+    wanted = " or a directory" if directory_ok else ""
+    raise error(f"{f'{what} ' if what else ''}{path} is not a regular file{wanted} ({kind}); give a file{wanted}")
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.fsutil import require_regular_file
 from common.spec import TransformerSpec
 from common.twin import Twin, hparams_of
 from common.weights import CheckpointError
@@ -35,13 +36,23 @@ def read_config(path: Path) -> dict:
     config_path = path / "config.json" if path.is_dir() else path.parent / "config.json"
     if not path.exists():
         raise CheckpointError(f"hf checkpoint {path} does not exist")
+    require_regular_file(path, "hf checkpoint", CheckpointError, directory_ok=True)  # a FIFO: read forever
+    require_regular_file(config_path, "hf checkpoint file", CheckpointError)
     try:
-        return json.loads(config_path.read_text())
+        config = json.loads(config_path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"hf checkpoint {path}: no config.json in {config_path.parent} (save the model with "
                               "save_pretrained, which writes it)") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"hf checkpoint {path}: {config_path} is not readable JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"hf checkpoint {path}: {config_path} holds a JSON {type(config).__name__}, not an "
+                              "object of config fields; give the config.json save_pretrained writes")
+    if not isinstance(config.get("model_type"), str):
+        raise CheckpointError(f"hf checkpoint {path}: {config_path} names no model_type, so its architecture is "
+                              "unknown; give the config.json save_pretrained writes (it has model_type, e.g. "
+                              "\"model_type\": \"llama\")")
+    return config
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -49,7 +60,7 @@ def weight_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     index = path / "model.safetensors.index.json"
-    if index.exists():
+    if require_regular_file(index, "hf checkpoint file", CheckpointError).exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         return [path / s for s in shards]
     if (path / "model.safetensors").exists():

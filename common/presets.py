@@ -6,6 +6,7 @@ import json
 import tomllib
 from pathlib import Path
 
+from common.fsutil import require_regular_file
 from common.spec import (
     CNNSpec,
     DataSpec,
@@ -58,26 +59,37 @@ PRESETS: dict[str, RunSpec] = {
 }
 
 
-def load_spec(spec: str, overrides: list[str] | tuple[str, ...] = (), twin: str | None = None) -> RunSpec:
-    """A preset name, a .toml/.json file or a twin (`--twin FILE_OR_MODULE:NAME`, which wins), then `--set`
-    overrides, validated."""
+def load_spec(spec: str, overrides: list[str] | tuple[str, ...] = (), twin: str | None = None,
+              twin_timeout_s: float | None = None) -> RunSpec:
+    """A preset name, a .toml/.json file or a twin (`--twin FILE_OR_MODULE:NAME`, which wins; its file is
+    imported in a subprocess bounded by `twin_timeout_s`), then `--set` overrides, validated."""
     if twin:
-        base = twin_run_spec(twin)
+        base = twin_run_spec(twin, twin_timeout_s)
     elif spec in PRESETS:
         base = PRESETS[spec]
     elif spec.endswith((".toml", ".json")):
-        path = Path(spec)
+        path = require_regular_file(Path(spec), "spec file", SpecError)  # a FIFO would block the read forever
         try:
             text = path.read_text()
         except OSError as e:
             raise SpecError(f"cannot read spec file {spec}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise SpecError(f"spec file {spec} is not UTF-8 text (a binary file?): {e}") from None
         try:
             raw = tomllib.loads(text) if spec.endswith(".toml") else json.loads(text)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
             raise SpecError(f"spec file {spec} is not valid {path.suffix[1:].upper()}: {e}") from None
+        except RecursionError:
+            raise SpecError(f"spec file {spec} is not a spec: its values nest too deep to read") from None
         if not isinstance(raw, dict):
-            raise SpecError(f"spec file {spec} must hold a table with model/train/mesh/data sections")
-        base = run_spec_from_dict(raw, name=path.stem)
+            kind = {list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(type(raw), "a number")
+            raise SpecError(f"spec file {spec} holds {kind}; a spec file holds a table with model/train/mesh/data "
+                            "sections, e.g. [model] family = \"mlp\" in TOML or {\"model\": {\"family\": \"mlp\"}} "
+                            "in JSON")
+        try:  # the shape of every section and field: one line naming the file and the field
+            base = run_spec_from_dict(raw, name=path.stem)
+        except SpecError as e:
+            raise SpecError(f"spec file {spec}: {e}") from None
     else:
         raise SpecError(f"unknown spec {spec!r}: use a preset ({', '.join(PRESETS)}) or a .toml/.json file")
     return apply_overrides(base, list(overrides)).validate()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.fsutil import atomic_path, write_json_atomic
+from common.fsutil import atomic_path, require_regular_file, write_json_atomic
 from common.vocab import Phase, RecordStatus, values
 
 # 2: settle_steps, timeline, peak_rss_mb, trace_ms, trace_mode and compile_cache became typed
@@ -30,6 +30,7 @@ from common.vocab import Phase, RecordStatus, values
 SCHEMA_VERSION = 2
 RECORD_FILE = "record.json"
 TENSORS_FILE = "tensors.npz"
+LOG_FILES = ("stdout.log", "stderr.log")  # compare's logs of a backend it runs, beside the record
 TENSOR_GROUPS = ("outputs", "grads", "params", "activations")
 
 # Environment variables that change numerics, devices or compilation.
@@ -83,6 +84,7 @@ class RunRecord:
     flops_source: str = ""  # how flops_per_step was counted
     profile: dict | None = None  # --profile N: {steps, dir, tool, step_ms}: the trace under dir, our clock per step
     extra: dict = field(default_factory=dict)  # backend-specific facts (mode, loop API, counters, ...)
+    run_id: str | None = None  # the compare run it belongs to (`--run-id`); compare judges only its own run's
     schema_version: int = SCHEMA_VERSION
 
     def add_step(self, step: int, loss: float, wall_ms: float) -> bool:
@@ -122,11 +124,56 @@ def _fail(path, what: str) -> RecordError:
     return RecordError(f"run record {path} {what}")
 
 
+NOT_OURS_FIX = "give the record.json (or the run directory) a backend of this toolkit wrote"
+_JSON_OF = {"dict": dict, "list": list, "str": str, "int": int, "float": (int, float), "bool": bool,
+            "None": type(None)}
+
+
+def _json_kind(value) -> str:
+    return {dict: "a JSON object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shape_problem(raw: dict, cls: type, prefix: str) -> str | None:
+    """The first field of `raw` whose JSON type is not the one `cls` declares ('steps[3].loss is a string,
+    not float | None'), or None. Fields of other types (a nested dataclass) are checked by their own call."""
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        allowed = [_JSON_OF.get(t.strip().split("[")[0]) for t in str(f.type).split("|")]
+        if None in allowed:
+            continue
+        value = raw[f.name]
+        ok = any(isinstance(value, t) for t in allowed) and not (isinstance(value, bool) and bool not in allowed)
+        if not ok:
+            return f"{prefix}{f.name} is {_json_kind(value)}, not {f.type}"
+    return None
+
+
+def _nonfinite_at(value, where: str) -> str | None:
+    """Where a NaN or an infinity sits in a parsed record (its writer never writes one: allow_nan=False,
+    a non-finite loss is null), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where or 'it'} is {value}, which this toolkit never writes (a non-finite loss is null)"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _nonfinite_at(item, f"{where}.{key}" if isinstance(key, str) and where else
+                              (key if isinstance(key, str) else f"{where}[{key}]"))
+        if found:
+            return found
+    return None
+
+
 def read_record(path: str | Path) -> RunRecord:
     """Read and validate a record.json (or a run directory holding one)."""
     path = Path(path)
     if path.is_dir():
         path = path / RECORD_FILE
+    require_regular_file(path, "run record", RecordError)  # a FIFO would block the read forever
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
@@ -135,8 +182,11 @@ def read_record(path: str | Path) -> RunRecord:
         raise _fail(path, f"cannot be read: {e}") from None
     except json.JSONDecodeError as e:
         raise _fail(path, f"is not valid JSON (truncated or corrupt): {e}") from None
-    if not isinstance(raw, dict):
-        raise _fail(path, "is not a JSON object")
+    except RecursionError:
+        raise _fail(path, f"is not a run record of this toolkit (its values nest too deep); {NOT_OURS_FIX}") from None
+    if not isinstance(raw, dict) or "schema_version" not in raw:
+        what = "a JSON object without schema_version" if isinstance(raw, dict) else _json_kind(raw)
+        raise _fail(path, f"is not a run record of this toolkit (it holds {what}); {NOT_OURS_FIX}")
     version = raw.get("schema_version")
     if version != SCHEMA_VERSION:
         raise _fail(path, f"has schema_version {version!r}; this toolkit reads {SCHEMA_VERSION} "
@@ -146,20 +196,32 @@ def read_record(path: str | Path) -> RunRecord:
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
     missing = sorted(required - set(raw))
     if missing:
-        raise _fail(path, f"lacks the field {missing[0]!r}")
+        raise _fail(path, f"is not a run record of this toolkit: it lacks the field {missing[0]!r}; {NOT_OURS_FIX}")
     unknown = sorted(set(raw) - names)
     if unknown:
         raise _fail(path, f"has an unknown field {unknown[0]!r}")
+    problem = _shape_problem(raw, RunRecord, "") or _nonfinite_at(raw, "")
+    if problem:
+        raise _fail(path, f"is not a run record of this toolkit: {problem}; {NOT_OURS_FIX}")
     try:
         record = RunRecord(**raw)
         record.steps = [StepRecord(**s) for s in raw.get("steps", [])]
         record.compile_events = [CompileEvent(**e) for e in raw.get("compile_events", [])]
     except TypeError as e:
         raise _fail(path, f"has a malformed entry: {e}") from None
+    problem = next(filter(None, [_shape_problem(vars(s), StepRecord, f"steps[{i}].") for i, s in
+                                 enumerate(record.steps)] + [_shape_problem(vars(e), CompileEvent,
+                                                                            f"compile_events[{i}].")
+                                                             for i, e in enumerate(record.compile_events)]), None)
+    if problem:
+        raise _fail(path, f"has a malformed entry: {problem}")
     if record.status not in values(RecordStatus):
         raise _fail(path, f"has status {record.status!r}, expected one of {', '.join(values(RecordStatus))}")
-    if not isinstance(record.spec, dict) or "model" not in record.spec:
+    if "model" not in record.spec:
         raise _fail(path, "has no spec with a model section")
+    train = record.spec.get("train")
+    if not isinstance(train, dict) or not all(_is_int(train.get(k)) for k in ("steps", "timing_warmup_steps")):
+        raise _fail(path, "has no spec.train with integer steps and timing_warmup_steps")
     for e in record.compile_events:
         if e.phase not in values(Phase):
             raise _fail(path, f"has a compile event with phase {e.phase!r}")
@@ -190,6 +252,7 @@ def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, dict[s
     base = Path(record_path)
     path = (base if base.is_dir() else base.parent) / record.tensors
     groups: dict[str, dict[str, np.ndarray]] = {g: {} for g in TENSOR_GROUPS}
+    require_regular_file(path, "tensor file", RecordError)
     try:
         with np.load(path) as f:
             for key in f.files:
@@ -197,6 +260,9 @@ def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, dict[s
                 if group not in groups or not name:
                     raise RecordError(f"tensor file {path} has an unexpected entry {key!r}")
                 groups[group][name] = f[key]
+                if groups[group][name].dtype.kind not in "biuf":  # what write_tensors writes: numbers only
+                    raise RecordError(f"tensor file {path}: entry {key!r} holds {groups[group][name].dtype} "
+                                      "values, not numbers (a tensor file this toolkit did not write)")
     except FileNotFoundError:
         raise RecordError(f"tensor file {path} does not exist") from None
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:

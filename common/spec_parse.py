@@ -15,19 +15,42 @@ from common.spec import MODEL_FAMILIES, DataSpec, MeshSpec, RunSpec, SpecError, 
 SECTIONS = "model, train, mesh, data"
 
 
+def _shape_of(value) -> str:
+    """What a TOML/JSON value is, in words: 'a list', 'a string', ..."""
+    return {dict: "a table", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _table(raw: dict, section: str) -> dict:
+    """A spec section: a table (a JSON object), or absent (its defaults)."""
+    value = raw.get(section)
+    if value is None:
+        return {}
+    _require(isinstance(value, dict), f"section {section} is {_shape_of(value)} ({_short(repr(value))}); it must be a "
+                                      f"table of fields, e.g. [{section}] in TOML or \"{section}\": {{...}} in JSON")
+    return value
+
+
+def _short(value, limit: int = 40) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def run_spec_from_dict(raw: dict, name: str = "custom") -> RunSpec:
-    """Build from plain dicts (a parsed TOML/JSON file or a record's spec)."""
+    """Build from plain dicts (a parsed TOML/JSON file or a record's spec). Any shape of input gives a
+    SpecError naming the field, never another exception."""
+    _require(isinstance(raw, dict), f"a spec is a table with model/train/mesh/data sections, not {_shape_of(raw)}")
     raw = dict(raw)
-    model_raw = dict(raw.get("model") or {})
+    model_raw = dict(_table(raw, "model"))
     family = model_raw.get("family")
-    _require(family in MODEL_FAMILIES,
+    _require(isinstance(family, str) and family in MODEL_FAMILIES,
              f"model.family={family!r} is unknown; choose one of {', '.join(MODEL_FAMILIES)}")
     model = _twin_from_dict(model_raw) if family == "twin" else _build(MODEL_FAMILIES[family], model_raw, "model")
     sections = {
         "model": model,
-        "train": _build(TrainSpec, raw.get("train") or {}, "train"),
-        "mesh": _build(MeshSpec, raw.get("mesh") or {}, "mesh"),
-        "data": _build(DataSpec, raw.get("data") or {}, "data"),
+        "train": _build(TrainSpec, _table(raw, "train"), "train"),
+        "mesh": _build(MeshSpec, _table(raw, "mesh"), "mesh"),
+        "data": _build(DataSpec, _table(raw, "data"), "data"),
     }
     unknown = sorted(set(raw) - set(sections) - {"name"})
     if unknown:
@@ -41,6 +64,12 @@ def _twin_from_dict(raw: dict) -> TwinSpec:
     _require(not unknown, f"unknown key model.{unknown[0] if unknown else ''}; a twin model has: {', '.join(fields)}")
     for key in ("hparams", "io", "params"):
         _require(isinstance(raw.get(key, {}), dict), f"model.{key} must be a table")
+    for key in ("twin", "task"):
+        _require(isinstance(raw.get(key, ""), str), f"model.{key}={_short(raw.get(key))} must be a string")
+    for tensor, shape in raw.get("params", {}).items():
+        _require(isinstance(shape, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                                 for n in shape),
+                 f"model.params.{tensor}={_short(shape)} must be a shape: a list of sizes >= 0")
     return TwinSpec(**raw)
 
 
@@ -78,8 +107,8 @@ def _coerce(where: str, value, hint):
             raise SpecError(f"{where}={value} must be an integer")
         try:
             return int(value) if not isinstance(value, str) else int(value.strip())
-        except ValueError:
-            raise SpecError(f"{where}={value} must be an integer") from None
+        except (TypeError, ValueError, OverflowError):  # a list or a table; inf
+            raise SpecError(f"{where}={_short(value)} must be an integer") from None
     if hint is float:
         _require(not isinstance(value, bool), f"{where}={value} must be a number")
         try:
@@ -89,6 +118,8 @@ def _coerce(where: str, value, hint):
         _require(math.isfinite(result), f"{where}={value} must be a finite number")
         return result
     if hint is str:
+        _require(isinstance(value, (str, int, float)) and not isinstance(value, bool),
+                 f"{where}={_short(value)} must be a string")
         return str(value)
     raise SpecError(f"{where}: unsupported field type {hint}")  # a bug in this file, not in the input
 
@@ -119,7 +150,13 @@ def _set_model_field(model, name: str, key: str, value: str):
         _require(name in model.hparams, f"--set {key}: twin {model.twin} has no hyperparameter {name!r}; "
                                         f"it has: {', '.join(model.hparams)}")
         default = model.hparams[name]
-        hint = tuple[int, ...] if isinstance(default, (list, tuple)) else type(default)
+        ints = isinstance(default, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                          for v in default)
+        _require(ints or type(default) in (int, float, bool, str),
+                 f"--set {key}: hyperparameter {name!r} of twin {model.twin} is {_short(default)} ({_shape_of(default)}"
+                 "); --set reaches numbers, booleans, strings and lists of integers: change it in the twin's "
+                 "hparams instead")
+        hint = tuple[int, ...] if ints else type(default)
         return dataclasses.replace(model, hparams={**model.hparams, name: _coerce(key, value, hint)})
     names = [f.name for f in dataclasses.fields(model)]
     _require(name in names, f"--set {key}: unknown key model.{name}; model has: {', '.join(names)}")

@@ -1,6 +1,7 @@
 """A twin: one model written once in torch.nn and once in Flax NNX, and how the toolkit runs both.
 
-Numpy only. `compare` reads a twin definition in its own process, which imports no framework; each
+Numpy only. `compare` reads a twin definition from a subprocess that imports the twin file (bounded by
+--timeout; it imports no framework either, and compare never runs a user's code in its own process); each
 backend resolves the factories in its own process. A user's twin file holds only this definition (its
 factories live in modules that import torch or flax):
 
@@ -20,19 +21,25 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import json
+import os
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from common.fsutil import require_regular_file
 from common.spec import DataSpec, MeshSpec, ModelSpec, RunSpec, SpecError, TrainSpec, TwinSpec
+from common.twin_fields import TwinError, check_fields, plain, unplain
 
 FRAMEWORKS = ("torch", "jax", "flax", "torch_xla", "torchax")
-
-
-class TwinError(SpecError):
-    """A twin that cannot be loaded or built; one line naming the reference and what is wrong."""
+LOAD_TIMEOUT_S = 1800.0  # compare's --timeout default: loading a twin file that hangs is bounded even without one
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -109,8 +116,9 @@ def resolve(ref: str, base_dir: str = "", what: str = "factory"):
     try:
         if target.endswith(".py") or "/" in target:
             path = Path(base_dir, target) if base_dir and not Path(target).is_absolute() else Path(target)
-            if not path.is_file():
+            if not path.exists():
                 raise TwinError(f"{what} {ref!r}: file {path} does not exist")
+            require_regular_file(path, f"{what} {ref!r}:", TwinError)
             if path.suffix != ".py":
                 raise TwinError(f"{what} {ref!r}: {path} is not a Python file (.py)")
             module = _import_file(path.resolve())
@@ -130,9 +138,20 @@ def resolve(ref: str, base_dir: str = "", what: str = "factory"):
     return obj
 
 
-def load_twin(ref: str, *, frameworks_allowed: bool = True) -> Twin:
-    """The Twin a `--twin FILE_OR_MODULE:NAME` reference names. `compare` loads it with
-    frameworks_allowed=False: a twin file that imports torch or jax is refused (compare never imports one)."""
+def load_twin(ref: str, *, frameworks_allowed: bool = True, timeout_s: float | None = None) -> Twin:
+    """The Twin a `--twin FILE_OR_MODULE:NAME` reference names, its fields checked (`check_fields`).
+
+    A backend (frameworks_allowed=True) imports the twin file itself. `compare` (frameworks_allowed=False)
+    never runs a user's code in its own process: the file is imported in a subprocess of its own, bounded
+    by `timeout_s` and killed with its process group on every exit, which answers with the twin's fields
+    as plain data; a twin file that imports torch or jax is refused there, and one that exits, raises or
+    hangs while it is imported is one line (a TwinError)."""
+    if not frameworks_allowed:
+        return _load_isolated(ref, LOAD_TIMEOUT_S if timeout_s is None else timeout_s)
+    return _load_here(ref, frameworks_allowed=True)
+
+
+def _load_here(ref: str, *, frameworks_allowed: bool) -> Twin:
     before = set(sys.modules)
     twin = resolve(ref, what="twin")
     if not isinstance(twin, Twin):
@@ -141,9 +160,105 @@ def load_twin(ref: str, *, frameworks_allowed: bool = True) -> Twin:
     if loaded and not frameworks_allowed:
         raise TwinError(f"twin {ref!r}: loading it imported {', '.join(loaded)}; keep framework code in the factory "
                         "modules, which only the backends import")
+    check_fields(twin, ref)
     target, _ = _split_ref(ref, "twin")
     base = str(Path(target).resolve().parent) if target.endswith(".py") else ""
     return dataclasses.replace(twin, base_dir=base)
+
+
+# ---- compare's side: the twin file imported in a subprocess of its own -----------------------------------
+
+FIELDS_ANSWER = "xla-twins-twin "  # the loading process's one answer line on its stdout
+_LOADED: dict[tuple, Twin] = {}  # one load per twin file version in a process (compare reads the spec twice)
+
+
+def _answer(ref: str, parent_fd: int) -> None:
+    """The loading process (`python -c ...`, started by _load_isolated): import the twin, answer its fields
+    (or the one-line error) on stdout, to which nothing else is written. It takes its process group down
+    when compare goes (the pipe `parent_fd` reaches end of file), whatever the twin file is doing."""
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # the twin file's own prints go to stderr
+
+    def watch_parent():
+        while os.read(parent_fd, 1):
+            pass
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch_parent, daemon=True).start()
+    try:
+        twin = _load_here(ref, frameworks_allowed=False)
+        fields = {f.name: getattr(twin, f.name) for f in dataclasses.fields(Twin)}
+        fields["train"] = dataclasses.asdict(twin.train)
+        fields["data"] = dataclasses.asdict(twin.data) if twin.data else None
+        reply = {"twin": plain(fields, "twin", ref)}
+    except SpecError as e:
+        reply = {"error": str(e)}
+    except Exception as e:  # a twin declaration so odd that a check itself tripped over it
+        reply = {"error": f"twin {ref!r}: its declaration could not be read: {type(e).__name__}: {e}"}
+    answer.write(FIELDS_ANSWER + json.dumps(reply) + "\n")
+    answer.flush()
+
+
+def _from_answer(reply: dict) -> Twin:
+    fields = unplain(reply)
+    fields["train"] = TrainSpec(**fields["train"])
+    fields["data"] = DataSpec(**fields["data"]) if fields["data"] else None
+    return Twin(**fields)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group is the process and whatever it started
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _load_isolated(ref: str, timeout_s: float) -> Twin:
+    target, _ = _split_ref(ref, "twin")
+    path = Path(target)
+    stamp = path.stat().st_mtime_ns if target.endswith(".py") and path.is_file() else None
+    key = (canonical_ref(ref), stamp)
+    if key in _LOADED:
+        return _LOADED[key]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    code = "import sys; from common.twin import _answer; _answer(sys.argv[1], int(sys.argv[2]))"
+    # Its output goes to unnamed files, not pipes: a process the twin file starts would hold a pipe open
+    # after the loader exits. compare holds write_end: when compare dies, the loader sees end of file.
+    read_end, write_end = os.pipe()
+    with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
+        try:
+            try:
+                proc = subprocess.Popen([sys.executable, "-c", code, ref, str(read_end)], stdin=subprocess.DEVNULL,
+                                        stdout=out, stderr=err, env=env, pass_fds=(read_end,), start_new_session=True)
+            except OSError as e:
+                raise TwinError(f"twin {ref!r}: cannot start {sys.executable} to load it: {e.strerror or e}") from None
+            finally:
+                os.close(read_end)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise TwinError(f"twin {ref!r}: importing {target} did not load within --timeout {timeout_s:g} s "
+                                "(killed with its process group); a twin file should only define the Twin") from None
+            finally:  # every exit (an answer, a timeout, Ctrl-C / SIGTERM in compare): nothing it started is left
+                _kill_group(proc)
+        finally:
+            os.close(write_end)
+        stdout, stderr = (f.seek(0) or f.read() for f in (out, err))
+    replies = [ln for ln in stdout.splitlines() if ln.startswith(FIELDS_ANSWER)]
+    if not replies:
+        said = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+        said = f"; it printed: {said[-1][:200]}" if said else ""
+        if proc.returncode < 0:
+            raise TwinError(f"twin {ref!r}: importing {target} was killed by "
+                            f"{signal.Signals(-proc.returncode).name}{said}")
+        raise TwinError(f"twin {ref!r}: importing {target} exited with code {proc.returncode} before defining the "
+                        f"twin (sys.exit at import?){said}")
+    reply = json.loads(replies[-1].removeprefix(FIELDS_ANSWER))
+    if "error" in reply:
+        raise TwinError(reply["error"])
+    _LOADED[key] = twin = _from_answer(reply["twin"])
+    return twin
 
 
 def canonical_ref(ref: str) -> str:
@@ -152,10 +267,11 @@ def canonical_ref(ref: str) -> str:
     return f"{Path(target).resolve()}:{name}" if target.endswith(".py") else ref
 
 
-def twin_run_spec(ref: str) -> RunSpec:
+def twin_run_spec(ref: str, timeout_s: float | None = None) -> RunSpec:
     """The run spec a `--twin` starts from: the twin's hyperparameters, train settings and data (before
-    `--set` overrides; the canonical parameter tree is filled in by compare's prepare step)."""
-    twin = load_twin(ref, frameworks_allowed=False)
+    `--set` overrides; the canonical parameter tree is filled in by compare's prepare step). The twin file
+    is loaded in a subprocess bounded by `timeout_s` (compare's --timeout)."""
+    twin = load_twin(ref, frameworks_allowed=False, timeout_s=timeout_s)
     _, name = _split_ref(ref, "twin")
     default_data = DataSpec(dataset="synthetic-tokens" if twin.task == "lm" else "synthetic-classification")
     model = TwinSpec(twin=canonical_ref(ref), task=twin.task, hparams=dict(twin.hparams), io=dict(twin.io))

@@ -101,13 +101,14 @@ class ReportStatus(enum.StrEnum):
     BACKEND_FAILED = "backend_failed"
     USAGE_ERROR = "usage_error"
     INTERRUPTED = "interrupted"
+    INTERNAL_ERROR = "internal_error"  # the verdict itself could not be made (a part of the report failed to build)
 
 
 REPORT_STATUS_EXIT = {
     ReportStatus.OK: ExitCode.OK, ReportStatus.PARITY_FAILED: ExitCode.PARITY,
     ReportStatus.NOT_COMPARABLE: ExitCode.PARITY, ReportStatus.NONDETERMINISTIC: ExitCode.PARITY,
     ReportStatus.BACKEND_FAILED: ExitCode.BACKEND, ReportStatus.USAGE_ERROR: ExitCode.USAGE,
-    ReportStatus.INTERRUPTED: ExitCode.INTERRUPTED,
+    ReportStatus.INTERRUPTED: ExitCode.INTERRUPTED, ReportStatus.INTERNAL_ERROR: ExitCode.INTERNAL,
 }
 
 

@@ -23,14 +23,16 @@ moves another one's values.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from common.fsutil import atomic_path
+from common.fsutil import atomic_path, require_regular_file
 from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec, TwinSpec
 
 
@@ -134,12 +136,13 @@ def check_params(model: ModelSpec, params: dict[str, np.ndarray], source: str = 
 
 
 def save_checkpoint(path: str | Path, params: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
-    """Canonical checkpoint in safetensors format, written atomically."""
-    from safetensors.numpy import save_file
+    """Canonical checkpoint in safetensors format, written atomically (a failed write, disk full, is an
+    OSError; safetensors' own writer would raise its SafetensorError)."""
+    from safetensors.numpy import save
 
-    tensors = {k: np.ascontiguousarray(v) for k, v in params.items()}
+    data = save({k: np.ascontiguousarray(v) for k, v in params.items()}, metadata=metadata)
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+        tmp.write_bytes(data)
 
 
 def start_params(model: ModelSpec, seed: int, checkpoint: str | Path | None = None) -> dict[str, np.ndarray]:
@@ -148,22 +151,144 @@ def start_params(model: ModelSpec, seed: int, checkpoint: str | Path | None = No
 
 
 def start_info(checkpoint: str | Path | None, seconds: float) -> dict:
-    """The run record's `extra.start`: where the weights came from, and what reading them and converting
-    them to the runtime's layout cost."""
-    return {"from": str(checkpoint) if checkpoint else "the canonical init (common/weights.py)",
+    """The run record's `extra.start`: where the weights came from, what reading them and converting them to
+    the runtime's layout cost, and (`converted`) the dtypes a canonical checkpoint was converted from."""
+    info = {"from": str(checkpoint) if checkpoint else "the canonical init (common/weights.py)",
             "load_and_convert_s": seconds}
+    fmt, sep, rest = str(checkpoint or "").partition(":")
+    path = rest if fmt == "canonical" else (None if sep and len(fmt) > 1 else checkpoint)
+    if path and str(path).endswith(".safetensors"):
+        try:
+            _, dtypes, metadata = read_safetensors(path, f"checkpoint {path}", header_only=True)
+            info["converted"] = conversion_note(dtypes) or metadata.get("converted")
+        except CheckpointError:
+            pass  # read (and refused) by load_checkpoint already
+    return info
 
 
 def load_checkpoint(path: str | Path, model: ModelSpec) -> dict[str, np.ndarray]:
-    """Load and check a canonical checkpoint against the spec."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    """Load and check a canonical checkpoint against the spec: its tensors in the parameter dtype (float32;
+    `param_arrays`, the one rule every backend's start goes through), names and shapes the spec's."""
+    require_regular_file(path, "checkpoint", CheckpointError)  # a FIFO would block the read forever
+    source = f"checkpoint {path}"
+    arrays, dtypes, _ = read_safetensors(path, source)
+    params = param_arrays(arrays, dtypes, source)
+    check_params(model, params, source=source)
+    return params
+
+
+PARAM_DTYPE = "float32"  # every run's parameters: train.dtype=bfloat16 computes in bfloat16 over float32 ones
+CONVERTED_DTYPES = ("bfloat16", "float16", "float64")  # converted to PARAM_DTYPE once, by param_arrays
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32",
+                      "U16": "uint16", "U8": "uint8", "BOOL": "bool"}  # others (F8_*) are named as the file says
+MAX_HEADER_BYTES = 100 * 2 ** 20  # safetensors' own limit on the JSON header
+
+
+def check_param_dtype(name: str, dtype: str, source: str) -> None:
+    """A parameter tensor is floating point: float32, or a float dtype converted to it once. Integers and
+    booleans are refused: a number that was never a weight (an index, a mask, a step count)."""
+    if dtype != PARAM_DTYPE and dtype not in CONVERTED_DTYPES:
+        raise CheckpointError(f"{source}: tensor {name} has dtype {dtype}; parameters must be "
+                              f"{', '.join((PARAM_DTYPE, *CONVERTED_DTYPES))} (converted to {PARAM_DTYPE} once)")
+
+
+def param_arrays(arrays: dict[str, np.ndarray], dtypes: dict[str, str], source: str) -> dict[str, np.ndarray]:
+    """The one rule for a checkpoint's dtypes, in common so that every backend receives the same arrays:
+    integer and boolean tensors are refused; float16, bfloat16 (given as its raw uint16 bits) and float64
+    are converted to float32 here, exactly once; a NaN or an infinity, or a float64 value beyond float32's
+    range, is refused (a model cannot start from it). `conversion_note` says what was converted."""
+    out = {}
+    for name, value in arrays.items():
+        dtype = dtypes.get(name, str(value.dtype))
+        check_param_dtype(name, dtype, source)
+        if dtype == "bfloat16":  # its bits are the upper half of a float32's
+            value = (np.asarray(value, "<u2").astype("<u4") << 16).view("<f4")
+        elif not np.isfinite(value).all():
+            bad = value[~np.isfinite(value)]
+            raise CheckpointError(f"{source}: tensor {name} holds {int(np.isnan(bad).sum())} NaN and "
+                                  f"{int(np.isinf(bad).sum())} infinite values; parameters must be finite (the "
+                                  "checkpoint of a run that diverged?)")
+        with np.errstate(over="ignore"):  # a float64 beyond float32's range: refused just below
+            converted = np.asarray(value, np.float32)
+        if not converted.flags.aligned or not converted.flags.writeable:
+            converted = converted.copy()
+        if not np.isfinite(converted).all():
+            what = "NaN or infinite values" if dtype == "bfloat16" else f"{dtype} values beyond float32's range"
+            raise CheckpointError(f"{source}: tensor {name} holds {int((~np.isfinite(converted)).sum())} {what}; "
+                                  "parameters must be finite in float32")
+        out[name] = converted
+    return out
+
+
+def conversion_note(dtypes: dict[str, str]) -> str | None:
+    """What `param_arrays` converted, in the run record's words: 'checkpoint float16 -> float32' (None when
+    every tensor was float32 already)."""
+    converted = sorted({d for d in dtypes.values() if d in CONVERTED_DTYPES})
+    if not converted:
+        return None
+    count = sum(d in CONVERTED_DTYPES for d in dtypes.values())
+    return f"checkpoint {', '.join(converted)} -> {PARAM_DTYPE} ({count} of {len(dtypes)} tensors, converted once " \
+           "in common for every backend)"
+
+
+def read_safetensors(path: str | Path, source: str, header_only: bool = False):
+    """(arrays, dtypes, metadata) of a safetensors file, read with numpy alone: every dtype the format has,
+    bfloat16 too (numpy has none: its tensors come back as their raw uint16 bits, `dtypes` says bfloat16).
+    With `header_only`, arrays is empty. A file that is not one raises CheckpointError."""
+    def unreadable(why: str) -> CheckpointError:
+        return CheckpointError(f"{source} is not a readable safetensors file: {why}")
 
     try:
-        params = load_file(str(path))
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise unreadable(f"it has {size} bytes, fewer than a header")
+            n = int.from_bytes(head, "little")
+            if n > min(size - 8, MAX_HEADER_BYTES):
+                raise unreadable(f"its header claims {n} bytes; the file has {size} (truncated, or another format)")
+            try:
+                header = json.loads(f.read(n))
+            except (ValueError, RecursionError) as e:
+                raise unreadable(f"its header is not JSON ({type(e).__name__})") from None
+            entries = _check_header(header, size - 8 - n, unreadable)
+            data = None if header_only else np.fromfile(f, np.uint8)  # writable: the arrays below are views
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} does not exist") from None
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {path} is not a readable safetensors file: {e}") from None
-    check_params(model, params, source=f"checkpoint {path}")
-    return params
+        raise CheckpointError(f"{source} does not exist") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {source}: {e.strerror or e}") from None
+    dtypes = {name: SAFETENSORS_DTYPES.get(e["dtype"], e["dtype"]) for name, e in entries.items()}
+    arrays = {}
+    for name, e in ({} if header_only else entries).items():
+        start, end = e["data_offsets"]
+        stored = "uint16" if dtypes[name] == "bfloat16" else dtypes[name]
+        if stored not in SAFETENSORS_DTYPES.values():
+            arrays[name] = np.zeros(0)  # a dtype numpy does not have: param_arrays refuses it by name
+            continue
+        arrays[name] = np.frombuffer(data, np.dtype(stored).newbyteorder("<"), count=math.prod(e["shape"]),
+                                     offset=start).reshape(e["shape"])
+    metadata = header.get("__metadata__") if isinstance(header.get("__metadata__"), dict) else {}
+    return arrays, dtypes, metadata
+
+
+def _check_header(header, data_size: int, unreadable) -> dict:
+    """The tensor entries of a safetensors header, each with a dtype, a shape and offsets inside the data
+    that hold exactly its elements."""
+    if not isinstance(header, dict):
+        raise unreadable("its header is not a JSON object")
+    entries = {k: v for k, v in header.items() if k != "__metadata__"}
+    for name, e in entries.items():
+        ok = isinstance(e, dict) and isinstance(e.get("dtype"), str) and isinstance(e.get("shape"), list) and \
+            all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"]) and \
+            isinstance(e.get("data_offsets"), list) and len(e["data_offsets"]) == 2 and \
+            all(isinstance(o, int) and not isinstance(o, bool) for o in e["data_offsets"])
+        if not ok:
+            raise unreadable(f"tensor {name}'s entry is not {{dtype, shape, data_offsets}}")
+        start, end = e["data_offsets"]
+        if not 0 <= start <= end <= data_size:
+            raise unreadable(f"tensor {name} lies outside the file ({start}..{end} of {data_size} bytes; truncated?)")
+        dtype = {"bfloat16": "uint16"}.get(SAFETENSORS_DTYPES.get(e["dtype"]), SAFETENSORS_DTYPES.get(e["dtype"]))
+        if dtype and end - start != math.prod(e["shape"]) * np.dtype(dtype).itemsize:
+            raise unreadable(f"tensor {name} has {end - start} bytes for shape {e['shape']} of {e['dtype']}")
+    return entries

@@ -16,6 +16,7 @@ from pathlib import Path  # noqa: E402
 
 from common.cli import (  # noqa: E402
     INPUT_ERRORS,
+    Parser,
     add_no_hlo_flag,
     add_profile_flag,
     add_run_flags,
@@ -24,7 +25,6 @@ from common.cli import (  # noqa: E402
     run_flags_argv,
 )
 from common.data import make_dataset  # noqa: E402
-from common.fsutil import write_json_atomic, write_text_atomic  # noqa: E402
 from common.record import RecordError, read_record, read_tensors  # noqa: E402
 from common.spec import SpecError  # noqa: E402
 from common.vocab import (  # noqa: E402
@@ -43,21 +43,54 @@ from common.vocab import (  # noqa: E402
 from compare.cache import backend_cache_dir, default_cache_dir  # noqa: E402
 from compare.determinism import judge_determinism  # noqa: E402
 from compare.orchestrate import BACKEND_MODULES, Plan, run_all  # noqa: E402
-from compare.plots import write_plots  # noqa: E402
+from compare.output import later_verdict, show, write_report  # noqa: E402
+from compare.plots import PLOT_FILES  # noqa: E402
 from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start  # noqa: E402
 from compare.progress import LiveProgress  # noqa: E402
-from compare.render import markdown, print_tables  # noqa: E402
-from compare.report import build_report  # noqa: E402
+from compare.report import build_report, check_belongs  # noqa: E402
+from compare.rundir import RunDirError, check_run_id, claim, default_out, new_run_id  # noqa: E402
+from compare.rundir import check as check_out  # noqa: E402
 from compare.statistical import SEEDS_DIR, apply_verdict, judge  # noqa: E402
 from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
 
 BOTH = (Backend.JAX.value, Backend.TORCH_XLA.value)  # `--backend both`, the default
 TORCH_RUNTIMES = (Backend.TORCH.value, Backend.TORCH_XLA.value, Backend.TORCHAX.value)
 START_DIR = "start"  # the prepared common start (a user twin, a torch / hf checkpoint) in the run directory
+REPORT_FILES = ("report.json", "report.md")
+MAX_SEEDS = 100  # each seed is a whole run of every backend
+
+
+def bounded_int(low: int, high: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what} from {low} to {high}")
+        return value
+    return parse
+
+
+def run_id_arg(text: str) -> str:
+    try:
+        return check_run_id(text)
+    except RunDirError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--run-id {text!r}: ")) from None
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m compare", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="both",
                         help=f"both (= {','.join(BOTH)}, the default) | all | a comma list of "
                              f"{', '.join(BACKEND_MODULES)}")
@@ -71,10 +104,14 @@ def parse_args(argv):
                         help="start every backend from these weights: " + "; ".join(
                             f"{f.value}: {m}" for f, m in CHECKPOINT_FORMAT_MEANINGS.items()
                             if f != CheckpointFormat.ORBAX))
-    parser.add_argument("--out", type=Path, help="run directory (default runs/compare-<time>)")
+    parser.add_argument("--out", type=Path, help="run directory (default runs/compare-<time>-<run id>); compare "
+                                                 "writes only into a new or empty directory or one of its own runs")
+    parser.add_argument("--run-id", type=run_id_arg, help="this run's id (default: a random one), written into "
+                                                         "the report and every backend's record")
     add_profile_flag(parser)
     add_no_hlo_flag(parser)
-    parser.add_argument("--overwrite", action="store_true", help="reuse an --out that already holds a finished run")
+    parser.add_argument("--overwrite", action="store_true", help="replace the finished run an --out holds (only "
+                                                                 "that run's files are removed)")
     for name in BACKEND_MODULES:  # one flag of each kind per backend, named after it
         flag = name.replace("_", "-")
         parser.add_argument(f"--{flag}-python", default=sys.executable, help=f"interpreter of the {name} environment")
@@ -90,13 +127,15 @@ def parse_args(argv):
                         help="persistent compile caches of the backends (default: %(default)s)")
     parser.add_argument("--no-compile-cache", dest="compile_cache", action="store_const", const=None,
                         help="compile everything afresh (no persistent cache read or written)")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per backend before it is killed")
+    parser.add_argument("--timeout", type=positive_seconds, default=1800.0,
+                        help="seconds per backend (and per preparation step of a twin) before it is killed")
     parser.add_argument("--tolerance-profile", default="default",
                         help=f"{' | '.join(PROFILES)} or a JSON file {{dtype: {{kind: {{atol, rtol}}}}}}")
     parser.add_argument("--parity-mode", choices=values(ParityMode), default=ParityMode.DETERMINISTIC.value,
                         help="; ".join(f"{m.value}: {meaning}" for m, meaning in PARITY_MODE_MEANINGS.items()))
-    parser.add_argument("--seeds", type=int, default=5, metavar="K", help="seeds per backend in the statistical "
-                                                                          "parity mode (default 5, at least 3)")
+    parser.add_argument("--seeds", type=bounded_int(1, MAX_SEEDS, "seeds"), default=5, metavar="K",
+                        help="seeds per backend in the statistical parity mode (default 5, at least 3; each is a "
+                             "whole run of every backend)")
     parser.add_argument("--check-determinism", action="store_true",
                         help="run each backend twice and require bitwise-identical per-step losses")
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
@@ -153,6 +192,7 @@ def check_inputs(args, names: list[str]):
         flag = f"--{name.replace('_', '-')}-record"
         try:
             record = read_record(path)
+            check_belongs(record, path, None)
             if record.status == BackendStatus.OK and len(names) > 1:
                 read_tensors(path, record)
         except RecordError as e:
@@ -177,6 +217,10 @@ def check_parity_mode(args, spec) -> None:
         if reused:
             raise SpecError(f"--parity-mode statistical runs every backend --seeds times; it cannot reuse "
                             f"--{reused[0].replace('_', '-')}-record")
+    reused = [n for n in BACKEND_MODULES if getattr(args, f"{n}_record", None)]
+    if args.check_determinism and reused:  # a reused run is not run again: nothing would be checked
+        raise SpecError(f"--check-determinism runs each backend twice; it cannot reuse "
+                        f"--{reused[0].replace('_', '-')}-record (run that backend here instead)")
 
 
 def seed_argv(args, name: str, seed: int) -> list[str]:
@@ -185,21 +229,19 @@ def seed_argv(args, name: str, seed: int) -> list[str]:
     return [a for a in backend_argv(side, name) if a != "--parity"] + ["--throughput-steps", "0"]
 
 
-def prepare_out_dir(args) -> Path:
-    out = args.out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    if (out / "report.json").exists():
-        if not args.overwrite:
-            fail(f"{out} already holds a finished run (report.json); pass --overwrite or another --out",
-                 ExitCode.USAGE)
-        shutil.rmtree(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        fail(f"run directory {out} is not writable ({e.strerror or e}); pass a writable --out", ExitCode.USAGE)
-    return out
+def run_entries(names: list[str]) -> list[str]:
+    """Every top-level entry a compare run may write in its directory (what replacing it may remove)."""
+    return [*names, *(f"{n}-repeat" for n in names), START_DIR, SEEDS_DIR, *REPORT_FILES, *PLOT_FILES]
+
+
+def run_inputs(args, names: list[str]) -> dict[str, Path]:
+    """The paths this run reads, by flag: they must not lie in a run that --overwrite would remove."""
+    inputs = {f"--{n.replace('_', '-')}-record": getattr(args, f"{n}_record") for n in names}
+    inputs["--spec"] = Path(args.spec) if Path(args.spec).suffix in (".toml", ".json") else None
+    inputs["--checkpoint"] = Path(args.checkpoint.partition(":")[2] or args.checkpoint) if args.checkpoint else None
+    inputs["--twin"] = Path(args.twin.rpartition(":")[0]) if args.twin and ".py:" in args.twin else None
+    inputs["--tolerance-profile"] = Path(args.tolerance_profile) if args.tolerance_profile not in PROFILES else None
+    return {flag: path for flag, path in inputs.items() if path}
 
 
 def prepare(args, spec, names: list[str]) -> Path | None:
@@ -226,29 +268,56 @@ def backend_argv(args, name: str) -> list[str]:
         argv += ["--profile", str(args.profile)]
     if args.no_hlo:
         argv.append("--no-hlo")
-    return argv + ["--parity"]
+    return argv + ["--run-id", args.run_id, "--parity"]
 
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def install_signal_handlers() -> None:
+    """SIGINT, SIGTERM and SIGHUP end compare alike: the running subprocesses are taken down, temp folders
+    removed, the run reported as interrupted. Installed on main's first line: no window without them.
+    SIGINT too: a process started in the background by a non-interactive shell (`make test &`, CI) inherits
+    SIGINT ignored, and Python then installs no KeyboardInterrupt for it."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
+
+
+def claim_run_dir(args, names: list[str], prepared: Path | None):
+    """The run directory, claimed for this run (compare/rundir.py), with the prepared start moved in."""
+    try:
+        run_dir = claim(args.out, args.run_id, run_entries(names), args.overwrite, run_inputs(args, names))
+        if prepared:
+            shutil.move(prepared, args.out / START_DIR)
+    except RunDirError as e:
+        fail(str(e), ExitCode.USAGE)
+    finally:
+        if prepared and prepared.exists():
+            shutil.rmtree(prepared, ignore_errors=True)
+    if run_dir.replaced and run_dir.replaced.get("state") != "finished":
+        print(f"warning: {args.out} held run {run_dir.replaced.get('run_id')} (pid {run_dir.replaced.get('pid')}) "
+              "that never finished (killed?); its files were replaced by this run", file=sys.stderr)
+    if prepared:  # the backends run the prepared spec (canonical tree filled in) from the common start
+        start = args.out / START_DIR
+        args.spec, args.twin, args.checkpoint = str(start / SPEC_FILE), None, start / INIT_FILE
+    return run_dir
+
+
 def main(argv=None) -> int:
+    install_signal_handlers()
     args = parse_args(argv)
     names = backends_of(args.backend)
     reference = reference_of(args, names)
     spec, policy, reuse = check_inputs(args, names)
-    prepared = prepare(args, spec, names)
+    args.run_id = args.run_id or new_run_id()
+    args.out = args.out or default_out(args.run_id)
     try:
-        out = prepare_out_dir(args)
-    except SystemExit:
-        if prepared:
-            shutil.rmtree(prepared, ignore_errors=True)
-        raise
-    if prepared:  # the backends run the prepared spec (canonical tree filled in) from the common start
-        shutil.move(prepared, out / START_DIR)
-        args.spec, args.twin, args.checkpoint = str(out / START_DIR / SPEC_FILE), None, out / START_DIR / INIT_FILE
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+        check_out(args.out, args.overwrite)  # before the preparation, which can take minutes
+    except RunDirError as e:
+        fail(str(e), ExitCode.USAGE)
+    run_dir = claim_run_dir(args, names, prepare(args, spec, names))
+    out = args.out
     plan = Plan(names, {n: getattr(args, f"{n}_python") for n in names}, {n: backend_argv(args, n) for n in names},
                 reuse, out, args.timeout, args.check_determinism)
     main_started = time.time()
@@ -263,26 +332,17 @@ def main(argv=None) -> int:
     backends_done = time.time()
     report = build_report(args, spec, policy, names, reference, outcome.runs, out, outcome.interrupted)
     if seeds:
-        report = apply_verdict(report, judge(out, names, reference, seeds))
+        report = later_verdict(report, "statistical", lambda r: apply_verdict(r, judge(out, names, reference, seeds)))
     if args.check_determinism:
-        report = judge_determinism(report, outcome.runs, outcome.repeats)
+        report = later_verdict(report, "determinism",
+                               lambda r: judge_determinism(r, outcome.runs, outcome.repeats))
+    report["run_id"], report["replaced_run"] = args.run_id, run_dir.replaced
     report["wall_time"] = {"compare_imports_s": main_started - STARTED_AT, "backends_s": backends_done - main_started,
                            "report_s": time.time() - backends_done, "total_s": time.time() - STARTED_AT,
                            "note": "compare's own interpreter start (before its first line) is not included"}
-    try:
-        report["plots"] = write_plots(report, out)
-        write_json_atomic(out / "report.json", report)
-        write_text_atomic(out / "report.md", markdown(report))
-    except OSError as e:  # atomic writes: no half report is left
-        fail(f"cannot write the report to {out}: {e.strerror or e} (disk full, or the directory became "
-             "unwritable); free space or pass another --out", ExitCode.IO)
-    if args.json:
-        print((out / "report.json").read_text(), end="")
-    elif not args.quiet:
-        print_tables(report)
-    for run in outcome.runs.values():
-        if run.status != BackendStatus.OK:
-            print(f"error: {run.name}: {run.status}: {run.message} (logs: {run.run_dir})", file=sys.stderr)
+    write_report(report, out)
+    run_dir.finish(report["status"])
+    show(args, report, outcome.runs)
     return report["exit_code"]
 
 

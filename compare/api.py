@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from compare.orchestrate import backend_env, error_line
+from compare.rundir import default_out, new_run_id
 
 DEFAULT_BACKENDS = "jax,torch"  # the NNX port against eager PyTorch, the ground truth of the torch side
 
@@ -61,18 +61,25 @@ def check_twin(twin: str, *, backends: str | Sequence[str] = DEFAULT_BACKENDS, o
                extra_args: Sequence[str] = (), python: str = sys.executable) -> Report:
     """Compare a twin (`FILE_OR_MODULE:NAME`) on this machine. Returns the Report whatever the verdict;
     raises CompareError when compare refuses the input (exit 2 before any run directory exists)."""
-    out = Path(out) if out else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_id = new_run_id()
+    out = Path(out) if out else default_out(run_id)
     argv = ["--twin", twin, "--backend", backends if isinstance(backends, str) else ",".join(backends),
-            "--out", str(out), "--overwrite", "--quiet"]
+            "--out", str(out), "--run-id", run_id, "--overwrite", "--quiet"]
     for flag, value in (("--steps", steps), ("--mesh", mesh), ("--seed", seed), ("--dtype", dtype),
                         ("--tolerance-profile", tolerance_profile), ("--timeout", timeout_s)):
         if value is not None:
             argv += [flag, str(value)]
     argv += [a for item in sets for a in ("--set", item)] + list(extra_args)
-    started = time.time()
     proc = subprocess.run([python, "-m", "compare", *argv], capture_output=True, text=True, env=backend_env())
-    report_path = out / "report.json"
-    # a report older than this call is an earlier run's: compare refused this one before writing any
-    if not report_path.exists() or report_path.stat().st_mtime < started - 1:
+    data = _report_of_run(out / "report.json", run_id)
+    if data is None:  # compare refused this run before writing a report: what is there is another run's
         raise CompareError(error_line(proc.stderr) or f"compare exited with code {proc.returncode}", proc.returncode)
-    return Report(json.loads(report_path.read_text()), out.resolve(), proc.returncode)
+    return Report(data, out.resolve(), proc.returncode)
+
+
+def _report_of_run(path: Path, run_id: str) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("run_id") == run_id else None

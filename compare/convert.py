@@ -8,10 +8,14 @@ Reads canonical, torch (.pt/.pth/.bin/.safetensors), hf and orbax; writes canoni
 .safetensors) and orbax (an NNX `nnx.state(model, nnx.Param)` checkpoint that `nnx.update` restores).
 Each side runs in its own interpreter (`--torch-python`, `--jax-python`), as in compare; every step
 checks names and shapes, and round trips are bitwise. Bad input is one line and exit 2, nothing written.
+
+Never over what the user had (`common.targets`): a file target that exists, or a directory target that
+is not new, empty or a checkpoint this toolkit wrote, is refused (exit 2); `--overwrite` replaces a file,
+or a checkpoint of ours (only the entries it wrote). The new file or checkpoint is written beside the
+target and moved into place; a write that fails (disk full) is exit 7 and leaves the target as it was.
 """
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import sys
@@ -19,8 +23,9 @@ import tempfile
 from pathlib import Path
 
 from common.checkpoints import parse_checkpoint
-from common.cli import INPUT_ERRORS, fail, resolve_spec
+from common.cli import INPUT_ERRORS, Parser, fail, resolve_spec
 from common.fsutil import write_json_atomic
+from common.targets import TargetWriteError, check_dir_target, check_file_target, file_target
 from common.vocab import CheckpointFormat, ExitCode
 from common.weights import CheckpointError, load_checkpoint, save_checkpoint
 from compare.orchestrate import backend_env, error_line
@@ -29,6 +34,8 @@ from compare.prepare import INIT_FILE, prepare_start
 
 def run_side(python: str, module: str, *args: str) -> None:
     proc = subprocess.run([python, "-m", module, *args], capture_output=True, text=True, env=backend_env())
+    if proc.returncode == ExitCode.IO:
+        raise TargetWriteError(error_line(proc.stderr) or f"{module} could not write its output")
     if proc.returncode != 0:
         raise CheckpointError(error_line(proc.stderr) or f"{module} exited with code {proc.returncode}")
 
@@ -39,6 +46,10 @@ def convert(args, tmp: Path) -> None:
     if dst_fmt == CheckpointFormat.HF:
         raise CheckpointError(f"--to {args.target}: writing Hugging Face checkpoints is not supported; write torch: "
                               "and load it into the HF model with load_state_dict")
+    if dst_fmt == CheckpointFormat.ORBAX:  # refused before anything is read or written
+        check_dir_target(dst, args.overwrite, f"--to {args.target}")
+    else:
+        check_file_target(dst, args.overwrite, f"--to {args.target}")
     spec = resolve_spec(args)
     from_torch_side = src_fmt in (CheckpointFormat.TORCH, CheckpointFormat.HF, CheckpointFormat.CANONICAL)
     spec, folder = prepare_start(spec, args.source if from_torch_side else None, args.torch_python, args.jax_python,
@@ -59,18 +70,21 @@ def write(args, spec, src_fmt, src: Path, dst_fmt, dst: Path, folder: Path | Non
                  "--to-canonical", str(canonical))
     else:
         canonical = folder / INIT_FILE if folder else src
+    overwrite = ["--overwrite"] if args.overwrite else []
     if dst_fmt == CheckpointFormat.CANONICAL:
-        save_checkpoint(dst, load_checkpoint(canonical, spec.model))
+        params = load_checkpoint(canonical, spec.model)
+        with file_target(dst, args.overwrite, f"--to {args.target}") as out:
+            save_checkpoint(out, params)
     elif dst_fmt == CheckpointFormat.TORCH:
         run_side(args.torch_python, "torch_impl.export", "--spec", str(spec_file), "--canonical", str(canonical),
-                 "--to", str(dst))
+                 "--to", str(dst), *overwrite)
     else:
         run_side(args.jax_python, "jax_impl.export", "--spec", str(spec_file), "--canonical", str(canonical),
-                 "--to-orbax", str(dst))
+                 "--to-orbax", str(dst), *overwrite)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m compare.convert", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m compare.convert", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", default="gpt-tiny", help="preset or spec file (default gpt-tiny)")
     parser.add_argument("--twin", metavar="FILE_OR_MODULE:NAME", help="a user twin instead of --spec")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
@@ -79,6 +93,8 @@ def main(argv=None) -> int:
     parser.add_argument("--torch-python", default=sys.executable)
     parser.add_argument("--jax-python", default=sys.executable)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the --to file, or the checkpoint of this toolkit in the --to directory")
     args = parser.parse_args(argv)
     args.steps = args.mesh = args.dtype = args.seed = None  # the run flags resolve_spec reads
     try:
@@ -86,6 +102,8 @@ def main(argv=None) -> int:
             convert(args, Path(tmp))
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
+    except TargetWriteError as e:
+        fail(str(e), ExitCode.IO)
     print(f"{args.source} -> {args.target}")
     return ExitCode.OK
 

@@ -15,29 +15,51 @@ jaxlib or torch_xla wheels, so the diff is over the counts of
 """
 from __future__ import annotations
 
-import argparse
 import json
+import os
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from common.cli import fail
+from common.cli import Parser, fail
+from common.fsutil import require_regular_file
 from common.record import RECORD_FILE, RecordError, read_record
 from common.vocab import ExitCode
 from compare.program import compiled_program, metric_rows, one_sided_ops, program_of_text
 
 
+def hlo_text(path: Path) -> str:
+    """The text of an optimized-HLO file (its first line `HloModule ...`); ValueError when it is not one."""
+    require_regular_file(path, "", ValueError)  # a FIFO would block the read forever
+    not_hlo = ValueError(f"{path} is not HLO text (no HloModule header); give an optimized HLO dump or a run "
+                         "directory")
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip()
+    if not head.startswith(b"HloModule "):
+        raise not_hlo
+    try:
+        return path.read_text()
+    except UnicodeDecodeError:
+        raise not_hlo from None
+
+
 def program_at(path: Path, backend: str | None) -> tuple[Path, dict]:
     """(HLO file, program summary) of a file, a backend run dir (memory and cost analysis from its
     record too) or a compare run dir; raises ValueError."""
+    require_regular_file(path, "", ValueError, directory_ok=True)
     if path.is_file():
-        return path, program_of_text(path.read_text())
+        return path, program_of_text(hlo_text(path))
     if not path.is_dir():
         raise ValueError(f"{path}: no such file or directory (give an HLO text file or a run directory)")
     report = path / "report.json"
     if not (path / RECORD_FILE).exists() and report.exists():
-        data = json.loads(report.read_text())
+        try:
+            data = json.loads(require_regular_file(report, "compare report", ValueError).read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"compare report {report} is not valid JSON (truncated or corrupt): {e}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"compare report {report} is not a JSON object (truncated or corrupt)")
         name = backend or data.get("reference")
         if name not in data.get("backend_names", []):
             raise ValueError(f"{path} has no backend {name!r} (it ran {', '.join(data.get('backend_names', []))}); "
@@ -47,6 +69,9 @@ def program_at(path: Path, backend: str | None) -> tuple[Path, dict]:
         record = read_record(path / RECORD_FILE)
     except RecordError as e:
         raise ValueError(str(e)) from None
+    hlo_file = (record.hlo_stats or {}).get("hlo_file")
+    if hlo_file and os.path.lexists(path / hlo_file):
+        hlo_text(path / hlo_file)  # a FIFO, or a file that is not HLO, is one line here
     program = compiled_program(record, path)
     if not program["available"]:
         raise ValueError(f"{path} ({record.backend}) has no compiled program: {program['why']}")
@@ -79,7 +104,7 @@ def print_diff(a: tuple[Path, dict], b: tuple[Path, dict], console: Console) -> 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m compare.hlo", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m compare.hlo", description=__doc__.split("\n\n")[0])
     parser.add_argument("a", type=Path, help="HLO text file, backend run dir or compare run dir")
     parser.add_argument("b", type=Path, help="the same kinds as A")
     parser.add_argument("--backend", help="which backend of a compare run dir (default: its reference)")

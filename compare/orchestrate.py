@@ -15,12 +15,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.record import LOG_FILES
 from common.vocab import Backend, BackendStatus, ExitCode
+from compare.guard import GUARD
 
 REPO = Path(__file__).resolve().parents[1]
 BACKEND_MODULES = {Backend.JAX: "jax_impl", Backend.TORCH: "torch_impl", Backend.TORCH_XLA: "torch_xla_impl",
                    Backend.TORCHAX: "torchax_impl"}
-STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"
+STDOUT_LOG, STDERR_LOG = LOG_FILES
 
 
 @dataclass
@@ -105,20 +107,24 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
                               f"cannot start {python}: {e.strerror or e}; check --{name.replace('_', '-')}-python",
                               0.0, command)
         reader = threading.Thread(target=_read_progress, args=(proc.stdout, out_log, on_progress), daemon=True)
-        reader.start()
-        try:
+        try:  # from here on a signal in compare takes the group down, whenever it comes
+            GUARD.watch(proc.pid)  # should compare itself be killed, the guard takes the group down
+            reader.start()
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
+            GUARD.unwatch(proc.pid)
             reader.join(timeout=5)
             return BackendRun(name, run_dir, BackendStatus.TIMEOUT, None, f"no result after --timeout {timeout_s:g} s; "
                               "killed with its process group", time.perf_counter() - start, command, started_at)
         except BaseException:  # Ctrl-C / SIGTERM in compare: take the backend down with us
             _kill_group(proc)
+            GUARD.unwatch(proc.pid)
             raise
         wall = time.perf_counter() - start
         if _group_alive(proc.pid):  # children left behind by a backend that exited
             _kill_group(proc, grace_s=2.0)
+        GUARD.unwatch(proc.pid)
         reader.join(timeout=5)
     if code == ExitCode.OK:
         return BackendRun(name, run_dir, BackendStatus.OK, 0, "", wall, command, started_at)

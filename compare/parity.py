@@ -29,25 +29,68 @@ def setting_differences(a: RunRecord, b: RunRecord) -> list[str]:
             for k in sorted(set(fa) | set(fb)) if k != "spec.name" and fa.get(k) != fb.get(k)]
 
 
-def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float) -> dict:
+def _value_kind(x: np.ndarray) -> np.ndarray:
+    """Per element: 'finite', 'nan', 'inf' or '-inf'."""
+    return np.where(np.isnan(x), "nan", np.where(np.isposinf(x), "inf", np.where(np.isneginf(x), "-inf",
+                                                                                 "finite")))
+
+
+def nonfinite_mismatches(ref: np.ndarray, other: np.ndarray) -> list[tuple[int, str, str]]:
+    """Where two tensors of one shape disagree in a non-finite value: (count, kind on ref, kind on other)
+    per pair of kinds, most first. Empty when every non-finite element has its equal on the other side
+    (the same infinity, or NaN against NaN, at the same position)."""
+    a, b = _value_kind(ref), _value_kind(other)
+    differ = (a != b) & ((a != "finite") | (b != "finite"))
+    if not differ.any():
+        return []
+    pairs, counts = np.unique(np.stack([a[differ], b[differ]], axis=-1), axis=0, return_counts=True)
+    return sorted(((int(n), str(x), str(y)) for n, (x, y) in zip(counts, pairs)), key=lambda m: (-m[0], m[1:]))
+
+
+def _mismatch_words(mismatches: list[tuple[int, str, str]], names: tuple[str, str]) -> str:
+    """'3 elements are -inf on jax and finite on torch; 1 element is nan on jax and inf on torch'."""
+    return "; ".join(f"{n} element{'s are' if n != 1 else ' is'} {x} on {names[0]} and {y} on {names[1]}"
+                     for n, x, y in mismatches)
+
+
+def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float,
+                 names: tuple[str, str] = ("the reference", "the other side")) -> dict:
+    """Max abs / rel error of `other` against `ref`, and whether it is within atol + rtol * max|ref|.
+
+    Non-finite values are compared by rule, never hidden: the same infinity at the same position on both
+    sides is equal, and so is NaN against NaN (the same computation gave no number on either side; a
+    masked class or vocabulary entry is -inf on both); they add 0 error. A NaN or an infinity facing a
+    finite number, another infinity or NaN fails the tensor, and `nonfinite` names each kind with its
+    count. abs and rel are computed over the finite pairs only."""
     ref, other = np.asarray(ref, np.float64), np.asarray(other, np.float64)
     if ref.shape != other.shape:
         return {"abs": None, "rel": None, "tolerance_used": None, "within": False,
                 "note": f"shapes differ: {ref.shape} vs {other.shape}"}
-    if not (np.all(np.isfinite(ref)) and np.all(np.isfinite(other))):
-        return {"abs": None, "rel": None, "tolerance_used": None, "within": False, "note": "non-finite values"}
+    finite = np.isfinite(ref) & np.isfinite(other)
+    mismatches, extra = [], {}
+    if not finite.all():
+        mismatches = nonfinite_mismatches(ref, other)
+        mismatched = sum(n for n, _, _ in mismatches)
+        extra["nonfinite"] = {"equal": int((~finite).sum()) - mismatched, "mismatched": mismatched}
+        if mismatches:
+            extra["note"] = _mismatch_words(mismatches, names)
+        ref, other = ref[finite], other[finite]
     diff = float(np.max(np.abs(ref - other))) if ref.size else 0.0
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
     bound = atol + rtol * scale
+    used = diff / bound if bound > 0 else (0.0 if diff == 0 else None)
     return {"abs": diff, "rel": diff / scale if scale > 0 else (0.0 if diff == 0 else None),
-            "tolerance_used": diff / bound, "within": diff <= bound}
+            # a non-finite mismatch fails whatever the finite pairs say: unmeasurable, ranked first
+            "tolerance_used": None if mismatches else used, "within": not mismatches and diff <= bound, **extra}
 
 
 KIND_OF_GROUP = {"outputs": "forward", "grads": "grad", "params": "params"}
 
 
-def compare_tensors(ref: dict, other: dict, policy: dict) -> dict[str, dict]:
-    """{'<group>/<name>': error} for every tensor either side saved."""
+def compare_tensors(ref: dict, other: dict, policy: dict,
+                    names: tuple[str, str] = ("the reference", "the other side")) -> dict[str, dict]:
+    """{'<group>/<name>': error} for every tensor either side saved (`names`: the two backends, as the
+    notes on non-finite values name them)."""
     out = {}
     for group, kind in KIND_OF_GROUP.items():
         bounds = policy[kind]
@@ -58,7 +101,7 @@ def compare_tensors(ref: dict, other: dict, policy: dict) -> dict[str, dict]:
                 out[key] = {"abs": None, "rel": None, "tolerance_used": None, "within": False, "kind": kind,
                             "note": f"missing on the {'reference' if name not in a else 'other'} side"}
                 continue
-            out[key] = {**tensor_error(a[name], b[name], bounds["atol"], bounds["rtol"]), "kind": kind}
+            out[key] = {**tensor_error(a[name], b[name], bounds["atol"], bounds["rtol"], names), "kind": kind}
     return out
 
 
@@ -88,11 +131,22 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
+def _masks_agree(ref: np.ndarray, other: np.ndarray) -> bool:
+    """Logits whose only non-finite values are -inf at the same positions on both sides (a masked class or
+    vocabulary entry), each position keeping a finite logit: distributions both sides define alike."""
+    if np.isnan(ref).any() or np.isnan(other).any() or np.isposinf(ref).any() or np.isposinf(other).any():
+        return False
+    masked = np.isneginf(ref)
+    return bool(np.array_equal(masked, np.isneginf(other)) and not masked.all(axis=-1).any())
+
+
 def logit_agreement(ref: np.ndarray, other: np.ndarray, chunk: int = 4096) -> dict | None:
     """Step-0 logits as next-token distributions: KL(ref || other) per position (nats; mean and max) and
-    how often the top-1 token agrees and how much of the top-5 overlaps. None for mismatched shapes
-    or fewer than two classes. Rows go in chunks so a 50k vocabulary stays in memory."""
-    if ref.shape != other.shape or ref.ndim < 2 or ref.shape[-1] < 2:
+    how often the top-1 token agrees and how much of the top-5 overlaps. None for mismatched shapes,
+    fewer than two classes, or non-finite logits other than -inf masks both sides share (a masked
+    entry has probability 0 on both sides and adds 0 to KL). Rows go in chunks so a 50k vocabulary
+    stays in memory."""
+    if ref.shape != other.shape or ref.ndim < 2 or ref.shape[-1] < 2 or not _masks_agree(ref, other):
         return None
     a, b = ref.reshape(-1, ref.shape[-1]), other.reshape(-1, other.shape[-1])
     k = min(5, a.shape[1])
@@ -100,7 +154,9 @@ def logit_agreement(ref: np.ndarray, other: np.ndarray, chunk: int = 4096) -> di
     for start in range(0, len(a), chunk):
         x, y = a[start:start + chunk].astype(np.float64), b[start:start + chunk].astype(np.float64)
         lx, ly = _log_softmax(x), _log_softmax(y)
-        kl.append(np.sum(np.exp(lx) * (lx - ly), axis=-1))
+        p = np.exp(lx)
+        with np.errstate(invalid="ignore"):  # -inf - -inf at a shared mask: its probability 0 makes it 0
+            kl.append(np.sum(np.where(p > 0, p * (lx - ly), 0.0), axis=-1))
         top1.append(x.argmax(-1) == y.argmax(-1))
         tx, ty = np.argpartition(-x, k - 1, axis=-1)[:, :k], np.argpartition(-y, k - 1, axis=-1)[:, :k]
         topk.append(np.array([len(np.intersect1d(p, q)) / k for p, q in zip(tx, ty)]))
@@ -113,10 +169,9 @@ def logit_agreement(ref: np.ndarray, other: np.ndarray, chunk: int = 4096) -> di
 def judge_distribution(ref: dict, other: dict, bounds: dict, dtype: str, tensors: dict) -> dict | None:
     """Logit agreement with its verdict; in bfloat16 it also decides whether the logits are within."""
     logits_ref, logits_other = ref.get("outputs", {}).get("logits"), other.get("outputs", {}).get("logits")
-    if logits_ref is None or logits_other is None or not np.all(np.isfinite(logits_ref)) or \
-            not np.all(np.isfinite(logits_other)):
+    if logits_ref is None or logits_other is None:
         return None
-    agreement = logit_agreement(logits_ref, logits_other)
+    agreement = logit_agreement(logits_ref, logits_other)  # None unless both define the same distributions
     if agreement is None:
         return None
     agreement["within"] = agreement["kl_mean"] <= bounds["kl_mean"] and agreement["top1"] >= bounds["top1"]
@@ -148,12 +203,14 @@ def _aligned(ref: np.ndarray, other: np.ndarray) -> np.ndarray:
     return other
 
 
-def first_divergent_module(ref: dict, other: dict, bounds: dict) -> dict | None:
+def first_divergent_module(ref: dict, other: dict, bounds: dict,
+                           names: tuple[str, str] = ("the reference", "the other side")) -> dict | None:
     """Where two ports part at step 0: in the order the reference's modules finished, the first module
     whose input agrees but whose output does not (the culprit: everything it was fed agreed), else the
     first module whose output disagrees. None when every module agrees (or none was captured)."""
     outputs = [k for k in ref if not k.endswith(":in") and k in other]
-    errors = {k: tensor_error(ref[k], _aligned(ref[k], other[k]), bounds["atol"], bounds["rtol"]) for k in outputs}
+    errors = {k: tensor_error(ref[k], _aligned(ref[k], other[k]), bounds["atol"], bounds["rtol"], names)
+              for k in outputs}
     diverging = [k for k in outputs if not errors[k]["within"]]
     if not diverging:
         return None
@@ -173,7 +230,8 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     """The whole parity verdict of two runs (report.json's `parity`): settings, tensors, losses."""
     differences = setting_differences(ref, other)
     unexplained = [d for d in differences if d.split(":")[0] not in intended]
-    tensors = compare_tensors(ref_tensors, other_tensors, policy)
+    names = (ref.backend, other.backend)
+    tensors = compare_tensors(ref_tensors, other_tensors, policy, names)
     distribution = judge_distribution(ref_tensors, other_tensors, policy["distribution"],
                                       str(ref.numerics.get("dtype")), tensors)
     loss = compare_losses(ref.losses, other.losses, policy["loss"])
@@ -189,7 +247,8 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
             "intended_differences": [d for d in differences if d not in unexplained], "distribution": distribution,
             "first_divergent_step": first_step, "loss": loss, "tensors": tensors,
             "first_divergent_module": first_divergent_module(ref_tensors.get("activations", {}),
-                                                             other_tensors.get("activations", {}), policy["forward"]),
+                                                             other_tensors.get("activations", {}), policy["forward"],
+                                                             names),
             "worst": worst_tensors(tensors), "passed": passed,
             "dropout_sites": dropout_sites(ref, other)}
 

@@ -1,52 +1,94 @@
 """PNG plots for report.md: loss curves, |Δloss| against its tolerance, step-time distributions."""
 from __future__ import annotations
 
+import math
+import sys
 from pathlib import Path
 
 from common.fsutil import atomic_path
 
+PLOT_FILES = ("loss.png", "loss_diff.png", "step_time.png")  # every file write_plots may write
+
 
 def write_plots(report: dict, run_dir: Path) -> list[str]:
+    """Draw and write the plots of a strict report (compare/report.py strict_report); returns the files
+    written. A plot that cannot be drawn (any exception but a failed write, OSError, which is the caller's
+    exit 7) is left out and named in `report["not_built"]`."""
     import matplotlib  # here, not at the top: compare's start does not pay for it before the backends run
 
     matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
 
-    backends = report["backends"]
     written = []
-    with_losses = {n: b["losses"] for n, b in backends.items() if b.get("losses")}
-    if with_losses:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for name, losses in with_losses.items():
-            ax.plot(range(len(losses)), [float("nan") if v is None else v for v in losses], label=name,
-                    linestyle="-" if name == report["reference"] else "--")
-        ax.set(xlabel="step", ylabel="loss", title="Training loss")
-        ax.legend()
-        written.append(_save(fig, run_dir / "loss.png"))
-    parity = report.get("parity") or {}
-    diffs = {n: (p.get("loss") or {}).get("per_step_abs") for n, p in parity.items()}
-    diffs = {n: d for n, d in diffs.items() if d}
-    if diffs:
-        written.append(_loss_diff_plot(plt, report, diffs, run_dir / "loss_diff.png"))
-    timed = {n: b["step_ms_all"] for n, b in backends.items() if b.get("step_ms_all")}
-    if timed:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.boxplot(list(timed.values()), tick_labels=list(timed), showfliers=True)
-        ax.set(ylabel="ms per step (synced)", title="Step time after warm-up")
-        ax.set_yscale("log")
-        written.append(_save(fig, run_dir / "step_time.png"))
+    for name, draw in (("loss.png", _loss_plot), ("loss_diff.png", _loss_diff_plot),
+                       ("step_time.png", _step_time_plot)):
+        try:
+            if draw(report, run_dir / name):
+                written.append(name)
+        except OSError:
+            raise
+        except Exception as e:  # a plot's bad value must not cost the report
+            import matplotlib.pyplot as plt
+
+            plt.close("all")
+            why = f"{type(e).__name__}: {e}".splitlines()[0]
+            report.setdefault("not_built", []).append({"part": f"plots.{name}", "why": why})
+            print(f"warning: report: plot {name} could not be drawn ({why}); report.json says so (not_built)",
+                  file=sys.stderr)
     return written
 
 
-def _loss_diff_plot(plt, report: dict, diffs: dict[str, list], path: Path) -> str:
+def _finite(values) -> list[float]:
+    """Numbers to plot: None and report.json's "nan" / "inf" / "-inf" strings as NaN (a gap in the line)."""
+    return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan") for v in values]
+
+
+def _loss_plot(report: dict, path: Path) -> bool:
+    import matplotlib.pyplot as plt
+
+    with_losses = {n: b["losses"] for n, b in report["backends"].items() if b.get("losses")}
+    if not with_losses:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, losses in with_losses.items():
+        ax.plot(range(len(losses)), _finite(losses), label=name,
+                linestyle="-" if name == report["reference"] else "--")
+    ax.set(xlabel="step", ylabel="loss", title="Training loss")
+    ax.legend()
+    _save(fig, path)
+    return True
+
+
+def _step_time_plot(report: dict, path: Path) -> bool:
+    import matplotlib.pyplot as plt
+
+    timed = {n: b["step_ms_all"] for n, b in report["backends"].items() if b.get("step_ms_all")}
+    if not timed:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.boxplot([_finite(v) for v in timed.values()], tick_labels=list(timed), showfliers=True)
+    ax.set(ylabel="ms per step (synced)", title="Step time after warm-up")
+    ax.set_yscale("log")
+    _save(fig, path)
+    return True
+
+
+def _loss_diff_plot(report: dict, path: Path) -> bool:
     """|loss_b - loss_ref| per step for every backend b, against the loss tolerance of the reference's loss."""
+    import matplotlib.pyplot as plt
+
+    parity = report.get("parity") or {}
+    diffs = {n: _finite((p.get("loss") or {}).get("per_step_abs") or []) for n, p in parity.items()}
+    diffs = {n: d for n, d in diffs.items() if d}
+    if not diffs:
+        return False
     ref_name = report["reference"]
-    ref = report["backends"][ref_name]["losses"]
+    ref = _finite(report["backends"][ref_name]["losses"])
     tol = report["tolerances"]["loss"]
     n = max(len(d) for d in diffs.values())
-    bound = [tol["atol"] + tol["rtol"] * abs(v) if v is not None else float("nan") for v in ref[:n]]
+    bound = [tol["atol"] + tol["rtol"] * abs(v) for v in ref[:n]]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    floor = min([v for d in diffs.values() for v in d if v] + [min(bound)]) / 10
+    positive = [v for d in diffs.values() for v in d + bound if v > 0 and math.isfinite(v)]
+    floor = min(positive, default=1e-12) / 10
     for name, per_step in diffs.items():
         line = ax.semilogy(range(len(per_step)), [v if v else float("nan") for v in per_step], marker=".",
                            label=f"|loss_{name} - loss_{ref_name}|")[0]
@@ -60,7 +102,8 @@ def _loss_diff_plot(plt, report: dict, diffs: dict[str, list], path: Path) -> st
     ax.semilogy(range(len(bound)), bound, color="red", linestyle=":", label="tolerance")
     ax.set(xlabel="step", ylabel="|Δloss|", title=f"Loss difference per step against {ref_name}")
     ax.legend(loc="upper left", fontsize="small")
-    return _save(fig, path)
+    _save(fig, path)
+    return True
 
 
 def _save(fig, path: Path) -> str:

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import IO, NamedTuple
 
 import numpy as np
 from safetensors.numpy import load_file
@@ -30,28 +33,79 @@ from common.fsutil import write_json_atomic
 from common.spec import RunSpec, TwinSpec
 from common.twin import TwinError, load_twin, twin_of
 from common.vocab import CheckpointFormat
-from common.weights import CheckpointError, load_checkpoint, param_infos, save_checkpoint
+from common.weights import (
+    CheckpointError,
+    conversion_note,
+    load_checkpoint,
+    param_arrays,
+    param_infos,
+    read_safetensors,
+    save_checkpoint,
+)
+from compare.guard import GUARD
 from compare.orchestrate import backend_env, error_line
 
 SPEC_FILE, INIT_FILE = "spec.json", "init.safetensors"
 
 
-def _describe(python: str, module: str, spec_path: Path, out: Path, extra: list[str]) -> subprocess.Popen:
+# what each side's describe step writes; a step that exits 0 without them was stopped by the user's code
+SIDE_FILES = {"torch": ("torch_params.json", "torch_init.safetensors"), "NNX": ("nnx_params.json",)}
+
+
+class Step(NamedTuple):
+    proc: subprocess.Popen
+    stderr: IO[str]  # an unnamed file
+
+
+def _describe(python: str, module: str, spec_path: Path, out: Path, extra: list[str]) -> Step:
+    """A describe step in its own process group (it runs the user's factories: whatever they start goes
+    with it), watched by compare's guard should compare itself be killed. Its stderr goes to an unnamed
+    file, not a pipe, which a process the user's code starts could hold open after the step exits."""
+    err = tempfile.TemporaryFile("w+", errors="replace")
     try:
-        return subprocess.Popen([python, "-m", module, "--spec", str(spec_path), "--out", str(out), *extra],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=backend_env())
+        proc = subprocess.Popen([python, "-m", module, "--spec", str(spec_path), "--out", str(out), *extra],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                env=backend_env(), start_new_session=True)
     except OSError as e:
+        err.close()
         raise TwinError(f"cannot start {python} to describe the twin ({module}): {e.strerror or e}") from None
+    GUARD.watch(proc.pid)
+    return Step(proc, err)
 
 
-def _wait(proc: subprocess.Popen, side: str, timeout_s: float) -> None:
+def _stop(step: Step) -> None:
+    """The describe step's whole group killed (also after it exited: children its user code left), reaped."""
     try:
-        _, stderr = proc.communicate(timeout=timeout_s)
+        os.killpg(step.proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    step.proc.wait()
+    step.stderr.close()
+    GUARD.unwatch(step.proc.pid)
+
+
+def _wait(step: Step, side: str, folder: Path, spec: RunSpec, timeout_s: float) -> None:
+    what, proc = f"describing the {side} side of {_name(spec)}", step.proc
+    try:
+        proc.wait(timeout=timeout_s)
+        step.stderr.seek(0)
+        stderr = step.stderr.read()
     except subprocess.TimeoutExpired:
-        proc.kill()
-        raise TwinError(f"describing the {side} side of the twin took over {timeout_s:g} s") from None
+        raise TwinError(f"{what} (building its model) did not finish within --timeout {timeout_s:g} s; killed with "
+                        "its process group") from None
+    if proc.returncode < 0:
+        raise TwinError(f"{what} was killed by {signal.Signals(-proc.returncode).name}"
+                        + (f": {error_line(stderr)}" if error_line(stderr) else ""))
     if proc.returncode != 0:
-        raise TwinError(error_line(stderr) or f"describing the {side} side exited with code {proc.returncode}")
+        raise TwinError(error_line(stderr) or f"{what} exited with code {proc.returncode}")
+    missing = [f for f in SIDE_FILES[side] if not (folder / f).is_file()]
+    if missing:  # sys.exit(0) / os._exit(0) in the user's factory or forward
+        raise TwinError(f"{what} exited with code 0 before writing {', '.join(missing)} (sys.exit or os._exit in "
+                        f"the {side} factory or its model?); a factory must return the model")
+
+
+def _name(spec: RunSpec) -> str:
+    return f"twin {spec.model.twin!r}" if isinstance(spec.model, TwinSpec) else f"{spec.model.family} ({spec.name})"
 
 
 def prepare_start(spec: RunSpec, checkpoint: str | None, torch_python: str, jax_python: str,
@@ -69,17 +123,20 @@ def prepare_start(spec: RunSpec, checkpoint: str | None, torch_python: str, jax_
     if fmt == CheckpointFormat.ORBAX:
         raise CheckpointError(f"--checkpoint {checkpoint}: convert an orbax checkpoint first (python -m "
                               "compare.convert --from orbax:DIR --to canonical:FILE)")
-    twin = load_twin(spec.model.twin, frameworks_allowed=False) if user_twin else twin_of(spec.model)
+    twin = load_twin(spec.model.twin, frameworks_allowed=False, timeout_s=timeout_s) if user_twin \
+        else twin_of(spec.model)
     if user_twin and twin.init != "torch":
         raise TwinError(f"twin {spec.model.twin}: init={twin.init!r}; a user twin starts from its torch "
                         "initialisation (init='torch')")
     if fmt == CheckpointFormat.HF:  # fails fast, before any process starts
         hf.check_config(hf.read_config(path), spec.model, twin, f"hf checkpoint {path}")
-    folder = Path(tempfile.mkdtemp(prefix="xla-twins-prepare-"))
-    try:
+    folder = None
+    try:  # every exit but success (an input error, a timeout, Ctrl-C / SIGTERM in compare) removes the folder
+        folder = Path(tempfile.mkdtemp(prefix="xla-twins-prepare-"))
         prepared = _describe_and_convert(spec, twin, fmt, path, folder, torch_python, jax_python, timeout_s)
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
         raise
     return prepared, folder
 
@@ -91,31 +148,42 @@ def _describe_and_convert(spec, twin, fmt, path, folder: Path, torch_python, jax
     sides = [("torch", torch_python, "torch_impl.describe", load)]
     if user_twin:
         sides.append(("NNX", jax_python, "jax_impl.describe", []))
-    procs = {side: _describe(python, module, folder / SPEC_FILE, folder, extra)
-             for side, python, module, extra in sides}
-    try:
-        for side, proc in procs.items():
-            _wait(proc, side, timeout_s)
-    finally:  # one side failed: stop the other before its files land in a folder about to go
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    procs = {}
+    try:  # every exit (a failed side, a timeout, Ctrl-C / SIGTERM in compare): no describe process is left
+        for side, python, module, extra in sides:
+            procs[side] = _describe(python, module, folder / SPEC_FILE, folder, extra)
+        for side, step in procs.items():
+            _wait(step, side, folder, spec, timeout_s)
+    finally:
+        for step in procs.values():
+            _stop(step)
     canonical = _read_json(folder / "nnx_params.json") if user_twin else \
         {name: list(info.shape) for name, info in param_infos(spec.model).items()}
-    corr = derive(_read_json(folder / "torch_params.json"), canonical, packed=twin.packed, rename=twin.rename)
+    torch_params = _read_json(folder / "torch_params.json")
+    empty = [f"the {side} model ({factory})" for side, tree, factory in
+             (("torch", torch_params, twin.torch), ("NNX", canonical, twin.nnx)) if not tree]
+    if empty:
+        raise TwinError(f"{_name(spec)}: {' and '.join(empty)} has no parameters; a twin trains and compares "
+                        "parameters: return the whole model from the factory, its weights registered as "
+                        "nn.Parameter / nnx.Param")
+    corr = derive(torch_params, canonical, packed=twin.packed, rename=twin.rename)
     write_json_atomic(folder / "correspondence.json", [dataclasses.asdict(link) for link in corr.links])
     prepared = dataclasses.replace(spec, model=dataclasses.replace(spec.model, params=canonical)).validate() \
         if user_twin else spec
+    metadata = {}
     if fmt == CheckpointFormat.CANONICAL:
-        init = load_checkpoint(path, prepared.model)
+        init = load_checkpoint(path, prepared.model)  # float32: converted once (common.weights.param_arrays)
         source = f"canonical checkpoint {path}"
+        converted = conversion_note(read_safetensors(path, source, header_only=True)[1])
+        if converted:  # the backends read the float32 start; their records say what it was converted from
+            metadata["converted"] = converted
     else:
         init = corr.to_canonical(load_file(str(folder / "torch_init.safetensors")))
         source = f"{fmt} checkpoint {path}" if fmt else f"torch initialisation of {spec.model.twin}, seed " \
                                                         f"{spec.train.seed}"
+        init = param_arrays(init, {k: str(np.asarray(v).dtype) for k, v in init.items()}, source)  # NaN: refused
     save_checkpoint(folder / INIT_FILE, {k: np.asarray(v, np.float32) for k, v in init.items()},
-                    metadata={"source": source})
+                    metadata={"source": source, **metadata})
     write_json_atomic(folder / SPEC_FILE, prepared.to_dict())
     return prepared
 

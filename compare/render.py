@@ -9,6 +9,7 @@ from compare.program import metric_rows
 
 
 def _fmt(value, spec: str = ".3g") -> str:
+    """A number as `spec`; None as '-'; anything else (report.json's "nan", "inf", "-inf") as it is."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -28,14 +29,14 @@ def _module(found: dict | None) -> str:
 
 
 def _kl(d: dict | None) -> str:
-    return "-" if not d else f"{d['kl_mean']:.2e} / {d['kl_max']:.2e}"
+    return "-" if not d else f"{_fmt(d['kl_mean'], '.2e')} / {_fmt(d['kl_max'], '.2e')}"
 
 
 def _topk(d: dict | None) -> str:
     if not d:
         return "-"
     k = next((key for key in d if key.startswith("top") and key != "top1"), None)
-    return f"{d['top1']:.2%}" + (f" / {d[k]:.2%}" if k else "")
+    return _fmt(d["top1"], ".2%") + (f" / {_fmt(d[k], '.2%')}" if k else "")
 
 
 def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -86,16 +87,37 @@ def statistical_tables(report: dict) -> list[tuple[str, list[str], list[list[str
 
 
 def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, rows) for each table; the markdown and the terminal both render these."""
+    """(title, header, rows) for each table; the markdown and the terminal both render these. A table that
+    cannot be rendered (a value of a shape it does not expect) is replaced by one that says why: the rest
+    is still shown."""
+    out = []
+    sections = [("statistical", statistical_tables, report.get("statistical")),
+                ("parity", parity_tables, report.get("parity")), ("backends", backend_tables, True),
+                ("compiled step", lambda r: program_tables(r["backends"]), True),
+                ("profile", lambda r: profile_tables(r["backends"]), True),
+                ("ratios", lambda r: [("Ratios", ["ratio", "value"], [[k, _fmt(v, ".3f")]
+                                                                    for k, v in r["ratios"].items()])],
+                 report.get("ratios"))]
+    for part, build, wanted in sections:
+        if not wanted:
+            continue
+        try:
+            out += build(report)
+        except Exception as e:  # one table's failure must not take the report with it
+            out.append((f"{part}: could not be rendered", ["why"], [[f"{type(e).__name__}: {e}"]]))
+    if report.get("not_built"):
+        out.append(("Not built, and why", ["part", "why"], [[p.get("part"), p.get("why")]
+                                                          for p in report["not_built"]]))
+    return out
+
+
+def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Tolerances, compiles, step time, wall time and memory, per backend."""
     out = []
     b = report["backends"]
     names = list(b)
     rows = [["status"] + [f"{b[n]['status']}" + (f" ({b[n]['message']})" if b[n].get("message") else "")
                           for n in names]]
-    if report.get("statistical"):
-        out += statistical_tables(report)
-    if report.get("parity"):
-        out += parity_tables(report)
     tol = report["tolerances"]
     out.append((f"Tolerances ({report['dtype']}, profile {report['tolerance_profile']}): "
                 "|a-b| <= atol + rtol*max|ref|", ["kind", "atol", "rtol"],
@@ -138,10 +160,6 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
               ["backend process total (s)"] + [wall(n, "total_s") for n in names],
               ["peak host RSS (MiB)"] + [_fmt(b[n].get("peak_rss_mb"), ".0f") for n in names]]
     out.append(("Wall time and memory per backend process", ["", *names], rows_w))
-    out += program_tables(b)
-    out += profile_tables(b)
-    if report.get("ratios"):
-        out.append(("Ratios", ["ratio", "value"], [[k, _fmt(v, ".3f")] for k, v in report["ratios"].items()]))
     return out
 
 
@@ -186,6 +204,7 @@ def profile_tables(backends: dict) -> list[tuple[str, list[str], list[list[str]]
 
 
 def markdown(report: dict) -> str:
+    """report.md. Every table renders or says why it could not (`tables`)."""
     lines = [f"# Parity report: {report['spec_name']}", "",
              f"**Verdict: {report['verdict']}** (status `{report['status']}`, exit code {report['exit_code']})", ""]
     if report.get("message"):

@@ -3,7 +3,8 @@
 report.json keys (schema_version 2):
   verdict                 "pass" | "fail"
   status                  a ReportStatus (common/vocab.py): ok | parity_failed | not_comparable |
-                          nondeterministic | backend_failed | usage_error | interrupted
+                          nondeterministic | backend_failed | usage_error | interrupted | internal_error (the
+                          verdict could not be made: see not_built; exit 6)
   exit_code               what `python -m compare` returned (an ExitCode)
   tolerances              {kind: {atol, rtol}} used for this dtype; distribution {kl_mean, top1}
   backend_names           the backends in the order they ran
@@ -14,7 +15,11 @@ report.json keys (schema_version 2):
     .first_divergent_step (null when none; 0 when a step-0 tensor is out of tolerance),
     .first_divergent_module {step, module, input_agrees, output_error, modules_compared, modules_diverging}
       (null when every module's step-0 activation agrees), .loss {max_abs, per_step_abs, steps_compared},
-    .tensors {"<group>/<name>": {abs, rel, within, kind}}, .worst [10 worst], .passed,
+    .tensors {"<group>/<name>": {abs, rel, within, kind, nonfinite {equal, mismatched}, note}}, .worst
+      [10 worst], .passed (non-finite values by rule, compare/parity.py tensor_error: the same infinity or
+      NaN at the same position on both sides is equal; one facing another value fails the tensor and the
+      note counts each kind, "3 elements are -inf on jax and finite on torch"; abs and rel over the finite
+      pairs only),
     .distribution {kl_mean, kl_max, top1, top5, positions, within} (step-0 logits; null without logits),
     .dropout_sites {reference, other, equal} (runs fed common's dropout masks; null otherwise)
   pairwise_loss           {"<a> vs <b>": max |Δloss| over the steps} for every pair of backends
@@ -39,11 +44,22 @@ report.json keys (schema_version 2):
   parity_mode, statistical  with --parity-mode statistical: {test, alpha, seeds, bands {<name>: {min, mean,
                           max} per step}, backends {<name>: {passed, p, t, mean_difference, differences}}}; it
                           decides the verdict (compare/statistical.py)
+  not_built               [{part, why}]: parts of the report that could not be built (any exception while
+                          building the report or drawing a plot), left out with everything else kept
+Numbers: report.json is strict JSON; a NaN or an infinity anywhere in it is the string "nan", "inf" or
+"-inf" (`strict_json`, the one rule).
 """
 from __future__ import annotations
 
+import enum
 import functools
+import json
+import math
+import sys
+import traceback
 from pathlib import Path
+
+import numpy as np
 
 from common.record import RECORD_FILE, RecordError, read_record, read_tensors
 from common.vocab import REPORT_STATUS_EXIT, BackendStatus, ExitCode, ReportStatus
@@ -53,12 +69,64 @@ from compare.summary import backend_summary, cpu_peak, wall_breakdown
 REPORT_SCHEMA = 2
 
 
+def strict_json(value, where: str = "report", problems: list[dict] | None = None):
+    """`value` in plain JSON types, by the one rule report.json follows for numbers JSON cannot hold (it is
+    strict JSON, written with allow_nan=False): a NaN or an infinity becomes the string "nan", "inf" or
+    "-inf" (float() reads each back). numpy scalars and arrays become numbers and lists, tuples and sets
+    lists, paths strings; anything else becomes its repr and is named in `problems` ({part, why})."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else ("nan" if math.isnan(value) else "inf" if value > 0 else "-inf")
+    if isinstance(value, (np.generic, np.ndarray)):
+        return strict_json(value.tolist(), where, problems)
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): strict_json(v, f"{where}.{k}", problems) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [strict_json(v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return strict_json(value.value, where, problems)
+    if problems is not None:
+        problems.append({"part": where, "why": f"{type(value).__name__} is not a JSON value: kept as its repr"})
+    return repr(value)
+
+
+def strict_report(report: dict) -> dict:
+    """`report`, in place, as strict JSON (`strict_json`; idempotent), then checked the way the writer will
+    check it, before anything is written. A value that had to be replaced is named in `not_built`."""
+    problems: list[dict] = []
+    clean = strict_json(report, "report", problems)
+    report.clear()
+    report.update(clean)
+    if problems:
+        report["not_built"] = [*report.get("not_built", []), *problems]
+    json.dumps(report, allow_nan=False)  # raises on anything the writer would refuse: never a half report
+    return report
+
+
 def build_report(args, spec, policy, names: list[str], reference: str, runs: dict, out: Path,
                  interrupted: bool) -> dict:
+    """The report of this run, built part by part: a part that cannot be built (any Exception: a bad value,
+    a bug) is left out and named in `not_built` ({part, why}) with everything else kept; when the verdict
+    itself cannot be made (a backend's parity), the status is internal_error (exit 6). The result is strict
+    JSON (`strict_json`)."""
+    not_built: list[dict] = []
+    attempt = functools.partial(_attempt, not_built, bool(getattr(args, "debug", False)))
     peak = functools.lru_cache(maxsize=1)(functools.partial(cpu_peak, args.compile_cache))
-    backends, records, tensors = {}, {}, {}
+    backends, records, tensors, unjudged = {}, {}, {}, []
     for name in names:
-        backends[name], record, tensor_groups = _backend_entry(name, runs.get(name), out, peak, len(names) > 1)
+        run = runs.get(name)
+        built = attempt(f"backends.{name}", _backend_entry, name, run, out, peak, len(names) > 1,
+                        getattr(args, "run_id", None), attempt)
+        if built is None:  # its record could not be judged: the verdict cannot pass without it
+            unjudged.append(name)
+            built = ({"status": BackendStatus.NOT_RUN if run is None else run.status,
+                      "message": "" if run is None else run.message}, None, None)
+        backends[name], record, tensor_groups = built
         if record is not None:
             records[name] = record
         if tensor_groups is not None:
@@ -66,27 +134,56 @@ def build_report(args, spec, policy, names: list[str], reference: str, runs: dic
     parity = None  # every backend that finished is judged, even when another one failed
     if reference in tensors and len(tensors) > 1:
         intended = {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names}
-        parity = {n: check_parity(records[reference], records[n], tensors[reference], tensors[n], policy,
-                                  intended=intended[reference] + intended[n])
-                  for n in names if n != reference and n in tensors}
-    status = _status(backends, runs, parity, interrupted)
+        parity = {}
+        for n in names:
+            if n != reference and n in tensors:
+                judged = attempt(f"parity.{n}", check_parity, records[reference], records[n], tensors[reference],
+                                 tensors[n], policy, intended=intended[reference] + intended[n])
+                if judged is None:
+                    unjudged.append(n)
+                else:
+                    parity[n] = judged
+        parity = parity or None
+    status = attempt("status", _status, backends, runs, parity, interrupted, unjudged) or ReportStatus.INTERNAL_ERROR
     code = REPORT_STATUS_EXIT[status]
+    message = attempt("message", _message, status, backends, parity) or ""
+    if not_built:
+        message = "; ".join(filter(None, [message, "could not build " + "; ".join(
+            f"{part['part']} ({part['why']})" for part in not_built)]))
     report = {
         "schema_version": REPORT_SCHEMA, "verdict": "pass" if code == ExitCode.OK else "fail", "status": status,
-        "exit_code": code, "message": _message(status, backends, parity), "run_dir": str(out),
+        "exit_code": code, "message": message, "run_dir": str(out),
         "backend_names": names, "reference": reference,
         "spec_name": spec.name, "spec": spec.to_dict(), "dtype": spec.train.dtype,
         "tolerance_profile": args.tolerance_profile, "tolerances": policy, "parity": parity,
-        "backends": backends, "ratios": ratios(backends, reference),
-        "pairwise_loss": pairwise_loss(records),
+        "backends": backends, "ratios": attempt("ratios", ratios, backends, reference) or {},
+        "pairwise_loss": attempt("pairwise_loss", pairwise_loss, records) or {},
         "compile_cache": str(args.compile_cache) if args.compile_cache else None,
         "commands": {n: r.command for n, r in runs.items() if r.command},
+        "not_built": not_built,
     }
-    return report
+    return strict_report(report)
 
 
-def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool):
-    """(report entry, record or None, parity tensors or None) of one backend."""
+def _attempt(not_built: list[dict], debug: bool, part: str, build, *args, **kwargs):
+    """build(*args, **kwargs), or None when it raises: the part is named in `not_built` with why, and a
+    warning line goes to stderr (with --debug, the traceback)."""
+    try:
+        return build(*args, **kwargs)
+    except Exception as e:  # any failure of one part must leave the rest of the report
+        why = f"{type(e).__name__}: {e}".splitlines()[0]
+        not_built.append({"part": part, "why": why})
+        print(f"warning: report: {part} could not be built ({why}); report.json says so (not_built)",
+              file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        return None
+
+
+def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: str | None, attempt):
+    """(report entry, record or None, parity tensors or None) of one backend; a record of another run than
+    this one (`run_id`), or one shorter than its spec, is not judged. A summary that cannot be built
+    (`attempt`) leaves the record judged and the entry without it."""
     run_dir = run.run_dir if run is not None else out / name
     reused = run is not None and not run.command
     entry = {"status": BackendStatus.NOT_RUN if run is None else run.status,
@@ -98,9 +195,12 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool):
     record_path = run_dir / RECORD_FILE
     if run is not None and record_path.exists():
         try:
-            record = read_record(record_path)
-            entry.update(backend_summary(record, run_dir, peak))
-            entry["wall_breakdown"] = wall_breakdown(record, run.started_at, run.wall_s)
+            candidate = read_record(record_path)
+            check_belongs(candidate, record_path, None if reused else run_id)
+            record = candidate
+            entry.update(attempt(f"backends.{name}.summary", backend_summary, record, run_dir, peak) or {})
+            entry["wall_breakdown"] = attempt(f"backends.{name}.wall_breakdown", wall_breakdown, record,
+                                              run.started_at, run.wall_s)
             entry["status"] = run.status if run.status != BackendStatus.OK else BackendStatus(record.status)
             if record.status == BackendStatus.OK and want_tensors:
                 tensors = read_tensors(record_path, record)
@@ -111,7 +211,22 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool):
     return entry, record, tensors
 
 
-def _status(backends: dict, runs: dict, parity: dict | None, interrupted: bool) -> ReportStatus:
+def check_belongs(record, path: Path, run_id: str | None) -> None:
+    """A record compare may judge: written by this run (unless reused on purpose) and as long as its spec
+    says, when it says it finished."""
+    if run_id is not None and record.run_id != run_id:
+        raise RecordError(f"run record {path} belongs to run {record.run_id}, not to this run {run_id}: a stale "
+                          "or foreign record is never judged")
+    steps = int(record.spec.get("train", {}).get("steps", 0))
+    if record.status == BackendStatus.OK and len(record.steps) != steps:
+        raise RecordError(f"run record {path} says ok but holds {len(record.steps)} of its {steps} steps "
+                          "(truncated or edited)")
+
+
+def _status(backends: dict, runs: dict, parity: dict | None, interrupted: bool,
+            unjudged: list[str] = ()) -> ReportStatus:
+    """The verdict. A backend whose parity could not be judged (`unjudged`) leaves it unmade, unless what
+    was judged already fails."""
     problems = [b["status"] for n, b in backends.items() if b["status"] != BackendStatus.OK and n in runs]
     if interrupted:
         return ReportStatus.INTERRUPTED
@@ -123,6 +238,8 @@ def _status(backends: dict, runs: dict, parity: dict | None, interrupted: bool) 
         return ReportStatus.NOT_COMPARABLE
     if parity is not None and not all(p["passed"] for p in parity.values()):
         return ReportStatus.PARITY_FAILED
+    if unjudged:
+        return ReportStatus.INTERNAL_ERROR
     return ReportStatus.OK
 
 
@@ -147,8 +264,11 @@ def _failure(name: str, parity: dict) -> str:
     if sites and not sites["equal"]:
         where += (f", dropout calls differ ({len(sites['reference'])} in the reference, {len(sites['other'])} "
                   f"here: run records' extra.dropout_sites)")
-    return where + (f"; worst tensor {worst['name']} (max abs {worst['abs']:.3g}, within={worst['within']})"
-                    if worst else "")
+    if not worst:
+        return where
+    size = worst.get("note") or (f"max abs {worst['abs']:.3g}" if isinstance(worst.get("abs"), (int, float))
+                                 else "not measurable")
+    return where + f"; worst tensor {worst['name']} ({size}, within={worst['within']})"
 
 
 def ratios(backends: dict, reference: str) -> dict:

@@ -136,7 +136,7 @@ def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
     devices = int(record.platform.get("device_count", 1))
     if peak and "TPU" in peak_source:
         peak *= devices
-    mfu = flops / (step_ms["median"] / 1e3) / peak if flops and peak and step_ms else None
+    mfu = flops / (step_ms["median"] / 1e3) / peak if flops and peak and step_ms and step_ms["median"] > 0 else None
     if mfu is not None and mfu > 1 and "measured" in peak_source:  # say it, rather than print 180 % as a fact
         peak_source += " (below this run's own rate: the machine was busy when the peak was measured)"
     return {"status": record.status, "message": record.message, "compiles": compile_summary(record),

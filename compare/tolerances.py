@@ -28,7 +28,10 @@ move further under bf16 (a top-1 flip needs a near-tie).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+from common.fsutil import require_regular_file
 
 KINDS = ("forward", "grad", "loss", "params")
 DISTRIBUTION_KEYS = ("kl_mean", "top1")
@@ -59,7 +62,7 @@ def load_policy(profile: str, dtype: str) -> dict[str, dict[str, float]]:
     if profile in PROFILES:
         table = PROFILES[profile]
     else:
-        path = Path(profile)
+        path = require_regular_file(Path(profile), "--tolerance-profile", ToleranceError)  # a FIFO would block forever
         try:
             table = json.loads(path.read_text())
         except OSError as e:
@@ -67,14 +70,47 @@ def load_policy(profile: str, dtype: str) -> dict[str, dict[str, float]]:
                                  f"not a readable file ({e.strerror or e})") from None
         except json.JSONDecodeError as e:
             raise ToleranceError(f"--tolerance-profile {profile} is not valid JSON: {e}") from None
+        except UnicodeDecodeError as e:
+            raise ToleranceError(f"--tolerance-profile {profile} is not UTF-8 text (a binary file?): {e}") from None
+        except RecursionError:
+            raise ToleranceError(f"--tolerance-profile {profile} is not a tolerance file: its values nest too "
+                                 "deep to read") from None
+    check_table(table, profile)
     policy = {k: dict(v) for k, v in PROFILES["default"][dtype].items()}
     policy["distribution"] = dict(DISTRIBUTION[dtype])
     for kind, bounds in (table.get(dtype) or {}).items():
-        if kind == "distribution" and isinstance(bounds, dict) and not set(bounds) - set(DISTRIBUTION_KEYS):
-            policy[kind].update({k: float(v) for k, v in bounds.items()})
-            continue
-        if kind not in KINDS or not isinstance(bounds, dict) or set(bounds) - {"atol", "rtol"}:
-            raise ToleranceError(f"--tolerance-profile {profile}: {dtype}.{kind} must be one of {', '.join(KINDS)} "
-                                 "with atol/rtol numbers, or distribution with kl_mean/top1")
         policy[kind].update({k: float(v) for k, v in bounds.items()})
     return policy
+
+
+def _kind_of(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def check_table(table, profile: str) -> None:
+    """A tolerance file's whole table, every dtype in it (not only this run's): {dtype: {kind: {atol, rtol}}}
+    with finite numbers >= 0 (top1 a share from 0 to 1). The error names the file, the field and the fix."""
+    where = f"--tolerance-profile {profile}"
+    example = '{"float32": {"loss": {"atol": 1e-4, "rtol": 5e-4}}}'
+    if not isinstance(table, dict):
+        raise ToleranceError(f"{where} holds {_kind_of(table)}; a tolerance file is a JSON object "
+                             f"{{dtype: {{kind: {{atol, rtol}}}}}}, e.g. {example}")
+    for dtype, kinds in table.items():
+        if dtype not in DISTRIBUTION:
+            raise ToleranceError(f"{where}: unknown dtype {dtype!r}; the dtypes are {', '.join(DISTRIBUTION)}")
+        if not isinstance(kinds, dict):
+            raise ToleranceError(f"{where}: {dtype} is {_kind_of(kinds)}; it must be an object {{kind: {{atol, "
+                                 f"rtol}}}}, e.g. {example}")
+        for kind, bounds in kinds.items():
+            keys = DISTRIBUTION_KEYS if kind == "distribution" else ("atol", "rtol")
+            if kind not in (*KINDS, "distribution") or not isinstance(bounds, dict) or set(bounds) - set(keys):
+                raise ToleranceError(f"{where}: {dtype}.{kind} must be one of {', '.join(KINDS)} with atol/rtol "
+                                     "numbers, or distribution with kl_mean/top1")
+            for key, value in bounds.items():
+                number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                size = float(value) if number and abs(value) < 1e300 else math.inf  # a 400-digit int: too big
+                if not number or not math.isfinite(size) or size < 0 or (key == "top1" and size > 1):
+                    rule = "a share from 0 to 1" if key == "top1" else "a finite number >= 0"
+                    shown = json.dumps(value) if not isinstance(value, float) else repr(value)
+                    raise ToleranceError(f"{where}: {dtype}.{kind}.{key}={shown} must be {rule}")

@@ -33,6 +33,7 @@ def train(spec, args, out_dir, progress):
              ExitCode.USAGE)
     sharding.set_cpu_device_count(spec.mesh.device_count // args.num_processes)
     sharding.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    sharding.check_platform()  # a JAX_PLATFORMS this machine lacks: one line and exit 2, not a crash
     cache = enable_compile_cache(args.compile_cache)
     monitor = CompileMonitor()
     record, tensors = run(spec, out_dir, parity=args.parity, checkpoint=args.checkpoint,

@@ -1,23 +1,48 @@
 """python -m jax_impl.describe --spec SPEC --out DIR: a twin's NNX side, before any training.
 
 Writes `nnx_params.json` ({canonical name: shape}: the `nnx.state(model, nnx.Param)` paths, which are
-the canonical tree). A factory that raises or returns something else than an nnx.Module is one line
-and exit 2.
+the canonical tree). A factory that raises or returns something else than an nnx.Module, a forward that
+returns more than one array (traced abstractly, nothing computed), or a JAX_PLATFORMS this machine lacks
+is one line and exit 2.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from common.cli import INPUT_ERRORS, fail
+from common.cli import INPUT_ERRORS, Parser, fail
+from common.data import make_dataset
 from common.fsutil import write_json_atomic
 from common.presets import load_spec
+from common.spec import RunSpec
+from common.twin import TwinError, twin_of
 from common.vocab import ExitCode
 
 
+def check_forward(model, spec: RunSpec) -> None:
+    """The model's forward on step 0's first example must return one array, the logits (the loss and the
+    parity checks take one output). Traced abstractly (jax.eval_shape). A forward that raises is left to the
+    run, which reports it the same on every backend."""
+    import jax
+    from flax import nnx
+
+    inputs = make_dataset(spec).global_batch(0).inputs[:1]
+    try:
+        model.eval()
+        graphdef, state = nnx.split(model)
+        out = jax.eval_shape(lambda s, x: nnx.merge(graphdef, s)(x), state,
+                             jax.ShapeDtypeStruct(inputs.shape, inputs.dtype))
+    except Exception:
+        return
+    if not isinstance(out, jax.ShapeDtypeStruct):
+        factory = twin_of(spec.model).nnx
+        raise TwinError(f"twin {spec.model.twin!r}: the forward of nnx={factory!r} returns a {type(out).__name__}, "
+                        "not one array; return the logits alone (the loss and the parity checks take one output; "
+                        "a model with several outputs needs a wrapper that returns the logits)")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jax_impl.describe", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m jax_impl.describe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -27,8 +52,13 @@ def main(argv=None) -> int:
 
         from jax_impl.convert import to_canonical
         from jax_impl.models import build_model
+        from jax_impl.sharding import check_platform
 
-        params = to_canonical(nnx.state(build_model(spec.model, seed=spec.train.seed), nnx.Param))
+        check_platform()
+        model = build_model(spec.model, seed=spec.train.seed)
+        params = to_canonical(nnx.state(model, nnx.Param))
+        if params:
+            check_forward(model, spec)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     write_json_atomic(args.out / "nnx_params.json", {name: list(v.shape) for name, v in params.items()})

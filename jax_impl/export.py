@@ -4,25 +4,51 @@ model's parameter state (`nnx.state(model, nnx.Param)`, restored with `nnx.updat
     --spec S --canonical IN.safetensors --to-orbax DIR     canonical weights -> orbax
     --spec S --orbax DIR --to-canonical OUT.safetensors    orbax -> canonical weights
 
-Written with orbax-checkpoint's StandardCheckpointer into a temporary directory renamed into place (a
-reader never sees half a checkpoint). A directory that is not an orbax checkpoint of this model is one
-line and exit 2.
+Written with orbax-checkpoint's StandardCheckpointer into a temporary directory moved into place (a
+reader never sees half a checkpoint), never over what the user had (`common.targets`: a new or empty
+directory, or one of our checkpoints with --overwrite). A directory that is not an orbax checkpoint of
+this model is one line and exit 2; a write that fails (disk full) is one line and exit 7.
 """
 from __future__ import annotations
 
-import argparse
-import shutil
+import contextlib
+import os
+import re
 import sys
-import tempfile
 from pathlib import Path
 
-from common.cli import INPUT_ERRORS, fail
+from common.cli import INPUT_ERRORS, Parser, fail
+from common.fsutil import require_regular_file
 from common.presets import load_spec
+from common.targets import TargetWriteError, checkpoint_dir, write_failed
 from common.vocab import ExitCode
 from common.weights import CheckpointError, load_checkpoint, save_checkpoint
 
+_STDERR = 2  # where main says a failed write: fd 2, or a copy of it while orbax's threads are silenced
 
-def save_orbax(spec, canonical: dict, directory: Path) -> None:
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """orbax's writer threads log a failed write (disk full) over and over with tracebacks, and go on
+    after the save has failed: fd 2 stays silenced then, and main says the failure once, in one line."""
+    global _STDERR
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError):  # a failed write (see save_orbax): its threads go on logging
+        _STDERR = saved
+        raise
+    except BaseException:
+        os.dup2(saved, 2)
+        os.close(saved)
+        raise
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
+def save_orbax(spec, canonical: dict, directory: Path, overwrite: bool = False, flag: str | None = None) -> None:
     import orbax.checkpoint as ocp
     from flax import nnx
 
@@ -30,16 +56,13 @@ def save_orbax(spec, canonical: dict, directory: Path) -> None:
     from jax_impl.models import build_model
 
     state = convert.load_canonical(nnx.state(build_model(spec.model), nnx.Param), canonical, spec.model)
-    directory = directory.resolve()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save(tmp / "state", state)
-        if directory.exists():
-            shutil.rmtree(directory)
-        tmp.rename(directory)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with checkpoint_dir(directory, overwrite, flag or f"--to-orbax {directory}") as tmp:
+        try:
+            with _quiet_stderr(), ocp.StandardCheckpointer() as checkpointer:
+                checkpointer.save(tmp.resolve() / "state", state)
+        except (OSError, ValueError, RuntimeError) as e:  # tensorstore's wrapping of a failed write (EFBIG, ENOSPC)
+            code = getattr(e, "errno", None) or next(map(int, re.findall(r"os_error_code='(\d+)'", str(e))), None)
+            raise OSError(code, os.strerror(code) if code else str(e).splitlines()[0]) from None
 
 
 def restore_orbax(spec, directory: Path) -> dict:
@@ -52,6 +75,9 @@ def restore_orbax(spec, directory: Path) -> dict:
     from jax_impl import convert
     from jax_impl.models import build_model
 
+    for root, _, names in os.walk(directory / "state"):  # orbax would open a FIFO among them and wait forever
+        for name in names:
+            require_regular_file(Path(root) / name, "orbax checkpoint file", CheckpointError)
     model = build_model(spec.model)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.state(model, nnx.Param))
     try:
@@ -81,23 +107,32 @@ def start_weights(spec, checkpoint) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jax_impl.export", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m jax_impl.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", required=True)
     parser.add_argument("--canonical", type=Path)
     parser.add_argument("--to-orbax", type=Path)
     parser.add_argument("--orbax", type=Path)
     parser.add_argument("--to-canonical", type=Path)
+    parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint this toolkit wrote")
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec)
         if args.canonical and args.to_orbax:
-            save_orbax(spec, load_checkpoint(args.canonical, spec.model), args.to_orbax)
+            save_orbax(spec, load_checkpoint(args.canonical, spec.model), args.to_orbax, args.overwrite)
         elif args.orbax and args.to_canonical:
-            save_checkpoint(args.to_canonical, restore_orbax(spec, args.orbax))
+            arrays = restore_orbax(spec, args.orbax)
+            try:
+                save_checkpoint(args.to_canonical, arrays)
+            except OSError as e:
+                raise write_failed(args.to_canonical, e) from None
         else:
             parser.error("give --canonical with --to-orbax, or --orbax with --to-canonical")
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
+    except TargetWriteError as e:
+        sys.stderr.flush()
+        os.write(_STDERR, f"error: {e}\n".encode())
+        os._exit(ExitCode.IO)  # not sys.exit: orbax's failed writer threads would log tracebacks at shutdown
     return ExitCode.OK
 
 

@@ -27,6 +27,48 @@ def set_cpu_device_count(n: int) -> None:
     jax.config.update("jax_num_cpu_devices", n)
 
 
+JAX_EXTRAS = {"cuda": "jax[cuda12]", "gpu": "jax[cuda12]", "rocm": "jax[rocm]", "tpu": "jax[tpu]"}
+
+
+def check_platform() -> None:
+    """Every platform JAX_PLATFORMS names must be there: one that is not is a usage error naming the
+    variable and the fix, not a crash in the first device call (JAX skips a `cuda` it finds no GPU for and
+    then fails with a bare AssertionError). Initialises JAX's backends: call it after set_cpu_device_count
+    and initialize_distributed, which must come first."""
+    value = os.environ.get("JAX_PLATFORMS", "")
+    wanted = [p.strip() for p in value.split(",") if p.strip()]
+    if not wanted:
+        return
+    try:
+        jax.devices()
+        missing = []
+        for platform in wanted:
+            try:
+                jax.devices(platform)
+            except RuntimeError:
+                missing.append(platform)
+    except (RuntimeError, AssertionError):
+        missing = wanted
+    if missing:
+        extra = JAX_EXTRAS.get(missing[0].lower(), f"the jax plugin for {missing[0]}")
+        raise SpecError(f"JAX_PLATFORMS={value} selects a platform this machine does not have (jax sees: "
+                        f"{_platforms_without_the_variable()}); unset it, or install {extra} where that hardware is")
+
+
+def _platforms_without_the_variable() -> str:
+    """What JAX finds here on its own (asked in a fresh interpreter: this one's backends are set)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    try:
+        out = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"], env=env,
+                             capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
 def initialize_distributed(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
     """Join a multi-process run: explicit coordinator flags, or automatic on a TPU pod slice."""
     if coordinator:

@@ -9,8 +9,22 @@ before any test, where torch_xla is installed, makes the order not matter.
 import importlib.util
 import os
 
+import pytest
+
 if importlib.util.find_spec("torch_xla") is not None:
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     import torch_xla
 
     torch_xla.device()
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """One finished compare run (jax alone, mlp-tiny, 3 steps) that tests read or reuse with --jax-record; a
+    test that changes it works on a copy."""
+    from tests.helpers import run_cli
+
+    out = tmp_path_factory.mktemp("finished") / "run"
+    proc = run_cli("compare", "--quiet", "--out", str(out), "--backend", "jax", "--spec", "mlp-tiny", "--steps", "3")
+    assert proc.returncode == 0, proc.stderr
+    return out

@@ -91,4 +91,4 @@ def test_profile_is_refused_where_it_cannot_run():
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: --profile is not available with --mode spawn")
     proc = run_cli("compare", "--profile", "-1")
-    assert proc.returncode == 2 and "'-1' is not a whole number of steps >= 0" in proc.stderr
+    assert proc.returncode == 2 and "'-1' is not a whole number of steps from 0 to 1000" in proc.stderr

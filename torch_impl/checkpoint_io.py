@@ -12,6 +12,7 @@ import torch
 
 from common import hf
 from common.checkpoints import check_against, float32_of, parse_checkpoint
+from common.fsutil import require_regular_file
 from common.twin import twin_of
 from common.vocab import CheckpointFormat
 from common.weights import CheckpointError
@@ -33,6 +34,7 @@ def _to_numpy(tensors: dict, source: str) -> dict[str, np.ndarray]:
 def load_state(path: Path) -> dict[str, np.ndarray]:
     """{name: float32 array} of a torch checkpoint file."""
     source = f"checkpoint {path}"
+    require_regular_file(path, "checkpoint", CheckpointError)  # a FIFO would block the read forever
     if not path.is_file():
         raise CheckpointError(f"{source} does not exist")
     if path.suffix == ".safetensors":

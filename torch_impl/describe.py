@@ -4,24 +4,48 @@ Writes `torch_params.json` ({parameter name: shape}, named_parameters order) and
 (the factory's own initialisation, seeded by train.seed, or with `--load` a torch or Hugging Face
 checkpoint, checked against the model; torch names and layouts), from which compare derives the
 correspondence and both sides' common start. A factory that raises or returns something
-else than an nn.Module is one line and exit 2.
+else than an nn.Module, or a user twin whose forward returns more than one tensor, is one line and exit 2.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from common.cli import INPUT_ERRORS, fail
+from common.cli import INPUT_ERRORS, Parser, fail
+from common.data import make_dataset
 from common.fsutil import write_json_atomic
 from common.presets import load_spec
+from common.spec import RunSpec, TwinSpec
+from common.twin import TwinError, twin_of
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
 from torch_impl.checkpoint_io import load_torch_side
 
 
+def check_forward(model, spec: RunSpec) -> None:
+    """A user twin's forward on step 0's first example (no gradients, eval mode) must return one tensor, the
+    logits (the loss and the parity checks take one output). A forward that raises is left to the run,
+    which reports it the same on every backend."""
+    import torch
+
+    inputs = torch.from_numpy(make_dataset(spec).global_batch(0).inputs[:1])
+    training = model.training
+    try:
+        with torch.no_grad():
+            out = model.eval()(inputs)
+    except Exception:
+        return
+    finally:
+        model.train(training)
+    if not isinstance(out, torch.Tensor):
+        raise TwinError(f"twin {spec.model.twin!r}: the forward of torch={twin_of(spec.model).torch!r} returns a "
+                        f"{type(out).__name__}, not one tensor; return the logits alone (the loss and the parity "
+                        "checks take one output; a model with several outputs needs a wrapper that returns the "
+                        "logits)")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torch_impl.describe", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m torch_impl.describe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--load", metavar="FORMAT:PATH", help="start from this torch or hf checkpoint instead")
@@ -34,6 +58,8 @@ def main(argv=None) -> int:
         shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
         params = load_torch_side(args.load, spec, shapes) if args.load else \
             {name: p.detach().float().cpu().numpy() for name, p in model.named_parameters()}
+        if isinstance(spec.model, TwinSpec) and shapes:
+            check_forward(model, spec)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     write_json_atomic(args.out / "torch_params.json", {name: list(shape) for name, shape in shapes.items()})

@@ -22,10 +22,34 @@ def on_tpu_vm() -> bool:
     return any(Path(p).exists() for p in ("/dev/accel0", "/dev/vfio/0"))
 
 
+def platforms_here() -> list[str]:
+    """The PJRT platforms this machine has hardware for, from their device files (TPU: /dev/accel* or
+    /dev/vfio/N; CUDA: /dev/nvidiaN; NEURON: /dev/neuronN)."""
+    dev = Path("/dev")
+    tpu = on_tpu_vm() or any(dev.glob("accel[0-9]*")) or any(dev.glob("vfio/[0-9]*"))
+    cuda, neuron = any(dev.glob("nvidia[0-9]*")), any(dev.glob("neuron[0-9]*"))
+    return ["CPU"] + ["TPU"] * tpu + ["CUDA"] * cuda + ["NEURON"] * neuron
+
+
+def check_platform() -> None:
+    """A PJRT_DEVICE naming hardware this machine lacks is a usage error naming the variable and the fix,
+    not a crash when torch_xla starts ("libtpu not found"). Static (no runtime started: xmp.spawn needs
+    the parent's runtime untouched); a platform torch_xla learns from a plugin is left to torch_xla."""
+    value = os.environ.get("PJRT_DEVICE", "")
+    kind = {"GPU": "CUDA"}.get(value.split("_")[0].upper(), value.split("_")[0].upper())
+    have = platforms_here()
+    if kind in ("CPU", "TPU", "CUDA", "NEURON") and kind not in have:
+        raise SpecError(f"PJRT_DEVICE={value} selects a platform this machine does not have (torch_xla can use: "
+                        f"{', '.join(have)}); unset it (torch_xla then runs on a TPU VM's TPU, else the CPU), or run "
+                        "where that hardware is")
+
+
 def configure_platform(device_count: int) -> None:
-    """PJRT device and CPU device count; must run before torch_xla is imported."""
+    """PJRT device and CPU device count; must run before torch_xla is imported. A PJRT_DEVICE this machine
+    lacks is refused (SpecError)."""
     if "PJRT_DEVICE" not in os.environ:
         os.environ["PJRT_DEVICE"] = "TPU" if on_tpu_vm() else "CPU"
+    check_platform()
     if os.environ["PJRT_DEVICE"] == "CPU":  # a count the user fixed is kept (a mismatch is then reported)
         os.environ.setdefault("CPU_NUM_DEVICES", str(device_count))
         os.environ.setdefault("PJRT_CPU_ASYNC_CLIENT", "true")

@@ -24,6 +24,7 @@ def train(spec, args, out_dir, progress):
     from torchax_impl.train import run
 
     sharding.set_cpu_device_count(spec.mesh.device_count)
+    sharding.check_platform()  # torchax runs on JAX: a JAX_PLATFORMS this machine lacks is one line and exit 2
     cache = enable_compile_cache(args.compile_cache)
     monitor = CompileMonitor()
     record, tensors = run(spec, out_dir, parity=args.parity, checkpoint=args.checkpoint,

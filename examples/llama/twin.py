@@ -1,5 +1,5 @@
-"""The Llama example twin, as a user declares one: this file imports no framework (compare reads it in
-its own process); the two models live in torch_llama.py and nnx_llama.py.
+"""The Llama example twin, as a user declares one: this file imports no framework (compare imports it in
+a subprocess of its own); the two models live in torch_llama.py and nnx_llama.py.
 
     python -m compare --twin examples/llama/twin.py:llama_tiny --backend both
     python -m compare --twin examples/llama/twin.py:llama_tiny --mesh data=2,tensor=2

@@ -1,0 +1,150 @@
+"""A twin's declarations, checked when it is loaded, before any process builds a model (`check_fields`):
+one line naming the field and the fix. And the plain data a twin crosses processes as (`plain`): compare
+reads a twin from the subprocess that imported it, never importing the user's file itself."""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from common.spec import AXES, TASKS, DataSpec, SpecError, TrainSpec
+
+
+class TwinError(SpecError):
+    """A twin that cannot be loaded or built; one line naming the reference and what is wrong."""
+
+
+def plain(value, where: str, ref: str):
+    """`value` as JSON, tuples tagged (a twin crosses from its loading process as plain data); anything else
+    is refused, naming the field."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        items = [plain(v, f"{where}[{i}]", ref) for i, v in enumerate(value)]
+        return {"__tuple__": items} if isinstance(value, tuple) else items
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: plain(v, f"{where}[{k!r}]", ref) for k, v in value.items()}
+    what = "a mapping with keys that are not strings" if isinstance(value, Mapping) else f"a {type(value).__name__}"
+    raise TwinError(f"twin {ref!r}: {where} is {what}; a twin's fields hold plain data (numbers, strings, tuples, "
+                    "lists, dicts with string keys), which compare reads without importing your code")
+
+
+def unplain(value):
+    if isinstance(value, list):
+        return [unplain(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {"__tuple__"}:
+            return tuple(unplain(v) for v in value["__tuple__"])
+        return {k: unplain(v) for k, v in value.items()}
+    return value
+
+
+def _regex(pattern, where: str, ref: str, fix: str) -> re.Pattern:
+    if not isinstance(pattern, str):
+        raise TwinError(f"twin {ref!r}: {where} {pattern!r} is a {type(pattern).__name__}, not a regular expression "
+                        f"string; {fix}")
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise TwinError(f"twin {ref!r}: {where} {pattern!r} is not a valid regular expression ({e}); {fix}") from None
+
+
+def _check_mapping(twin, name: str, ref: str, example: str) -> Mapping:
+    value = getattr(twin, name)
+    if not isinstance(value, Mapping):
+        raise TwinError(f"twin {ref!r}: {name} is a {type(value).__name__}, not a dict; write it as {name}={example}")
+    return value
+
+
+def _check_rename(twin, ref: str) -> None:
+    fix = r"write rename as {regex over torch parameter names: replacement (re.sub)}, e.g. {r'\.self_attn\.': '.attn.'}"
+    for pattern, replacement in _check_mapping(twin, "rename", ref, r"{r'\.self_attn\.': '.attn.'}").items():
+        compiled = _regex(pattern, "rename", ref, fix)
+        if not isinstance(replacement, str):
+            raise TwinError(f"twin {ref!r}: rename {pattern!r} -> {replacement!r}: the replacement is a "
+                            f"{type(replacement).__name__}, not a string; {fix}")
+        try:
+            compiled.sub(replacement, "")
+        except re.error as e:
+            raise TwinError(f"twin {ref!r}: rename {pattern!r} -> {replacement!r}: the replacement is not valid "
+                            f"({e}); {fix}") from None
+
+
+def _check_packed(twin, ref: str) -> None:
+    example = "{'attn.qkv': ('attn.q', 'attn.k', 'attn.v')}"
+    for key, parts in _check_mapping(twin, "packed", ref, example).items():
+        if not (isinstance(key, str) and key and isinstance(parts, (tuple, list)) and len(parts) >= 2
+                and all(isinstance(p, str) and p for p in parts)):
+            raise TwinError(f"twin {ref!r}: packed {key!r}: {parts!r} is malformed; packed maps a torch module to the "
+                            f"tuple of the two or more NNX modules it packs, in row order, e.g. packed={example}")
+
+
+def _check_partition_rules(twin, ref: str) -> None:
+    example = r"((r'attn\.q\.kernel$', (None, 'tensor')), ...)"
+    fix = f"give partition_rules as a tuple of (regex over NNX parameter names, partition spec) pairs, e.g. {example}"
+    rules = twin.partition_rules
+    if isinstance(rules, (str, Mapping)) or not isinstance(rules, (tuple, list)):
+        raise TwinError(f"twin {ref!r}: partition_rules is a {type(rules).__name__}; {fix}")
+    for i, rule in enumerate(rules):
+        if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[1], (tuple, list))):
+            raise TwinError(f"twin {ref!r}: partition_rules[{i}] = {rule!r} is not a (regex, spec) pair; {fix}")
+        pattern, spec = rule
+        _regex(pattern, f"partition_rules[{i}]", ref, fix)
+        for axis in spec:
+            if axis is not None and axis not in AXES:
+                raise TwinError(f"twin {ref!r}: partition_rules[{i}] ({pattern!r}) names {axis!r}, which is not a mesh "
+                                f"axis; each entry of a spec is None or one of {', '.join(AXES)} (one per dimension)")
+
+
+def _check_hf(twin, ref: str) -> None:
+    hf = _check_mapping(twin, "hf", ref, "{'model_type': 'llama', 'prefix': 'model.', 'config': {...}}")
+    if not hf:
+        return
+    unknown = sorted(set(hf) - {"model_type", "prefix", "config"})
+    if unknown or not isinstance(hf.get("model_type"), str) or not isinstance(hf.get("prefix", ""), str):
+        raise TwinError(f"twin {ref!r}: hf={dict(hf)!r} is malformed; it holds model_type (the Hugging Face "
+                        "config's, e.g. 'llama'), optionally prefix (of the checkpoint's tensor names) and config "
+                        "({HF config key: hyperparameter})")
+    config = hf.get("config", {})
+    if not isinstance(config, Mapping):
+        raise TwinError(f"twin {ref!r}: hf['config'] is a {type(config).__name__}; it maps each Hugging Face config "
+                        "key to the hyperparameter it must equal, e.g. {'hidden_size': 'd_model'}")
+    for key, hparam in config.items():
+        if hparam not in twin.hparams:
+            raise TwinError(f"twin {ref!r}: hf['config'] maps {key!r} to {hparam!r}, which is not one of its "
+                            f"hyperparameters ({', '.join(map(str, twin.hparams)) or 'none'}); name one of them")
+
+
+def check_fields(twin, ref: str) -> None:
+    """Every declaration of a twin that can be checked without building a model: one TwinError naming the
+    field and the fix. (Those that need the models, a `packed` that matches no module, a model without
+    parameters, a forward that returns more than one tensor, are checked when the sides describe
+    themselves, still before anything trains.)"""
+    for side in ("torch", "nnx"):
+        factory = getattr(twin, side)
+        target, sep, name = factory.rpartition(":") if isinstance(factory, str) else ("", "", "")
+        if not (sep and target and name):
+            raise TwinError(f"twin {ref!r}: {side}={factory!r} must name its factory as path/to/file.py:name or "
+                            "package.module:name")
+    if twin.task not in TASKS:
+        raise TwinError(f"twin {ref!r}: task={twin.task!r} is not one of {', '.join(TASKS)}")
+    if twin.init not in ("torch", "canonical"):
+        raise TwinError(f"twin {ref!r}: init={twin.init!r} is not one of torch, canonical")
+    for name in ("hparams", "io"):
+        plain(_check_mapping(twin, name, ref, "{...}"), name, ref)
+    bad_io = [f"{k}: {v!r}" for k, v in twin.io.items() if not isinstance(v, str)]
+    if bad_io:
+        raise TwinError(f"twin {ref!r}: io maps a data role to the name of a hyperparameter; {bad_io[0]} is not one")
+    dtype_arg = twin.nnx_dtype_arg
+    if dtype_arg is not None and not (isinstance(dtype_arg, str) and dtype_arg.isidentifier()):
+        raise TwinError(f"twin {ref!r}: nnx_dtype_arg={twin.nnx_dtype_arg!r} must be the name of the NNX factory's "
+                        "compute-dtype keyword (e.g. 'dtype'), or None")
+    if not isinstance(twin.train, TrainSpec) or not isinstance(twin.data, (DataSpec, type(None))):
+        field_name, want = ("train", "TrainSpec") if not isinstance(twin.train, TrainSpec) else ("data", "DataSpec")
+        raise TwinError(f"twin {ref!r}: {field_name} is a {type(getattr(twin, field_name)).__name__}; give a "
+                        f"common.spec.{want}(...)")
+    _check_rename(twin, ref)
+    _check_packed(twin, ref)
+    _check_partition_rules(twin, ref)
+    _check_hf(twin, ref)
+    for name in ("packed", "rename", "partition_rules", "hf"):
+        plain(getattr(twin, name), name, ref)

@@ -1,0 +1,75 @@
+"""The end of a compare run: later verdicts folded into the report, the report written (or exit 7), and what
+is printed (tables or JSON on stdout, failures on stderr)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from common.cli import fail
+from common.fsutil import write_json_atomic, write_text_atomic
+from common.vocab import REPORT_STATUS_EXIT, BackendStatus, ExitCode, ReportStatus
+from compare.plots import write_plots
+from compare.render import markdown, print_tables
+from compare.report import strict_report
+
+
+def later_verdict(report: dict, part: str, judge_report) -> dict:
+    """A check judged after the parity (statistical, determinism): one that cannot be made leaves the report
+    whole, names itself in `not_built`, and turns a passing verdict into internal_error (exit 6)."""
+    try:
+        return judge_report(report)
+    except Exception as e:  # never a lost report for a check that failed
+        why = f"{type(e).__name__}: {e}".splitlines()[0]
+        report.setdefault("not_built", []).append({"part": part, "why": why})
+        print(f"warning: report: {part} could not be built ({why}); report.json says so (not_built)",
+              file=sys.stderr)
+        if report["exit_code"] == ExitCode.OK:
+            status = ReportStatus.INTERNAL_ERROR
+            report.update(status=status, exit_code=REPORT_STATUS_EXIT[status], verdict="fail",
+                          message=f"could not build {part} ({why})")
+        return report
+
+
+def write_report(report: dict, out: Path) -> None:
+    """report.json, report.md and the plots, or exit 7 with nothing half-written. The report is made strict
+    JSON and checked first, so nothing is written for a report the JSON writer would refuse."""
+    strict_report(report)
+    try:
+        report["plots"] = write_plots(report, out)
+        write_json_atomic(out / "report.json", report)
+        write_text_atomic(out / "report.md", markdown(report))
+    except OSError as e:  # atomic writes: no half report is left
+        fail(f"cannot write the report to {out}: {e.strerror or e} (disk full, or the directory became "
+             "unwritable); free space or pass another --out", ExitCode.IO)
+
+
+def _reader_gone() -> None:
+    """stdout's reader stopped reading (`| head`): the rest goes nowhere, at exit too; the exit code stays."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+class _Stdout(Console):
+    def on_broken_pipe(self) -> None:  # rich's own exits with 1, which would read as "parity failed"
+        self.quiet = True
+        _reader_gone()
+
+
+def show(args, report: dict, runs: dict) -> None:
+    """The tables (or the JSON) on stdout, the failures on stderr."""
+    try:
+        if args.json:
+            print((args.out / "report.json").read_text(), end="", flush=True)
+        elif not args.quiet:
+            print_tables(report, _Stdout())
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _reader_gone()
+    for run in runs.values():
+        if run.status != BackendStatus.OK:
+            print(f"error: {run.name}: {run.status}: {run.message} (logs: {run.run_dir})", file=sys.stderr)
+    if report["status"] == ReportStatus.INTERNAL_ERROR:
+        print(f"error: {report['message']} (report: {args.out / 'report.json'}; rerun with --debug for the "
+              "traceback)", file=sys.stderr)
