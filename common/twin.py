@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 from common.fsutil import require_regular_file
+from common.procs import kill_group
 from common.spec import DataSpec, MeshSpec, ModelSpec, RunSpec, SpecError, TrainSpec, TwinSpec
 from common.twin_fields import TwinError, check_fields, plain, unplain
 
@@ -206,14 +207,6 @@ def _from_answer(reply: dict) -> Twin:
     return Twin(**fields)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group is the process and whatever it started
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
 def _load_isolated(ref: str, timeout_s: float) -> Twin:
     target, _ = _split_ref(ref, "twin")
     path = Path(target)
@@ -241,7 +234,7 @@ def _load_isolated(ref: str, timeout_s: float) -> Twin:
                 raise TwinError(f"twin {ref!r}: importing {target} did not load within --timeout {timeout_s:g} s "
                                 "(killed with its process group); a twin file should only define the Twin") from None
             finally:  # every exit (an answer, a timeout, Ctrl-C / SIGTERM in compare): nothing it started is left
-                _kill_group(proc)
+                kill_group(proc)  # its own session: the process and whatever it started
         finally:
             os.close(write_end)
         stdout, stderr = (f.seek(0) or f.read() for f in (out, err))

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.procs import group_alive, kill_group
 from common.record import LOG_FILES
 from common.vocab import Backend, BackendStatus, ExitCode
 from compare.guard import GUARD
@@ -23,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 BACKEND_MODULES = {Backend.JAX: "jax_impl", Backend.TORCH: "torch_impl", Backend.TORCH_XLA: "torch_xla_impl",
                    Backend.TORCHAX: "torchax_impl"}
 STDOUT_LOG, STDERR_LOG = LOG_FILES
+GRACE_S = 5.0  # a backend's group gets SIGTERM, then SIGKILL after this long
 
 
 @dataclass
@@ -50,34 +52,6 @@ def error_line(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("error:")]
     return (errors or lines or [""])[-1].removeprefix("error:").strip()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """SIGTERM the backend's whole process group, then SIGKILL whatever is left after `grace_s`.
-
-    Also after a normal or crashed exit: a backend's children (data loader or
-    xmp.spawn workers) must not outlive it.
-    """
-    pgid = proc.pid  # start_new_session made the backend its group's leader
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None and not _group_alive(pgid):
-                return
-            time.sleep(0.05)
-    proc.wait()
 
 
 def _read_progress(stream, log, on_progress) -> None:
@@ -112,18 +86,18 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
             reader.start()
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc, GRACE_S)
             GUARD.unwatch(proc.pid)
             reader.join(timeout=5)
             return BackendRun(name, run_dir, BackendStatus.TIMEOUT, None, f"no result after --timeout {timeout_s:g} s; "
                               "killed with its process group", time.perf_counter() - start, command, started_at)
         except BaseException:  # Ctrl-C / SIGTERM in compare: take the backend down with us
-            _kill_group(proc)
+            kill_group(proc, GRACE_S)
             GUARD.unwatch(proc.pid)
             raise
         wall = time.perf_counter() - start
-        if _group_alive(proc.pid):  # children left behind by a backend that exited
-            _kill_group(proc, grace_s=2.0)
+        if group_alive(proc.pid):  # children left behind by a backend that exited
+            kill_group(proc, grace_s=2.0)
         GUARD.unwatch(proc.pid)
         reader.join(timeout=5)
     if code == ExitCode.OK:

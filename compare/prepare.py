@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -30,6 +29,7 @@ from common import hf
 from common.checkpoints import parse_checkpoint
 from common.correspond import derive
 from common.fsutil import write_json_atomic
+from common.procs import kill_group
 from common.spec import RunSpec, TwinSpec
 from common.twin import TwinError, load_twin, twin_of
 from common.vocab import CheckpointFormat
@@ -75,11 +75,7 @@ def _describe(python: str, module: str, spec_path: Path, out: Path, extra: list[
 
 def _stop(step: Step) -> None:
     """The describe step's whole group killed (also after it exited: children its user code left), reaped."""
-    try:
-        os.killpg(step.proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    step.proc.wait()
+    kill_group(step.proc)
     step.stderr.close()
     GUARD.unwatch(step.proc.pid)
 

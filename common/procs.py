@@ -1,0 +1,39 @@
+"""Taking a subprocess's whole process group down: one definition for compare's backends, its describe
+steps and the loader of a user's twin file (each started with start_new_session, so its pid is its group)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
+    """SIGTERM the group, then SIGKILL whatever is left after `grace_s` (grace_s=0: SIGKILL at once); then
+    reap `proc`. Also after a normal exit: children it started must not outlive it."""
+    pgid = proc.pid
+    for sig in [signal.SIGTERM, signal.SIGKILL] if grace_s > 0 else [signal.SIGKILL]:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        if _gone_within(proc, pgid, max(grace_s, 0.05)):
+            break
+    proc.wait()
+
+
+def _gone_within(proc: subprocess.Popen, pgid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None and not group_alive(pgid):
+            return True
+        time.sleep(0.05)
+    return False
