@@ -23,17 +23,17 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from common import backends
 from common.record import read_record
 from common.vocab import MaskSource, values
-from compare.orchestrate import BACKEND_MODULES
 from compare.summary import step_times
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def median_step_ms(backend: str, spec: str, dropout: float, masks: str, steps: int, out: Path) -> float:
-    cmd = [sys.executable, "-m", BACKEND_MODULES[backend], "--spec", spec, "--out", str(out), "--steps", str(steps),
-           "--throughput-steps", "0", "--no-hlo", "--set", f"model.dropout={dropout}",
+    cmd = [sys.executable, "-m", backends.info(backend).package, "--spec", spec, "--out", str(out),
+           "--steps", str(steps), "--throughput-steps", "0", "--no-hlo", "--set", f"model.dropout={dropout}",
            "--set", f"train.dropout_masks={masks}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--backends", default=",".join(BACKEND_MODULES))
+    parser.add_argument("--backends", default=",".join(backends.names()))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="exact-masks-") as tmp:
         results = [measure(backend, args, Path(tmp)) for backend in args.backends.split(",")]

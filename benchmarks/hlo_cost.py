@@ -25,8 +25,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from common import backends
+
 REPO = Path(__file__).resolve().parents[1]
-MODULES = {"jax": "jax_impl", "torch_xla": "torch_xla_impl", "torchax": "torchax_impl"}
+MODULES = {r.name: r.package for r in backends.registry().values() if r.compiles}
 
 
 def backend_wall_s(module: str, spec: str, steps: int, out: Path, *flags: str) -> float:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from benchmarks.timing import spread
+from common import backends
 from common.record import read_record
 from compare.summary import compile_summary, step_times
 
@@ -41,7 +42,8 @@ def compare_run(preset: str, out: Path, cache: Path) -> dict:
 
 def mode_run(preset: str, mode: str, out: Path) -> dict:
     """The torch_xla backend alone in trace mode `mode`."""
-    cmd = [sys.executable, "-m", "torch_xla_impl", "--spec", preset, "--trace-mode", mode, "--out", str(out)]
+    cmd = [sys.executable, "-m", backends.info("torch_xla").package, "--spec", preset, "--trace-mode", mode,
+           "--out", str(out)]
     timed(cmd, f"torch_xla {preset} --trace-mode {mode}")
     record = read_record(out)
     step_ms, trace_ms = step_times(record)

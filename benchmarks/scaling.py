@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import backends
 from common.fsutil import write_json_atomic
 from common.record import read_record
 from compare.summary import step_times
@@ -28,7 +29,7 @@ SIZES = {  # name: --set overrides of gpt-tiny
     "d256 L4": ["model.d_model=256", "model.n_layers=4", "model.d_ff=1024", "model.n_heads=8"],
 }
 DEVICES = {"jax": (1, 2, 4, 8), "torch_xla": (1, 2, 4)}
-MODULES = {"jax": "jax_impl", "torch_xla": "torch_xla_impl"}
+MODULES = {name: backends.info(name).package for name in DEVICES}
 
 
 def point(backend: str, overrides: list[str], out: Path, steps: int) -> dict:

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from benchmarks.runs import REPO, compare_run
+from common import backends
 
-TOOLKIT = {"common", "jax_impl", "torch_impl", "torch_xla_impl", "compare", "benchmarks"}
+TOOLKIT = {"common", *backends.packages(), "compare", "benchmarks"}
 FRAMEWORKS = {"jax", "jaxlib", "flax", "optax", "torch", "torch_xla", "_XLAC", "torchax"}
 # What each process imports before its first step: compare itself, and each backend's train module.
 PROCESS_IMPORTS = {"compare": "compare.__main__", "jax": "jax_impl.__main__, jax_impl.train",

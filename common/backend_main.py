@@ -13,6 +13,7 @@ import time
 import traceback
 from pathlib import Path
 
+from common import backends
 from common.cli import INPUT_ERRORS, backend_parser, fail, resolve_spec
 from common.fsutil import dangerous_dir
 from common.nonfinite import input_problem, likely_cause
@@ -76,9 +77,12 @@ def refuse_foreign_out(out_dir: Path) -> None:
              "directory", ExitCode.USAGE)
 
 
-def main(backend: str, argv, add_flags, train, check=None) -> int:
-    """`check(spec, args)`: the backend's own refusals of flag combinations, before a run directory exists."""
-    parser: argparse.ArgumentParser = backend_parser(backend)
+def main(package: str, argv, add_flags, train, check=None) -> int:
+    """`python -m <package>`, the backend that common/backends.py registers under that package: its row
+    names the run (record.backend). `check(spec, args)`: the backend's own refusals of
+    flag combinations, before a run directory exists."""
+    name, backend = backends.of_package(package).name, package
+    parser: argparse.ArgumentParser = backend_parser(package)
     parser.add_argument("--progress", action="store_true", help="print a progress line per step")
     add_flags(parser)
     args = parser.parse_args(argv)
@@ -109,7 +113,7 @@ def main(backend: str, argv, add_flags, train, check=None) -> int:
         fail(str(e), ExitCode.USAGE)
     except Exception as e:  # a crash inside the framework: one line, the traceback only with --debug
         raise_crash(backend, e, args.debug)
-    record.run_id = args.run_id
+    record.backend, record.run_id = name, args.run_id  # a runtime copied under another name is that name
     if record.status == RecordStatus.NONFINITE:  # the message says what most likely did it
         record.message += f"; likely cause: {nonfinite_cause(spec, record)}"
     if is_writer:

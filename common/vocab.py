@@ -1,4 +1,5 @@
-"""The toolkit's vocabularies, each defined once: exit codes, statuses, phases, trace modes.
+"""The toolkit's vocabularies, each defined once: exit codes, statuses, phases, trace modes (the backends
+themselves are rows of common/backends.py).
 
 argparse `choices`, run records, report.json, the README and `docs/errors.md`
 all use these members (a test checks that the docs list every one). Every
@@ -8,23 +9,6 @@ member carries its meaning, so the tables in the docs can be read against
 from __future__ import annotations
 
 import enum
-
-
-class Backend(enum.StrEnum):
-    """The runtimes compare can run, each a subprocess `python -m <package>`."""
-
-    JAX = "jax"
-    TORCH = "torch"
-    TORCH_XLA = "torch_xla"
-    TORCHAX = "torchax"
-
-
-BACKEND_MEANINGS = {
-    Backend.JAX: "the Flax NNX twin on JAX (jax_impl)",
-    Backend.TORCH: "the torch.nn twin in eager PyTorch, CPU or CUDA: the ground truth of the PyTorch side (torch_impl)",
-    Backend.TORCH_XLA: "the same torch.nn twin on PyTorch/XLA (torch_xla_impl)",
-    Backend.TORCHAX: "the same torch.nn twin on JAX through torchax (torchax_impl)",
-}
 
 
 class ExitCode(enum.IntEnum):

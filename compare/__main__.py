@@ -14,6 +14,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from common import backends  # noqa: E402
 from common.cli import (  # noqa: E402
     INPUT_ERRORS,
     Parser,
@@ -30,19 +31,16 @@ from common.spec import SpecError  # noqa: E402
 from common.vocab import (  # noqa: E402
     CHECKPOINT_FORMAT_MEANINGS,
     PARITY_MODE_MEANINGS,
-    TRACE_MODE_MEANINGS,
-    Backend,
     BackendStatus,
     CheckpointFormat,
     ExitCode,
     MaskSource,
     ParityMode,
-    TraceMode,
     values,
 )
 from compare.cache import backend_cache_dir, default_cache_dir  # noqa: E402
 from compare.determinism import judge_determinism  # noqa: E402
-from compare.orchestrate import BACKEND_MODULES, Plan, run_all  # noqa: E402
+from compare.orchestrate import Plan, run_all  # noqa: E402
 from compare.output import later_verdict, show, write_report  # noqa: E402
 from compare.plots import PLOT_FILES  # noqa: E402
 from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start  # noqa: E402
@@ -53,8 +51,6 @@ from compare.rundir import check as check_out  # noqa: E402
 from compare.statistical import SEEDS_DIR, apply_verdict, judge  # noqa: E402
 from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
 
-BOTH = (Backend.JAX.value, Backend.TORCH_XLA.value)  # `--backend both`, the default
-TORCH_RUNTIMES = (Backend.TORCH.value, Backend.TORCH_XLA.value, Backend.TORCHAX.value)
 START_DIR = "start"  # the prepared common start (a user twin, a torch / hf checkpoint) in the run directory
 REPORT_FILES = ("report.json", "report.md")
 MAX_SEEDS = 100  # each seed is a whole run of every backend
@@ -92,8 +88,8 @@ def positive_seconds(text: str) -> float:
 def parse_args(argv):
     parser = Parser(prog="python -m compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="both",
-                        help=f"both (= {','.join(BOTH)}, the default) | all | a comma list of "
-                             f"{', '.join(BACKEND_MODULES)}")
+                        help=f"both (= {','.join(both())}, the default) | all | a comma list of "
+                             f"{', '.join(backends.names())}")
     parser.add_argument("--reference", help="the backend every other is judged against (default jax when it "
                                             "runs, else the first listed)")
     add_run_flags(parser)
@@ -112,17 +108,17 @@ def parse_args(argv):
     add_no_hlo_flag(parser)
     parser.add_argument("--overwrite", action="store_true", help="replace the finished run an --out holds (only "
                                                                  "that run's files are removed)")
-    for name in BACKEND_MODULES:  # one flag of each kind per backend, named after it
-        flag = name.replace("_", "-")
+    for name, row in backends.registry().items():  # one flag of each kind per backend, named after it
+        flag = row.flag
         parser.add_argument(f"--{flag}-python", default=sys.executable, help=f"interpreter of the {name} environment")
         parser.add_argument(f"--{flag}-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                             help=f"override a spec field for the {name} side only (a deliberate difference)")
         parser.add_argument(f"--{flag}-record", type=Path, metavar="DIR",
                             help=f"compare this existing {name} run (a directory with record.json) instead of "
                                  "running it")
-    parser.add_argument("--torch-xla-mode", choices=values(TraceMode), default=TraceMode.LAZY.value,
-                        help="how torch_xla turns the step into a graph: " + "; ".join(
-                            f"{m.value}: {meaning}" for m, meaning in TRACE_MODE_MEANINGS.items()))
+        for option in row.passthrough:
+            parser.add_argument(option.compare_flag, choices=option.choices, default=option.default,
+                                help=f"{option.help} (passed to {name} as {option.backend_flag})")
     parser.add_argument("--compile-cache", type=Path, default=default_cache_dir(), metavar="DIR",
                         help="persistent compile caches of the backends (default: %(default)s)")
     parser.add_argument("--no-compile-cache", dest="compile_cache", action="store_const", const=None,
@@ -147,13 +143,29 @@ def parse_args(argv):
     return args
 
 
+def both() -> list[str]:
+    """`--backend both`, the default: one runtime of each family."""
+    return [r.name for r in backends.registry().values() if r.in_both]
+
+
+def reused_records(args) -> list[backends.BackendInfo]:
+    return [r for n, r in backends.registry().items() if getattr(args, f"{n}_record", None)]
+
+
+def python_of_family(args, names: list[str], family: str) -> str:
+    """The interpreter that describes one side of a twin: that of the first backend running this family's
+    model, else that of the first registered one (its environment has the framework)."""
+    rows = [backends.info(n) for n in names] + list(backends.registry().values())
+    return getattr(args, f"{next(r.name for r in rows if r.family == family)}_python")
+
+
 def backends_of(choice: str) -> list[str]:
     """`both`, `all`, or a comma list of backend names, in the order given (they run in that order)."""
     if choice in ("both", "all"):
-        return list(BOTH if choice == "both" else BACKEND_MODULES)
+        return both() if choice == "both" else backends.names()
     names = [n.strip() for n in choice.split(",") if n.strip()]
-    unknown = [n for n in names if n not in BACKEND_MODULES]
-    choices = f"use both, all, or a comma list of {', '.join(BACKEND_MODULES)}"
+    unknown = [n for n in names if n not in backends.registry()]
+    choices = f"use both, all, or a comma list of {', '.join(backends.names())}"
     if not names:
         fail(f"--backend {choice!r} names no backend; {choices}", ExitCode.USAGE)
     if unknown:
@@ -165,7 +177,7 @@ def backends_of(choice: str) -> list[str]:
 
 def reference_of(args, names: list[str]) -> str:
     if args.reference is None:
-        return Backend.JAX.value if Backend.JAX in names else names[0]
+        return backends.DEFAULT_REFERENCE if backends.DEFAULT_REFERENCE in names else names[0]
     if args.reference not in names:
         fail(f"--reference {args.reference!r} is not among the backends that run ({', '.join(names)}); pick one "
              "of them or add it to --backend", ExitCode.USAGE)
@@ -213,14 +225,13 @@ def check_parity_mode(args, spec) -> None:
     if args.parity_mode == ParityMode.STATISTICAL:
         if args.seeds < 3:
             raise SpecError(f"--seeds {args.seeds}: the statistical parity mode needs at least 3 seeds per backend")
-        reused = [n for n in BACKEND_MODULES if getattr(args, f"{n}_record", None)]
-        if reused:
+        if reused_records(args):
             raise SpecError(f"--parity-mode statistical runs every backend --seeds times; it cannot reuse "
-                            f"--{reused[0].replace('_', '-')}-record")
-    reused = [n for n in BACKEND_MODULES if getattr(args, f"{n}_record", None)]
+                            f"--{reused_records(args)[0].flag}-record")
+    reused = reused_records(args)
     if args.check_determinism and reused:  # a reused run is not run again: nothing would be checked
         raise SpecError(f"--check-determinism runs each backend twice; it cannot reuse "
-                        f"--{reused[0].replace('_', '-')}-record (run that backend here instead)")
+                        f"--{reused[0].flag}-record (run that backend here instead)")
 
 
 def seed_argv(args, name: str, seed: int) -> list[str]:
@@ -247,10 +258,9 @@ def run_inputs(args, names: list[str]) -> dict[str, Path]:
 def prepare(args, spec, names: list[str]) -> Path | None:
     """A user twin or a torch / hf checkpoint: the sides described and matched, the common start made
     (compare/prepare.py); None when the backends start as they are (built-in init, canonical checkpoint)."""
-    torch_side = next((n for n in names if n in TORCH_RUNTIMES), Backend.TORCH.value)
     try:
-        _, folder = prepare_start(spec, args.checkpoint, getattr(args, f"{torch_side}_python"), args.jax_python,
-                                  args.timeout)
+        _, folder = prepare_start(spec, args.checkpoint, python_of_family(args, names, "torch"),
+                                  python_of_family(args, names, "nnx"), args.timeout)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     return folder
@@ -260,8 +270,8 @@ def backend_argv(args, name: str) -> list[str]:
     argv = run_flags_argv(args) + [a for item in getattr(args, f"{name}_set") for a in ("--set", item)]
     if getattr(args, "checkpoint", None):
         argv += ["--checkpoint", str(args.checkpoint)]
-    if name == "torch_xla":
-        argv += ["--trace-mode", args.torch_xla_mode]
+    for option in backends.info(name).passthrough:
+        argv += [option.backend_flag, getattr(args, option.compare_flag.lstrip("-").replace("-", "_"))]
     if args.compile_cache:
         argv += ["--compile-cache", str(backend_cache_dir(args.compile_cache, name))]
     if args.profile:

@@ -15,14 +15,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import backends
 from common.procs import group_alive, kill_group
 from common.record import LOG_FILES
-from common.vocab import Backend, BackendStatus, ExitCode
+from common.vocab import BackendStatus, ExitCode
 from compare.guard import GUARD
 
 REPO = Path(__file__).resolve().parents[1]
-BACKEND_MODULES = {Backend.JAX: "jax_impl", Backend.TORCH: "torch_impl", Backend.TORCH_XLA: "torch_xla_impl",
-                   Backend.TORCHAX: "torchax_impl"}
 STDOUT_LOG, STDERR_LOG = LOG_FILES
 GRACE_S = 5.0  # a backend's group gets SIGTERM, then SIGKILL after this long
 
@@ -69,7 +68,7 @@ def _read_progress(stream, log, on_progress) -> None:
 def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_s: float,
                 on_progress=None) -> BackendRun:
     run_dir.mkdir(parents=True, exist_ok=True)
-    command = [python, "-m", BACKEND_MODULES[name], *argv, "--out", str(run_dir), "--progress"]
+    command = [python, "-m", backends.info(name).package, *argv, "--out", str(run_dir), "--progress"]
     env = backend_env()
     start, started_at = time.perf_counter(), time.time()
     with open(run_dir / STDOUT_LOG, "w") as out_log, open(run_dir / STDERR_LOG, "w") as err_log:

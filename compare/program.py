@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common import backends
 from common.hlo import matmul_flops, op_histogram
 from common.hlo_summary import program_summary
 from common.record import RunRecord
@@ -24,7 +25,7 @@ def compiled_program(record: RunRecord, record_dir: Path) -> dict:
     stats = record.hlo_stats or {}
     path = record_dir / stats["hlo_file"] if stats.get("hlo_file") else None
     if path is None or not path.exists():
-        return {"available": False, "why": NOT_COMPILED if record.backend == "torch" else
+        return {"available": False, "why": NOT_COMPILED if not _compiles(record.backend) else
                 "no HLO file recorded (run with --no-hlo, or it did not finish)"}
     out = {"available": True, "hlo_file": str(path.relative_to(record_dir.parent)) if record_dir.parent in
            path.parents else str(path), **program_of_text(path.read_text())}
@@ -40,6 +41,10 @@ def compiled_program(record: RunRecord, record_dir: Path) -> dict:
         missing["memory"] = stats.get("memory_source") or "no memory analysis recorded"
     out.update(memory=memory, memory_source=stats.get("memory_source"), not_available=missing)
     return out
+
+
+def _compiles(name: str) -> bool:
+    return name not in backends.registry() or backends.info(name).compiles
 
 
 def peak_bytes(memory: dict) -> int | None:

@@ -13,21 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common import backends
 from common.vocab import BackendStatus, CheckpointFormat, ExitCode, ReportStatus, TraceMode
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "jax_impl", "torch_impl", "torch_xla_impl", "torchax_impl", "compare", "benchmarks")
-FRAMEWORKS = ("jax", "jaxlib", "flax", "optax", "torch", "torch_xla", "torchax")
-# Which of our packages (and frameworks) each package may import.
-ALLOWED = {
-    "common": set(),
-    "jax_impl": {"common", "jax", "jaxlib", "flax", "optax"},
-    "torch_impl": {"common", "torch"},
-    "torch_xla_impl": {"common", "torch_impl", "torch", "torch_xla"},
-    # torchax runs torch_impl's models on JAX: it shares the JAX twin's plain-JAX modules (below)
-    "torchax_impl": {"common", "torch_impl", "jax_impl", "torch", "jax", "optax", "torchax"},
-    "compare": {"common"},
-}
+# Our packages and what each may import, the backends' from their rows in common/backends.py.
+BACKEND_ROWS = backends.BUILT_IN
+PACKAGES = ("common", *(r.package for r in BACKEND_ROWS), "compare", "benchmarks")
+FRAMEWORKS = tuple(sorted({f for r in BACKEND_ROWS for f in r.frameworks} - set(PACKAGES)))
+ALLOWED = {"common": set(), "compare": {"common"}, **{r.package: {"common", *r.frameworks} for r in BACKEND_ROWS}}
 # The JAX twin's modules other JAX runtimes may use: they import jax and optax, never flax.
 PLAIN_JAX = {"jax_impl.optim", "jax_impl.sharding", "jax_impl.instrument", "jax_impl.loop"}
 
@@ -237,3 +231,15 @@ def test_files_stay_small(package):
     long = {str(p.relative_to(REPO)): n for p in (REPO / package).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 400}
     assert not long, f"over 400 lines: {long}"
+
+
+def test_every_registered_backend_is_a_package_we_ship_and_document():
+    """A row of common/backends.py is a shipped package whose `python -m` runs the shared driver under its
+    own name, installed by the extra the row names, and listed in the README's table of backends."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert set(project["tool"]["setuptools"]["packages"]) == {"common", "compare", *(r.package for r in BACKEND_ROWS)}
+    readme = (REPO / "README.md").read_text()
+    for row in BACKEND_ROWS:
+        assert f'backend_main.main("{row.package}"' in (REPO / row.package / "__main__.py").read_text(), row.name
+        assert row.extra in project["project"]["optional-dependencies"], row.name
+        assert re.search(rf"^\| `{row.name}` \|.*\| `{row.package}` \|$", readme, re.M), f"{row.name} not in README"

@@ -1,0 +1,132 @@
+"""The backends compare can run: one row each, the one definition every other list derives from.
+
+compare's `--backend` choices and per-backend flags (`--<name>-python`, `-set`, `-record` and any
+flag a row passes through), which interpreter describes each side of a twin, whether a backend has
+compiled programs to analyse, the benchmarks' maps and the house-rule tests all read these rows.
+
+Adding a runtime is a row plus its package (`python -m <package>` calling `common.backend_main.main`).
+A row may also come from outside this repository: an installed distribution that declares an entry
+point in the group `xla_twins.backends` naming a `BackendInfo` (e.g. `[xla_twins.backends]
+torch_tpu = torch_tpu_impl.registry:ROW` in its entry_points.txt) is a backend like the built-in ones.
+This module imports no framework: compare reads it in its own process.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+
+from common.vocab import TRACE_MODE_MEANINGS, TraceMode, values
+
+ENTRY_POINT_GROUP = "xla_twins.backends"
+FAMILIES = ("nnx", "torch")  # which side of a twin a backend runs: the Flax NNX model or the torch.nn one
+DEFAULT_REFERENCE = "jax"  # what every other backend is judged against when it runs (else the first listed)
+
+
+@dataclass(frozen=True)
+class Passthrough:
+    """A compare flag forwarded to one backend as its own flag, e.g. `--torch-xla-mode` -> `--trace-mode`."""
+
+    compare_flag: str
+    backend_flag: str
+    choices: tuple[str, ...]
+    default: str
+    help: str
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str  # --backend value, record.backend, report.json's key, the prefix of its compare flags
+    package: str  # run as `python -m <package>`
+    family: str  # one of FAMILIES
+    compiles: bool  # has XLA programs: HLO, compile counts, recompile causes (eager torch has none)
+    extra: str  # the pip extra that installs what it runs on
+    meaning: str  # one line for --help, docs and tables
+    frameworks: frozenset[str]  # what its package may import besides common (tests/test_house_rules.py)
+    in_both: bool = False  # part of `--backend both`, the default pair
+    passthrough: tuple[Passthrough, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        """The stem of its compare flags: `torch_xla` -> `torch-xla` (`--torch-xla-python`)."""
+        return self.name.replace("_", "-")
+
+    def check(self) -> BackendInfo:
+        """A row from outside this repository, refused when a field cannot work."""
+        problems = []
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
+            problems.append(f"name {self.name!r} is not a lowercase identifier")
+        if self.family not in FAMILIES:
+            problems.append(f"family {self.family!r} is not one of {', '.join(FAMILIES)}")
+        if not re.fullmatch(r"[A-Za-z_][\w.]*", self.package):
+            problems.append(f"package {self.package!r} is not a module name")
+        if problems:
+            raise ValueError(f"backend row {self.name!r}: {'; '.join(problems)}")
+        return self
+
+
+TRACE_MODE = Passthrough(
+    "--torch-xla-mode", "--trace-mode", tuple(values(TraceMode)), TraceMode.LAZY.value,
+    "how torch_xla turns the step into a graph: " + "; ".join(f"{m.value}: {meaning}"
+                                                              for m, meaning in TRACE_MODE_MEANINGS.items()))
+
+BUILT_IN = (
+    BackendInfo("jax", "jax_impl", "nnx", True, "jax", "the Flax NNX twin on JAX (jax_impl)",
+                frozenset({"jax", "jaxlib", "flax", "optax"}), in_both=True),
+    BackendInfo("torch", "torch_impl", "torch", False, "torch-xla",
+                "the torch.nn twin in eager PyTorch, CPU or CUDA: the ground truth of the PyTorch side (torch_impl)",
+                frozenset({"torch"})),
+    BackendInfo("torch_xla", "torch_xla_impl", "torch", True, "torch-xla",
+                "the same torch.nn twin on PyTorch/XLA (torch_xla_impl)",
+                frozenset({"torch_impl", "torch", "torch_xla"}), in_both=True, passthrough=(TRACE_MODE,)),
+    # torchax runs torch_impl's models on JAX, sharing the JAX twin's plain-JAX modules
+    BackendInfo("torchax", "torchax_impl", "torch", True, "torchax",
+                "the same torch.nn twin on JAX through torchax (torchax_impl)",
+                frozenset({"torch_impl", "jax_impl", "torch", "jax", "optax", "torchax"})),
+)
+
+
+@cache
+def _installed() -> tuple[BackendInfo, ...]:
+    """Rows declared by installed distributions (entry points), read once and only when asked for."""
+    from importlib.metadata import entry_points
+
+    rows = []
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        row = point.load()
+        if not isinstance(row, BackendInfo):
+            raise ValueError(f"entry point {point.name} = {point.value} in group {ENTRY_POINT_GROUP} is a "
+                             f"{type(row).__name__}, not a common.backends.BackendInfo")
+        rows.append(row.check())
+    return tuple(rows)
+
+
+@cache
+def registry() -> dict[str, BackendInfo]:
+    """Every backend by name, built-in ones first, in the order `--backend all` runs them."""
+    rows = {}
+    for row in (*BUILT_IN, *_installed()):
+        if row.name in rows or row.package in {r.package for r in rows.values()}:
+            raise ValueError(f"backend {row.name!r} ({row.package}) is registered twice; uninstall one of them")
+        rows[row.name] = row
+    return rows
+
+
+def names() -> list[str]:
+    return list(registry())
+
+
+def info(name: str) -> BackendInfo:
+    return registry()[name]
+
+
+def of_package(package: str) -> BackendInfo:
+    """The row of the backend `python -m <package>` runs (a backend's driver learns its name here)."""
+    for row in BUILT_IN:  # no entry-point scan for the built-in backends
+        if row.package == package:
+            return row
+    return next(r for r in registry().values() if r.package == package)
+
+
+def packages() -> list[str]:
+    return [r.package for r in registry().values()]
