@@ -8,14 +8,54 @@ before any test, where torch_xla is installed, makes the order not matter.
 """
 import importlib.util
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
+
+from common import backends
 
 if importlib.util.find_spec("torch_xla") is not None:
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     import torch_xla
 
     torch_xla.device()
+
+
+NO_BACKENDS = Path(__file__).resolve().parent / "no_backends"  # its sitecustomize refuses backend processes
+
+
+def pytest_configure(config):
+    """Deselecting the slow tests (`make test-fast`) promises no backend process: every process the tests
+    start imports tests/no_backends/sitecustomize.py first, which refuses to run one and notes it."""
+    if "not slow" not in (config.option.markexpr or ""):
+        return
+    fd, log = tempfile.mkstemp(prefix="xla-twins-backend-guard-")
+    os.close(fd)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NO_BACKENDS), os.environ.get("PYTHONPATH")]))
+    os.environ["XLA_TWINS_BACKEND_GUARD"] = log
+    os.environ["XLA_TWINS_BACKEND_GUARD_PACKAGES"] = ",".join(backends.packages())
+    config.backend_guard_log = Path(log)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(config, items):
+    """A test that reads the shared finished run needs a backend to have run: it is slow."""
+    for item in items:
+        if "finished_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    log = getattr(session.config, "backend_guard_log", None)
+    if log is None:
+        return
+    started = log.read_text().splitlines()
+    log.unlink(missing_ok=True)
+    if started:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print(f"\nerror: {len(started)} backend process(es) started with the slow tests deselected:\n  "
+              + "\n  ".join(started))
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,17 @@ CACHE_HOME = tempfile.mkdtemp(prefix="xla-twins-test-cache-")
 atexit.register(shutil.rmtree, CACHE_HOME, ignore_errors=True)
 
 
+def process_env(**extra: str) -> dict[str, str]:
+    """The environment of a process the tests start: this checkout importable (after whatever PYTHONPATH the
+    session set: tests/conftest.py's backend guard), the suite's own compile cache."""
+    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO)]))
+    return {**os.environ, "PYTHONPATH": path, "XDG_CACHE_HOME": CACHE_HOME, **extra}
+
+
 def run_cli(module: str, *args: str, timeout: float = 600, env: dict | None = None,
             shell_prefix: str = "") -> subprocess.CompletedProcess:
     """`python -m module args`; `shell_prefix`: sh commands run first in the same process (`ulimit ...`)."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": CACHE_HOME, **(env or {})}
+    full_env = process_env(**(env or {}))
     command = [sys.executable, "-m", module, *args]
     if shell_prefix:  # (no preexec_fn: it forks a process whose parent runs JAX's threads)
         command = ["sh", "-c", f'{shell_prefix}; exec "$0" "$@"', *command]

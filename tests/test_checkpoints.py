@@ -82,6 +82,7 @@ def test_both_twins_reproduce_the_hf_model(tmp_path, family):
     assert json.loads((tmp_path / "run" / "report.json").read_text())["verdict"] == "pass"
 
 
+@pytest.mark.slow
 def test_a_torch_state_dict_starts_every_backend_bitwise(tmp_path):
     from common.weights import init_params, load_checkpoint
     from torch_impl.convert import load_canonical

@@ -1,6 +1,5 @@
 """The derived parameter correspondence (common/correspond.py) and twin definitions (common/twin.py):
 numpy only, no framework."""
-import os
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ from common.presets import load_spec
 from common.spec import SpecError
 from common.twin import BUILTIN, TwinError, hparams_of, load_twin, twin_of
 from common.weights import init_params, param_infos
-from tests.helpers import REPO
+from tests.helpers import REPO, process_env
 
 TORCH_GPT_BLOCK = {  # nanoGPT-style names and torch layouts
     "wte.weight": (50, 8), "h.0.ln_1.weight": (8,), "h.0.ln_1.bias": (8,), "h.0.attn.c_attn.weight": (24, 8),
@@ -117,7 +116,7 @@ def test_twin_references_that_do_not_load(tmp_path):
     # in a fresh interpreter, as compare's (this one may have imported torch already)
     proc = subprocess.run([sys.executable, "-c", "from common.twin import load_twin; "
                            f"load_twin({str(tmp_path / 'heavy.py') + ':t'!r}, frameworks_allowed=False)"],
-                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          capture_output=True, text=True, cwd=REPO, env=process_env())
     assert proc.returncode == 1
     assert "loading it imported torch; keep framework code in the factory modules" in proc.stderr
 

@@ -1,11 +1,9 @@
 """Files the toolkit opens or writes, when they are not what it expects: the real CLIs in subprocesses.
 
-`python -m compare.convert --to` never removes or replaces what the user had (a dangerous directory, a
-directory of the user's files, an existing file: refused, exit 2, every byte where it was); a checkpoint of
-ours is replaced only with --overwrite, and only its own entries go; a write that fails is exit 7 with the
-target as it was. Every file read (spec, tolerance, data, checkpoint, record, HLO) that is a FIFO, a device
-or a directory is one line and exit 2, never a hang. `python -m compare.hlo` refuses what is not HLO text.
-Each case checks the exit code, the one `error:` line and every directory involved.
+`python -m compare.convert --to` never removes or replaces what the user had (refused, exit 2, every byte where
+it was); a checkpoint of ours is replaced only with --overwrite, and only its own entries go; a failed write is
+exit 7 with the target as it was. A file read (spec, tolerance, data, checkpoint, record, HLO) that is a FIFO, a
+device or a directory is one line and exit 2, never a hang; `python -m compare.hlo` refuses what is not HLO.
 """
 import os
 import random
@@ -153,9 +151,9 @@ def test_a_directory_of_the_users_files_is_never_touched(tmp_path, kind):
         assert sorted(os.listdir(tmp_path)) == around
 
 
+@pytest.mark.slow
 def test_a_new_or_empty_directory_receives_the_checkpoint(tmp_path):
-    source = tmp_path / "src.safetensors"
-    params = canonical(source, seed=3)
+    params = canonical(source := tmp_path / "src.safetensors", seed=3)
     (tmp_path / "empty").mkdir()
     for target in (tmp_path / "empty", tmp_path / "new" / "nested"):
         proc = convert("--from", f"canonical:{source}", "--to", f"orbax:{target}")
@@ -167,6 +165,7 @@ def test_a_new_or_empty_directory_receives_the_checkpoint(tmp_path):
     assert sorted(back) == sorted(params) and all(np.array_equal(back[k], params[k]) for k in params)
 
 
+@pytest.mark.slow
 @pytest.mark.error_case("convert-to-own-checkpoint")
 def test_our_checkpoint_is_replaced_only_with_overwrite_and_only_its_own_entries(tmp_path):
     target = our_checkpoint(tmp_path, seed=0)
@@ -234,6 +233,7 @@ def test_a_target_of_the_wrong_kind_is_refused_even_with_overwrite(tmp_path, fmt
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 @pytest.mark.error_case("convert-write-fails")
 @pytest.mark.parametrize("case", ["canonical", "torch-pt", "torch-safetensors", "orbax", "orbax-overwrite",
                                   "canonical-overwrite", "under-a-file", "orbax-under-a-file"])
@@ -337,6 +337,7 @@ READS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.error_case("input-not-regular-file")
 @pytest.mark.parametrize("case,module,argv,message", READS, ids=[r[0] for r in READS])
 def test_a_file_that_is_not_a_regular_file_is_refused_not_read(tmp_path, case, module, argv, message):

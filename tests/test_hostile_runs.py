@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from compare.rundir import LOCK, MARKER
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO, process_env, run_cli
 from tests.test_reliability import hanging_backend, one_line_error, processes_with, report_of
 
 
@@ -142,13 +142,14 @@ def running_marker(out: Path) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.error_case("out-locked")
 def test_a_second_compare_on_the_same_out_is_refused_while_the_first_finishes_intact(tmp_path):
     out = tmp_path / "shared"
     first = subprocess.Popen([sys.executable, "-m", "compare", "--quiet", "--out", str(out), "--backend", "jax",
                               "--spec", "mlp-tiny", "--steps", "3"], cwd=REPO, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
+                             env=process_env())
     wait_for(lambda: running_marker(out), what="the first run's marker")
     first_id = json.loads((out / MARKER).read_text())["run_id"]
     second = compare("--out", str(out), "--overwrite", "--backend", "jax", "--spec", "mlp-tiny", "--steps", "3")
@@ -170,7 +171,7 @@ def test_sigkill_of_compare_leaves_no_backend_and_the_next_run_reports_it(finish
     proc = subprocess.Popen([sys.executable, "-m", "compare", "--quiet", "--out", str(out), "--spec", "mlp-tiny",
                              "--jax-python", str(hanging_backend(tmp_path, marker))], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env=process_env())
     wait_for(lambda: processes_with(f"{marker}-child"), what="the fake backend's child")
     backend_pids = [p.pid for p in processes_with(marker) if p.pid != proc.pid]
     assert len(backend_pids) == 2  # the backend and its child, in the backend's own process group
@@ -235,7 +236,7 @@ def test_a_reader_that_stops_reading_changes_no_exit_code(finished_run, fmt, tmp
     command = [sys.executable, "-m", "compare", *([fmt] if fmt else []), "--out", str(out), *reuse_args(finished_run)]
     script = " ".join(f"'{c}'" for c in command) + ' | head -c 1 >/dev/null; exit "${PIPESTATUS[0]}"'
     proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
+                          env=process_env(COLUMNS="200"))
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
     assert report_of(out)["verdict"] == "pass"
@@ -253,7 +254,7 @@ def test_sigint_is_honoured_when_the_shell_started_compare_with_it_ignored(tmp_p
                "--jax-python", str(hanging_backend(tmp_path, marker))]
     proc = subprocess.Popen(["sh", "-c", "trap '' INT; exec \"$0\" \"$@\"", *command], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env=process_env())
     wait_for(lambda: processes_with(f"{marker}-child"), what="the fake backend's child")
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
@@ -275,8 +276,9 @@ def test_sigint_is_honoured_when_the_shell_started_compare_with_it_ignored(tmp_p
     ("compare", ["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
     ("compare.convert", ["--to", "torch:x.pt"], "the following arguments are required: --from"),
     ("compare.hlo", [], "the following arguments are required"),
-    ("jax_impl", ["--steps", "many"], "argument --steps: invalid int value: 'many'"),
-    ("torch_xla_impl", ["--bogus"], "unrecognized arguments: --bogus"),
+    pytest.param("jax_impl", ["--steps", "many"], "argument --steps: invalid int value: 'many'",
+                 marks=pytest.mark.slow),  # a backend process, however short
+    pytest.param("torch_xla_impl", ["--bogus"], "unrecognized arguments: --bogus", marks=pytest.mark.slow),
 ])
 @pytest.mark.error_case("argparse-one-line")
 def test_a_command_line_error_is_one_line_with_the_help_hint(module, args, message, tmp_path):
@@ -289,6 +291,7 @@ def test_a_command_line_error_is_one_line_with_the_help_hint(module, args, messa
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax_impl", "torch_impl"])
 @pytest.mark.error_case("backend-out-foreign")
 def test_a_backend_run_alone_never_writes_among_the_users_files(backend, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CACHE_HOME, REPO, run_cli
+from tests.helpers import REPO, process_env, run_cli
 
 MODELS = '''
 import os
@@ -267,6 +267,7 @@ def test_a_declaration_that_cannot_work_is_refused_when_the_twin_loads(tmp_path,
     assert time.monotonic() - start < 30  # no model was built: nothing but the twin file was imported
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, message", [
     pytest.param("packed_nothing", r"packed \{'attn.qkv': \('attn.q', 'attn.k', 'attn.v'\)\} matches no torch "
                                    r"module: none is named 'attn.qkv' or ends in '.attn.qkv' \(closest fc\d\); "
@@ -297,6 +298,7 @@ def test_a_model_that_cannot_be_compared_is_refused_when_the_sides_describe_them
     assert_refused(tmp_path, run_twin(tmp_path, project, f"twins.py:{name}"), message)
 
 
+@pytest.mark.slow
 @pytest.mark.error_case("twin-describe-timeout")
 def test_a_factory_that_hangs_is_bounded_by_the_timeout(tmp_path, project):
     start = time.monotonic()
@@ -306,6 +308,7 @@ def test_a_factory_that_hangs_is_bounded_by_the_timeout(tmp_path, project):
     assert time.monotonic() - start < 90
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ref, stage, marker", [
     ("sleeps.py:t", "loading the twin file", "_answer"),
     ("twins.py:torch_sleeps", "describing the sides", "torch_impl.describe"),
@@ -313,7 +316,7 @@ def test_a_factory_that_hangs_is_bounded_by_the_timeout(tmp_path, project):
 @pytest.mark.error_case("twin-prepare-interrupted")
 def test_sigterm_while_a_twin_is_prepared_leaves_no_process_and_no_temp_folder(tmp_path, project, ref, stage,
                                                                                marker):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": CACHE_HOME, "TMPDIR": str(tmp_path / "tmp")}
+    env = process_env(TMPDIR=str(tmp_path / "tmp"))
     proc = subprocess.Popen([sys.executable, "-m", "compare", "--quiet", "--twin", f"{project}/{ref}", "--backend",
                              "jax,torch", "--out", str(tmp_path / "run")], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -355,6 +358,7 @@ def test_a_hugging_face_config_that_is_not_one_is_refused_before_any_process(tmp
     assert_refused(tmp_path, proc, message)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variable, value, backends, failing, message", [
     ("JAX_PLATFORMS", "cuda", "jax,torch_xla", ("jax",),
      r"^JAX_PLATFORMS=cuda selects a platform this machine does not have \(jax sees: cpu\); unset it, or install "

@@ -85,6 +85,7 @@ def test_profile_writes_traces_the_profiler_reads_and_host_plus_device_is_the_st
     assert "## Where the step goes (--profile)" in md and "device busy" in md
 
 
+@pytest.mark.slow
 @pytest.mark.error_case("profile-not-number", "profile-spawn")
 def test_profile_is_refused_where_it_cannot_run():
     proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--mode", "spawn", "--mesh", "data=2", "--profile", "2")

@@ -121,6 +121,7 @@ def test_report_sets_both_compiled_programs_side_by_side_under_data_parallelism(
     assert re.search(r"all-reduce count\s+│\s+-\s+│\s+1\s+│", diff.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.error_case("hlo-cli-missing", "hlo-cli-no-backend", "hlo-cli-no-program", "hlo-cli-corrupt-record",
                         "profile-eager-torch")
 def test_hlo_diff_refuses_what_has_no_program(tmp_path):

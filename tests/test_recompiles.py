@@ -75,6 +75,7 @@ def test_provocations_change_only_what_they_say():
             parse_provocation(bad)
 
 
+@pytest.mark.slow
 @pytest.mark.error_case("provoke-syntax", "provoke-spec-cannot")
 def test_provocations_a_spec_cannot_take_are_refused_in_one_line():
     proc = run_cli("jax_impl", "--spec", "mlp-tiny", "--provoke-recompile", "input-dtype@2")

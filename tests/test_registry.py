@@ -2,6 +2,7 @@
 registered from outside the repository (an installed entry point) is run and judged by compare with no
 other edit."""
 import json
+import os
 import sys
 
 import pytest
@@ -75,7 +76,7 @@ def test_compare_runs_and_judges_a_registered_copy_with_no_other_edit(tmp_path):
     """The copy runs as its own backend: record, report row, parity against the runtime it copies."""
     site = install_copy(tmp_path / "site")
     out = tmp_path / "run"
-    env = {"PYTHONPATH": f"{REPO}:{site}"}
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO), str(site)]))}
     proc = run_cli("compare", "--quiet", "--out", str(out), "--backend", f"torch,{COPY}", "--reference", "torch",
                    "--spec", "mlp-tiny", "--steps", "3", env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO, process_env, run_cli
 
 
 def compare(*args, timeout=600):
@@ -97,6 +97,7 @@ def test_bad_usage_is_exit_2_with_one_line_and_no_run_dir(args, message, tmp_pat
     assert not out.exists()  # refused before anything started: nothing half-made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "torch_xla", "torch", "torchax"])
 @pytest.mark.error_case("data-file-bad")
 def test_bad_data_is_refused_before_any_backend_the_same_everywhere(backend, tmp_path):
@@ -114,6 +115,7 @@ def test_bad_data_is_refused_before_any_backend_the_same_everywhere(backend, tmp
     assert alone.returncode == 2 and message in one_line_error(alone)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, env", [("jax_impl", {"JAX_NUM_CPU_DEVICES": "1"}),
                                           ("torch_xla_impl", {"CPU_NUM_DEVICES": "1"})])
 @pytest.mark.error_case("mesh-exceeds-devices")
@@ -126,6 +128,7 @@ def test_a_mesh_larger_than_the_platform_is_refused(backend, env, tmp_path):
 
 # 4: a framework missing from the interpreter given ---------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, extra", [("torch_xla", "torch-xla"), ("torchax", "torchax"), ("torch", "torch-xla")])
 @pytest.mark.error_case("framework-missing")
 def test_a_framework_missing_from_the_given_interpreter(backend, extra, tmp_path):
@@ -191,6 +194,7 @@ def test_an_existing_record_can_be_compared_again(finished_run, tmp_path):
     assert report["backends"]["jax"]["losses"] == report_of(finished_run)["backends"]["jax"]["losses"]
 
 
+@pytest.mark.slow
 @pytest.mark.error_case("checkpoint-canonical-misfit")
 def test_a_checkpoint_that_does_not_fit_names_the_tensor(tmp_path):
     sys.path.insert(0, str(REPO))
@@ -259,7 +263,7 @@ def test_an_interrupt_terminates_children_and_marks_the_run(sig, tmp_path):
     cmd = [sys.executable, "-m", "compare", "--quiet", "--out", str(out), "--spec", "mlp-tiny",
            "--jax-python", str(hanging_backend(tmp_path, marker))]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env=process_env())
     deadline = time.monotonic() + 60
     while not processes_with(f"{marker}-child") and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -18,6 +18,7 @@ def compare(*args, timeout=900):
     return run_cli("compare", "--quiet", *args, timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("twin, message", [
     (f"{USER}x:net", r"file .*twins.pyx does not exist"),
     ("tests/data/user_project/models.py", "must look like path/to/file.py:name"),
