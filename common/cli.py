@@ -102,6 +102,9 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="run directory (default runs/<backend>-<time>)")
     parser.add_argument("--parity", action="store_true",
                         help="also save step-0 outputs and gradients and the final parameters (canonical layout)")
+    parser.add_argument("--activations", action="store_true",
+                        help="also save step 0's per-module inputs and outputs, which locate where two ports part "
+                             "(compare asks for them only when step 0 disagrees: the capture costs a graph per module)")
     parser.add_argument("--checkpoint", type=checkpoint_ref, metavar="FORMAT:PATH",
                         help="start from these weights: canonical:PATH (or a bare path) on every backend; torch: "
                              "and hf: on the torch runtimes, orbax: on jax (compare --checkpoint converts any of "

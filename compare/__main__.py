@@ -39,6 +39,7 @@ from common.vocab import (  # noqa: E402
     values,
 )
 from compare.cache import backend_cache_dir, default_cache_dir  # noqa: E402
+from compare.capture import capture, parted_at_step0  # noqa: E402
 from compare.determinism import judge_determinism  # noqa: E402
 from compare.orchestrate import Plan, run_all  # noqa: E402
 from compare.output import later_verdict, show, write_report  # noqa: E402
@@ -234,6 +235,27 @@ def check_parity_mode(args, spec) -> None:
                         f"--{reused[0].flag}-record (run that backend here instead)")
 
 
+def capture_argv(args, name: str) -> list[str]:
+    """One step that captures step 0's activations (compare/capture.py): no parity tensors, provoked
+    recompiles, HLO, profile or throughput."""
+    side = argparse.Namespace(**{**vars(args), "steps": 1, "provoke": [], "profile": 0, "no_hlo": True})
+    return [a for a in backend_argv(side, name) if a != "--parity"] + ["--activations", "--throughput-steps", "0"]
+
+
+def locate_divergence(args, plan: Plan, outcome, build) -> dict:
+    """The report (`build(interrupted)`), built again with the activations of the backends that part at step
+    0 when there are any, captured now."""
+    report = build(outcome.interrupted)
+    parted = [n for n in parted_at_step0(report) if n in plan.argv and n not in plan.reuse]
+    if not parted or outcome.interrupted:
+        return report
+    try:
+        capture(parted, plan.pythons, {n: capture_argv(args, n) for n in parted}, plan.out, args.timeout)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    return build(outcome.interrupted)
+
+
 def seed_argv(args, name: str, seed: int) -> list[str]:
     """A statistical mode's extra seed run: the losses only (no parity tensors, HLO, profile, throughput)."""
     side = argparse.Namespace(**{**vars(args), "seed": seed, "profile": 0, "no_hlo": True})
@@ -340,7 +362,8 @@ def main(argv=None) -> int:
             outcome.interrupted = run_all(Plan(names, plan.pythons, {n: seed_argv(args, n, seed) for n in names}, {},
                                                out / SEEDS_DIR / str(seed), args.timeout, False), live).interrupted
     backends_done = time.time()
-    report = build_report(args, spec, policy, names, reference, outcome.runs, out, outcome.interrupted)
+    report = locate_divergence(args, plan, outcome, lambda interrupted: build_report(
+        args, spec, policy, names, reference, outcome.runs, out, interrupted))
     if seeds:
         report = later_verdict(report, "statistical", lambda r: apply_verdict(r, judge(out, names, reference, seeds)))
     if args.check_determinism:

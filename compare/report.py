@@ -63,6 +63,7 @@ import numpy as np
 
 from common.record import RECORD_FILE, RecordError, read_record, read_tensors
 from common.vocab import REPORT_STATUS_EXIT, BackendStatus, ExitCode, ReportStatus
+from compare.capture import captured_activations
 from compare.parity import check_parity
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
 
@@ -204,6 +205,8 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
             entry["status"] = run.status if run.status != BackendStatus.OK else BackendStatus(record.status)
             if record.status == BackendStatus.OK and want_tensors:
                 tensors = read_tensors(record_path, record)
+                if not tensors["activations"]:  # captured apart, when step 0 parted (compare/capture.py)
+                    tensors["activations"] = captured_activations(run_dir, run_id)
         except RecordError as e:
             entry.update(status=BackendStatus.FAILED, message=str(e))
     elif run is not None and run.status == BackendStatus.OK:

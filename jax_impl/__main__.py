@@ -36,7 +36,7 @@ def train(spec, args, out_dir, progress):
     sharding.check_platform()  # a JAX_PLATFORMS this machine lacks: one line and exit 2, not a crash
     cache = enable_compile_cache(args.compile_cache)
     monitor = CompileMonitor()
-    record, tensors = run(spec, out_dir, parity=args.parity, checkpoint=args.checkpoint,
+    record, tensors = run(spec, out_dir, parity=args.parity, activations=args.activations, checkpoint=args.checkpoint,
                           throughput_steps=args.throughput_steps, provocations=args.provoke, profile_steps=args.profile,
                           hlo=not args.no_hlo,
                           monitor=monitor, progress=progress)

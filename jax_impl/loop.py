@@ -142,7 +142,7 @@ def timed_step(trainer, monitor: CompileMonitor, step: int, batch: StepBatch,
 
 
 def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record: Callable[[], RunRecord], *,
-               parity: bool, throughput_steps: int | None, provocations: list[Provocation],
+               parity: bool, activations: bool, throughput_steps: int | None, provocations: list[Provocation],
                monitor: CompileMonitor, progress=None, profile_steps: int = 0,
                hlo: bool = True) -> tuple[RunRecord, dict]:
     """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
@@ -157,7 +157,7 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
         return sharding.put_batch(batch, spec.mesh, mesh, trainer.masks_for(batch, step))
 
     tensors = trainer.step0_tensors(put(0)) if parity else {}  # before any update
-    if parity:  # analysis, not training: its eager per-op compiles are not counted (as the HLO statistics')
+    if activations:  # analysis, not training: its eager per-op compiles are not counted (as the HLO statistics')
         monitor.paused = True
         with trainer.capture_masks():
             tensors["activations"] = trainer.step0_activations(activation_inputs(spec, data.global_batch(0).inputs))

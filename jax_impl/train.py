@@ -84,13 +84,13 @@ class JaxTrainer(JittedTrainer):
         return {k: sharding.to_host(v) for k, v in convert.to_canonical(tree).items()}
 
 
-def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
+def run(spec: RunSpec, out_dir: Path, *, parity: bool, activations: bool = False, checkpoint: Path | None = None,
         throughput_steps: int | None = None, provocations=(), profile_steps: int = 0, hlo: bool = True,
         monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
     """Train `spec` with the NNX twin; returns its record and the parity tensors (the caller writes both)."""
     return run_jitted(spec, out_dir, lambda mesh: JaxTrainer(spec, mesh, checkpoint), lambda: _new_record(spec),
-                      parity=parity, throughput_steps=throughput_steps, provocations=list(provocations),
-                      profile_steps=profile_steps, hlo=hlo,
+                      parity=parity, activations=activations, throughput_steps=throughput_steps,
+                      provocations=list(provocations), profile_steps=profile_steps, hlo=hlo,
                       monitor=monitor, progress=progress)
 
 

@@ -131,6 +131,13 @@ def test_a_deliberate_difference_on_one_side_fails_parity(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["verdict"] == "fail" and report["status"] == "parity_failed"
     assert report["parity"]["torch_xla"]["first_divergent_step"] == 0  # the forward pass already differs
+    # located by the one-step capture runs compare made for the pair (compare/capture.py): the first
+    # LayerNorm the eps changes is the culprit, fed inputs that agree
+    found = report["parity"]["torch_xla"]["first_divergent_module"]
+    assert found["module"] == "blocks.0.ln1" and found["input_agrees"], found
+    for name in ("jax", "torch_xla"):
+        capture = json.loads((tmp_path / name / "activations" / "record.json").read_text())
+        assert capture["run_id"] == report["run_id"] and len(capture["steps"]) == 1
     assert report["parity"]["torch_xla"]["intended_differences"] == ["model.layernorm_eps: jax=1e-05 torch_xla=0.001"]
     worst = report["parity"]["torch_xla"]["worst"][0]
     assert not worst["within"]
@@ -145,6 +152,7 @@ def test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions(t
     report = json.loads((tmp_path / "cmp" / "report.json").read_text())
     assert report["dtype"] == "bfloat16" and report["tolerances"]["loss"] == {"atol": 5e-2, "rtol": 2e-2}
     assert report["verdict"] == "pass" and all(p["passed"] for p in report["parity"].values())
+    assert not list((tmp_path / "cmp").glob("*/activations"))  # captured only where step 0 parts
     assert report["parity"]["torch_xla"]["loss"]["max_abs"] < 5e-2
     # the distribution bound: how far JAX's own bf16 step-0 logits are from its fp32 ones (measured: KL 3.7e-7,
     # top-1 0.995); bf16 logits are stored as float32

@@ -97,6 +97,7 @@ def test_misported_rotary_fails_at_step_0_in_layer_0_attention(tmp_path):
     parity = json.loads((out / "report.json").read_text())["parity"]["torch_xla"]
     found = parity["first_divergent_module"]
     assert parity["first_divergent_step"] == 0 and found["module"] == "layers.0.attn" and found["input_agrees"]
+    assert sorted(p.parent.name for p in out.glob("*/activations")) == ["jax", "torch_xla"]  # captured for this
     markdown = (out / "report.md").read_text()
     assert "first divergent step 0, first divergent module layers.0.attn" in markdown
 

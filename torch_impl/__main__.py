@@ -25,7 +25,7 @@ def train(spec, args, out_dir, progress):
         raise SpecError(f"the torch backend runs eagerly on one device; mesh {spec.mesh.strategy} needs "
                         f"{spec.mesh.device_count}: drop --mesh for it, or compare the mesh on jax, torch_xla "
                         "or torchax")
-    record, tensors = run(spec, out_dir, parity=args.parity, checkpoint=args.checkpoint,
+    record, tensors = run(spec, out_dir, parity=args.parity, activations=args.activations, checkpoint=args.checkpoint,
                           throughput_steps=args.throughput_steps, provocations=args.provoke,
                           progress=progress)
     record.compile_cache = {"enabled": False, "note": "eager PyTorch compiles nothing (--compile-cache is ignored)"}

@@ -161,7 +161,7 @@ def timed_step(trainer: TorchTrainer, step: int, inputs, targets) -> tuple[float
     return value, (time.perf_counter() - start) * 1e3
 
 
-def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
+def run(spec: RunSpec, out_dir: Path, *, parity: bool, activations: bool = False, checkpoint: Path | None = None,
         throughput_steps: int | None = None, provocations=(),
         progress=None) -> tuple[RunRecord, dict]:
     """Train `spec` eagerly; returns its record and the parity tensors (the caller writes both)."""
@@ -171,7 +171,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
         torch.set_float32_matmul_precision(precision)
     trainer = TorchTrainer(spec, checkpoint, provocations)
     tensors = trainer.step0_tensors(*trainer.batch(0)) if parity else {}
-    if parity:
+    if activations:
         tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
     record = _new_record(spec, trainer.device)
     record.extra["start"] = trainer.start

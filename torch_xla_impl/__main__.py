@@ -61,9 +61,10 @@ def train(spec, args, out_dir, progress):
             return record, tensors, True
         if spec.mesh.device_count > 1:
             xr.use_spmd()
-        record, tensors = run(spec, out_dir, parity=args.parity, monitor=instrument.CompileMonitor(),
-                              checkpoint=args.checkpoint, throughput_steps=args.throughput_steps,
-                              provocations=args.provoke, profile_steps=args.profile, hlo=not args.no_hlo,
+        record, tensors = run(spec, out_dir, parity=args.parity, activations=args.activations,
+                              monitor=instrument.CompileMonitor(), checkpoint=args.checkpoint,
+                              throughput_steps=args.throughput_steps, provocations=args.provoke,
+                              profile_steps=args.profile, hlo=not args.no_hlo,
                               mode="spmd" if spec.mesh.device_count > 1 else "single",
                               trace_mode=args.trace_mode, progress=progress)
     record.compile_cache = instrument.cache_summary(cache, record.extra["counters"])

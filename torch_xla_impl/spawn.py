@@ -51,7 +51,8 @@ def _replica(index: int, spec_dict: dict, options: dict) -> None:
     spec = run_spec_from_dict(spec_dict, name=spec_dict.get("name", "custom"))
     ordinal, world = xr.global_ordinal(), xr.world_size()
     out_dir = options["out_dir"]
-    record, tensors = run(spec, out_dir, parity=options["parity"], checkpoint=options["checkpoint"],
+    record, tensors = run(spec, out_dir, parity=options["parity"], activations=options["activations"],
+                          checkpoint=options["checkpoint"],
                           monitor=CompileMonitor() if ordinal == 0 else NoMonitor(),
                           throughput_steps=options["throughput_steps"], provocations=options["provocations"],
                           mode="spawn", replica=ordinal, replicas=world,
@@ -101,7 +102,8 @@ def run_spawn(spec: RunSpec, args, out_dir, progress_enabled: bool, replica=_rep
 
     from common.record import read_record
 
-    options = {"out_dir": out_dir, "parity": args.parity, "checkpoint": args.checkpoint,
+    options = {"out_dir": out_dir, "parity": args.parity, "activations": args.activations,
+               "checkpoint": args.checkpoint,
                "throughput_steps": args.throughput_steps, "provocations": args.provoke,
                "progress": progress_enabled}
     try:

@@ -250,7 +250,7 @@ def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, bat
 
 def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, checkpoint: Path | None = None,
         throughput_steps: int | None = None, provocations=(), profile_steps: int = 0, hlo: bool = True,
-        mode: str = "spmd",
+        activations: bool = False, mode: str = "spmd",
         trace_mode: TraceMode = TraceMode.LAZY, replica: int = 0, replicas: int = 1,
         progress=None) -> tuple[RunRecord, dict]:
     """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
@@ -298,7 +298,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
         attach_causes(record, out_dir, fed)
         if hlo:
             record.hlo_stats = hlo_statistics(out_dir, step_graphs(record.compile_events, SETTLE_STEPS, trace_mode))
-    if parity and replica == 0:  # last: the capture's graphs are analysis and never mix with the run's compiles
+    if activations and replica == 0:  # last: the capture's graphs are analysis, never mixed with the run's
         tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
         shutil.rmtree(out_dir / DUMP_DIR, ignore_errors=True)
     return record, tensors

@@ -117,7 +117,7 @@ class TorchaxTrainer(JittedTrainer):
         return to_canonical({k: sharding.to_host(v) for k, v in tree.items()}, self.correspondence)
 
 
-def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None = None,
+def run(spec: RunSpec, out_dir: Path, *, parity: bool, activations: bool = False, checkpoint: Path | None = None,
         throughput_steps: int | None = None, provocations=(), profile_steps: int = 0, hlo: bool = True,
         monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
     """Train `spec` through torchax; returns its record and the parity tensors (the caller writes both)."""
@@ -125,8 +125,8 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, checkpoint: Path | None =
     # class and token id fits) and would warn at each trace
     warnings.filterwarnings("ignore", message="Explicitly requested dtype int64", category=UserWarning)
     return run_jitted(spec, out_dir, lambda mesh: TorchaxTrainer(spec, mesh, checkpoint), lambda: _new_record(spec),
-                      parity=parity, throughput_steps=throughput_steps, provocations=list(provocations),
-                      profile_steps=profile_steps, hlo=hlo,
+                      parity=parity, activations=activations, throughput_steps=throughput_steps,
+                      provocations=list(provocations), profile_steps=profile_steps, hlo=hlo,
                       monitor=monitor, progress=progress)
 
 
