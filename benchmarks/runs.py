@@ -37,7 +37,16 @@ def compare_run(preset: str, out: Path, cache: Path) -> dict:
     report = json.loads((out / "report.json").read_text())
     figures = {name: _figures(b) for name, b in report["backends"].items()}
     return {"process_wall_s": wall, "verdict": report["verdict"], "wall_time": report["wall_time"],
-            "backends": figures}
+            "wall_over_frameworks": wall_over_frameworks(wall, report), "backends": figures}
+
+
+def wall_over_frameworks(wall_s: float, report: dict) -> float | None:
+    """The whole command's wall time over the frameworks' own share of it: every backend's start and
+    imports, compiles and steps, as compare's wall breakdown reports them. The rest is the toolkit's."""
+    parts = [b.get("wall_breakdown") for b in report["backends"].values()]
+    if not parts or not all(parts):
+        return None
+    return wall_s / sum(p["start_and_imports_s"] + p["compile_s"] + p["steps_s"] for p in parts)
 
 
 def mode_run(preset: str, mode: str, out: Path) -> dict:
