@@ -8,7 +8,7 @@ order swaps every pair), each a whole process as compare starts it (the spec's o
 pipelined steps, no compile cache); the ratio of the median wall times
 is the analysis's cost (target <= 1.10). For torch_xla that is XLA's dump of every compiled module plus
 its reading; for the JAX runtimes the ahead-of-time lowering, compile and memory analysis of the step.
-compare's own reading of the saved HLO (common.hlo_summary) is timed apart. Prints a table and one
+compare's own reading of the saved HLO (analysis.hlo) is timed apart. Prints a table and one
 JSON line.
 """
 from __future__ import annotations

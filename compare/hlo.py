@@ -11,7 +11,7 @@ What we chose: the input is the optimized HLO text XLA writes (JAX's
 `compiled.as_text()`, torch_xla's `--xla_dump_to` dump): the program that
 really runs. XLA's own comparison tool (hlo-diff) is not shipped in the
 jaxlib or torch_xla wheels, so the diff is over the counts of
-`common.hlo_summary`, which report.md uses too.
+`analysis.hlo`, which report.md uses too.
 """
 from __future__ import annotations
 

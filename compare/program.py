@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from analysis.hlo import matmul_flops, op_histogram, program_summary
 from common import backends
-from common.hlo import matmul_flops, op_histogram
-from common.hlo_summary import program_summary
 from common.record import RunRecord
 
 NOT_COMPILED = "eager: runs op by op, no compiled program"

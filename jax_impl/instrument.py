@@ -19,10 +19,10 @@ from pathlib import Path
 
 import jax
 
+from analysis.hlo import op_histogram, reported_ops
+from analysis.recompile import classify_jax
+from analysis.recompile import entry as recompile_entry
 from common.fsutil import unusable_cache_dir
-from common.hlo import op_histogram, reported_ops
-from common.recompile import classify_jax
-from common.recompile import entry as recompile_entry
 from common.record import CompileEvent
 from common.vocab import Phase
 

@@ -3,9 +3,9 @@ the wall-time breakdown, and the benchmark's repeat and ratio arithmetic."""
 
 import pytest
 
+from analysis.hlo import matmul_flops
 from benchmarks.runs import summarize_repeats
 from benchmarks.timing import ratio, spread, summarize
-from common.hlo import matmul_flops
 from common.record import CompileEvent, RunRecord, peak_rss_mb
 from compare.summary import wall_breakdown
 

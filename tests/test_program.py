@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from common.hlo_summary import buffer_assignment_memory, program_summary
+from analysis.hlo import buffer_assignment_memory, program_summary
 from tests.helpers import run_cli, train
 
 SMALL_MODULE = """HloModule m, entry_computation_layout={(f32[8,4]{1,0}, f32[4,4]{1,0})->(f32[8,4]{1,0})}

@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
+from analysis.recompile import classify_graph_change, classify_jax
 from common.data import Batch
 from common.provoke import parse_provocation, provoked_batch, python_value, with_python_value
-from common.recompile import classify_graph_change, classify_jax
 from common.spec import SpecError
 from common.vocab import RecompileCause
 from tests.helpers import run_cli

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from common.hlo import matmul_flops
+from analysis.hlo import matmul_flops
 from common.record import read_tensors
 from tests.helpers import max_loss_diff, run_cli, train
 

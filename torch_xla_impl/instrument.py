@@ -23,11 +23,10 @@ import shutil
 import sys
 from pathlib import Path
 
+from analysis.hlo import buffer_assignment_memory, op_histogram, reported_ops
+from analysis.recompile import classify_graph_change
+from analysis.recompile import entry as recompile_entry
 from common.fsutil import unusable_cache_dir
-from common.hlo import op_histogram, reported_ops
-from common.hlo_summary import buffer_assignment_memory
-from common.recompile import classify_graph_change
-from common.recompile import entry as recompile_entry
 from common.record import CompileEvent, RunRecord
 from common.vocab import Phase, TraceMode
 
@@ -169,7 +168,7 @@ def step_graphs(events: list[CompileEvent], settle_steps: int, trace_mode: Trace
 
 
 def attach_causes(record: RunRecord, out_dir: Path, fed: list[tuple]) -> None:
-    """Each steady-state recompile, named (common.recompile) from the batch fed at its step and the one
+    """Each steady-state recompile, named (analysis.recompile) from the batch fed at its step and the one
     before (`fed`: (shape, dtype) per step) and from its graph against the previous loop graph as traced,
     with torch_xla's Compilation Analysis (cause and Python frame) kept as the framework's words."""
     log = out_dir / DEBUG_LOG

@@ -1,6 +1,8 @@
-"""What a compiled XLA program does, read from its optimized HLO text: the same reading for every backend.
+"""What a compiled XLA program does, read from its optimized HLO text: the same reading for every backend,
+and the one reader of HLO text in the toolkit (`parse_module`).
 
-`program_summary(text)` counts, per settled train step (one or more modules):
+`op_histogram` counts instructions per opcode; `matmul_flops` the useful flops of every dot and
+convolution; `program_summary(text)` counts, per settled train step (one or more modules):
 kernels launched (fusions plus unfused ops in the computations that run
 as such: the entry, while/conditional bodies, called computations; not the
 bodies of fusions or reducers), fusions by kind, dots and convolutions
@@ -33,7 +35,7 @@ BYTES_PER_ELEMENT = {"pred": 1, "s2": 0.25, "u2": 0.25, "s4": 0.5, "u4": 0.5, "s
                      "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8,
                      "c64": 8, "c128": 16}
 
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\)\s*->\s*.*)?\{\s*$")  # the signature is optional
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\([^=]*?\)|[\w\[\]{},:\s]*?)\s*([a-z][\w\-]*)\((.*)$")
 _COMMENT = re.compile(r"/\*.*?\*/")
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
@@ -191,3 +193,78 @@ def buffer_assignment_memory(text: str) -> dict:
             total = int(t.group(1))
     out["total_bytes_used"] = total
     return out
+
+
+# Ops worth a column in the report: compute, fusion and every collective.
+REPORTED_OPS = ("fusion", "dot", "convolution", "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                "collective-permute", "custom-call")
+
+
+def instructions(text: str):
+    """Every instruction of every computation of every module in `text`, in order."""
+    for module in split_modules(text):
+        for body in parse_module(module)[1].values():
+            yield from body
+
+
+def op_histogram(hlo_text: str) -> dict[str, int]:
+    """Instruction count per opcode over every computation (fused bodies included).
+
+    Async collectives (`all-reduce-start`/`-done`) count once, as the collective.
+    """
+    counts = Counter(i.opcode.removesuffix("-start") for i in instructions(hlo_text) if not i.opcode.endswith("-done"))
+    return dict(sorted(counts.items()))
+
+
+def reported_ops(histogram: dict[str, int]) -> dict[str, int]:
+    return {op: histogram.get(op, 0) for op in REPORTED_OPS}
+
+
+_PLAIN_ARRAY = re.compile(r"^\s*[a-z]+\d*\[([\d,]*)\]")
+_OPERANDS = re.compile(r"^(%?[\w.\-]+),\s*(%?[\w.\-]+)\)")
+_DIMS = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
+_LABELS = re.compile(r"dim_labels=\w+_(\w+)->")
+_LHS_DILATE = re.compile(r"lhs_dilate=([\dx]+)")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in text.split(",") if d)
+
+
+def matmul_flops(hlo_text: str) -> float:
+    """Useful flops of every dot and convolution in HLO text of one or more modules (2 per multiply-add).
+
+    The same count for both twins' optimized HLO, so MFU compares like with
+    like; element-wise work is left out (as in the usual 6*N*tokens estimate).
+    Instruction names repeat across modules, so each module is read apart.
+    """
+    return sum(_module_matmul_flops([i for body in parse_module(m)[1].values() for i in body])
+               for m in split_modules(hlo_text))
+
+
+def _module_matmul_flops(module: list[Instruction]) -> float:
+    shapes = {i.name: _shape(m.group(1)) for i in module if (m := _PLAIN_ARRAY.match(i.type_text))}
+    total = 0.0
+    for ins in module:
+        ops = _OPERANDS.match(ins.rest) if ins.opcode in ("dot", "convolution") else None
+        if ins.name not in shapes or not ops:
+            continue
+        lhs, rhs = shapes.get(ops.group(1).lstrip("%")), shapes.get(ops.group(2).lstrip("%"))
+        if lhs is None or rhs is None:
+            continue
+        n_out = math.prod(shapes[ins.name])
+        if ins.opcode == "dot":
+            contracting = _DIMS.search(ins.rest)
+            k = math.prod(lhs[dim] for dim in (_shape(contracting.group(1)) if contracting else ()))
+        else:
+            labels = _LABELS.search(ins.rest)
+            o_index = labels.group(1).index("o") if labels else len(rhs) - 1
+            k = math.prod(v for i, v in enumerate(rhs) if i != o_index)
+            # A strided conv's input gradient is a conv over its input dilated with zeros (lhs_dilate):
+            # only one window position in prod(dilation) meets a real value. Counting those zeros would
+            # overstate useful flops (1.9x for cnn-digits); torch's FlopCounterMode counts none either.
+            dilate = _LHS_DILATE.search(ins.rest)
+            for factor in _shape(dilate.group(1).replace("x", ",")) if dilate else ():
+                k /= factor
+        total += 2.0 * n_out * k
+    return total

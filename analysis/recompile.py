@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from common.hlo import op_histogram
+from analysis.hlo import op_histogram
 from common.vocab import RECOMPILE_CAUSE_MEANINGS, RecompileCause
 
 _TYPE_CHANGE = re.compile(r"\* at ([^\n;]+?), now (\w+)\[([\d,]*)\] and before (\w+)\[([\d,]*)\]")
