@@ -17,10 +17,12 @@ from common.presets import load_spec  # noqa: E402
 from common.weights import init_params, param_infos  # noqa: E402
 from compare.parity import first_divergent_module  # noqa: E402
 
-CASES = [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []), ("gpt-tiny", ["model.tied_embeddings=false"]),
+CASES = [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []),
+         pytest.param("gpt-tiny", ["model.tied_embeddings=false"], marks=pytest.mark.slow),  # (make test-fast: 2 min)
          ("cnn-digits", ["model.pooling=flatten"]),
          ("mlp-tiny", ["train.optimizer=sgd", "train.momentum=0.9", "train.lr=0.05"]),
-         ("gpt-tiny", ["train.weight_decay_mask=matrices", "train.weight_decay=0.5"])]
+         pytest.param("gpt-tiny", ["train.weight_decay_mask=matrices", "train.weight_decay=0.5"],
+                      marks=pytest.mark.slow)]
 # Measured on this CPU (fp32), worst case over CASES: logits 8.2e-7, gradients 1.4e-6 relative to the
 # tensor's largest entry, losses 2.4e-6, parameters after 5 steps 1.2e-5 (mlp-tiny under Adam, whose
 # division by sqrt(v) magnifies the tiny differences of near-zero gradients).
