@@ -1,0 +1,100 @@
+"""Report building and rendering in this process, no backend started: run records and tensor files written
+the way a backend writes them (common.record), judged by compare.report.build_report, rendered by
+compare.render.markdown."""
+import argparse
+
+import numpy as np
+import pytest
+
+from common.presets import load_spec
+from common.record import RunRecord, write_record, write_tensors
+from common.vocab import BackendStatus, ExitCode, ReportStatus
+from compare.capture import CAPTURE_DIR
+from compare.orchestrate import BackendRun
+from compare.render import markdown
+from compare.report import build_report
+from compare.tolerances import load_policy
+
+SPEC = load_spec("mlp-tiny", ["train.steps=3"])
+RUN_ID = "in-process"
+NAMES = ["jax", "torch"]
+MODULES = ("layers.0", "layers.1", "head")  # in the order their forwards finish
+
+
+def activations(broken: str | None) -> dict[str, np.ndarray]:
+    """Each module's input and output; from `broken` on, outputs (and the inputs they feed) are off."""
+    rng, out, off = np.random.default_rng(1), {}, False
+    for module in MODULES:
+        x = rng.standard_normal((2, 8)).astype(np.float32)
+        out[f"{module}:in"] = x + (1.0 if off else 0.0)
+        off = off or module == broken
+        out[module] = np.tanh(x) + (1.0 if off else 0.0)
+    return out
+
+
+def write_run(directory, backend: str, *, broken: str | None = None, capture_apart: bool = False,
+              capture_run_id: str = RUN_ID) -> BackendRun:
+    """A finished backend run: 3 losses, step-0 logits, loss and gradients, final params, activations
+    (in the record's own tensors, or apart in <dir>/activations as compare's capture run leaves them)."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((4, 10)).astype(np.float32) + (0.5 if broken else 0.0)
+    grads = {"layers.0.kernel": rng.standard_normal((8, 8)).astype(np.float32)}
+    record = RunRecord(backend=backend, spec=SPEC.to_dict(), run_id=RUN_ID,
+                       numerics={"dtype": "float32", "matmul_precision": "highest"})
+    for step, loss in enumerate((2.30, 2.20, 2.10)):
+        record.add_step(step, loss + (0.3 if broken else 0.0), 1.0)
+    directory.mkdir(parents=True)
+    groups = {"outputs": {"logits": logits, "loss": np.asarray(2.30, np.float32)}, "grads": grads,
+              "params": grads}
+    if not capture_apart:
+        groups["activations"] = activations(broken)
+    record.tensors = write_tensors(directory, groups)
+    write_record(directory, record)
+    if capture_apart:
+        capture = RunRecord(backend=backend, spec=SPEC.to_dict(), run_id=capture_run_id)
+        capture.add_step(0, 2.30, 1.0)
+        (directory / CAPTURE_DIR).mkdir()
+        capture.tensors = write_tensors(directory / CAPTURE_DIR, {"activations": activations(broken)})
+        write_record(directory / CAPTURE_DIR, capture)
+    return BackendRun(backend, directory, BackendStatus.OK, 0, "", 1.0, ["python", "-m", f"{backend}_impl"])
+
+
+def report_of(out, runs: dict) -> dict:
+    args = argparse.Namespace(debug=False, compile_cache=None, run_id=RUN_ID, tolerance_profile="default",
+                              **{f"{n}_set": [] for n in NAMES})
+    return build_report(args, SPEC, load_policy("default", "float32"), NAMES, "jax", runs, out, False)
+
+
+def test_agreeing_runs_pass_and_render(tmp_path):
+    runs = {n: write_run(tmp_path / n, n) for n in NAMES}
+    report = report_of(tmp_path, runs)
+    assert report["not_built"] == [] and report["status"] == ReportStatus.OK and report["exit_code"] == ExitCode.OK
+    parity = report["parity"]["torch"]
+    assert parity["passed"] and parity["loss"]["max_abs"] == 0.0 and parity["first_divergent_module"] is None
+    assert report["backends"]["torch"]["losses"] == pytest.approx([2.30, 2.20, 2.10])
+    md = markdown(report)
+    assert "**Verdict: pass** (status `ok`, exit code 0)" in md and "| first divergent step | - |" in md
+    assert "| tensors within tolerance | 4/4 |" in md and "| outputs/logits | forward | 0.000e+00 |" in md
+
+
+@pytest.mark.parametrize("capture_apart", [False, True], ids=["in-record", "captured-apart"])
+def test_a_port_that_parts_at_step_0_is_named_at_its_module(tmp_path, capture_apart):
+    runs = {"jax": write_run(tmp_path / "jax", "jax", capture_apart=capture_apart),
+            "torch": write_run(tmp_path / "torch", "torch", broken="layers.1", capture_apart=capture_apart)}
+    report = report_of(tmp_path, runs)
+    assert report["status"] == ReportStatus.PARITY_FAILED and report["exit_code"] == ExitCode.PARITY
+    parity = report["parity"]["torch"]
+    assert parity["first_divergent_step"] == 0 and not parity["passed"]
+    found = parity["first_divergent_module"]
+    assert found["module"] == "layers.1" and found["input_agrees"] and found["modules_diverging"] == 2
+    assert report["message"].startswith("torch: parity failed: first divergent step 0, first divergent module "
+                                        "layers.1; worst tensor")
+    assert "first divergent module layers.1" in markdown(report)
+
+
+def test_a_capture_left_by_another_run_is_not_used(tmp_path):
+    """A stale activations/ folder (another compare run's capture) locates nothing in this run."""
+    runs = {"jax": write_run(tmp_path / "jax", "jax", capture_apart=True, capture_run_id="earlier"),
+            "torch": write_run(tmp_path / "torch", "torch", broken="layers.1", capture_apart=True)}
+    parity = report_of(tmp_path, runs)["parity"]["torch"]
+    assert parity["first_divergent_step"] == 0 and parity["first_divergent_module"] is None
