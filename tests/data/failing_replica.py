@@ -28,7 +28,7 @@ if __name__ == "__main__":
     from torch_xla_impl.spawn import run_spawn
 
     spec = load_spec("mlp-tiny", ["mesh.data=2", "train.steps=3"])
-    flags = argparse.Namespace(parity=False, checkpoint=None, throughput_steps=0, provoke=[])
+    flags = argparse.Namespace(parity=False, checkpoint=None, throughput_steps=0, provoke=[], activations=False)
     try:
         run_spawn(spec, flags, Path(sys.argv[1]), False, replica=replica)
         print("no error")
