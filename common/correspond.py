@@ -3,7 +3,8 @@
 The canonical tree is the NNX model's (its `nnx.state(model, nnx.Param)` paths and layouts). Each torch
 parameter links to one canonical tensor, or to several when it packs them (nanoGPT's `attn.qkv`). A
 link is found by name, after the twin's `rename` regexes, with module paths compared case- and
-underscore-blind, and the standard leaf and layout rules:
+underscore-blind (and blind to the `layers.` level of an `nnx.Sequential`), and the standard leaf and
+layout rules:
 
   torch leaf   NNX leaf     layout (torch -> canonical)
   weight       kernel       2-D: transpose (Linear (out, in) -> (in, out));
@@ -73,7 +74,16 @@ def _torch_shape(layout: str, canonical_shape: tuple) -> tuple:
     return tuple(canonical_shape[i] for i in torch_axes(layout, len(canonical_shape)))
 
 
+_SEQUENCE_LEVEL = re.compile(r"(^|\.)layers\.(?=\d)")
+
+
 def _norm(module: str) -> str:
+    """A module path as matched: case- and underscore-blind, and without the `layers.` level that
+    `nnx.Sequential` (and a `layers` list on either side) puts before an index, so torch's
+    `downsample.0` meets NNX's `downsample.layers.0`."""
+    previous = None
+    while previous != module:
+        previous, module = module, _SEQUENCE_LEVEL.sub(r"\1", module)
     return module.lower().replace("_", "")
 
 

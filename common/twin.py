@@ -58,6 +58,9 @@ class Twin:
     # (("attn\\.(q|k|v)\\.kernel", (None, "tensor")), ...); the first that matches wins
     partition_rules: tuple = ()
     nnx_dtype_arg: str | None = None  # the NNX factory's keyword for the compute dtype; None: float32 only
+    # the transpose the NNX side's inputs take before its forward, e.g. (0, 2, 3, 1): NCHW images fed to
+    # an NHWC port; empty: both sides take the batch as the task makes it (README, "What each side is fed")
+    nnx_input_axes: tuple = ()
     # Hugging Face checkpoints it loads (common/hf.py): {"model_type": "llama", "prefix": "model.",
     # "config": {HF config key (dotted for nested): hyperparameter}}; empty: none
     hf: Mapping = field(default_factory=dict)

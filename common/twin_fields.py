@@ -114,6 +114,16 @@ def _check_hf(twin, ref: str) -> None:
                             f"hyperparameters ({', '.join(map(str, twin.hparams)) or 'none'}); name one of them")
 
 
+def _check_input_axes(twin, ref: str) -> None:
+    axes = twin.nnx_input_axes
+    if axes == () or axes is None:
+        return
+    if not (isinstance(axes, (tuple, list)) and all(isinstance(a, int) for a in axes)
+            and sorted(axes) == list(range(len(axes))) and len(axes) >= 2 and axes[0] == 0):
+        raise TwinError(f"twin {ref!r}: nnx_input_axes={axes!r} must be a permutation of the input's axes that keeps "
+                        "the batch axis first, e.g. (0, 2, 3, 1) to feed NCHW images to an NHWC port")
+
+
 def check_fields(twin, ref: str) -> None:
     """Every declaration of a twin that can be checked without building a model: one TwinError naming the
     field and the fix. (Those that need the models, a `packed` that matches no module, a model without
@@ -138,6 +148,7 @@ def check_fields(twin, ref: str) -> None:
     if dtype_arg is not None and not (isinstance(dtype_arg, str) and dtype_arg.isidentifier()):
         raise TwinError(f"twin {ref!r}: nnx_dtype_arg={twin.nnx_dtype_arg!r} must be the name of the NNX factory's "
                         "compute-dtype keyword (e.g. 'dtype'), or None")
+    _check_input_axes(twin, ref)
     if not isinstance(twin.train, TrainSpec) or not isinstance(twin.data, (DataSpec, type(None))):
         field_name, want = ("train", "TrainSpec") if not isinstance(twin.train, TrainSpec) else ("data", "DataSpec")
         raise TwinError(f"twin {ref!r}: {field_name} is a {type(getattr(twin, field_name)).__name__}; give a "

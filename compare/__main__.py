@@ -133,6 +133,9 @@ def parse_args(argv):
     parser.add_argument("--seeds", type=bounded_int(1, MAX_SEEDS, "seeds"), default=5, metavar="K",
                         help="seeds per backend in the statistical parity mode (default 5, at least 3; each is a "
                              "whole run of every backend)")
+    parser.add_argument("--activations", action="store_true",
+                        help="compare every module's step-0 activations on every backend, even when parity passes "
+                             "(one more one-step run each; by default only where step 0 parts)")
     parser.add_argument("--check-determinism", action="store_true",
                         help="run each backend twice and require bitwise-identical per-step losses")
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
@@ -244,9 +247,10 @@ def capture_argv(args, name: str) -> list[str]:
 
 def locate_divergence(args, plan: Plan, outcome, build) -> dict:
     """The report (`build(interrupted)`), built again with the activations of the backends that part at step
-    0 when there are any, captured now."""
+    0 when there are any (of every backend with --activations), captured now."""
     report = build(outcome.interrupted)
-    parted = [n for n in parted_at_step0(report) if n in plan.argv and n not in plan.reuse]
+    parted = list(plan.argv) if args.activations and report.get("parity") else parted_at_step0(report)
+    parted = [n for n in parted if n in plan.argv and n not in plan.reuse]
     if not parted or outcome.interrupted:
         return report
     try:

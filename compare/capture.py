@@ -34,15 +34,16 @@ def capture(names: list[str], pythons: dict[str, str], argv: dict[str, list[str]
             for name in names}
 
 
-def captured_activations(run_dir: Path, run_id: str | None) -> dict:
-    """The activations a capture run of this compare run left in `run_dir`, or {} (none, or not this run's)."""
+def captured_activations(run_dir: Path, run_id: str | None) -> tuple[dict, dict]:
+    """The activations a capture run of this compare run left in `run_dir` and the modules it left out
+    ({module: why}), or ({}, {}) (none, or not this run's)."""
     path = run_dir / CAPTURE_DIR / RECORD_FILE
     if not path.exists():
-        return {}
+        return {}, {}
     try:
         record = read_record(path)
         if run_id is not None and record.run_id != run_id:
-            return {}
-        return read_tensors(path, record)["activations"]
+            return {}, {}
+        return read_tensors(path, record)["activations"], record.extra.get("activations_skipped", {})
     except RecordError:
-        return {}
+        return {}, {}

@@ -194,36 +194,48 @@ def worst_tensors(tensors: dict[str, dict], n: int = 10) -> list[dict]:
     return [{"name": name, **e} for name, e in sorted(tensors.items(), key=key)[:n]]
 
 
-def _aligned(ref: np.ndarray, other: np.ndarray) -> np.ndarray:
-    """`other` in `ref`'s layout: image activations may be NCHW on one side and NHWC on the other."""
-    if ref.shape != other.shape and other.ndim == 4:
-        for axes in ((0, 2, 3, 1), (0, 3, 1, 2)):
-            if other.transpose(axes).shape == ref.shape:
-                return other.transpose(axes)
-    return other
+def modules_not_compared(ref: dict, other: dict, skipped: tuple[dict, dict], names: tuple[str, str]) -> dict:
+    """{module: why} for every module whose step-0 output one side could not store or the two sides cannot
+    set side by side. Both sides store activations channel-last (common/activations.py): shapes that still
+    differ are a difference of the ports, said as such, never transposed into agreement."""
+    out = {k: f"{name}: {why}" for name, side in zip(names, skipped) for k, why in side.items()
+           if not k.endswith(":in")}
+    for k in ref:
+        if k.endswith(":in") or k in out:
+            continue
+        if k not in other:
+            out[k] = (f"only {names[0]} recorded it ({names[1]} has no module of that path holding parameters: "
+                      "packed, named otherwise, or absent; or its output holds no tensor)")
+        elif ref[k].shape != other[k].shape:
+            out[k] = (f"output shapes differ: {names[0]} {list(ref[k].shape)}, {names[1]} "
+                      f"{list(other[k].shape)} (both channel-last)")
+    return out
 
 
 def first_divergent_module(ref: dict, other: dict, bounds: dict,
-                           names: tuple[str, str] = ("the reference", "the other side")) -> dict | None:
+                           names: tuple[str, str] = ("the reference", "the other side"),
+                           skipped: tuple[dict, dict] = ({}, {})) -> dict | None:
     """Where two ports part at step 0: in the order the reference's modules finished, the first module
     whose input agrees but whose output does not (the culprit: everything it was fed agreed), else the
-    first module whose output disagrees. None when every module agrees (or none was captured)."""
-    outputs = [k for k in ref if not k.endswith(":in") and k in other]
-    errors = {k: tensor_error(ref[k], _aligned(ref[k], other[k]), bounds["atol"], bounds["rtol"], names)
-              for k in outputs}
-    diverging = [k for k in outputs if not errors[k]["within"]]
-    if not diverging:
+    first module whose output disagrees. None when none was captured; `module` None when every compared
+    module agrees. `not_compared` lists every module left out and why."""
+    not_compared = modules_not_compared(ref, other, skipped, names)
+    outputs = [k for k in ref if not k.endswith(":in") and k not in not_compared]
+    if not outputs:
         return None
+    errors = {k: tensor_error(ref[k], other[k], bounds["atol"], bounds["rtol"], names) for k in outputs}
+    diverging = [k for k in outputs if not errors[k]["within"]]
 
     def input_agrees(k: str) -> bool:
         a, b = ref.get(f"{k}:in"), other.get(f"{k}:in")
-        return a is not None and b is not None and tensor_error(a, _aligned(a, b), bounds["atol"],
-                                                                bounds["rtol"])["within"]
+        return a is not None and b is not None and a.shape == b.shape and \
+            tensor_error(a, b, bounds["atol"], bounds["rtol"])["within"]
 
     culprit = next((k for k in diverging if input_agrees(k)), None)
-    module = culprit or diverging[0]
-    return {"step": 0, "module": module, "input_agrees": culprit is not None, "output_error": errors[module],
-            "modules_compared": len(outputs), "modules_diverging": len(diverging)}
+    module = culprit or (diverging[0] if diverging else None)
+    return {"step": 0, "module": module, "input_agrees": culprit is not None,
+            "output_error": errors[module] if module else None, "modules_compared": len(outputs),
+            "modules_diverging": len(diverging), "not_compared": not_compared}
 
 
 def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, policy, intended: list[str]) -> dict:
@@ -248,7 +260,8 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
             "first_divergent_step": first_step, "loss": loss, "tensors": tensors,
             "first_divergent_module": first_divergent_module(ref_tensors.get("activations", {}),
                                                              other_tensors.get("activations", {}), policy["forward"],
-                                                             names),
+                                                             names, (ref_tensors.get("activations_skipped", {}),
+                                                                     other_tensors.get("activations_skipped", {}))),
             "worst": worst_tensors(tensors), "passed": passed,
             "dropout_sites": dropout_sites(ref, other)}
 

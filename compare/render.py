@@ -20,12 +20,15 @@ def _fmt(value, spec: str = ".3g") -> str:
 def _module(found: dict | None) -> str:
     if not found:
         return "-"
+    left_out = f"; {len(found['not_compared'])} not compared" if found.get("not_compared") else ""
+    if not found["module"]:
+        return f"none ({found['modules_compared']} modules agree{left_out})"
     why = "its input agrees, its output does not" if found["input_agrees"] else "its output differs"
     if found["module"] == ROOT_MODULE and found["input_agrees"]:
         why = "the model's own forward code, outside its submodules: each submodule that differs was fed a " \
               "differing input"
     return (f"{found['module']} ({why}: max abs {_fmt(found['output_error']['abs'], '.3e')}; "
-            f"{found['modules_diverging']}/{found['modules_compared']} modules differ)")
+            f"{found['modules_diverging']}/{found['modules_compared']} modules differ{left_out})")
 
 
 def _kl(d: dict | None) -> str:
@@ -63,6 +66,10 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                     [[w["name"], w["kind"], _fmt(w["abs"], ".3e"), _fmt(w["rel"], ".3e"),
                       _fmt(w["tolerance_used"], ".1%"), "yes" if w["within"] else "NO"]
                      for w in parity[name]["worst"][:5]]))
+        left_out = (parity[name].get("first_divergent_module") or {}).get("not_compared")
+        if left_out:
+            out.append((f"Step-0 modules of {name} not compared, and why", ["module", "why"],
+                        [[m, why] for m, why in left_out.items()]))
     pairs = report.get("pairwise_loss") or {}
     if len(pairs) > 1:
         out.append(("Max |Δloss| over steps, every pair", ["pair", "max |Δloss|"],

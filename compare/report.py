@@ -13,8 +13,9 @@ report.json keys (schema_version 2):
                           backend that finished, against the reference:
     .<name>.checked, .comparable, .setting_differences, .intended_differences,
     .first_divergent_step (null when none; 0 when a step-0 tensor is out of tolerance),
-    .first_divergent_module {step, module, input_agrees, output_error, modules_compared, modules_diverging}
-      (null when every module's step-0 activation agrees), .loss {max_abs, per_step_abs, steps_compared},
+    .first_divergent_module {step, module, input_agrees, output_error, modules_compared, modules_diverging,
+      not_compared {module: why}} (null when no activations were captured; module null when every compared
+      module's step-0 activation agrees), .loss {max_abs, per_step_abs, steps_compared},
     .tensors {"<group>/<name>": {abs, rel, within, kind, nonfinite {equal, mismatched}, note}}, .worst
       [10 worst], .passed (non-finite values by rule, compare/parity.py tensor_error: the same infinity or
       NaN at the same position on both sides is equal; one facing another value fails the tensor and the
@@ -205,8 +206,9 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
             entry["status"] = run.status if run.status != BackendStatus.OK else BackendStatus(record.status)
             if record.status == BackendStatus.OK and want_tensors:
                 tensors = read_tensors(record_path, record)
+                tensors["activations_skipped"] = record.extra.get("activations_skipped", {})
                 if not tensors["activations"]:  # captured apart, when step 0 parted (compare/capture.py)
-                    tensors["activations"] = captured_activations(run_dir, run_id)
+                    tensors["activations"], tensors["activations_skipped"] = captured_activations(run_dir, run_id)
         except RecordError as e:
             entry.update(status=BackendStatus.FAILED, message=str(e))
     elif run is not None and run.status == BackendStatus.OK:
@@ -261,7 +263,7 @@ def _failure(name: str, parity: dict) -> str:
     step = parity["first_divergent_step"]
     where = f"{name}: parity failed: first divergent step {step if step is not None else 'none'}"
     module = parity.get("first_divergent_module")
-    if module:
+    if module and module["module"]:
         where += f", first divergent module {module['module']}"
     sites = parity.get("dropout_sites")
     if sites and not sites["equal"]:

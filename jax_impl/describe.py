@@ -26,7 +26,9 @@ def check_forward(model, spec: RunSpec) -> None:
     import jax
     from flax import nnx
 
-    inputs = make_dataset(spec).global_batch(0).inputs[:1]
+    from jax_impl.models import nnx_input_axes, nnx_inputs
+
+    inputs = nnx_inputs(make_dataset(spec).global_batch(0).inputs[:1], nnx_input_axes(spec))
     try:
         model.eval()
         graphdef, state = nnx.split(model)

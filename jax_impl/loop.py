@@ -32,8 +32,8 @@ class JittedTrainer:
     step with donation, forward and loss-and-grads, and the step-0 parity tensors. A runtime sets
     `spec`, `params` (placed on `mesh`), `tx` and `start` (common.weights.start_info), calls
     `compile_functions(mesh)`, and defines `_forward`, `_loss`, `to_canonical` (its gradient or parameter
-    tree -> {canonical name: numpy array}) and `step0_activations` (inputs -> {module: activation}, named
-    like the NNX twin's modules). A runtime whose model holds mutable state besides its parameters (the
+    tree -> {canonical name: numpy array}) and `step0_activations` (inputs -> a common.activations.Capture,
+    named like the NNX twin's modules). A runtime whose model holds mutable state besides its parameters (the
     NNX twin's dropout RNG counts) sets `state` and defines `_loss_and_state`: the state goes through the
     jitted step as an argument and comes back updated (a Variable closed over would be mutated inside a
     trace: "Cannot mutate RngCount from a different trace level")."""
@@ -157,13 +157,17 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
         return sharding.put_batch(batch, spec.mesh, mesh, trainer.masks_for(batch, step))
 
     tensors = trainer.step0_tensors(put(0)) if parity else {}  # before any update
+    capture = None
     if activations:  # analysis, not training: its eager per-op compiles are not counted (as the HLO statistics')
         monitor.paused = True
         with trainer.capture_masks():
-            tensors["activations"] = trainer.step0_activations(activation_inputs(spec, data.global_batch(0).inputs))
+            capture = trainer.step0_activations(activation_inputs(spec, data.global_batch(0).inputs))
+        tensors["activations"] = capture.arrays
         monitor.paused = False
 
     record = new_record()
+    if capture is not None:
+        record.extra["activations_skipped"] = capture.skipped
     record.extra["start"] = trainer.start
     record.extra["provoked"] = [str(p) for p in provocations]
     timeline["loop_start"] = time.time()

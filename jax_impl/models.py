@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec
+from common.data import input_ndim
+from common.spec import CNNSpec, MLPSpec, ModelSpec, RunSpec, TransformerSpec
 from common.twin import TwinError, hparams_of, resolve, twin_of
 
 ACTIVATIONS = {
@@ -188,3 +189,17 @@ def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0, dropo
     if not isinstance(model, nnx.Module):
         raise TwinError(f"NNX factory {twin.nnx} returned a {type(model).__name__}, not a flax.nnx.Module")
     return model
+
+
+def nnx_input_axes(spec: RunSpec) -> tuple[int, ...]:
+    """The transpose the NNX side's inputs take (the twin's `nnx_input_axes`), checked against the batch."""
+    axes = tuple(twin_of(spec.model).nnx_input_axes or ())
+    if axes and len(axes) != input_ndim(spec):
+        raise TwinError(f"twin {getattr(spec.model, 'twin', spec.model.family)}: nnx_input_axes={axes} has "
+                        f"{len(axes)} axes but the inputs have {input_ndim(spec)} (batch first); give one per axis")
+    return axes
+
+
+def nnx_inputs(inputs, axes: tuple[int, ...]):
+    """A batch's inputs as the NNX side takes them (numpy, jax or abstract arrays)."""
+    return inputs.transpose(axes) if axes else inputs

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from common.activations import Capture, input_layout
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.weights import start_info
@@ -28,7 +29,7 @@ from jax_impl.capture import capture_activations
 from jax_impl.export import start_weights
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
-from jax_impl.models import build_model
+from jax_impl.models import build_model, nnx_input_axes, nnx_inputs
 from jax_impl.optim import make_optimizer
 from jax_impl.sharding import StepBatch
 
@@ -54,6 +55,7 @@ class JaxTrainer(JittedTrainer):
         self.spec, self.mesh = spec, mesh
         compute_dtype = jnp.bfloat16 if spec.train.dtype == "bfloat16" else jnp.float32
         model = build_model(spec.model, compute_dtype, seed=spec.train.seed, dropout_seed=spec.train.mask_seed)
+        self.input_axes = nnx_input_axes(spec)
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
         started = time.perf_counter()
         canonical = start_weights(spec, checkpoint)
@@ -70,15 +72,16 @@ class JaxTrainer(JittedTrainer):
 
     def _forward(self, params, inputs):
         # the analysis forward runs on a copy of the start state: the run's RNG stream stays as it is
-        return nnx.merge(self.graphdef, params, _in_this_trace(self.rest))(inputs)
+        return nnx.merge(self.graphdef, params, _in_this_trace(self.rest))(nnx_inputs(inputs, self.input_axes))
 
     def _loss_and_state(self, params, state, batch: StepBatch):
         model = nnx.merge(self.graphdef, params, _in_this_trace(state))
-        loss = cross_entropy(model(batch.inputs), batch.targets)
+        loss = cross_entropy(model(nnx_inputs(batch.inputs, self.input_axes)), batch.targets)
         return loss, nnx.state(model, nnx.Not(nnx.Param))
 
-    def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
-        return capture_activations(nnx.merge(self.graphdef, self.params, self.rest), inputs)
+    def step0_activations(self, inputs: np.ndarray) -> Capture:
+        return capture_activations(nnx.merge(self.graphdef, self.params, self.rest),
+                                   nnx_inputs(inputs, self.input_axes), input_layout(self.input_axes))
 
     def to_canonical(self, tree) -> dict[str, np.ndarray]:
         return {k: sharding.to_host(v) for k, v in convert.to_canonical(tree).items()}
@@ -110,5 +113,5 @@ def _new_record(spec: RunSpec) -> RunRecord:
         settle_steps=SETTLE_STEPS,
         extra={"step_api": "jax.jit(pure step over nnx.split state, donate params "
                                                          "and optimizer state)",
-               "mesh_strategy": spec.mesh.strategy},
+               "mesh_strategy": spec.mesh.strategy, "nnx_input_axes": list(nnx_input_axes(spec))},
     )

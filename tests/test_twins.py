@@ -47,7 +47,7 @@ def torch_side(spec, batches):
     step0 = {"logits": logits.detach().numpy(), "loss": loss.item(),
              "grads": to_canonical({n: p.grad for n, p in model.named_parameters()}, links),
              "activations": capture_activations(model, torch.from_numpy(activation_inputs(spec, batches[0].inputs)),
-                                                modules_to_canonical(model, spec.model))}
+                                                modules_to_canonical(model, spec.model)).arrays}
     optimizer = make_optimizer(model.parameters(), spec.train)
     losses = []
     for step, (x, y) in enumerate(batches):
@@ -73,7 +73,7 @@ def jax_side(spec, batches):
     tensors = trainer.step0_tensors(put(batches[0]))
     step0 = {"logits": tensors["outputs"]["logits"], "loss": float(tensors["outputs"]["loss"]),
              "grads": tensors["grads"], "activations": trainer.step0_activations(activation_inputs(spec,
-                                                                                                  batches[0].inputs))}
+                                                                                                  batches[0].inputs)).arrays}
     losses = [float(trainer.step(put(b))) for b in batches]
     return step0, losses, trainer.canonical_params()
 

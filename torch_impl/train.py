@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from common.activations import Capture
 from common.data import activation_inputs, make_dataset
 from common.masks import record_sites
 from common.provoke import provoked_batch, python_value, with_python_value
@@ -133,7 +134,7 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return out
 
-    def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
+    def step0_activations(self, inputs: np.ndarray) -> Capture:
         """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture)."""
         with self.autocast(), self.masks(0):
             return capture_activations(self.model, torch.from_numpy(inputs).to(self.device), self.module_names)
@@ -171,9 +172,10 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, activations: bool = False
         torch.set_float32_matmul_precision(precision)
     trainer = TorchTrainer(spec, checkpoint, provocations)
     tensors = trainer.step0_tensors(*trainer.batch(0)) if parity else {}
-    if activations:
-        tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
     record = _new_record(spec, trainer.device)
+    if activations:
+        capture = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
+        tensors["activations"], record.extra["activations_skipped"] = capture.arrays, capture.skipped
     record.extra["start"] = trainer.start
     record.extra["provoked"] = [str(p) for p in trainer.provocations]
     timeline["loop_start"] = time.time()

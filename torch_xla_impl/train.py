@@ -40,6 +40,7 @@ import torch_xla.core.xla_model as xm
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
+from common.activations import Capture
 from common.data import activation_inputs, input_ndim, make_dataset, process_slice
 from common.masks import record_sites
 from common.provoke import provoked_batch, python_value, with_python_value
@@ -225,7 +226,7 @@ class TorchXlaTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return out
 
-    def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
+    def step0_activations(self, inputs: np.ndarray) -> Capture:
         """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture), from
         a fresh copy of the model holding the start weights: it runs after the run, whose graphs, compile
         events and HLO dump it must not join."""
@@ -299,7 +300,8 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
         if hlo:
             record.hlo_stats = hlo_statistics(out_dir, step_graphs(record.compile_events, SETTLE_STEPS, trace_mode))
     if activations and replica == 0:  # last: the capture's graphs are analysis, never mixed with the run's
-        tensors["activations"] = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
+        capture = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
+        tensors["activations"], record.extra["activations_skipped"] = capture.arrays, capture.skipped
         shutil.rmtree(out_dir / DUMP_DIR, ignore_errors=True)
     return record, tensors
 

@@ -32,6 +32,7 @@ import torch
 import torchax
 from torchax import interop
 
+from common.activations import Capture
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.weights import start_info
@@ -102,7 +103,7 @@ class TorchaxTrainer(JittedTrainer):
     def _loss(self, params, batch: StepBatch):
         return interop.call_torch(cross_entropy, self._forward(params, batch.inputs), batch.targets)
 
-    def step0_activations(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
+    def step0_activations(self, inputs: np.ndarray) -> Capture:
         """Module activations from the torch module run eagerly by torchax (forward hooks see torchax
         tensors); called before any update, when the module still holds the starting weights."""
         env = torchax.default_env()

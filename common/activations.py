@@ -1,0 +1,91 @@
+"""The layout of each step-0 activation, known from the module that produced it (never guessed from shapes).
+
+Both sides store their activations channel-last, the canonical (NNX) layout, so compare reads them as
+they are. Each side knows the layout of a module's output from the module:
+
+- a layer whose type fixes it: torch's convolutions, batch/group/instance norms and pools are channel-first,
+  its Linear, LayerNorm, Embedding and attention channel-last; NNX's layers are channel-last (a BatchNorm
+  on `axis=1` channel-first). Each backend's capture module lists its framework's types.
+- another module's output passed on as it is (a Sequential, a block ending in its ReLU): that module's.
+- a module with no submodules and no known type (ReLU, Dropout, GELU): elementwise, so its input's
+  (unless torch shows its output is a permuted view of its input, as torchvision's `Permute`: unknown).
+- a module whose output comes from its own code after its last submodule (a residual add): that
+  submodule's layout, when the output still has its shape. When it does not (the module reshaped or
+  transposed it, as a ViT's patch embedding does), its layout is unknown: the activation is not stored,
+  and the reason is reported.
+
+The stream starts at the layout the side's batch is fed in: channel-first, or channel-last when the
+twin transposes the NNX side's inputs to NHWC (`nnx_input_axes`). Layouts only matter from 3 dimensions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+CHANNEL_FIRST, CHANNEL_LAST, UNKNOWN = "channel_first", "channel_last", "unknown"
+UNKNOWN_REASON = ("its layout is unknown: its output was reshaped or transposed by its own code after its "
+                  "last submodule")
+
+
+def input_layout(axes: tuple[int, ...] | None) -> str:
+    """The layout a side's batch arrives in: channel-last when its transpose moves axis 1 to the end."""
+    if axes and len(axes) >= 3 and tuple(axes) == (0, *range(2, len(axes)), 1):
+        return CHANNEL_LAST
+    return CHANNEL_FIRST
+
+
+def to_channel_last(value: np.ndarray, layout: str) -> np.ndarray:
+    if layout == CHANNEL_FIRST and value.ndim >= 3:
+        return np.ascontiguousarray(np.moveaxis(value, 1, -1))
+    return value
+
+
+@dataclass
+class Capture:
+    """One forward's activations: {module: output, module + ':in': first input}, channel-last, and the
+    modules left out with the reason."""
+    arrays: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
+
+
+class LayoutTracker:
+    """The layout of every tensor a forward's modules pass, by the rules above. A backend calls `enter`
+    when a module is called and `leave` when it returns, with the module's own layout (None when its
+    type does not fix one); tensors are known by identity, held until the forward ends so no id is reused."""
+
+    def __init__(self, initial: str):
+        self.current, self.by_id, self.held = initial, {}, []
+        self.last_shape: tuple | None = None
+
+    def enter(self, own: str | None, x) -> str:
+        return own or self.by_id.get(id(x), self.current)
+
+    def leave(self, own: str | None, leaf: bool, in_layout: str, y, rearranged: bool = False) -> str:
+        """`rearranged`: the framework sees that `y` is its input's memory read in another order (a
+        permute), so an elementwise reading would be wrong."""
+        shape = tuple(getattr(y, "shape", ()))
+        if own:
+            layout = own
+        elif id(y) in self.by_id:
+            layout = self.by_id[id(y)]
+        elif rearranged:
+            layout = UNKNOWN
+        elif leaf:
+            layout = in_layout
+        else:
+            layout = self.current if shape == self.last_shape else UNKNOWN
+        if y is not None:
+            self.by_id[id(y)] = layout
+            self.held.append(y)
+        self.current, self.last_shape = layout, shape
+        return layout
+
+    def keep(self, capture: Capture, key: str, value: np.ndarray, layout: str) -> None:
+        """Store `value` channel-last under `key` (first call only), or say why it cannot be."""
+        if key in capture.arrays or key in capture.skipped:
+            return
+        if layout == UNKNOWN and value.ndim >= 3:
+            capture.skipped[key] = UNKNOWN_REASON
+        else:
+            capture.arrays[key] = to_channel_last(np.asarray(value, np.float32), layout)
