@@ -14,7 +14,8 @@ they are. Each side knows the layout of a module's output from the module:
   transposed it, as a ViT's patch embedding does), its layout is unknown: the activation is not stored,
   and the reason is reported.
 
-The stream starts at the layout the side's batch is fed in: channel-first, or channel-last when the
+The model's own output is stored as it is returned (the logits, in the task's layout, which both sides
+return alike). The stream starts at the layout the side's batch is fed in: channel-first, or channel-last when the
 twin transposes the NNX side's inputs to NHWC (`nnx_input_axes`). Layouts only matter from 3 dimensions.
 """
 from __future__ import annotations

@@ -218,10 +218,10 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
     """Where two ports part at step 0: in the order the reference's modules finished, the first module
     whose input agrees but whose output does not (the culprit: everything it was fed agreed), else the
     first module whose output disagrees. None when none was captured; `module` None when every compared
-    module agrees. `not_compared` lists every module left out and why."""
+    module agrees (or none could be compared). `not_compared` lists every module left out and why."""
     not_compared = modules_not_compared(ref, other, skipped, names)
     outputs = [k for k in ref if not k.endswith(":in") and k not in not_compared]
-    if not outputs:
+    if not outputs and not not_compared:
         return None
     errors = {k: tensor_error(ref[k], other[k], bounds["atol"], bounds["rtol"], names) for k in outputs}
     diverging = [k for k in outputs if not errors[k]["within"]]

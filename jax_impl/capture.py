@@ -54,7 +54,8 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
             in_layout = tracker.enter(_own_layout(self), x)
             out = __original(self, *args, **kwargs)
             path, y = paths.get(id(self)), _first_array(out)
-            layout = tracker.leave(_own_layout(self), id(self) in leaves, in_layout, y)
+            own = CHANNEL_LAST if self is model else _own_layout(self)  # the model's output: as returned
+            layout = tracker.leave(own, id(self) in leaves, in_layout, y)
             if path and y is not None:
                 if x is not None:
                     tracker.keep(capture, f"{path}:in", np.asarray(x, np.float32), in_layout)

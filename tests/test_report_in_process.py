@@ -70,7 +70,8 @@ def test_agreeing_runs_pass_and_render(tmp_path):
     report = report_of(tmp_path, runs)
     assert report["not_built"] == [] and report["status"] == ReportStatus.OK and report["exit_code"] == ExitCode.OK
     parity = report["parity"]["torch"]
-    assert parity["passed"] and parity["loss"]["max_abs"] == 0.0 and parity["first_divergent_module"] is None
+    assert parity["passed"] and parity["loss"]["max_abs"] == 0.0
+    assert parity["first_divergent_module"]["module"] is None and parity["first_divergent_module"]["not_compared"] == {}
     assert report["backends"]["torch"]["losses"] == pytest.approx([2.30, 2.20, 2.10])
     md = markdown(report)
     assert "**Verdict: pass** (status `ok`, exit code 0)" in md and "| first divergent step | - |" in md

@@ -95,7 +95,7 @@ def test_torch_and_nnx_agree_in_one_process(preset, overrides):
         assert np.max(np.abs(grad - j0["grads"][name])) <= bound, name
     common = set(t0["activations"]) & set(j0["activations"])
     assert {"(model)", "(model):in"} < common and len(common) >= 4, sorted(common)
-    assert first_divergent_module(j0["activations"], t0["activations"], ACTIVATION_BOUNDS) is None
+    assert first_divergent_module(j0["activations"], t0["activations"], ACTIVATION_BOUNDS)["module"] is None
     assert np.max(np.abs(np.array(t_losses) - np.array(j_losses))) <= LOSS_ATOL
     assert t_losses[0] == pytest.approx(t0["loss"], abs=1e-6)  # step 0 of the loop is the parity step
     for name, value in t_params.items():

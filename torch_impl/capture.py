@@ -68,7 +68,8 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
         def record(_, args, kwargs, out):
             x, in_layout = entered[id(module)].pop()
             y = _first_tensor(out)
-            layout = tracker.leave(_own_layout(module), leaf, in_layout, y, leaf and _permuted_view(x, y))
+            own = CHANNEL_LAST if module is model else _own_layout(module)  # the model's output: as returned
+            layout = tracker.leave(own, leaf, in_layout, y, leaf and _permuted_view(x, y))
             if name and y is not None:
                 held.setdefault(name, (y.detach().clone(), layout))
         return record

@@ -1,0 +1,115 @@
+"""The step-0 capture, in one process: a correct port never names a module, a wrong one is named where it
+differs. On the ResNet example as torchvision writes it (in-place ReLU after every BatchNorm) against its
+NHWC NNX port, with 16 channels on 16x16 images so NCHW and NHWC activations have the same shape."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+torch = pytest.importorskip("torch")
+
+from flax import nnx  # noqa: E402
+
+from common.activations import CHANNEL_LAST, UNKNOWN_REASON  # noqa: E402
+from common.correspond import derive, module_map  # noqa: E402
+from common.twin import resolve  # noqa: E402
+from compare.parity import first_divergent_module  # noqa: E402
+from jax_impl.capture import capture_activations as nnx_capture  # noqa: E402
+from jax_impl.convert import to_canonical  # noqa: E402
+from torch_impl.capture import capture_activations as torch_capture  # noqa: E402
+from torch_impl.convert import manifest  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "resnet"
+HPARAMS = {"input_shape": (3, 16, 16), "num_classes": 10, "layers": (1, 1, 1), "widths": (16, 32, 64)}
+BOUNDS = {"atol": 1e-5, "rtol": 1e-4}  # the default forward tolerance (compare/tolerances.py)
+NAMES = ("jax", "torch")
+
+
+def _pair(nnx_factory: str = "resnet"):
+    """The torch ResNet holding the NNX port's weights (through the derived correspondence), both in train
+    mode, and the torch -> NNX module names."""
+    port = resolve(f"nnx_resnet.py:{nnx_factory}", str(EXAMPLE))(**HPARAMS, rngs=nnx.Rngs(0))
+    model = resolve("torch_resnet.py:resnet", str(EXAMPLE))(**HPARAMS)
+    canonical = {k: np.asarray(v) for k, v in to_canonical(nnx.state(port, nnx.Param)).items()}
+    shapes = {k: v.shape for k, v in canonical.items()}
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in derive(manifest(model), shapes).to_torch(canonical).items():
+            params[name].copy_(torch.from_numpy(value))
+    return port, model, module_map([n for n, _ in model.named_modules()], shapes)
+
+
+def _captures(port, model, names):
+    x = np.random.default_rng(0).normal(size=(2, 3, 16, 16)).astype(np.float32)
+    ours = nnx_capture(port, x.transpose(0, 2, 3, 1), CHANNEL_LAST)
+    theirs = torch_capture(model, torch.from_numpy(x), names)
+    return ours, theirs
+
+
+def test_a_correct_resnet_names_no_module():
+    ours, theirs = _captures(*_pair())
+    found = first_divergent_module(ours.arrays, theirs.arrays, BOUNDS, NAMES, (ours.skipped, theirs.skipped))
+    assert found["module"] is None and found["modules_diverging"] == 0
+    assert found["modules_compared"] == 28 and found["not_compared"] == {}
+    # the BatchNorm output as BatchNorm returned it, not as the in-place ReLU after it left it
+    assert theirs.arrays["bn1"].min() < -0.5 and theirs.arrays["bn1"].shape == (2, 16, 16, 16)
+    np.testing.assert_allclose(theirs.arrays["bn1"], ours.arrays["bn1"], atol=1e-5)
+    assert set(theirs.arrays) == set(ours.arrays)  # the NNX side records the modules holding parameters
+
+
+def test_a_padding_misport_is_named_at_its_convolution():
+    ours, theirs = _captures(*_pair("resnet_same_padding"))
+    found = first_divergent_module(ours.arrays, theirs.arrays, BOUNDS, NAMES, (ours.skipped, theirs.skipped))
+    assert found["module"] == "layer2.layers.0.conv1" and found["input_agrees"]
+    assert found["output_error"]["abs"] > 0.1
+
+
+class PatchEmbed(torch.nn.Module):
+    """A ViT's patch embedding: its output is its convolution's, flattened and transposed by its own code."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv2d(3, 16, kernel_size=4, stride=4)
+
+    def forward(self, x):
+        return self.proj(x).flatten(2).transpose(1, 2)  # (N, 16 patches, 16 features): NCL and NLC alike
+
+
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(16, 16)
+
+    def forward(self, hidden_states):
+        return self.q(hidden_states)
+
+
+class TinyViT(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.patch, self.norm, self.attn = PatchEmbed(), torch.nn.LayerNorm(16), Attention()
+
+    def forward(self, x):
+        return self.attn(hidden_states=self.norm(self.patch(x)))  # keyword-only, as Hugging Face calls it
+
+
+def test_an_unknown_layout_is_left_out_with_the_reason_and_keyword_calls_are_captured():
+    model = TinyViT()
+    names = {n: n or "(model)" for n, _ in model.named_modules()}
+    captured = torch_capture(model, torch.randn(2, 3, 16, 16), names)
+    assert captured.skipped == {"patch": UNKNOWN_REASON}
+    assert "patch" not in captured.arrays and captured.arrays["patch.proj"].shape == (2, 4, 4, 16)
+    # a LayerNorm's input has its features last: the patches as the convolution made them, channel-last
+    np.testing.assert_array_equal(captured.arrays["norm:in"], captured.arrays["patch.proj"].reshape(2, 16, 16))
+    np.testing.assert_array_equal(captured.arrays["attn:in"], captured.arrays["norm"])  # passed by keyword
+    assert captured.arrays["attn"].shape == (2, 16, 16)
+
+
+def test_shapes_that_still_differ_are_said_never_transposed():
+    ref = {"conv": np.zeros((2, 8, 8, 4), np.float32)}
+    other = {"conv": np.zeros((2, 4, 8, 8), np.float32)}  # a side that stored channel-first by mistake
+    found = first_divergent_module(ref, other, BOUNDS, NAMES)
+    assert found["module"] is None and found["modules_compared"] == 0
+    assert found["not_compared"] == {"conv": "output shapes differ: jax [2, 8, 8, 4], torch [2, 4, 8, 8] (both "
+                                              "channel-last)"}
