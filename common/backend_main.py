@@ -44,10 +44,17 @@ def summary_line(record: RunRecord, out_dir: Path) -> str:
 
 
 def raise_crash(backend: str, e: Exception, debug: bool) -> None:
+    """One line and exit 3. The exit skips the interpreter's shutdown: after a framework raised mid-step its
+    threads may never finish (seen: torch eager after a failed backward hung at exit with 3 threads in a
+    futex), and a crashed backend must end, not wait for compare's --timeout."""
     if debug:
         raise e
-    fail(f"{backend} crashed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
-         "(rerun with --debug for the traceback)", ExitCode.BACKEND)
+    print(f"error: {backend} crashed: {type(e).__name__}: "
+          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''} (rerun with --debug for the traceback)",
+          file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(ExitCode.BACKEND))
 
 
 def io_failure(out_dir: Path, e: OSError, debug: bool) -> None:

@@ -54,6 +54,12 @@ def activation_inputs(spec: RunSpec, inputs: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(inputs[:ACTIVATION_ROWS])
 
 
+def held_inputs(spec: RunSpec, data) -> np.ndarray:
+    """The inputs of the eval-mode check: the capture's slice of the batch after the last step's, which no
+    step trained on."""
+    return activation_inputs(spec, data.global_batch(spec.train.steps).inputs)
+
+
 def input_ndim(spec: RunSpec) -> int:
     """Dimensions of a batch's inputs: (B, T) tokens or (B, *input_shape)."""
     return 2 if spec.is_language_model else 1 + len(_input_shape(spec))

@@ -84,7 +84,9 @@ def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float,
             "tolerance_used": None if mismatches else used, "within": not mismatches and diff <= bound, **extra}
 
 
-KIND_OF_GROUP = {"outputs": "forward", "grads": "grad", "params": "params"}
+# the eval-mode logits follow the whole run, as the parameters do (their tolerance)
+KIND_OF_GROUP = {"outputs": "forward", "grads": "grad", "params": "params", "eval": "params"}
+AFTER_TRAINING = ("params/", "eval/")
 
 
 def compare_tensors(ref: dict, other: dict, policy: dict,
@@ -250,7 +252,7 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     comparable = not unexplained
     # step 0's logits, loss and gradients are measured before the first update: when one of them is out of
     # tolerance the runs part at step 0, even if the loss curves stay close for a while
-    step0_fails = any(not t["within"] for k, t in tensors.items() if not k.startswith("params/")) or \
+    step0_fails = any(not t["within"] for k, t in tensors.items() if not k.startswith(AFTER_TRAINING)) or \
         (distribution is not None and not distribution["within"])
     first_step = 0 if step0_fails else loss["first_divergent_step"]
     passed = comparable and first_step is None and all(t["within"] for t in tensors.values()) and \

@@ -265,6 +265,10 @@ def _failure(name: str, parity: dict) -> str:
     module = parity.get("first_divergent_module")
     if module and module["module"]:
         where += f", first divergent module {module['module']}"
+    failing = [k for k, t in parity["tensors"].items() if not t["within"]]
+    if failing and all(k.startswith("eval/") for k in failing) and step is None:
+        where += (", though training agrees: the trained model's eval-mode forward differs (BatchNorm's running "
+                  "statistics, or another eval-mode difference: tensors eval/*)")
     sites = parity.get("dropout_sites")
     if sites and not sites["equal"]:
         where += (f", dropout calls differ ({len(sites['reference'])} in the reference, {len(sites['other'])} "

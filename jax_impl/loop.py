@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import optax
 
-from common.data import Batch, activation_inputs, make_dataset
+from common.data import Batch, activation_inputs, held_inputs, make_dataset
 from common.masks import MaskFeed, draw_masks, drawing_feed, given_feed, record_sites
 from common.provoke import Provocation, provoked_batch, python_value, with_python_value
 from common.record import RunRecord, peak_rss_mb, throughput_summary
@@ -121,6 +121,14 @@ class JittedTrainer:
     def canonical_params(self) -> dict[str, np.ndarray]:
         return self.to_canonical(self.params)
 
+    def _eval_forward(self, params, state, inputs):
+        """The model's eval-mode forward (dropout off, BatchNorm on its running statistics in `state`)."""
+        raise NotImplementedError
+
+    def eval_logits(self, inputs: np.ndarray) -> np.ndarray:
+        """The trained model's eval-mode logits of `inputs` (a held batch's slice, replicated)."""
+        return sharding.to_host(jax.jit(self._eval_forward)(self.params, self.state, inputs))
+
     def step0_tensors(self, batch: StepBatch) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
         logits = self.forward(self.params, batch)
@@ -183,6 +191,9 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
     if record.status == RecordStatus.OK:
         if parity:
             tensors["params"] = trainer.canonical_params()
+            monitor.paused = True  # analysis: the eval forward's compile is not the run's
+            tensors["eval"] = {"logits": trainer.eval_logits(held_inputs(spec, data))}
+            monitor.paused = False
         last = python_value(spec.train.steps, provocations, spec.train.steps)
         record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps, last)
         record.profile = _profiled_steps(trainer, put, spec.train.steps + record.throughput.get("steps", 0),

@@ -79,6 +79,11 @@ class JaxTrainer(JittedTrainer):
         loss = cross_entropy(model(nnx_inputs(batch.inputs, self.input_axes)), batch.targets)
         return loss, nnx.state(model, nnx.Not(nnx.Param))
 
+    def _eval_forward(self, params, state, inputs):
+        model = nnx.merge(self.graphdef, params, _in_this_trace(state))
+        model.eval()
+        return model(nnx_inputs(inputs, self.input_axes))
+
     def step0_activations(self, inputs: np.ndarray) -> Capture:
         return capture_activations(nnx.merge(self.graphdef, self.params, self.rest),
                                    nnx_inputs(inputs, self.input_axes), input_layout(self.input_axes))

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.activations import Capture
-from common.data import activation_inputs, make_dataset
+from common.data import activation_inputs, held_inputs, make_dataset
 from common.masks import record_sites
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
@@ -126,8 +126,9 @@ class TorchTrainer:
 
     def step0_tensors(self, inputs, targets) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of the batch, and every gradient (canonical)."""
-        loss, logits = self.loss(inputs, targets)
-        loss.backward()
+        with untouched_buffers(self.model):  # an analysis step: BatchNorm's statistics stay the run's
+            loss, logits = self.loss(inputs, targets)
+            loss.backward()  # (before the statistics are put back: its graph holds them)
         grads = {name: p.grad for name, p in self.model.named_parameters()}
         out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
                "grads": to_canonical(grads, self.correspondence)}
@@ -136,8 +137,12 @@ class TorchTrainer:
 
     def step0_activations(self, inputs: np.ndarray) -> Capture:
         """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture)."""
-        with self.autocast(), self.masks(0):
+        with self.autocast(), self.masks(0), untouched_buffers(self.model):
             return capture_activations(self.model, torch.from_numpy(inputs).to(self.device), self.module_names)
+
+    def eval_logits(self, inputs: np.ndarray) -> np.ndarray:
+        """The trained model's eval-mode logits of `inputs` (dropout off, BatchNorm on its running statistics)."""
+        return eval_logits(self.model, torch.from_numpy(inputs).to(self.device), self.autocast)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return to_canonical(self.model.state_dict(), self.correspondence)
@@ -151,6 +156,31 @@ class TorchTrainer:
                 loss = cross_entropy(model(inputs), targets)
             loss.backward()
         return float(counter.get_total_flops())
+
+
+@contextlib.contextmanager
+def untouched_buffers(model: torch.nn.Module):
+    """Buffers as they were before the block: a forward the run does not train on (the parity step, the
+    activation capture) must not move BatchNorm's running statistics, which the run's own steps move."""
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(saved[name])
+
+
+def eval_logits(model: torch.nn.Module, inputs: torch.Tensor, autocast, sync=lambda: None) -> np.ndarray:
+    """`model`'s eval-mode logits (every torch runtime's; `sync` cuts a lazy graph), the model left in train mode."""
+    model.eval()
+    try:
+        with torch.no_grad(), autocast():
+            logits = model(inputs)
+        sync()
+        return logits.float().cpu().numpy()
+    finally:
+        model.train()
 
 
 def timed_step(trainer: TorchTrainer, step: int, inputs, targets) -> tuple[float, float]:
@@ -188,6 +218,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, activations: bool = False
     if record.status == RecordStatus.OK:
         if parity:
             tensors["params"] = trainer.canonical_params()
+            tensors["eval"] = {"logits": trainer.eval_logits(held_inputs(spec, trainer.data))}
         record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
     timeline["loop_end"] = time.time()
     record_sites(record, spec, trainer.dropout_sites)

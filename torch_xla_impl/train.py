@@ -41,9 +41,9 @@ import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
 from common.activations import Capture
-from common.data import activation_inputs, input_ndim, make_dataset, process_slice
+from common.data import activation_inputs, held_inputs, input_ndim, make_dataset
 from common.masks import record_sites
-from common.provoke import provoked_batch, python_value, with_python_value
+from common.provoke import python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
 from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
@@ -53,56 +53,13 @@ from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
-from torch_impl.train import clip_gradients, cross_entropy, make_optimizer, set_lr
+from torch_impl.train import clip_gradients, cross_entropy, eval_logits, make_optimizer, set_lr, untouched_buffers
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
+from torch_xla_impl.batches import StepBatches
 from torch_xla_impl.instrument import DUMP_DIR, CompileMonitor, attach_causes, hlo_statistics, step_graphs
 
 SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
-
-
-class StepBatches(torch.utils.data.Dataset):
-    """Item i is this replica's slice of the global batch of step first_step + i."""
-
-    def __init__(self, data, first_step: int, n_steps: int, replica: int = 0, replicas: int = 1,
-                 provocations=()):
-        self.data, self.first_step, self.n_steps = data, first_step, n_steps
-        self.replica, self.replicas, self.provocations = replica, replicas, list(provocations)
-
-    error: Exception | None = None  # what building a batch raised, for `checked` to raise in the loop
-
-    def __len__(self) -> int:
-        return self.n_steps
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        try:
-            return self._batch(i)
-        except Exception as e:
-            # raised in MpDeviceLoader's thread, which ends the iteration instead: the loop raises it
-            self.error = e
-            raise
-
-    def checked(self, loader):
-        """Iterate a device loader of these batches; an exception a loader thread met building one is
-        raised here, as itself (a bad input stays a usage error, not `StopIteration`)."""
-        count = 0
-        for batch in loader:
-            count += 1
-            yield batch
-        if self.error is not None:
-            raise self.error
-        if count < self.n_steps:
-            raise RuntimeError(f"the device loader stopped after {count} of {self.n_steps} batches")
-
-    def _batch(self, i: int) -> dict[str, torch.Tensor]:
-        step = self.first_step + i
-        batch = provoked_batch(self.data.global_batch(step), step, self.provocations, np.int64)
-        batch = process_slice(batch, self.replica, self.replicas)
-        # Targets go at least 2-D ((B, 1) for classifiers; the loss flattens them):
-        # torch_xla 2.9's MpDeviceLoader fails on 1-D tensors with an input ShardingSpec
-        # ("too many indices for tensor of dimension 1"), while mark_sharding works.
-        targets = batch.targets.reshape(len(batch.targets), -1)
-        return {"inputs": torch.from_numpy(batch.inputs), "targets": torch.from_numpy(targets)}
 
 
 class TorchXlaTrainer:
@@ -217,8 +174,9 @@ class TorchXlaTrainer:
 
     def step0_tensors(self, batch) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
-        loss, logits = self.loss(batch)
-        loss.backward()
+        with untouched_buffers(self.model):  # an analysis step: BatchNorm's statistics stay the run's
+            loss, logits = self.loss(batch)
+            loss.backward()  # (before the statistics are put back: its graph holds them)
         torch_xla.sync()
         grads = {name: p.grad for name, p in self.model.named_parameters()}
         out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
@@ -234,6 +192,18 @@ class TorchXlaTrainer:
         model = convert.load_canonical(model, self.start_params, self.spec.model).to(self.device)
         with self.autocast(), step_masks(self.spec, 0, self.device):
             return capture_activations(model, torch.from_numpy(inputs).to(self.device), self.module_names)
+
+    def host_state(self) -> dict[str, torch.Tensor]:
+        """Parameters and buffers (BatchNorm's running statistics) on the host, as they are now."""
+        return {name: t.detach().cpu().clone() for name, t in self.model.state_dict().items()}
+
+    def eval_logits(self, state: dict[str, torch.Tensor], inputs: np.ndarray) -> np.ndarray:
+        """The eval-mode logits of `inputs` from a fresh copy of the model holding `state` (host_state): it
+        runs after the run, whose graphs, compile events and HLO dump it must not join."""
+        model = build_model(self.spec.model, self.spec.train.seed)
+        model.load_state_dict(state)
+        return eval_logits(model.to(self.device), torch.from_numpy(inputs).to(self.device), self.autocast,
+                           torch_xla.sync)
 
 
 def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, batch) -> tuple[float, float, float]:
@@ -286,6 +256,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
     if record.status == RecordStatus.OK:
         if parity and replica == 0:
             tensors["params"] = trainer.canonical_params()
+            trained = trainer.host_state()  # its eval-mode forward runs last, apart from the run's graphs
         record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
         record.profile = _profiled_steps(trainer, spec.train.steps + record.throughput.get("steps", 0),
                                          profile_steps, out_dir)
@@ -299,6 +270,9 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
         attach_causes(record, out_dir, fed)
         if hlo:
             record.hlo_stats = hlo_statistics(out_dir, step_graphs(record.compile_events, SETTLE_STEPS, trace_mode))
+    if parity and replica == 0 and record.status == RecordStatus.OK:  # analysis too, after the run's graphs
+        tensors["eval"] = {"logits": trainer.eval_logits(trained, held_inputs(spec, trainer.data))}
+        shutil.rmtree(out_dir / DUMP_DIR, ignore_errors=True)
     if activations and replica == 0:  # last: the capture's graphs are analysis, never mixed with the run's
         capture = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
         tensors["activations"], record.extra["activations_skipped"] = capture.arrays, capture.skipped

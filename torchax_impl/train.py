@@ -47,9 +47,17 @@ from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
 from torch_impl.models import build_model
 from torch_impl.train import cross_entropy
+from torchax_impl.batch_norm import keep_running_statistics
 from torchax_impl.sharding import param_shardings
 
 SETTLE_STEPS = 1  # one jitted step: it compiles at step 0 and never again
+
+
+def running_statistics(model: torch.nn.Module) -> set[str]:
+    """The buffers a train-mode forward updates: every batch norm's running mean, variance and count."""
+    return {f"{name}.{buffer}" for name, module in model.named_modules()
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+            for buffer, value in module.named_buffers(recurse=False) if value is not None}
 
 
 class TorchaxTrainer(JittedTrainer):
@@ -62,18 +70,22 @@ class TorchaxTrainer(JittedTrainer):
         model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
         self.correspondence = correspondence(model, spec.model)
         self.model, self.module_names = model, modules_to_canonical(model, spec.model)
-        states, self.forward_fn = torchax.extract_jax(model)  # parameters and buffers, by state_dict name
+        states, _ = torchax.extract_jax(model)  # parameters and buffers, by state_dict name
+        keep_running_statistics(torchax.default_env())
         shardings = param_shardings(model, spec.model, spec.mesh, mesh)
         self.params = {k: jax.device_put(v, shardings[k]) for k, v in states.items() if k in shardings}
-        # buffers (a rotary table, say) are inputs of the forward, never trained
+        # buffers (a rotary table, say) are inputs of the forward, never trained; BatchNorm's running
+        # statistics change with every train-mode forward and go through the step as its state
+        running = running_statistics(model)
         self.buffers = {k: jax.device_put(v, sharding.replicated(mesh)) for k, v in states.items()
-                        if k not in shardings}
+                        if k not in shardings and k not in running}
+        start_statistics = {k: v for k, v in states.items() if k in running}
         jax.block_until_ready(self.params)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.tx = make_optimizer(spec.train)
         # torchax draws torch's random ops (dropout) from a key in its environment, which it rotates in
         # Python: inside a jitted step that would leak a tracer, so the key is the step's state instead
-        self.state = {"prng": jax.random.key(spec.train.mask_seed)}
+        self.state = {"prng": jax.random.key(spec.train.mask_seed), "running": start_statistics}
         self.compile_functions(mesh)
 
     mask_array = staticmethod(interop.torch_view)  # the masks reach torch's dropout as torchax tensors
@@ -81,18 +93,35 @@ class TorchaxTrainer(JittedTrainer):
     def fed_dropout(self, feed):
         return masks.fed_dropout(feed)
 
+    def _call(self, states: dict, inputs, running: dict, *, training: bool = True):
+        """The torch module's forward over `states` (jax arrays by state_dict name; torchax.extract_jax's
+        call, in `training` mode), and the running statistics as the forward left them."""
+        env = torchax.default_env()
+        tensors, args = env.j2t_iso(({**states, **running}, (inputs,)))
+        self.model.train(training)
+        try:
+            with env:
+                out = torch.func.functional_call(self.model, tensors, args, tie_weights=False)
+        finally:
+            self.model.train()
+        return env.t2j_iso(out), {k: env.t2j_iso(tensors[k]) for k in running}
+
     def _forward(self, params, inputs):
         states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))
         with torchax.default_env().override_property(prng=jax.random.key(self.spec.train.mask_seed)):
-            return self.forward_fn(states, (inputs,))
+            return self._call(states, inputs, self.state["running"])[0]
 
     def _loss_and_state(self, params, state, batch: StepBatch):
         env = torchax.default_env()
         with env.override_property(prng=state["prng"]):
             states, inputs = self._in_compute_dtype(({**params, **self.buffers}, batch.inputs))
-            logits = self.forward_fn(states, (inputs,))
+            logits, running = self._call(states, inputs, state["running"])
             key = env.prng_key
-        return interop.call_torch(cross_entropy, logits, batch.targets), {"prng": key}
+        return interop.call_torch(cross_entropy, logits, batch.targets), {"prng": key, "running": running}
+
+    def _eval_forward(self, params, state, inputs):
+        states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))
+        return self._call(states, inputs, state["running"], training=False)[0]
 
     def _in_compute_dtype(self, tree):
         """bfloat16 runs: every float array cast to bfloat16 (gradients flow back to the float32 params)."""

@@ -2,6 +2,7 @@
 
     python -m compare --twin examples/resnet/twin.py:resnet_tiny --backend all
     python -m compare --twin examples/resnet/twin.py:resnet_tiny_same_padding   # fails at layer2.0.conv1
+    python -m compare --twin examples/resnet/twin.py:resnet_tiny_bn_momentum    # trains alike, evaluates apart
 
 16 channels on 16x16 images: the stem's and layer1's activations have the same shape in NCHW and NHWC,
 so only their known layouts set them side by side (common/activations.py).
@@ -23,6 +24,15 @@ resnet_tiny = Twin(
 resnet_tiny_same_padding = Twin(
     torch="torch_resnet.py:resnet",
     nnx="nnx_resnet.py:resnet_same_padding",
+    task="classification",
+    hparams=HPARAMS,
+    nnx_input_axes=(0, 2, 3, 1),
+    train=resnet_tiny.train,
+)
+
+resnet_tiny_bn_momentum = Twin(
+    torch="torch_resnet.py:resnet",
+    nnx="nnx_resnet.py:resnet_torch_momentum",
     task="classification",
     hparams=HPARAMS,
     nnx_input_axes=(0, 2, 3, 1),

@@ -1,0 +1,52 @@
+"""The batches a torch_xla run feeds its device loader: each replica's slice of every step's global batch."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from common.data import process_slice
+from common.provoke import provoked_batch
+
+
+class StepBatches(torch.utils.data.Dataset):
+    """Item i is this replica's slice of the global batch of step first_step + i."""
+
+    def __init__(self, data, first_step: int, n_steps: int, replica: int = 0, replicas: int = 1,
+                 provocations=()):
+        self.data, self.first_step, self.n_steps = data, first_step, n_steps
+        self.replica, self.replicas, self.provocations = replica, replicas, list(provocations)
+
+    error: Exception | None = None  # what building a batch raised, for `checked` to raise in the loop
+
+    def __len__(self) -> int:
+        return self.n_steps
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        try:
+            return self._batch(i)
+        except Exception as e:
+            # raised in MpDeviceLoader's thread, which ends the iteration instead: the loop raises it
+            self.error = e
+            raise
+
+    def checked(self, loader):
+        """Iterate a device loader of these batches; an exception a loader thread met building one is
+        raised here, as itself (a bad input stays a usage error, not `StopIteration`)."""
+        count = 0
+        for batch in loader:
+            count += 1
+            yield batch
+        if self.error is not None:
+            raise self.error
+        if count < self.n_steps:
+            raise RuntimeError(f"the device loader stopped after {count} of {self.n_steps} batches")
+
+    def _batch(self, i: int) -> dict[str, torch.Tensor]:
+        step = self.first_step + i
+        batch = provoked_batch(self.data.global_batch(step), step, self.provocations, np.int64)
+        batch = process_slice(batch, self.replica, self.replicas)
+        # Targets go at least 2-D ((B, 1) for classifiers; the loss flattens them):
+        # torch_xla 2.9's MpDeviceLoader fails on 1-D tensors with an input ShardingSpec
+        # ("too many indices for tensor of dimension 1"), while mark_sharding works.
+        targets = batch.targets.reshape(len(batch.targets), -1)
+        return {"inputs": torch.from_numpy(batch.inputs), "targets": torch.from_numpy(targets)}
