@@ -50,10 +50,13 @@ REFERENCE = json.loads((Path(__file__).parent / "data" / "gpt_tiny_losses.json")
 
 
 def same_cpu_as_reference() -> bool:
-    """XLA's CPU code depends on the vector units: bitwise equality is only promised on the CPU kind
-    the reference was measured on."""
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return platform.machine() == REFERENCE["cpu"]["machine"] and ("avx512f" in flags) == REFERENCE["cpu"]["avx512f"]
+    """XLA compiles for the host CPU by name (LLVM's target CPU): bitwise equality is only promised on the
+    CPU kind the reference was measured on. The vector units alone are not enough: an Intel Xeon with
+    AVX-512 moves the 5th jax loss by one ulp against the AMD EPYC reference (measured)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    return platform.machine() == REFERENCE["cpu"]["machine"] and ("avx512f" in info) == REFERENCE["cpu"]["avx512f"] \
+        and model.startswith(REFERENCE["cpu"]["model"])
 
 
 @pytest.mark.parametrize("preset", ["mlp-tiny", "cnn-digits", None])  # None: the default spec (gpt-tiny)
