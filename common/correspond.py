@@ -221,6 +221,20 @@ def _unmatched_message(torch_params, canonical, misses: dict, unmatched_nnx: lis
             "modules alike, or declare packed/rename in the twin")
 
 
+RUNNING_STATISTICS = {"running_mean": "mean", "running_var": "var"}  # torch BatchNorm -> nnx.BatchNorm
+
+
+def state_names(buffers: list[str], modules: Mapping[str, str]) -> dict[str, str]:
+    """torch BatchNorm running-statistic buffer -> canonical state name (`<NNX module>.mean`, `.var`), for
+    the modules `module_map` links; a torch-only count (`num_batches_tracked`) has no counterpart."""
+    out = {}
+    for name in buffers:
+        module, leaf = _module_leaf(name)
+        if leaf in RUNNING_STATISTICS and module in modules:
+            out[name] = f"{modules[module]}.{RUNNING_STATISTICS[leaf]}"
+    return out
+
+
 def module_map(torch_modules: list[str], canonical: Mapping[str, tuple], rename: Mapping[str, str] = {}  # noqa: B006
                ) -> dict[str, str]:
     """torch module path -> NNX module path, for the modules both sides have (by normalised path; every

@@ -266,9 +266,12 @@ def _failure(name: str, parity: dict) -> str:
     if module and module["module"]:
         where += f", first divergent module {module['module']}"
     failing = [k for k, t in parity["tensors"].items() if not t["within"]]
-    if failing and all(k.startswith("eval/") for k in failing) and step is None:
-        where += (", though training agrees: the trained model's eval-mode forward differs (BatchNorm's running "
-                  "statistics, or another eval-mode difference: tensors eval/*)")
+    if failing and all(k.startswith(("eval/", "state/")) for k in failing) and step is None:
+        stats = [k.removeprefix("state/") for k in failing if k.startswith("state/")]
+        where += ", though training agrees: " + "; ".join(filter(None, [
+            stats and f"the running statistics differ ({len(stats)}, e.g. {stats[0]}: a momentum or variance "
+                      "convention)",
+            any(k.startswith("eval/") for k in failing) and "the trained model's eval-mode forward differs"]))
     sites = parity.get("dropout_sites")
     if sites and not sites["equal"]:
         where += (f", dropout calls differ ({len(sites['reference'])} in the reference, {len(sites['other'])} "

@@ -121,6 +121,10 @@ class JittedTrainer:
     def canonical_params(self) -> dict[str, np.ndarray]:
         return self.to_canonical(self.params)
 
+    def canonical_state(self) -> dict[str, np.ndarray]:
+        """BatchNorm's running statistics by canonical name (`<module>.mean`, `.var`); {} without any."""
+        return {}
+
     def _eval_forward(self, params, state, inputs):
         """The model's eval-mode forward (dropout off, BatchNorm on its running statistics in `state`)."""
         raise NotImplementedError
@@ -190,7 +194,7 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
 
     if record.status == RecordStatus.OK:
         if parity:
-            tensors["params"] = trainer.canonical_params()
+            tensors["params"], tensors["state"] = trainer.canonical_params(), trainer.canonical_state()
             monitor.paused = True  # analysis: the eval forward's compile is not the run's
             tensors["eval"] = {"logits": trainer.eval_logits(held_inputs(spec, data))}
             monitor.paused = False

@@ -79,6 +79,9 @@ class JaxTrainer(JittedTrainer):
         loss = cross_entropy(model(nnx_inputs(batch.inputs, self.input_axes)), batch.targets)
         return loss, nnx.state(model, nnx.Not(nnx.Param))
 
+    def canonical_state(self) -> dict[str, np.ndarray]:
+        return self.to_canonical(nnx.filter_state(self.state, nnx.BatchStat))
+
     def _eval_forward(self, params, state, inputs):
         model = nnx.merge(self.graphdef, params, _in_this_trace(state))
         model.eval()

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from common.correspond import CorrespondenceError, derive, module_map
+from common.correspond import CorrespondenceError, derive, module_map, state_names
 from common.presets import load_spec
 from common.spec import SpecError
 from common.twin import BUILTIN, TwinError, hparams_of, load_twin, twin_of
@@ -131,3 +131,23 @@ def test_set_reaches_a_twins_hyperparameters_with_their_types():
         load_spec("", ["model.n_layer=3"], twin="examples/llama/twin.py:llama_tiny")
     with pytest.raises(SpecError, match="model.n_layers=x must be an integer"):
         load_spec("", ["model.n_layers=x"], twin="examples/llama/twin.py:llama_tiny")
+
+
+def test_nnx_sequential_levels_and_batchnorm_statistics_correspond():
+    """torchvision's `downsample.0`/`.1` meet nnx.Sequential's `downsample.layers.0`/`.1`; BatchNorm's
+    running statistics get their NNX names and the torch-only count none."""
+    torch_params = {"layer1.0.conv1.weight": (16, 16, 3, 3), "layer1.0.downsample.0.weight": (16, 16, 1, 1),
+                    "layer1.0.downsample.1.weight": (16,), "layer1.0.downsample.1.bias": (16,)}
+    canonical = {"layer1.layers.0.conv1.kernel": (3, 3, 16, 16),
+                 "layer1.layers.0.downsample.layers.0.kernel": (1, 1, 16, 16),
+                 "layer1.layers.0.downsample.layers.1.scale": (16,), "layer1.layers.0.downsample.layers.1.bias": (16,)}
+    links = {link.torch: (link.canonical, link.layout) for link in derive(torch_params, canonical).links}
+    assert links["layer1.0.downsample.0.weight"] == (("layer1.layers.0.downsample.layers.0.kernel",), "conv")
+    assert links["layer1.0.downsample.1.weight"] == (("layer1.layers.0.downsample.layers.1.scale",), "same")
+    modules = module_map(["", "layer1", "layer1.0", "layer1.0.downsample", "layer1.0.downsample.1"], canonical)
+    assert modules["layer1.0.downsample.1"] == "layer1.layers.0.downsample.layers.1"
+    buffers = ["layer1.0.downsample.1.running_mean", "layer1.0.downsample.1.running_var",
+               "layer1.0.downsample.1.num_batches_tracked"]
+    assert state_names(buffers, modules) == {
+        "layer1.0.downsample.1.running_mean": "layer1.layers.0.downsample.layers.1.mean",
+        "layer1.0.downsample.1.running_var": "layer1.layers.0.downsample.layers.1.var"}

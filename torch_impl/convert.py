@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.correspond import Correspondence, derive, module_map
+from common.correspond import Correspondence, derive, module_map, state_names
 from common.sharding import param_partition_specs
 from common.spec import MeshSpec
 from common.twin import twin_of
@@ -40,6 +40,13 @@ def _to_numpy(value) -> np.ndarray:
     # a copy: on the CPU `.to("cpu")` and `.numpy()` share the live parameter's memory, which the next
     # optimizer step overwrites in place
     return np.array(value, np.float32)
+
+
+def canonical_state(buffers: dict, module_names: dict[str, str]) -> dict[str, np.ndarray]:
+    """BatchNorm's running statistics ({buffer name: tensor or array}, on any device) by canonical state
+    name (common.correspond.state_names); torch-only buffers are left out."""
+    names = state_names(list(buffers), module_names)
+    return {canonical: _to_numpy(buffers[name]) for name, canonical in names.items()}
 
 
 def to_canonical(tensors: dict, corr: Correspondence) -> dict[str, np.ndarray]:

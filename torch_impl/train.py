@@ -23,7 +23,7 @@ from common.vocab import RecordStatus
 from common.weights import start_info
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
-from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
+from torch_impl.convert import canonical_state, correspondence, load_canonical, modules_to_canonical, to_canonical
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
 
@@ -147,6 +147,9 @@ class TorchTrainer:
     def canonical_params(self) -> dict[str, np.ndarray]:
         return to_canonical(self.model.state_dict(), self.correspondence)
 
+    def canonical_state(self) -> dict[str, np.ndarray]:
+        return canonical_state(dict(self.model.named_buffers()), self.module_names)
+
     def matmul_flops(self, inputs, targets) -> float:
         """Matmul and convolution flops of one forward + backward, counted by torch (FlopCounterMode),
         on a copy: the count is of the step compare times, without touching the trained model."""
@@ -217,7 +220,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, activations: bool = False
             break
     if record.status == RecordStatus.OK:
         if parity:
-            tensors["params"] = trainer.canonical_params()
+            tensors["params"], tensors["state"] = trainer.canonical_params(), trainer.canonical_state()
             tensors["eval"] = {"logits": trainer.eval_logits(held_inputs(spec, trainer.data))}
         record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
     timeline["loop_end"] = time.time()

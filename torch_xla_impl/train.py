@@ -172,6 +172,9 @@ class TorchXlaTrainer:
     def canonical_params(self) -> dict[str, np.ndarray]:
         return convert.to_canonical(self.model.state_dict(), self.correspondence)
 
+    def canonical_state(self) -> dict[str, np.ndarray]:
+        return convert.canonical_state(dict(self.model.named_buffers()), self.module_names)
+
     def step0_tensors(self, batch) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
         with untouched_buffers(self.model):  # an analysis step: BatchNorm's statistics stay the run's
@@ -255,7 +258,7 @@ def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, 
         replica_sync.check_replicas_agree(trainer, record)
     if record.status == RecordStatus.OK:
         if parity and replica == 0:
-            tensors["params"] = trainer.canonical_params()
+            tensors["params"], tensors["state"] = trainer.canonical_params(), trainer.canonical_state()
             trained = trainer.host_state()  # its eval-mode forward runs last, apart from the run's graphs
         record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
         record.profile = _profiled_steps(trainer, spec.train.steps + record.throughput.get("steps", 0),

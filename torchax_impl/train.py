@@ -44,7 +44,7 @@ from jax_impl.sharding import StepBatch
 from torch_impl import masks
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
-from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
+from torch_impl.convert import canonical_state, correspondence, load_canonical, modules_to_canonical, to_canonical
 from torch_impl.models import build_model
 from torch_impl.train import cross_entropy
 from torchax_impl.batch_norm import keep_running_statistics
@@ -118,6 +118,9 @@ class TorchaxTrainer(JittedTrainer):
             logits, running = self._call(states, inputs, state["running"])
             key = env.prng_key
         return interop.call_torch(cross_entropy, logits, batch.targets), {"prng": key, "running": running}
+
+    def canonical_state(self) -> dict[str, np.ndarray]:
+        return canonical_state({k: sharding.to_host(v) for k, v in self.state["running"].items()}, self.module_names)
 
     def _eval_forward(self, params, state, inputs):
         states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))
