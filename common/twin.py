@@ -61,6 +61,9 @@ class Twin:
     # the transpose the NNX side's inputs take before its forward, e.g. (0, 2, 3, 1): NCHW images fed to
     # an NHWC port; empty: both sides take the batch as the task makes it (README, "What each side is fed")
     nnx_input_axes: tuple = ()
+    # which of the forward's outputs is the logits, on both sides: a key or attribute ("logits") or a
+    # position (0); None: the output itself, its `logits`, or its first element (common/outputs.py)
+    logits: str | int | None = None
     # Hugging Face checkpoints it loads (common/hf.py): {"model_type": "llama", "prefix": "model.",
     # "config": {HF config key (dotted for nested): hyperparameter}}; empty: none
     hf: Mapping = field(default_factory=dict)

@@ -149,6 +149,9 @@ def check_fields(twin, ref: str) -> None:
         raise TwinError(f"twin {ref!r}: nnx_dtype_arg={twin.nnx_dtype_arg!r} must be the name of the NNX factory's "
                         "compute-dtype keyword (e.g. 'dtype'), or None")
     _check_input_axes(twin, ref)
+    if twin.logits is not None and not isinstance(twin.logits, (str, int)) or isinstance(twin.logits, bool):
+        raise TwinError(f"twin {ref!r}: logits={twin.logits!r} must name the forward's output that holds the logits: "
+                        "a key or attribute ('logits') or a position (0), or None")
     if not isinstance(twin.train, TrainSpec) or not isinstance(twin.data, (DataSpec, type(None))):
         field_name, want = ("train", "TrainSpec") if not isinstance(twin.train, TrainSpec) else ("data", "DataSpec")
         raise TwinError(f"twin {ref!r}: {field_name} is a {type(getattr(twin, field_name)).__name__}; give a "

@@ -13,6 +13,7 @@ from pathlib import Path
 from common.cli import INPUT_ERRORS, Parser, fail
 from common.data import make_dataset
 from common.fsutil import write_json_atomic
+from common.outputs import choose, refusal
 from common.presets import load_spec
 from common.spec import RunSpec
 from common.twin import TwinError, twin_of
@@ -20,9 +21,9 @@ from common.vocab import ExitCode
 
 
 def check_forward(model, spec: RunSpec) -> None:
-    """The model's forward on step 0's first example must return one array, the logits (the loss and the
-    parity checks take one output). Traced abstractly (jax.eval_shape). A forward that raises is left to the
-    run, which reports it the same on every backend."""
+    """The model's forward on step 0's first example must return the logits: an array, or an output holding
+    them (common/outputs.py). Traced abstractly (jax.eval_shape). A forward that raises is left to the run,
+    which reports it the same on every backend."""
     import jax
     from flax import nnx
 
@@ -36,11 +37,9 @@ def check_forward(model, spec: RunSpec) -> None:
                              jax.ShapeDtypeStruct(inputs.shape, inputs.dtype))
     except Exception:
         return
-    if not isinstance(out, jax.ShapeDtypeStruct):
-        factory = twin_of(spec.model).nnx
-        raise TwinError(f"twin {spec.model.twin!r}: the forward of nnx={factory!r} returns a {type(out).__name__}, "
-                        "not one array; return the logits alone (the loss and the parity checks take one output; "
-                        "a model with several outputs needs a wrapper that returns the logits)")
+    twin = twin_of(spec.model)
+    if choose(out, twin.logits) is None:
+        raise TwinError(f"twin {spec.model.twin!r}: the forward of nnx={twin.nnx!r} {refusal(out, twin.logits)}")
 
 
 def main(argv=None) -> int:

@@ -21,8 +21,10 @@ import optax
 from flax import nnx
 
 from common.activations import Capture, input_layout
+from common.outputs import logits_of
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
+from common.twin import twin_of
 from common.weights import start_info
 from jax_impl import convert, masks, sharding
 from jax_impl.capture import capture_activations
@@ -55,7 +57,7 @@ class JaxTrainer(JittedTrainer):
         self.spec, self.mesh = spec, mesh
         compute_dtype = jnp.bfloat16 if spec.train.dtype == "bfloat16" else jnp.float32
         model = build_model(spec.model, compute_dtype, seed=spec.train.seed, dropout_seed=spec.train.mask_seed)
-        self.input_axes = nnx_input_axes(spec)
+        self.input_axes, self.which = nnx_input_axes(spec), twin_of(spec.model).logits
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
         started = time.perf_counter()
         canonical = start_weights(spec, checkpoint)
@@ -72,11 +74,12 @@ class JaxTrainer(JittedTrainer):
 
     def _forward(self, params, inputs):
         # the analysis forward runs on a copy of the start state: the run's RNG stream stays as it is
-        return nnx.merge(self.graphdef, params, _in_this_trace(self.rest))(nnx_inputs(inputs, self.input_axes))
+        model = nnx.merge(self.graphdef, params, _in_this_trace(self.rest))
+        return logits_of(model(nnx_inputs(inputs, self.input_axes)), self.which)
 
     def _loss_and_state(self, params, state, batch: StepBatch):
         model = nnx.merge(self.graphdef, params, _in_this_trace(state))
-        loss = cross_entropy(model(nnx_inputs(batch.inputs, self.input_axes)), batch.targets)
+        loss = cross_entropy(logits_of(model(nnx_inputs(batch.inputs, self.input_axes)), self.which), batch.targets)
         return loss, nnx.state(model, nnx.Not(nnx.Param))
 
     def canonical_state(self) -> dict[str, np.ndarray]:
@@ -85,7 +88,7 @@ class JaxTrainer(JittedTrainer):
     def _eval_forward(self, params, state, inputs):
         model = nnx.merge(self.graphdef, params, _in_this_trace(state))
         model.eval()
-        return model(nnx_inputs(inputs, self.input_axes))
+        return logits_of(model(nnx_inputs(inputs, self.input_axes)), self.which)
 
     def step0_activations(self, inputs: np.ndarray) -> Capture:
         return capture_activations(nnx.merge(self.graphdef, self.params, self.rest),

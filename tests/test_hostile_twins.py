@@ -44,17 +44,29 @@ class NnxNet(nnx.Module):
         return self.fc2(nnx.relu(self.fc1(x)))
 
 
-class TorchTuple(TorchNet):  # (logits, hidden state), as many models return
+class TorchTuple(TorchNet):  # a count first, the logits second: the default (first element) finds no array
     def forward(self, x):
-        return super().forward(x), x
+        return len(x), super().forward(x)
 
 
-class TorchDict(TorchNet):
+class TorchDict(TorchNet):  # no "logits" entry
     def forward(self, x):
-        return {"logits": super().forward(x)}
+        return {"scores": super().forward(x)}
 
 
 class NnxTuple(NnxNet):
+    def __call__(self, x):
+        return None, super().__call__(x)
+
+
+class TorchModelOutput(TorchNet):  # as a Hugging Face model returns its outputs
+    def forward(self, x):
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        return SequenceClassifierOutput(logits=super().forward(x), hidden_states=(x,))
+
+
+class NnxLogitsAndHidden(NnxNet):  # (logits, hidden state), as many ports return
     def __call__(self, x):
         return super().__call__(x), x
 
@@ -128,6 +140,8 @@ nnx_empty = twin(nnx="models.py:NnxEmpty")
 torch_tuple = twin(torch="models.py:TorchTuple")
 torch_dict = twin(torch="models.py:TorchDict")
 nnx_tuple = twin(nnx="models.py:NnxTuple")
+torch_scores = twin(torch="models.py:TorchDict", logits="scores")
+model_outputs = twin(torch="models.py:TorchModelOutput", nnx="models.py:NnxLogitsAndHidden")
 torch_exits = twin(torch="models.py:torch_exits")
 nnx_os_exit = twin(nnx="models.py:nnx_os_exit")
 torch_killed = twin(torch="models.py:torch_killed")
@@ -279,11 +293,12 @@ def test_a_declaration_that_cannot_work_is_refused_when_the_twin_loads(tmp_path,
     pytest.param("nnx_empty", r"the NNX model \(models.py:NnxEmpty\) has no parameters",
                  marks=pytest.mark.error_case("twin-no-parameters")),
     pytest.param("torch_tuple", r"twin '.*twins.py:torch_tuple': the forward of torch='models.py:TorchTuple' "
-                                r"returns a tuple, not one tensor; return the logits alone",
+                                r"returns a tuple with no array as itself, as its 'logits' or as its first "
+                                r"element; name the output that holds the logits",
                  marks=pytest.mark.error_case("twin-forward-not-one-tensor")),
-    pytest.param("torch_dict", r"the forward of torch='models.py:TorchDict' returns a dict, not one tensor",
-                 marks=pytest.mark.error_case("twin-forward-not-one-tensor")),
-    pytest.param("nnx_tuple", r"the forward of nnx='models.py:NnxTuple' returns a tuple, not one array",
+    pytest.param("torch_dict", r"the forward of torch='models.py:TorchDict' returns a dict \(entries: scores\) with "
+                               r"no array", marks=pytest.mark.error_case("twin-forward-not-one-tensor")),
+    pytest.param("nnx_tuple", r"the forward of nnx='models.py:NnxTuple' returns a tuple with no array",
                  marks=pytest.mark.error_case("twin-forward-not-one-tensor")),
     pytest.param("torch_exits", r"describing the torch side of twin '.*:torch_exits' exited with code 0 before "
                                 r"writing torch_params.json, torch_init.safetensors \(sys.exit or os._exit in the "
@@ -390,3 +405,16 @@ def test_an_environment_selecting_a_platform_this_machine_lacks_is_a_usage_error
         assert __import__("re").search(message, backend["message"]), backend["message"]
         assert f"error: {name}: usage_error: {variable}={value} selects" in proc.stderr
     assert not processes_under(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["model_outputs", "torch_scores"])
+def test_forwards_that_return_several_outputs_are_compared_on_their_logits(tmp_path, project, name):
+    """A Hugging Face ModelOutput on the torch side and (logits, hidden) on the NNX side; a dict whose
+    logits the twin names (`logits="scores"`): every runtime takes the same output and passes."""
+    proc = compare(tmp_path, "--twin", f"{project}/twins.py:{name}", "--backend", "all", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    for parity in report["parity"].values():
+        assert parity["passed"] and parity["tensors"]["outputs/logits"]["abs"] < 1e-5
+        assert parity["tensors"]["eval/logits"]["within"]

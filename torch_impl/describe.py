@@ -4,7 +4,7 @@ Writes `torch_params.json` ({parameter name: shape}, named_parameters order) and
 (the factory's own initialisation, seeded by train.seed, or with `--load` a torch or Hugging Face
 checkpoint, checked against the model; torch names and layouts), from which compare derives the
 correspondence and both sides' common start. A factory that raises or returns something
-else than an nn.Module, or a user twin whose forward returns more than one tensor, is one line and exit 2.
+else than an nn.Module, or a user twin whose forward returns no usable logits, is one line and exit 2.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from common.cli import INPUT_ERRORS, Parser, fail
 from common.data import make_dataset
 from common.fsutil import write_json_atomic
+from common.outputs import choose, refusal
 from common.presets import load_spec
 from common.spec import RunSpec, TwinSpec
 from common.twin import TwinError, twin_of
@@ -23,9 +24,9 @@ from torch_impl.checkpoint_io import load_torch_side
 
 
 def check_forward(model, spec: RunSpec) -> None:
-    """A user twin's forward on step 0's first example (no gradients, eval mode) must return one tensor, the
-    logits (the loss and the parity checks take one output). A forward that raises is left to the run,
-    which reports it the same on every backend."""
+    """A user twin's forward on step 0's first example (no gradients, eval mode) must return the logits: a
+    tensor, or an output holding them (common/outputs.py). A forward that raises is left to the run, which
+    reports it the same on every backend."""
     import torch
 
     inputs = torch.from_numpy(make_dataset(spec).global_batch(0).inputs[:1])
@@ -37,11 +38,9 @@ def check_forward(model, spec: RunSpec) -> None:
         return
     finally:
         model.train(training)
-    if not isinstance(out, torch.Tensor):
-        raise TwinError(f"twin {spec.model.twin!r}: the forward of torch={twin_of(spec.model).torch!r} returns a "
-                        f"{type(out).__name__}, not one tensor; return the logits alone (the loss and the parity "
-                        "checks take one output; a model with several outputs needs a wrapper that returns the "
-                        "logits)")
+    twin = twin_of(spec.model)
+    if choose(out, twin.logits) is None:
+        raise TwinError(f"twin {spec.model.twin!r}: the forward of torch={twin.torch!r} {refusal(out, twin.logits)}")
 
 
 def main(argv=None) -> int:

@@ -16,9 +16,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from common.activations import Capture
 from common.data import activation_inputs, held_inputs, make_dataset
 from common.masks import record_sites
+from common.outputs import logits_of
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec, TrainSpec
+from common.twin import twin_of
 from common.vocab import RecordStatus
 from common.weights import start_info
 from torch_impl.capture import capture_activations
@@ -90,6 +92,7 @@ class TorchTrainer:
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = correspondence(self.model, spec.model)
         self.module_names = modules_to_canonical(self.model, spec.model)
+        self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)
         torch.manual_seed(spec.train.mask_seed)  # dropout draws from here on
@@ -104,7 +107,7 @@ class TorchTrainer:
     def loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss and logits of step 0's batch."""
         with self.autocast(), self.masks(0):
-            logits = self.model(inputs)
+            logits = logits_of(self.model(inputs), self.which)
         return cross_entropy(logits, targets), logits
 
     def masks(self, step: int):
@@ -115,7 +118,7 @@ class TorchTrainer:
         set_lr(self.optimizer, self.spec.train, step)
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast(), self.masks(step) as feed:  # the logits are not kept: freed once the loss is computed
-            loss = cross_entropy(self.model(inputs), targets)
+            loss = cross_entropy(logits_of(self.model(inputs), self.which), targets)
         if step == 0 and feed:  # the run record's extra.dropout_sites: step 0's dropout calls
             self.dropout_sites = feed.sites
         loss = with_python_value(loss, python_value(step, self.provocations, self.spec.train.steps))
@@ -142,7 +145,7 @@ class TorchTrainer:
 
     def eval_logits(self, inputs: np.ndarray) -> np.ndarray:
         """The trained model's eval-mode logits of `inputs` (dropout off, BatchNorm on its running statistics)."""
-        return eval_logits(self.model, torch.from_numpy(inputs).to(self.device), self.autocast)
+        return eval_logits(self.model, torch.from_numpy(inputs).to(self.device), self.which, self.autocast)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return to_canonical(self.model.state_dict(), self.correspondence)
@@ -156,7 +159,7 @@ class TorchTrainer:
         model = copy.deepcopy(self.model)
         with FlopCounterMode(display=False) as counter:
             with self.autocast():
-                loss = cross_entropy(model(inputs), targets)
+                loss = cross_entropy(logits_of(model(inputs), self.which), targets)
             loss.backward()
         return float(counter.get_total_flops())
 
@@ -174,12 +177,13 @@ def untouched_buffers(model: torch.nn.Module):
                 b.copy_(saved[name])
 
 
-def eval_logits(model: torch.nn.Module, inputs: torch.Tensor, autocast, sync=lambda: None) -> np.ndarray:
-    """`model`'s eval-mode logits (every torch runtime's; `sync` cuts a lazy graph), the model left in train mode."""
+def eval_logits(model: torch.nn.Module, inputs: torch.Tensor, which, autocast, sync=lambda: None) -> np.ndarray:
+    """`model`'s eval-mode logits (every torch runtime's; `which`: the twin's `logits`; `sync` cuts a lazy
+    graph), the model left in train mode."""
     model.eval()
     try:
         with torch.no_grad(), autocast():
-            logits = model(inputs)
+            logits = logits_of(model(inputs), which)
         sync()
         return logits.float().cpu().numpy()
     finally:

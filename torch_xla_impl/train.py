@@ -43,9 +43,11 @@ import torch_xla.runtime as xr
 from common.activations import Capture
 from common.data import activation_inputs, held_inputs, input_ndim, make_dataset
 from common.masks import record_sites
+from common.outputs import logits_of
 from common.provoke import python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
 from common.spec import RunSpec
+from common.twin import twin_of
 from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
 from common.weights import start_info
 from torch_impl import convert
@@ -81,6 +83,7 @@ class TorchXlaTrainer:
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = convert.correspondence(model, spec.model)
         self.module_names = convert.modules_to_canonical(model, spec.model)
+        self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
         self.model = model.to(self.device)
         if spmd_mesh is not None:
             sharding.shard_model(self.model, spec.model, spec.mesh, spmd_mesh)
@@ -111,12 +114,12 @@ class TorchXlaTrainer:
     def loss(self, batch) -> torch.Tensor:
         """Loss and logits of step 0's batch."""
         with self.autocast(), step_masks(self.spec, 0, self.device):
-            logits = self.model(batch["inputs"])
+            logits = logits_of(self.model(batch["inputs"]), self.which)
         return cross_entropy(logits, batch["targets"]), logits
 
     def _train_loss(self, inputs, targets) -> torch.Tensor:
         with self.autocast():
-            return cross_entropy(self.model(inputs), targets)
+            return cross_entropy(logits_of(self.model(inputs), self.which), targets)
 
     def step(self, step: int, batch) -> torch.Tensor:
         """One train step; returns the (global) loss. In `lazy` and `dynamo` mode nothing runs until
@@ -205,8 +208,8 @@ class TorchXlaTrainer:
         runs after the run, whose graphs, compile events and HLO dump it must not join."""
         model = build_model(self.spec.model, self.spec.train.seed)
         model.load_state_dict(state)
-        return eval_logits(model.to(self.device), torch.from_numpy(inputs).to(self.device), self.autocast,
-                           torch_xla.sync)
+        return eval_logits(model.to(self.device), torch.from_numpy(inputs).to(self.device), self.which,
+                           self.autocast, torch_xla.sync)
 
 
 def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, batch) -> tuple[float, float, float]:

@@ -33,8 +33,10 @@ import torchax
 from torchax import interop
 
 from common.activations import Capture
+from common.outputs import logits_of
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
+from common.twin import twin_of
 from common.weights import start_info
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
@@ -70,6 +72,7 @@ class TorchaxTrainer(JittedTrainer):
         model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
         self.correspondence = correspondence(model, spec.model)
         self.model, self.module_names = model, modules_to_canonical(model, spec.model)
+        self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
         states, _ = torchax.extract_jax(model)  # parameters and buffers, by state_dict name
         keep_running_statistics(torchax.default_env())
         shardings = param_shardings(model, spec.model, spec.mesh, mesh)
@@ -104,7 +107,7 @@ class TorchaxTrainer(JittedTrainer):
                 out = torch.func.functional_call(self.model, tensors, args, tie_weights=False)
         finally:
             self.model.train()
-        return env.t2j_iso(out), {k: env.t2j_iso(tensors[k]) for k in running}
+        return env.t2j_iso(logits_of(out, self.which)), {k: env.t2j_iso(tensors[k]) for k in running}
 
     def _forward(self, params, inputs):
         states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))

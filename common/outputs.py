@@ -1,0 +1,56 @@
+"""Which of a forward's outputs is the logits: a model returns a tensor, a tuple, a dict or a Hugging Face
+`ModelOutput`, and the loss and the parity checks take the logits (numpy only, duck-typed: it serves
+torch tensors and JAX arrays alike).
+
+A forward that returns one array returns the logits. Among several outputs, the twin's `logits` field
+names the one (a key or attribute, or a position); without it: the `logits` entry or attribute, else the
+first element. A forward
+whose chosen output is not an array is refused when the sides describe themselves, before any training.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def _is_array(value) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _pick(out, which):
+    if isinstance(which, int):
+        return out[which] if isinstance(out, (tuple, list)) and -len(out) <= which < len(out) else None
+    if isinstance(out, Mapping):
+        return out.get(which)
+    return getattr(out, which, None)
+
+
+def choose(out, which: str | int | None = None):
+    """The logits among `out`, or None when there is none (`refusal` says why)."""
+    if _is_array(out):  # one array: nothing to choose (the other side may return several)
+        picked = out
+    elif which is not None:
+        picked = _pick(out, which)
+    elif _pick(out, "logits") is not None:
+        picked = _pick(out, "logits")
+    else:
+        picked = _pick(out, 0)
+    return picked if _is_array(picked) else None
+
+
+def logits_of(out, which: str | int | None = None):
+    """The logits among `out`; TypeError (named: the twin's forward) when there is none."""
+    picked = choose(out, which)
+    if picked is None:
+        raise TypeError(refusal(out, which))
+    return picked
+
+
+def refusal(out, which: str | int | None) -> str:
+    """Why no logits can be taken from `out`, and the fix."""
+    kind = type(out).__name__
+    if which is not None:
+        return (f"returns a {kind} whose output {which!r} is not an array; name the output that holds the logits "
+                "(the twin's logits field: a key, an attribute or a position)")
+    keys = f" (entries: {', '.join(map(str, out))})" if isinstance(out, Mapping) else ""
+    return (f"returns a {kind}{keys} with no array as itself, as its 'logits' or as its first element; name the "
+            "output that holds the logits (the twin's logits field: a key, an attribute or a position)")
