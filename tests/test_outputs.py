@@ -9,7 +9,10 @@ LOGITS = np.zeros((2, 3), np.float32)
 
 class ModelOutputLike(dict):  # a Hugging Face ModelOutput is a dict with attributes
     def __getattr__(self, name):
-        return self[name]
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 @pytest.mark.parametrize("out, which", [
