@@ -12,6 +12,7 @@ import numpy as np
 from common.vocab import CheckpointFormat, values
 from common.weights import CONVERTED_DTYPES, PARAM_DTYPE, CheckpointError, check_param_dtype
 
+TORCH_BUFFERS = "torch_buffers.safetensors"  # a torch side's described buffers (a full state_dict's), torch names
 FLOAT_DTYPES = (PARAM_DTYPE, *CONVERTED_DTYPES)  # converted to float32 once; anything else is refused
 
 

@@ -161,20 +161,43 @@ def start_info(checkpoint: str | Path | None, seconds: float) -> dict:
         try:
             _, dtypes, metadata = read_safetensors(path, f"checkpoint {path}", header_only=True)
             info["converted"] = conversion_note(dtypes) or metadata.get("converted")
+            stats = sum(1 for name in dtypes if name.startswith(STATE_PREFIX))
+            info["running_statistics"] = f"{stats} from the checkpoint" if stats else "the model's own init"
+            if metadata.get("not_carried"):
+                info["not_carried"] = metadata["not_carried"]
         except CheckpointError:
             pass  # read (and refused) by load_checkpoint already
     return info
 
 
-def load_checkpoint(path: str | Path, model: ModelSpec) -> dict[str, np.ndarray]:
-    """Load and check a canonical checkpoint against the spec: its tensors in the parameter dtype (float32;
-    `param_arrays`, the one rule every backend's start goes through), names and shapes the spec's."""
+STATE_PREFIX = "state/"  # a canonical checkpoint's running statistics: `state/<NNX module>.mean`, `.var`
+
+
+def _read_start(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(parameters, running statistics) of a canonical checkpoint, float32 by `param_arrays`."""
     require_regular_file(path, "checkpoint", CheckpointError)  # a FIFO would block the read forever
     source = f"checkpoint {path}"
     arrays, dtypes, _ = read_safetensors(path, source)
-    params = param_arrays(arrays, dtypes, source)
-    check_params(model, params, source=source)
+    arrays = param_arrays(arrays, dtypes, source)
+    state = {k.removeprefix(STATE_PREFIX): v for k, v in arrays.items() if k.startswith(STATE_PREFIX)}
+    return {k: v for k, v in arrays.items() if not k.startswith(STATE_PREFIX)}, state
+
+
+def load_checkpoint(path: str | Path, model: ModelSpec) -> dict[str, np.ndarray]:
+    """Load and check a canonical checkpoint against the spec: its tensors in the parameter dtype (float32;
+    `param_arrays`, the one rule every backend's start goes through), names and shapes the spec's. Its
+    running statistics (`state/...`), if any, are `start_state`'s."""
+    params, _ = _read_start(path)
+    check_params(model, params, source=f"checkpoint {path}")
     return params
+
+
+def start_state(checkpoint: str | Path | None) -> dict[str, np.ndarray]:
+    """The running statistics a start carries ({canonical state name: float32 array}; compare's prepared
+    start from a full torch state_dict), {} for none: each backend loads them into its model's own."""
+    fmt, sep, rest = str(checkpoint or "").partition(":")
+    path = rest if fmt == "canonical" else (None if sep and len(fmt) > 1 else checkpoint)
+    return _read_start(path)[1] if path else {}
 
 
 PARAM_DTYPE = "float32"  # every run's parameters: train.dtype=bfloat16 computes in bfloat16 over float32 ones

@@ -26,14 +26,15 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from common import hf
-from common.checkpoints import parse_checkpoint
-from common.correspond import derive
+from common.checkpoints import TORCH_BUFFERS, parse_checkpoint
+from common.correspond import derive, module_map, state_names
 from common.fsutil import write_json_atomic
 from common.procs import kill_group
 from common.spec import RunSpec, TwinSpec
 from common.twin import TwinError, load_twin, twin_of
 from common.vocab import CheckpointFormat
 from common.weights import (
+    STATE_PREFIX,
     CheckpointError,
     conversion_note,
     load_checkpoint,
@@ -178,10 +179,26 @@ def _describe_and_convert(spec, twin, fmt, path, folder: Path, torch_python, jax
         source = f"{fmt} checkpoint {path}" if fmt else f"torch initialisation of {spec.model.twin}, seed " \
                                                         f"{spec.train.seed}"
         init = param_arrays(init, {k: str(np.asarray(v).dtype) for k, v in init.items()}, source)  # NaN: refused
+        if (folder / TORCH_BUFFERS).exists():
+            state, metadata["not_carried"] = running_statistics(load_file(str(folder / TORCH_BUFFERS)), canonical,
+                                                                twin.rename, source)
+            init.update({STATE_PREFIX + k: v for k, v in state.items()})
     save_checkpoint(folder / INIT_FILE, {k: np.asarray(v, np.float32) for k, v in init.items()},
                     metadata={"source": source, **metadata})
     write_json_atomic(folder / SPEC_FILE, prepared.to_dict())
     return prepared
+
+
+def running_statistics(buffers: dict, canonical: dict, rename: dict, source: str) -> tuple[dict, str]:
+    """A full state_dict's BatchNorm running statistics by canonical state name (float32, checked like every
+    start tensor), and what is not carried (torch-only buffers such as `num_batches_tracked`)."""
+    modules = module_map(sorted({name.rpartition(".")[0] for name in buffers}), canonical, rename)
+    names = state_names(list(buffers), modules)
+    state = {names[k]: np.asarray(v, np.float32) for k, v in buffers.items() if k in names}
+    state = param_arrays(state, {k: "float32" for k in state}, source)
+    left = sorted(set(buffers) - set(names))
+    return state, (f"{len(left)} torch-only buffer(s): {', '.join(left[:5])}{' ...' if len(left) > 5 else ''}"
+                   if left else "")
 
 
 def _read_json(path: Path) -> dict:

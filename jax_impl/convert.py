@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common.weights import check_params, param_infos
+from common.weights import CheckpointError, check_params, param_infos
 
 
 def _name(path) -> str:
@@ -22,6 +22,25 @@ def to_canonical(params: nnx.State) -> dict[str, jax.Array]:
     """NNX Param state (or gradients of it) -> {canonical name: array}, left on device (and sharded)."""
     flat, _ = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(params))
     return {_name(path): leaf for path, leaf in flat}
+
+
+def load_state(rest: nnx.State, state: dict[str, np.ndarray]) -> nnx.State:
+    """`rest` (the model's non-parameter state) with canonical running statistics (common.weights.start_state)
+    in place of its BatchStat values."""
+    if not state:
+        return rest
+    pure = nnx.to_pure_dict(rest)
+    for name, value in state.items():
+        node, *path = pure, *name.split(".")
+        for part in path[:-1]:
+            node = node.get(int(part) if part.isdigit() and int(part) in node else part) if isinstance(node, dict) \
+                else None
+        if not isinstance(node, dict) or path[-1] not in node:
+            raise CheckpointError(f"the start's running statistic {name} matches no BatchStat of the NNX model; "
+                                  "start from a checkpoint of this model")
+        node[path[-1]] = jax.numpy.asarray(value, node[path[-1]].dtype)
+    nnx.replace_by_pure_dict(rest, pure)
+    return rest
 
 
 def load_canonical(params: nnx.State, canonical: dict[str, np.ndarray], model_spec,

@@ -25,7 +25,7 @@ from common.outputs import logits_of
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of
-from common.weights import start_info
+from common.weights import start_info, start_state
 from jax_impl import convert, masks, sharding
 from jax_impl.capture import capture_activations
 from jax_impl.export import start_weights
@@ -61,6 +61,7 @@ class JaxTrainer(JittedTrainer):
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
         started = time.perf_counter()
         canonical = start_weights(spec, checkpoint)
+        self.rest = convert.load_state(self.rest, start_state(checkpoint))
         self.param_shardings = sharding.param_shardings(spec.model, spec.mesh, mesh)
         self.params = convert.load_canonical(abstract, canonical, spec.model, self.param_shardings)
         jax.block_until_ready(self.params)

@@ -57,3 +57,40 @@ def test_the_batchnorm_momentum_misport_fails_on_its_statistics_though_training_
     assert all(k.startswith(("state/", "eval/")) for k in failing)
     assert parity["tensors"]["eval/logits"]["abs"] > 0.1
     assert "though training agrees: the running statistics differ (" in report["message"]
+
+
+@pytest.mark.slow
+def test_a_full_torchvision_state_dict_starts_every_backend_with_its_running_statistics(tmp_path):
+    """`torch.save(model.state_dict())` of a ResNet that has seen data (running statistics far from 0 / 1, an
+    int64 batch count) loads through --checkpoint torch:, and every backend starts from its statistics: after
+    one step each one's running mean is 0.9 x the saved one + 0.1 x step 0's batch mean (computed here)."""
+    import numpy as np
+    import torch
+
+    from common.data import make_dataset
+    from common.presets import load_spec
+    from common.twin import resolve
+
+    hparams = {"input_shape": (3, 16, 16), "num_classes": 10, "layers": (1, 1, 1), "widths": (16, 32, 64)}
+    torch.manual_seed(0)
+    model = resolve("torch_resnet.py:resnet", "examples/resnet")(**hparams)
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(8, 3, 16, 16) * 2 + 1)
+    torch.save(model.state_dict(), tmp_path / "resnet.pt")
+    proc, report = compare(tmp_path / "run", "--twin", f"{RESNET}:resnet_tiny", "--backend", "all", "--steps", "1",
+                           "--checkpoint", f"torch:{tmp_path / 'resnet.pt'}")
+    assert proc.returncode == 0, report["message"]
+    batch = make_dataset(load_spec(str(tmp_path / "run" / "start" / "spec.json"))).global_batch(0).inputs
+    saved_mean = model.bn1.running_mean.clone()
+    model.load_state_dict(torch.load(tmp_path / "resnet.pt"))
+    with torch.no_grad():
+        model(torch.from_numpy(batch))  # one train-mode forward: the step's update of the statistics
+    assert float((model.bn1.running_mean - 0.9 * saved_mean).abs().max()) < 1.0  # mostly the saved statistics
+    for name in ("jax", "torch", "torch_xla", "torchax"):
+        record = json.loads((tmp_path / "run" / name / "record.json").read_text())
+        assert record["extra"]["start"]["running_statistics"] == "18 from the checkpoint", name
+        assert "9 torch-only buffer(s): bn1.num_batches_tracked" in record["extra"]["start"]["not_carried"]
+        tensors = np.load(tmp_path / "run" / name / "tensors.npz")
+        np.testing.assert_allclose(tensors["state/bn1.mean"], model.bn1.running_mean.numpy(), atol=1e-5,
+                                   err_msg=name)

@@ -1,7 +1,9 @@
 """Reading torch-side checkpoints in a torch process: a state_dict (`.pt`/`.pth`/`.bin` through
 `torch.load(weights_only=True)`, never an arbitrary pickle; or `.safetensors`), and Hugging Face
-safetensors. Tensors of any float dtype come back as float32 numpy arrays; every failure is one line
-naming the file (and the tensor)."""
+safetensors. Tensors of any float dtype come back as float32 numpy arrays, others (a BatchNorm's int64
+`num_batches_tracked`) as they are; parameters must be floating point. A full state_dict loads: its
+buffers (BatchNorm's running statistics) come back beside the parameters. Every failure is one line naming
+the file (and the tensor)."""
 from __future__ import annotations
 
 import pickle
@@ -26,8 +28,10 @@ def _to_numpy(tensors: dict, source: str) -> dict[str, np.ndarray]:
         if not isinstance(value, torch.Tensor):
             raise CheckpointError(f"{source}: entry {name!r} is a {type(value).__name__}, not a tensor (a state_dict "
                                   "maps parameter names to tensors)")
-        float32_of(name, str(value.dtype).removeprefix("torch."), source)
-        out[name] = value.detach().to(torch.float32).numpy()
+        if value.is_floating_point():
+            float32_of(name, str(value.dtype).removeprefix("torch."), source)  # (a float8 is refused)
+            value = value.to(torch.float32)
+        out[name] = value.detach().numpy()
     return out
 
 
@@ -70,17 +74,26 @@ def load_hf(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def load_torch_side(ref: str, spec, shapes: dict[str, tuple]) -> dict[str, np.ndarray]:
-    """A torch or hf checkpoint in the torch model's names, checked against its parameters."""
+def load_torch_side(ref: str, spec, shapes: dict[str, tuple], buffers: dict[str, tuple] | None = None
+                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A torch or hf checkpoint in the torch model's names, checked against its parameters (`shapes`):
+    (parameters, buffers). The model's buffers (`buffers`: name -> shape) may be in it too, as in a full
+    state_dict; anything else is refused with the rest of the mismatches."""
     fmt, path = parse_checkpoint(ref)
+    source = f"{fmt} checkpoint {path}"
     if fmt == CheckpointFormat.HF:
         twin = twin_of(spec.model)
         hf.check_config(hf.read_config(path), spec.model, twin, f"hf checkpoint {path}")
         arrays = hf.to_torch_names(load_hf(path), twin, f"hf checkpoint {path}")
     else:
         arrays = load_state(path)
-    check_against(arrays, shapes, f"{fmt} checkpoint {path}")
-    return arrays
+    found = {n: v for n, v in arrays.items() if n in (buffers or {})}
+    params = {n: v for n, v in arrays.items() if n not in found}
+    check_against(params, shapes, source)
+    check_against(found, {n: s for n, s in buffers.items() if n in found} if found else {}, source)
+    for name, value in params.items():
+        float32_of(name, str(value.dtype), source)
+    return params, found
 
 
 def start_weights(model: torch.nn.Module, spec, checkpoint: str | Path | None) -> dict[str, np.ndarray]:
@@ -97,4 +110,4 @@ def start_weights(model: torch.nn.Module, spec, checkpoint: str | Path | None) -
                               "cannot read; pass it to python -m compare --checkpoint or convert it with python -m "
                               "compare.convert")
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    return correspondence(model, spec.model).to_canonical(load_torch_side(str(checkpoint), spec, shapes))
+    return correspondence(model, spec.model).to_canonical(load_torch_side(str(checkpoint), spec, shapes)[0])

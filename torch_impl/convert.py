@@ -14,7 +14,7 @@ from common.correspond import Correspondence, derive, module_map, state_names
 from common.sharding import param_partition_specs
 from common.spec import MeshSpec
 from common.twin import twin_of
-from common.weights import check_params, param_infos
+from common.weights import CheckpointError, check_params, param_infos
 
 
 def manifest(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
@@ -47,6 +47,19 @@ def canonical_state(buffers: dict, module_names: dict[str, str]) -> dict[str, np
     name (common.correspond.state_names); torch-only buffers are left out."""
     names = state_names(list(buffers), module_names)
     return {canonical: _to_numpy(buffers[name]) for name, canonical in names.items()}
+
+
+def load_state(model: torch.nn.Module, state: dict[str, np.ndarray], module_names: dict[str, str]) -> None:
+    """Copy canonical running statistics (common.weights.start_state) into the model's BatchNorm buffers."""
+    buffers = dict(model.named_buffers())
+    torch_name = {canonical: name for name, canonical in state_names(list(buffers), module_names).items()}
+    unknown = [name for name in state if name not in torch_name]
+    if unknown:
+        raise CheckpointError(f"the start's running statistics {', '.join(unknown[:3])} match no BatchNorm of the "
+                              "torch model; start from a checkpoint of this model")
+    with torch.no_grad():
+        for name, value in state.items():
+            buffers[torch_name[name]].copy_(torch.from_numpy(np.asarray(value)))
 
 
 def to_canonical(tensors: dict, corr: Correspondence) -> dict[str, np.ndarray]:

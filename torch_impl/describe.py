@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from common.checkpoints import TORCH_BUFFERS
 from common.cli import INPUT_ERRORS, Parser, fail
 from common.data import make_dataset
 from common.fsutil import write_json_atomic
@@ -55,14 +56,17 @@ def main(argv=None) -> int:
 
         model = build_model(spec.model, spec.train.seed)
         shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        params = load_torch_side(args.load, spec, shapes) if args.load else \
-            {name: p.detach().float().cpu().numpy() for name, p in model.named_parameters()}
+        buffer_shapes = {name: tuple(b.shape) for name, b in model.named_buffers()}
+        params, buffers = load_torch_side(args.load, spec, shapes, buffer_shapes) if args.load else \
+            ({name: p.detach().float().cpu().numpy() for name, p in model.named_parameters()}, {})
         if isinstance(spec.model, TwinSpec) and shapes:
             check_forward(model, spec)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     write_json_atomic(args.out / "torch_params.json", {name: list(shape) for name, shape in shapes.items()})
     save_checkpoint(args.out / "torch_init.safetensors", params)
+    if buffers:  # a full state_dict's buffers (BatchNorm's running statistics), in torch names
+        save_checkpoint(args.out / TORCH_BUFFERS, buffers)
     return ExitCode.OK
 
 

@@ -22,10 +22,17 @@ from common.record import RunRecord, host_platform, numerics_env, package_versio
 from common.spec import RunSpec, TrainSpec
 from common.twin import twin_of
 from common.vocab import RecordStatus
-from common.weights import start_info
+from common.weights import start_info, start_state
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
-from torch_impl.convert import canonical_state, correspondence, load_canonical, modules_to_canonical, to_canonical
+from torch_impl.convert import (
+    canonical_state,
+    correspondence,
+    load_canonical,
+    load_state,
+    modules_to_canonical,
+    to_canonical,
+)
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
 
@@ -88,10 +95,11 @@ class TorchTrainer:
         model = build_model(spec.model, spec.train.seed)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
         self.model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
+        self.module_names = modules_to_canonical(self.model, spec.model)
+        load_state(self.model, start_state(checkpoint), self.module_names)
         self.model = self.model.to(self.device)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = correspondence(self.model, spec.model)
-        self.module_names = modules_to_canonical(self.model, spec.model)
         self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)

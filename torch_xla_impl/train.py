@@ -49,7 +49,7 @@ from common.record import RunRecord, host_platform, numerics_env, package_versio
 from common.spec import RunSpec
 from common.twin import twin_of
 from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
-from common.weights import start_info
+from common.weights import start_info, start_state
 from torch_impl import convert
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
@@ -80,9 +80,10 @@ class TorchXlaTrainer:
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
         self.start_params = start_weights(model, spec, checkpoint)
         convert.load_canonical(model, self.start_params, spec.model)
+        self.module_names = convert.modules_to_canonical(model, spec.model)
+        convert.load_state(model, start_state(checkpoint), self.module_names)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = convert.correspondence(model, spec.model)
-        self.module_names = convert.modules_to_canonical(model, spec.model)
         self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
         self.model = model.to(self.device)
         if spmd_mesh is not None:

@@ -37,7 +37,7 @@ from common.outputs import logits_of
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of
-from common.weights import start_info
+from common.weights import start_info, start_state
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, run_jitted
@@ -46,7 +46,14 @@ from jax_impl.sharding import StepBatch
 from torch_impl import masks
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
-from torch_impl.convert import canonical_state, correspondence, load_canonical, modules_to_canonical, to_canonical
+from torch_impl.convert import (
+    canonical_state,
+    correspondence,
+    load_canonical,
+    load_state,
+    modules_to_canonical,
+    to_canonical,
+)
 from torch_impl.models import build_model
 from torch_impl.train import cross_entropy
 from torchax_impl.batch_norm import keep_running_statistics
@@ -72,6 +79,7 @@ class TorchaxTrainer(JittedTrainer):
         model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
         self.correspondence = correspondence(model, spec.model)
         self.model, self.module_names = model, modules_to_canonical(model, spec.model)
+        load_state(model, start_state(checkpoint), self.module_names)
         self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
         states, _ = torchax.extract_jax(model)  # parameters and buffers, by state_dict name
         keep_running_statistics(torchax.default_env())
