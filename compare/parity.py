@@ -204,11 +204,12 @@ def modules_not_compared(ref: dict, other: dict, skipped: tuple[dict, dict], nam
     differ are a difference of the ports, said as such, never transposed into agreement."""
     out = {k: f"{name}: {why}" for name, side in zip(names, skipped) for k, why in side.items()
            if not k.endswith(":in")}
-    for k in ref:
+    for k in [*ref, *(k for k in other if k not in ref)]:
         if k.endswith(":in") or k in out:
             continue
-        if k not in other:
-            out[k] = (f"only {names[0]} recorded it ({names[1]} has no module of that path holding parameters: "
+        if k not in other or k not in ref:
+            has, lacks = names if k in ref else names[::-1]
+            out[k] = (f"only {has} recorded it ({lacks} has no module of that path holding parameters: "
                       "packed, named otherwise, or absent; or its output holds no tensor)")
         elif ref[k].shape != other[k].shape:
             out[k] = (f"output shapes differ: {names[0]} {list(ref[k].shape)}, {names[1]} "
@@ -221,8 +222,10 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
                            skipped: tuple[dict, dict] = ({}, {})) -> dict | None:
     """Where two ports part at step 0: in the order the reference's modules finished, the first module
     whose input agrees but whose output does not (the culprit: everything it was fed agreed), else the
-    first module whose output disagrees. None when none was captured; `module` None when every compared
+    first module whose output disagrees. None when a side captured nothing; `module` None when every compared
     module agrees (or none could be compared). `not_compared` lists every module left out and why."""
+    if not ref or not other:  # a side without a capture: nothing to set side by side
+        return None
     not_compared = modules_not_compared(ref, other, skipped, names)
     outputs = [k for k in ref if not k.endswith(":in") and k not in not_compared]
     if not outputs and not not_compared:
