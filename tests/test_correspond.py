@@ -151,3 +151,18 @@ def test_nnx_sequential_levels_and_batchnorm_statistics_correspond():
     assert state_names(buffers, modules) == {
         "layer1.0.downsample.1.running_mean": "layer1.layers.0.downsample.layers.1.mean",
         "layer1.0.downsample.1.running_var": "layer1.layers.0.downsample.layers.1.var"}
+
+
+def test_an_unmatched_tree_is_summarised_first_with_the_rename_that_fixes_it():
+    """20 layers whose attention is `wq` on one side and `query` on the other: one rename, said first; the
+    detail lists 12 per side, not all (a 5,000-character line helps nobody)."""
+    torch_side = {f"blocks.{i}.attn.wq.weight": (8, 4) for i in range(20)}
+    nnx_side = {f"blocks.{i}.attn.query.kernel": (4, 8) for i in range(20)}
+    with pytest.raises(CorrespondenceError) as caught:
+        derive(torch_side, nnx_side)
+    message = str(caught.value)
+    assert message.startswith("the torch and NNX parameter trees do not correspond (rename {r'(^|\\.)wq\\.': "
+                              "r'\\1query.'} in the twin would match all 20): torch has 20 unmatched [")
+    assert "; ... and 8 more]" in message and len(message) < 2500
+    assert "blocks.0.attn.wq.weight [8, 4] (closest blocks.0.attn.query.kernel [4, 8])" in message  # transposed
+    assert len(derive(torch_side, nnx_side, rename={r"(^|\.)wq\.": r"\1query."}).links) == 20  # the hint works

@@ -26,7 +26,8 @@ def compare(*args, timeout=900):
     (f"{USER}:no_such_twin", "has no 'no_such_twin'"),
     (f"{USER}:torch_raises", "torch factory models.py:raises raised ValueError: hidden must be even"),
     (f"{USER}:nnx_not_a_module", "NNX factory models.py:not_a_module returned a dict, not a flax.nnx.Module"),
-    (f"{USER}:net_renamed", "parameter trees do not correspond: torch has 2 unmatched .*fc2.weight \\[5, 32\\].*"
+    (f"{USER}:net_renamed", "parameter trees do not correspond \\(rename .*fc2.*out.* in the "
+                            "twin would match all 2\\): torch has 2 unmatched .*fc2.weight \\[5, 32\\].*"
                             "NNX has 2 unmatched .*out.kernel \\[32, 5\\] \\(closest fc2.weight \\[5, 32\\]\\)"),
 ])
 @pytest.mark.error_case("twin-not-loading", "twin-factory-fails", "twin-trees-differ")
