@@ -14,6 +14,11 @@ layout rules:
   bias         bias         same
   <other>      <same name>  same, or transposed when the 2-D shapes are reversed
 
+and a reshape where the NNX side splits head axes (nnx.MultiHeadAttention's LinearGeneral kernels
+(E, H, D) and (H, D, E), biases (H, D)). nn.MultiheadAttention's own parameters link to
+nnx.MultiHeadAttention's with no declaration: `in_proj_weight`/`in_proj_bias` pack query|key|value,
+`out_proj` is `out`.
+
 Anything left unmatched on either side fails with one line listing every such tensor, its shape and
 its closest candidate on the other side. Conversions are numpy and exact (transposes, splits, concats).
 """
@@ -37,16 +42,27 @@ class CorrespondenceError(SpecError):
     """The two parameter trees do not correspond; one line listing every unmatched tensor."""
 
 
+# nn.MultiheadAttention's own parameters -> nnx.MultiHeadAttention's modules and leaf (no declaration needed)
+QKV = ("query", "key", "value")
+STOCK_LEAVES = {"in_proj_weight": (QKV, "kernel"), "in_proj_bias": (QKV, "bias"),
+                "q_proj_weight": (("query",), "kernel"), "k_proj_weight": (("key",), "kernel"),
+                "v_proj_weight": (("value",), "kernel")}
+MODULE_ALIASES = {"out_proj": "out"}  # tried when the torch module's own name matches nothing
+
+
 @dataclass(frozen=True)
 class Link:
     torch: str
     canonical: tuple[str, ...]  # several when the torch tensor packs them (split along its dim 0)
     layout: str  # SAME, TRANSPOSE or CONV
+    # each canonical tensor's shape before the reshape to its own (heads split: (E, H*D) -> (E, H, D)); empty:
+    # no reshape
+    flat: tuple = ()
 
 
 def _layout(leaf: str, torch_shape: tuple, canonical_shape: tuple) -> str:
     if leaf == "kernel":
-        return TRANSPOSE if len(canonical_shape) == 2 else CONV
+        return TRANSPOSE if len(torch_shape) == 2 else CONV
     if len(torch_shape) == 2 and torch_shape != canonical_shape and torch_shape[::-1] == tuple(canonical_shape):
         return TRANSPOSE
     return SAME
@@ -72,6 +88,20 @@ def to_canonical_layout(value: np.ndarray, layout: str) -> np.ndarray:
 
 def _torch_shape(layout: str, canonical_shape: tuple) -> tuple:
     return tuple(canonical_shape[i] for i in torch_axes(layout, len(canonical_shape)))
+
+
+def _flat_shapes(canonical_shape: tuple, torch_ndim: int) -> list[tuple]:
+    """The shapes a canonical tensor may have before a reshape splits head axes, for a torch tensor of
+    `torch_ndim` dimensions: itself; a LinearGeneral kernel (E, H, D) as (E, H*D) or (H, D, E) as (H*D, E);
+    a bias (H, D) as (H*D,)."""
+    n, size = len(canonical_shape), int(np.prod(canonical_shape))
+    if n == torch_ndim:
+        return [tuple(canonical_shape)]
+    if torch_ndim == 1:
+        return [(size,)]
+    if torch_ndim == 2 and n >= 3:
+        return [(canonical_shape[0], size // canonical_shape[0]), (size // canonical_shape[-1], canonical_shape[-1])]
+    return []
 
 
 _SEQUENCE_LEVEL = re.compile(r"(^|\.)layers\.(?=\d)")
@@ -106,14 +136,19 @@ class Correspondence:
             value = np.asarray(torch_arrays[link.torch])
             parts = [value] if len(link.canonical) == 1 else np.split(value, self._offsets(link), axis=0)
             for name, part in zip(link.canonical, parts):
-                out[name] = np.ascontiguousarray(to_canonical_layout(part, link.layout))
+                out[name] = np.ascontiguousarray(to_canonical_layout(part, link.layout)).reshape(
+                    self.canonical_shapes[name])
         return {k: out[k] for k in self.canonical_shapes}
 
     def torch_parts(self, canonical: Mapping[str, np.ndarray]):
         """(torch name, [its parts in torch layout, as views, in row order]) per link: a packed tensor's
         parts stack along dim 0."""
         for link in self.links:
-            yield link.torch, [to_torch_layout(np.asarray(canonical[n]), link.layout) for n in link.canonical]
+            yield link.torch, [to_torch_layout(np.asarray(canonical[n]).reshape(self._flat(link, i)), link.layout)
+                               for i, n in enumerate(link.canonical)]
+
+    def _flat(self, link: Link, i: int) -> tuple:
+        return link.flat[i] if link.flat else self.canonical_shapes[link.canonical[i]]
 
     def to_torch(self, canonical: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """{canonical name: array} -> {torch name: array} in torch layouts (packed tensors concatenated)."""
@@ -121,7 +156,7 @@ class Correspondence:
                 for name, parts in self.torch_parts(canonical)}
 
     def _offsets(self, link: Link) -> list[int]:
-        sizes = [_torch_shape(link.layout, self.canonical_shapes[n])[0] for n in link.canonical]
+        sizes = [_torch_shape(link.layout, self._flat(link, i))[0] for i in range(len(link.canonical))]
         return list(np.cumsum(sizes)[:-1])
 
     def torch_partition_specs(self, canonical_specs: Mapping[str, tuple]) -> dict[str, tuple]:
@@ -130,6 +165,9 @@ class Correspondence:
         out = {}
         for link in self.links:
             spec = tuple(canonical_specs[link.canonical[0]])
+            if link.flat:  # heads split by a reshape: the torch tensor stays whole (replicated)
+                out[link.torch] = (None,) * len(self._flat(link, 0))
+                continue
             spec = tuple(spec[i] for i in torch_axes(link.layout, len(spec)))
             out[link.torch] = spec
         return out
@@ -169,16 +207,17 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
     for torch_name, torch_shape in torch_params.items():
         torch_shape = tuple(torch_shape)
         module, leaf = _module_leaf(_rename(torch_name, rename))
-        modules = _packed_targets(module, packed) or [module]
         link = None
-        for nnx_leaf in LEAF_RULES.get(leaf, (leaf,)):
-            names = [by_module.get((_norm(m), nnx_leaf)) for m in modules]
-            if all(names) and not taken.intersection(names):
-                layout = _layout(nnx_leaf, torch_shape, canonical[names[0]])
-                if _fits(torch_shape, [_torch_shape(layout, canonical[n]) for n in names]):
-                    link = Link(torch_name, tuple(names), layout)
-                    break
-                misses[torch_name] = f"shape differs from {names[0]} {list(canonical[names[0]])}"
+        for modules, nnx_leaves in _attempts(module, leaf, packed):
+            for nnx_leaf in nnx_leaves:
+                names = [by_module.get((_norm(m), nnx_leaf)) for m in modules]
+                if all(names) and not taken.intersection(names):
+                    link = _link(torch_name, torch_shape, names, nnx_leaf, canonical)
+                    if link:
+                        break
+                    misses[torch_name] = f"shape differs from {names[0]} {list(canonical[names[0]])}"
+            if link:
+                break
         if link is None:
             misses.setdefault(torch_name, "")
             continue
@@ -189,6 +228,33 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
     if misses or unmatched_nnx:
         raise CorrespondenceError(_unmatched_message(torch_params, canonical, misses, unmatched_nnx))
     return Correspondence(links, canonical)
+
+
+def _attempts(module: str, leaf: str, packed: Mapping[str, tuple]):
+    """(NNX modules, NNX leaves) to try for a torch parameter, in order: nn.MultiheadAttention's own
+    parameters by their stock counterparts; the module itself (or what `packed` says it packs); the module
+    under its stock alias (`out_proj` -> `out`)."""
+    join = lambda *parts: ".".join(p for p in parts if p)  # noqa: E731
+    if leaf in STOCK_LEAVES:
+        parts, nnx_leaf = STOCK_LEAVES[leaf]
+        yield [join(module, p) for p in parts], (nnx_leaf,)
+        return
+    yield _packed_targets(module, packed) or [module], LEAF_RULES.get(leaf, (leaf,))
+    head, _, last = module.rpartition(".")
+    if last in MODULE_ALIASES:
+        yield [join(head, MODULE_ALIASES[last])], LEAF_RULES.get(leaf, (leaf,))
+
+
+def _link(torch_name: str, torch_shape: tuple, names: list[str], nnx_leaf: str, canonical: Mapping) -> Link | None:
+    """The link of a torch tensor to these canonical tensors, if some layout (and head-axis reshape) fits."""
+    layout = _layout(nnx_leaf, torch_shape, canonical[names[0]])
+    options = [_flat_shapes(canonical[n], len(torch_shape)) for n in names]
+    for g in range(min(map(len, options))):
+        flat = tuple(o[g] for o in options)
+        if _fits(torch_shape, [_torch_shape(layout, f) for f in flat]):
+            reshaped = any(f != canonical[n] for f, n in zip(flat, names))
+            return Link(torch_name, tuple(names), layout, flat if reshaped else ())
+    return None
 
 
 def _check_packed_used(torch_params: Mapping[str, tuple], packed: Mapping[str, tuple],
