@@ -164,7 +164,8 @@ def _describe_and_convert(spec, twin, fmt, path, folder: Path, torch_python, jax
                         "parameters: return the whole model from the factory, its weights registered as "
                         "nn.Parameter / nnx.Param")
     corr = derive(torch_params, canonical, packed=twin.packed, rename=twin.rename)
-    write_json_atomic(folder / "correspondence.json", [dataclasses.asdict(link) for link in corr.links])
+    write_json_atomic(folder / "correspondence.json", [{k: v for k, v in dataclasses.asdict(link).items()
+                                                        if k != "flat" or v} for link in corr.links])  # reshapes only
     prepared = dataclasses.replace(spec, model=dataclasses.replace(spec.model, params=canonical)).validate() \
         if user_twin else spec
     metadata = {}

@@ -94,3 +94,33 @@ def test_a_full_torchvision_state_dict_starts_every_backend_with_its_running_sta
         tensors = np.load(tmp_path / "run" / name / "tensors.npz")
         np.testing.assert_allclose(tensors["state/bn1.mean"], model.bn1.running_mean.numpy(), atol=1e-5,
                                    err_msg=name)
+
+
+VIT = "examples/vit/twin.py"
+
+
+@pytest.mark.slow
+def test_the_vit_passes_on_every_backend_with_stock_attention_on_both_sides(tmp_path):
+    """torchvision's ViT (nn.MultiheadAttention) against an NHWC port with nnx.MultiHeadAttention: the
+    attention maps with no declaration and every backend passes; no compared module differs, and none is
+    left out for a shape (the MLP's Linear is not confused with the Dropout at its index)."""
+    proc, report = compare(tmp_path / "run", "--twin", f"{VIT}:vit_tiny", "--backend", "all", "--activations")
+    assert proc.returncode == 0, report["message"]
+    for name, parity in report["parity"].items():
+        assert parity["passed"] and parity["tensors"]["outputs/logits"]["abs"] < 1e-5, name
+        found = parity["first_divergent_module"]
+        assert found["module"] is None and found["modules_compared"] == 19, (name, found)
+        assert not [m for m, why in found["not_compared"].items() if "shapes differ" in why], found["not_compared"]
+    links = json.loads((tmp_path / "run" / "start" / "correspondence.json").read_text())
+    assert {"torch": "encoder.layers.encoder_layer_0.self_attention.in_proj_weight", "layout": "transpose",
+            "canonical": [f"encoder.layers.0.self_attention.{p}.kernel" for p in ("query", "key", "value")],
+            "flat": [[32, 32]] * 3} in links
+
+
+@pytest.mark.slow
+def test_the_vit_gelu_misport_is_named_at_its_mlp(tmp_path):
+    """Flax's default GELU (tanh) where torch's is exact: named at the first MLP, whose input agrees."""
+    proc, report = compare(tmp_path / "run", "--twin", f"{VIT}:vit_tiny_tanh_gelu", "--backend", "jax,torch")
+    assert proc.returncode == 1
+    found = report["parity"]["torch"]["first_divergent_module"]
+    assert found["module"] == "encoder.layers.0.mlp" and found["input_agrees"], found

@@ -31,7 +31,10 @@ def correspondence(model: torch.nn.Module, model_spec) -> Correspondence:
 def modules_to_canonical(model: torch.nn.Module, model_spec) -> dict[str, str]:
     """torch module name -> canonical (NNX) module path, for the step-0 intermediates."""
     canonical = {name: info.shape for name, info in param_infos(model_spec).items()}
-    return module_map([name for name, _ in model.named_modules()], canonical, twin_of(model_spec).rename)
+    # modules holding parameters, as on the NNX side: a Dropout at the index an NNX Sequential gives its
+    # next Linear must not take that Linear's name
+    holding = [name for name, module in model.named_modules() if next(module.parameters(), None) is not None]
+    return module_map(holding, canonical, twin_of(model_spec).rename)
 
 
 def _to_numpy(value) -> np.ndarray:
