@@ -124,3 +124,35 @@ def test_the_vit_gelu_misport_is_named_at_its_mlp(tmp_path):
     assert proc.returncode == 1
     found = report["parity"]["torch"]["first_divergent_module"]
     assert found["module"] == "encoder.layers.0.mlp" and found["input_agrees"], found
+
+
+LLAMA = "examples/llama/twin.py"
+
+
+@pytest.mark.slow
+def test_hugging_faces_own_llama_class_passes_against_the_nnx_port_from_save_pretrained(tmp_path):
+    """transformers' LlamaForCausalLM, used unchanged as the torch side (its forward returns a ModelOutput),
+    started from a save_pretrained directory through --checkpoint hf:, against examples/llama's NNX port."""
+    import torch
+
+    from common.twin import load_twin, resolve
+
+    twin = load_twin(f"{LLAMA}:llama_hf")
+    torch.manual_seed(1)
+    resolve(twin.torch, twin.base_dir)(**twin.hparams).save_pretrained(tmp_path / "hf")
+    proc, report = compare(tmp_path / "run", "--twin", f"{LLAMA}:llama_hf", "--backend", "jax,torch",
+                           "--checkpoint", f"hf:{tmp_path / 'hf'}")
+    assert proc.returncode == 0, report["message"]
+    parity = report["parity"]["torch"]
+    assert parity["passed"] and parity["tensors"]["outputs/logits"]["abs"] < 1e-5
+    assert parity["loss"]["max_abs"] < 1e-4
+
+
+@pytest.mark.slow
+def test_a_rotary_misport_against_hugging_faces_class_is_named_at_its_attention(tmp_path):
+    """Hugging Face calls its attention with keyword arguments only: captured, so the interleaved-rotary
+    port is named at layers.0.attn (it was blamed on the whole decoder layer)."""
+    proc, report = compare(tmp_path / "run", "--twin", f"{LLAMA}:llama_hf_misported", "--backend", "jax,torch")
+    assert proc.returncode == 1
+    found = report["parity"]["torch"]["first_divergent_module"]
+    assert found["module"] == "layers.0.attn" and found["input_agrees"], found

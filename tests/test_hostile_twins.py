@@ -59,18 +59,6 @@ class NnxTuple(NnxNet):
         return None, super().__call__(x)
 
 
-class TorchModelOutput(TorchNet):  # as a Hugging Face model returns its outputs
-    def forward(self, x):
-        from transformers.modeling_outputs import SequenceClassifierOutput
-
-        return SequenceClassifierOutput(logits=super().forward(x), hidden_states=(x,))
-
-
-class NnxLogitsAndHidden(NnxNet):  # (logits, hidden state), as many ports return
-    def __call__(self, x):
-        return super().__call__(x), x
-
-
 class TorchEmpty(nn.Module):
     def __init__(self, **hparams):
         super().__init__()
@@ -140,8 +128,6 @@ nnx_empty = twin(nnx="models.py:NnxEmpty")
 torch_tuple = twin(torch="models.py:TorchTuple")
 torch_dict = twin(torch="models.py:TorchDict")
 nnx_tuple = twin(nnx="models.py:NnxTuple")
-torch_scores = twin(torch="models.py:TorchDict", logits="scores")
-model_outputs = twin(torch="models.py:TorchModelOutput", nnx="models.py:NnxLogitsAndHidden")
 torch_exits = twin(torch="models.py:torch_exits")
 nnx_os_exit = twin(nnx="models.py:nnx_os_exit")
 torch_killed = twin(torch="models.py:torch_killed")
@@ -406,15 +392,3 @@ def test_an_environment_selecting_a_platform_this_machine_lacks_is_a_usage_error
         assert f"error: {name}: usage_error: {variable}={value} selects" in proc.stderr
     assert not processes_under(tmp_path)
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["model_outputs", "torch_scores"])
-def test_forwards_that_return_several_outputs_are_compared_on_their_logits(tmp_path, project, name):
-    """A Hugging Face ModelOutput on the torch side and (logits, hidden) on the NNX side; a dict whose
-    logits the twin names (`logits="scores"`): every runtime takes the same output and passes."""
-    proc = compare(tmp_path, "--twin", f"{project}/twins.py:{name}", "--backend", "all", "--out", str(tmp_path / "run"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
-    for parity in report["parity"].values():
-        assert parity["passed"] and parity["tensors"]["outputs/logits"]["abs"] < 1e-5
-        assert parity["tensors"]["eval/logits"]["within"]

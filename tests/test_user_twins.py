@@ -115,3 +115,16 @@ def test_pytest_plugin_in_a_throwaway_project(tmp_path):
     assert proc.returncode == 1 and "1 failed, 1 passed" in out, out[-3000:]
     assert "test_misported" in out and "twin twins.py:net_misported fails parity" in out
     assert "first divergent step 0, first divergent module (model)" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["model_outputs", "torch_scores"])
+def test_forwards_that_return_several_outputs_are_compared_on_their_logits(tmp_path, name):
+    """A Hugging Face ModelOutput on the torch side and (logits, hidden) on the NNX side; a dict whose
+    logits the twin names (`logits="scores"`): every runtime takes the same output and passes."""
+    proc = compare("--twin", f"{USER}:{name}", "--backend", "all", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    for parity in report["parity"].values():
+        assert parity["passed"] and parity["tensors"]["outputs/logits"]["abs"] < 1e-5
+        assert parity["tensors"]["eval/logits"]["within"]

@@ -4,6 +4,7 @@ a subprocess of its own); the two models live in torch_llama.py and nnx_llama.py
     python -m compare --twin examples/llama/twin.py:llama_tiny --backend both
     python -m compare --twin examples/llama/twin.py:llama_tiny --mesh data=2,tensor=2
     python -m compare --twin examples/llama/twin.py:llama_tiny_misported    # fails at layer 0's attention
+    python -m compare --twin examples/llama/twin.py:llama_hf --checkpoint hf:DIR  # transformers' own class
 """
 from common.spec import TrainSpec
 from common.twin import Twin
@@ -46,5 +47,27 @@ llama_tiny_misported = Twin(
     hparams=HPARAMS,
     rename={r"\.self_attn\.": ".attn."},
     partition_rules=PARTITION_RULES,
+    train=llama_tiny.train,
+)
+
+# Hugging Face's own LlamaForCausalLM as the torch side, unchanged (hf_llama.py): its names carry "model.",
+# and a save_pretrained directory loads as it is (prefix "")
+llama_hf = Twin(
+    torch="hf_llama.py:llama",
+    nnx="nnx_llama.py:Llama",
+    task="lm",
+    hparams=HPARAMS,
+    rename={r"^model\.": "", r"\.self_attn\.": ".attn."},
+    partition_rules=PARTITION_RULES,
+    hf={**HF, "prefix": ""},
+    train=llama_tiny.train,
+)
+
+llama_hf_misported = Twin(
+    torch="hf_llama.py:llama",
+    nnx="nnx_llama.py:llama_interleaved",
+    task="lm",
+    hparams=HPARAMS,
+    rename=llama_hf.rename,
     train=llama_tiny.train,
 )

@@ -64,3 +64,20 @@ class NnxNetSmallBatches(NnxNet):
     def __call__(self, x):
         check_batch(x.shape[0])  # runs while the jitted step traces
         return super().__call__(x)
+
+
+class TorchModelOutput(TorchNet):  # as a Hugging Face model returns its outputs
+    def forward(self, x):
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        return SequenceClassifierOutput(logits=super().forward(x), hidden_states=(x,))
+
+
+class NnxLogitsAndHidden(NnxNet):  # (logits, hidden state), as many ports return
+    def __call__(self, x):
+        return super().__call__(x), x
+
+
+class TorchScores(TorchNet):  # its logits under a name of its own
+    def forward(self, x):
+        return {"scores": super().forward(x)}

@@ -15,3 +15,7 @@ nnx_not_a_module = Twin(torch="models.py:TorchNet", nnx="models.py:not_a_module"
                         hparams=HPARAMS, train=TRAIN)
 small_batches = Twin(torch="models.py:TorchNetSmallBatches", nnx="models.py:NnxNetSmallBatches",
                      task="classification", hparams=HPARAMS, train=TRAIN)
+model_outputs = Twin(torch="models.py:TorchModelOutput", nnx="models.py:NnxLogitsAndHidden", task="classification",
+                     hparams=HPARAMS, train=TRAIN)
+torch_scores = Twin(torch="models.py:TorchScores", nnx="models.py:NnxNet", task="classification", hparams=HPARAMS,
+                    train=TRAIN, logits="scores")
