@@ -62,7 +62,7 @@ from torchax_impl.sharding import param_shardings
 SETTLE_STEPS = 1  # one jitted step: it compiles at step 0 and never again
 
 
-def running_statistics(model: torch.nn.Module) -> set[str]:
+def batch_norm_buffers(model: torch.nn.Module) -> set[str]:
     """The buffers a train-mode forward updates: every batch norm's running mean, variance and count."""
     return {f"{name}.{buffer}" for name, module in model.named_modules()
             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
@@ -87,7 +87,7 @@ class TorchaxTrainer(JittedTrainer):
         self.params = {k: jax.device_put(v, shardings[k]) for k, v in states.items() if k in shardings}
         # buffers (a rotary table, say) are inputs of the forward, never trained; BatchNorm's running
         # statistics change with every train-mode forward and go through the step as its state
-        running = running_statistics(model)
+        running = batch_norm_buffers(model)
         self.buffers = {k: jax.device_put(v, sharding.replicated(mesh)) for k, v in states.items()
                         if k not in shardings and k not in running}
         start_statistics = {k: v for k, v in states.items() if k in running}
