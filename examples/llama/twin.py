@@ -6,6 +6,8 @@ a subprocess of its own); the two models live in torch_llama.py and nnx_llama.py
     python -m compare --twin examples/llama/twin.py:llama_tiny_misported    # fails at layer 0's attention
     python -m compare --twin examples/llama/twin.py:llama_hf --checkpoint hf:DIR  # transformers' own class
 """
+import dataclasses
+
 from common.spec import TrainSpec
 from common.twin import Twin
 
@@ -63,11 +65,4 @@ llama_hf = Twin(
     train=llama_tiny.train,
 )
 
-llama_hf_misported = Twin(
-    torch="hf_llama.py:llama",
-    nnx="nnx_llama.py:llama_interleaved",
-    task="lm",
-    hparams=HPARAMS,
-    rename=llama_hf.rename,
-    train=llama_tiny.train,
-)
+llama_hf_misported = dataclasses.replace(llama_hf, nnx="nnx_llama.py:llama_interleaved", hf={})

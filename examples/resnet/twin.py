@@ -7,6 +7,8 @@
 16 channels on 16x16 images: the stem's and layer1's activations have the same shape in NCHW and NHWC,
 so only their known layouts set them side by side (common/activations.py).
 """
+import dataclasses
+
 from common.spec import TrainSpec
 from common.twin import Twin
 
@@ -21,20 +23,6 @@ resnet_tiny = Twin(
     train=TrainSpec(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=5e-4, global_batch_size=16, steps=8),
 )
 
-resnet_tiny_same_padding = Twin(
-    torch="torch_resnet.py:resnet",
-    nnx="nnx_resnet.py:resnet_same_padding",
-    task="classification",
-    hparams=HPARAMS,
-    nnx_input_axes=(0, 2, 3, 1),
-    train=resnet_tiny.train,
-)
+resnet_tiny_same_padding = dataclasses.replace(resnet_tiny, nnx="nnx_resnet.py:resnet_same_padding")
 
-resnet_tiny_bn_momentum = Twin(
-    torch="torch_resnet.py:resnet",
-    nnx="nnx_resnet.py:resnet_torch_momentum",
-    task="classification",
-    hparams=HPARAMS,
-    nnx_input_axes=(0, 2, 3, 1),
-    train=resnet_tiny.train,
-)
+resnet_tiny_bn_momentum = dataclasses.replace(resnet_tiny, nnx="nnx_resnet.py:resnet_torch_momentum")

@@ -5,6 +5,8 @@ names modules its own way (torchvision's `encoder_layer_N`, the MLP's dropout-sh
     python -m compare --twin examples/vit/twin.py:vit_tiny --backend all
     python -m compare --twin examples/vit/twin.py:vit_tiny_tanh_gelu   # fails at encoder.layers.0.mlp
 """
+import dataclasses
+
 from common.spec import TrainSpec
 from common.twin import Twin
 
@@ -22,12 +24,4 @@ vit_tiny = Twin(
     train=TrainSpec(optimizer="adamw", lr=1e-3, weight_decay=0.05, global_batch_size=16, steps=8),
 )
 
-vit_tiny_tanh_gelu = Twin(
-    torch="torch_vit.py:vit",
-    nnx="nnx_vit.py:vit_tanh_gelu",
-    task="classification",
-    hparams=HPARAMS,
-    rename=RENAME,
-    nnx_input_axes=(0, 2, 3, 1),
-    train=vit_tiny.train,
-)
+vit_tiny_tanh_gelu = dataclasses.replace(vit_tiny, nnx="nnx_vit.py:vit_tanh_gelu")
