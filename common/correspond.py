@@ -14,6 +14,10 @@ layout rules:
   bias         bias         same
   <other>      <same name>  same, or transposed when the 2-D shapes are reversed
 
+`packed` works both ways: a key naming a torch module maps it to the NNX modules it packs (split along
+torch's dim 0); a key naming an NNX module (a port that fuses q/k/v, the usual JAX style) maps it to the
+torch modules it packs, whose tensors stack along torch's dim 0 (the NNX kernel's output columns).
+
 and a reshape where the NNX side splits head axes (nnx.MultiHeadAttention's LinearGeneral kernels
 (E, H, D) and (H, D, E), biases (H, D)). nn.MultiheadAttention's own parameters link to
 nnx.MultiHeadAttention's with no declaration: `in_proj_weight`/`in_proj_bias` pack query|key|value,
@@ -35,7 +39,6 @@ from common.spec import SpecError
 
 LEAF_RULES = {"weight": ("kernel", "embedding", "scale", "weight"), "bias": ("bias",)}
 SAME, TRANSPOSE, CONV = "same", "transpose", "conv"
-ROOT_MODULE = "(model)"  # the whole model's name among the step-0 activations (its own forward's code)
 
 
 class CorrespondenceError(SpecError):
@@ -58,6 +61,9 @@ class Link:
     # each canonical tensor's shape before the reshape to its own (heads split: (E, H*D) -> (E, H, D)); empty:
     # no reshape
     flat: tuple = ()
+    # (start, stop) along torch's dim 0 of the one canonical tensor (in torch layout) that this torch tensor
+    # is a part of, when the NNX side packs several torch tensors; empty: the whole tensor
+    rows: tuple = ()
 
 
 def _layout(leaf: str, torch_shape: tuple, canonical_shape: tuple) -> str:
@@ -131,21 +137,28 @@ class Correspondence:
 
     def to_canonical(self, torch_arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """{torch name: array} -> {canonical name: array}, in the canonical tree's order."""
-        out = {}
+        out, stacked = {}, {}
         for link in self.links:
             value = np.asarray(torch_arrays[link.torch])
+            if link.rows:  # one part of an NNX-packed tensor: stacked with its siblings below
+                stacked.setdefault(link.canonical[0], []).append((link.rows[0], value, link.layout))
+                continue
             parts = [value] if len(link.canonical) == 1 else np.split(value, self._offsets(link), axis=0)
             for name, part in zip(link.canonical, parts):
                 out[name] = np.ascontiguousarray(to_canonical_layout(part, link.layout)).reshape(
                     self.canonical_shapes[name])
+        for name, parts in stacked.items():
+            whole = np.concatenate([value for _, value, _ in sorted(parts, key=lambda p: p[0])], axis=0)
+            out[name] = np.ascontiguousarray(to_canonical_layout(whole, parts[0][2]))
         return {k: out[k] for k in self.canonical_shapes}
 
     def torch_parts(self, canonical: Mapping[str, np.ndarray]):
         """(torch name, [its parts in torch layout, as views, in row order]) per link: a packed tensor's
         parts stack along dim 0."""
         for link in self.links:
-            yield link.torch, [to_torch_layout(np.asarray(canonical[n]).reshape(self._flat(link, i)), link.layout)
-                               for i, n in enumerate(link.canonical)]
+            parts = [to_torch_layout(np.asarray(canonical[n]).reshape(self._flat(link, i)), link.layout)
+                     for i, n in enumerate(link.canonical)]
+            yield link.torch, [parts[0][slice(*link.rows)]] if link.rows else parts
 
     def _flat(self, link: Link, i: int) -> tuple:
         return link.flat[i] if link.flat else self.canonical_shapes[link.canonical[i]]
@@ -198,17 +211,20 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
            packed: Mapping[str, tuple] = {}, rename: Mapping[str, str] = {}) -> Correspondence:  # noqa: B006
     """Link every torch parameter to the canonical tree, or raise CorrespondenceError listing all misses."""
     canonical = {k: tuple(v) for k, v in canonical.items()}
-    _check_packed_used(torch_params, packed, rename)
+    torch_packed, nnx_packed = _packed_directions(torch_params, canonical, packed, rename)
     by_module: dict[tuple[str, str], str] = {}  # (normalised module, leaf) -> canonical name
     for name in canonical:
         module, leaf = _module_leaf(name)
         by_module[(_norm(module), leaf)] = name
-    links, taken, misses = [], set(), {}
+    links, misses = _nnx_packed_links(torch_params, canonical, nnx_packed, rename), {}
+    taken, stacked = {link.canonical[0] for link in links}, {link.torch for link in links}
     for torch_name, torch_shape in torch_params.items():
+        if torch_name in stacked:
+            continue
         torch_shape = tuple(torch_shape)
         module, leaf = _module_leaf(_rename(torch_name, rename))
         link = None
-        for modules, nnx_leaves in _attempts(module, leaf, packed):
+        for modules, nnx_leaves in _attempts(module, leaf, torch_packed):
             for nnx_leaf in nnx_leaves:
                 names = [by_module.get((_norm(m), nnx_leaf)) for m in modules]
                 if all(names) and not taken.intersection(names):
@@ -224,6 +240,8 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
         misses.pop(torch_name, None)
         links.append(link)
         taken.update(link.canonical)
+    order = {name: i for i, name in enumerate(torch_params)}
+    links.sort(key=lambda link: order[link.torch])  # torch's order, whichever side packs
     unmatched_nnx = [n for n in canonical if n not in taken]
     if misses or unmatched_nnx:
         raise CorrespondenceError(_unmatched_message(torch_params, canonical, misses, unmatched_nnx))
@@ -257,18 +275,67 @@ def _link(torch_name: str, torch_shape: tuple, names: list[str], nnx_leaf: str, 
     return None
 
 
-def _check_packed_used(torch_params: Mapping[str, tuple], packed: Mapping[str, tuple],
-                       rename: Mapping[str, str]) -> None:
-    """Every `packed` key names a torch module (a suffix of its path, after `rename`): a declaration that
-    matches nothing is a typo, said as such rather than as a list of unmatched tensors."""
-    modules = sorted({_module_leaf(_rename(name, rename))[0] for name in torch_params})
+def _ends_in(path: str, key: str) -> bool:
+    return path == key or path.endswith("." + key)
+
+
+def _packed_directions(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple],
+                       packed: Mapping[str, tuple], rename: Mapping[str, str]) -> tuple[dict, dict]:
+    """`packed` split by direction: keys naming a torch module (after `rename`; its tensor packs the NNX
+    modules), and keys naming an NNX module (its tensor packs the torch modules). A key naming neither is a
+    typo, said as such rather than as a list of unmatched tensors."""
+    torch_modules = sorted({_module_leaf(_rename(name, rename))[0] for name in torch_params})
+    nnx_modules = sorted({_module_leaf(name)[0] for name in canonical})
+    torch_side, nnx_side = {}, {}
     for key, parts in packed.items():
-        if not any(m == key or m.endswith("." + key) for m in modules):
-            close = difflib.get_close_matches(key, modules, n=1, cutoff=0.0)
+        if any(_ends_in(m, key) for m in torch_modules):
+            torch_side[key] = tuple(parts)
+        elif any(_ends_in(m, key) for m in nnx_modules):
+            nnx_side[key] = tuple(parts)
+        else:
+            close = difflib.get_close_matches(key, torch_modules + nnx_modules, n=1, cutoff=0.0)
             raise CorrespondenceError(
-                f"packed {{{key!r}: {tuple(parts)!r}}} matches no torch module: none is named {key!r} or ends in "
-                f"'.{key}'{f' (closest {close[0]})' if close else ''}; name the torch module that packs the NNX "
-                "modules (a suffix of its path, after rename), or drop the declaration")
+                f"packed {{{key!r}: {tuple(parts)!r}}} matches no module: no torch or NNX module is named {key!r} "
+                f"or ends in '.{key}'{f' (closest {close[0]})' if close else ''}; name the module that packs the "
+                "others (a torch module after rename, or an NNX module), or drop the declaration")
+    return torch_side, nnx_side
+
+
+def _nnx_packed_links(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple],
+                      nnx_packed: Mapping[str, tuple], rename: Mapping[str, str]) -> list[Link]:
+    """Links for NNX tensors that pack several torch tensors (a fused `qkv` kernel (E, Hq*D + 2*Hkv*D) made
+    of q_proj/k_proj/v_proj): each torch tensor is a block of rows of the NNX tensor in torch's layout."""
+    by_module = {}
+    for torch_name in torch_params:
+        module, leaf = _module_leaf(_rename(torch_name, rename))
+        by_module[(_norm(module), leaf)] = torch_name
+    links = []
+    for name, shape in canonical.items():
+        module, nnx_leaf = _module_leaf(name)
+        key = next((k for k in nnx_packed if _ends_in(module, k)), None)
+        if key is None:
+            continue
+        prefix = module[: len(module) - len(key)]
+        torch_leaf = next((t for t, nnx in LEAF_RULES.items() if nnx_leaf in nnx), nnx_leaf)
+        names = [by_module.get((_norm(prefix + part), torch_leaf)) for part in nnx_packed[key]]
+        if not all(names):
+            missing = [p for p, n in zip(nnx_packed[key], names) if not n]
+            raise CorrespondenceError(
+                f"packed {{{key!r}: {nnx_packed[key]!r}}}: NNX {name} {list(shape)} packs torch modules, but the torch "
+                f"model has no {', '.join(prefix + p + '.' + torch_leaf for p in missing)}; name the torch modules "
+                "it packs, in the order their rows stack")
+        layout = _layout(nnx_leaf, tuple(torch_params[names[0]]), shape)
+        whole, rows = _torch_shape(layout, shape), 0
+        for torch_name in names:
+            torch_shape = tuple(torch_params[torch_name])
+            links.append(Link(torch_name, (name,), layout, rows=(rows, rows + torch_shape[0])))
+            rows += torch_shape[0]
+        if not _fits(whole, [tuple(torch_params[n]) for n in names]):
+            raise CorrespondenceError(
+                f"packed {{{key!r}: {nnx_packed[key]!r}}}: NNX {name} {list(shape)} is not the torch tensors "
+                f"{', '.join(f'{n} {list(torch_params[n])}' for n in names)} stacked along their first axis; "
+                "list the torch modules it packs, in the order of its columns")
+    return links
 
 
 DETAIL_LIMIT = 12  # unmatched tensors listed per side; the summary counts them all
@@ -326,34 +393,3 @@ def _unmatched_message(torch_params, canonical, misses: dict, unmatched_nnx: lis
     return (f"the torch and NNX parameter trees do not correspond{hint}: torch has {len(torch_items)} unmatched "
             f"[{_listed(torch_items)}], NNX has {len(nnx_items)} unmatched [{_listed(nnx_items)}]; name the "
             "modules alike, or declare packed/rename in the twin")
-
-
-RUNNING_STATISTICS = {"running_mean": "mean", "running_var": "var"}  # torch BatchNorm -> nnx.BatchNorm
-
-
-def state_names(buffers: list[str], modules: Mapping[str, str]) -> dict[str, str]:
-    """torch BatchNorm running-statistic buffer -> canonical state name (`<NNX module>.mean`, `.var`), for
-    the modules `module_map` links; a torch-only count (`num_batches_tracked`) has no counterpart."""
-    out = {}
-    for name in buffers:
-        module, leaf = _module_leaf(name)
-        if leaf in RUNNING_STATISTICS and module in modules:
-            out[name] = f"{modules[module]}.{RUNNING_STATISTICS[leaf]}"
-    return out
-
-
-def module_map(torch_modules: list[str], canonical: Mapping[str, tuple], rename: Mapping[str, str] = {}  # noqa: B006
-               ) -> dict[str, str]:
-    """torch module path -> NNX module path, for the modules both sides have (by normalised path; every
-    prefix of a canonical parameter name is an NNX module). The root is ROOT_MODULE."""
-    nnx_modules = set()
-    for name in canonical:
-        parts = name.split(".")
-        nnx_modules.update(".".join(parts[:i]) for i in range(1, len(parts)))
-    by_norm = {_norm(m): m for m in nnx_modules}
-    out = {"": ROOT_MODULE} if "" in torch_modules else {}
-    for module in filter(None, torch_modules):
-        renamed = _rename(module + ".", rename).rstrip(".")
-        if _norm(renamed) in by_norm:
-            out[module] = by_norm[_norm(renamed)]
-    return out

@@ -74,8 +74,9 @@ def _check_packed(twin, ref: str) -> None:
     for key, parts in _check_mapping(twin, "packed", ref, example).items():
         if not (isinstance(key, str) and key and isinstance(parts, (tuple, list)) and len(parts) >= 2
                 and all(isinstance(p, str) and p for p in parts)):
-            raise TwinError(f"twin {ref!r}: packed {key!r}: {parts!r} is malformed; packed maps a torch module to the "
-                            f"tuple of the two or more NNX modules it packs, in row order, e.g. packed={example}")
+            raise TwinError(f"twin {ref!r}: packed {key!r}: {parts!r} is malformed; packed maps a module to the "
+                            "tuple of the two or more modules of the other side it packs, in row order (a torch "
+                            f"module to NNX modules, or an NNX module to torch modules), e.g. packed={example}")
 
 
 def _check_partition_rules(twin, ref: str) -> None:

@@ -27,8 +27,9 @@ from safetensors.numpy import load_file
 
 from common import hf
 from common.checkpoints import TORCH_BUFFERS, parse_checkpoint
-from common.correspond import derive, module_map, state_names
+from common.correspond import derive
 from common.fsutil import write_json_atomic
+from common.modules import module_map, state_names
 from common.procs import kill_group
 from common.spec import RunSpec, TwinSpec
 from common.twin import TwinError, load_twin, twin_of

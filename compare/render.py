@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from common.correspond import ROOT_MODULE
+from common.modules import ROOT_MODULE
 from compare.program import metric_rows
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from common.activations import CHANNEL_FIRST, CHANNEL_LAST, Capture, LayoutTracker
-from common.correspond import ROOT_MODULE
+from common.modules import ROOT_MODULE
 
 # NNX's layers work on the last axis (a BatchNorm on another `axis` is said by `_own_layout`)
 CHANNEL_LAST_TYPES = (nnx.Conv, nnx.ConvTranspose, nnx.Linear, nnx.LinearGeneral, nnx.Einsum, nnx.Embed,

@@ -26,6 +26,10 @@ from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor, hlo_statistics
 from jax_impl.sharding import StepBatch
 
+# a trace that meets a value-dependent branch or conversion (the subclasses of ConcretizationTypeError among them)
+UNTRACEABLE = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+               jax.errors.TracerArrayConversionError)
+
 
 class JittedTrainer:
     """What every one-jitted-step trainer shares: optimizer state placed like its parameters, the jitted
@@ -39,6 +43,7 @@ class JittedTrainer:
     trace: "Cannot mutate RngCount from a different trace level")."""
 
     state = None  # mutable non-parameter state threaded through the step; None when there is none
+    eval_forward = ""  # how the eval-mode forward ran when not jitted (eval_logits)
 
     def _loss_and_state(self, params, state, batch: StepBatch):
         return self._loss(params, batch), state
@@ -130,8 +135,15 @@ class JittedTrainer:
         raise NotImplementedError
 
     def eval_logits(self, inputs: np.ndarray) -> np.ndarray:
-        """The trained model's eval-mode logits of `inputs` (a held batch's slice, replicated)."""
-        return sharding.to_host(jax.jit(self._eval_forward)(self.params, self.state, inputs))
+        """The trained model's eval-mode logits of `inputs` (a held batch's slice, replicated). A forward that
+        branches on values in eval mode cannot be traced (transformers' causal mask, under torchax, builds a
+        packed-sequence mask from the position ids and tests them): it runs op by op then, said in
+        `eval_forward`, which the record keeps."""
+        try:
+            return sharding.to_host(jax.jit(self._eval_forward)(self.params, self.state, inputs))
+        except UNTRACEABLE as e:
+            self.eval_forward = f"op by op: the eval-mode forward cannot be traced ({type(e).__name__})"
+            return sharding.to_host(self._eval_forward(self.params, self.state, inputs))
 
     def step0_tensors(self, batch: StepBatch) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
@@ -197,6 +209,8 @@ def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record:
             tensors["params"], tensors["state"] = trainer.canonical_params(), trainer.canonical_state()
             monitor.paused = True  # analysis: the eval forward's compile is not the run's
             tensors["eval"] = {"logits": trainer.eval_logits(held_inputs(spec, data))}
+            if trainer.eval_forward:
+                record.extra["eval_forward"] = trainer.eval_forward
             monitor.paused = False
         last = python_value(spec.train.steps, provocations, spec.train.steps)
         record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps, last)

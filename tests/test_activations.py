@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 from flax import nnx  # noqa: E402
 
 from common.activations import CHANNEL_LAST, UNKNOWN_REASON  # noqa: E402
-from common.correspond import derive, module_map  # noqa: E402
+from common.correspond import derive  # noqa: E402
+from common.modules import module_map  # noqa: E402
 from common.twin import resolve  # noqa: E402
 from compare.parity import first_divergent_module  # noqa: E402
 from jax_impl.capture import capture_activations as nnx_capture  # noqa: E402

@@ -6,7 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from common.correspond import CorrespondenceError, derive, module_map, state_names
+from common.correspond import CorrespondenceError, derive
+from common.modules import module_map, state_names
 from common.presets import load_spec
 from common.spec import SpecError
 from common.twin import BUILTIN, TwinError, hparams_of, load_twin, twin_of
@@ -57,6 +58,45 @@ def test_unequal_packed_parts_split_by_the_nnx_shapes():
     value = np.arange(128, dtype=np.float32).reshape(16, 8)
     canonical = corr.to_canonical({"attn.qkv.weight": value})
     assert np.array_equal(canonical["attn.v.kernel"], value[12:].T)
+
+
+TORCH_GQA = {"layers.0.self_attn.q_proj.weight": (8, 4), "layers.0.self_attn.q_proj.bias": (8,),
+             "layers.0.self_attn.k_proj.weight": (4, 4), "layers.0.self_attn.k_proj.bias": (4,),
+             "layers.0.self_attn.v_proj.weight": (4, 4), "layers.0.self_attn.v_proj.bias": (4,),
+             "layers.0.self_attn.o_proj.weight": (4, 8)}
+NNX_FUSED = {"layers.0.attn.qkv.kernel": (4, 16), "layers.0.attn.qkv.bias": (16,),
+             "layers.0.attn.o_proj.kernel": (8, 4)}
+FUSED = {"attn.qkv": ("attn.q_proj", "attn.k_proj", "attn.v_proj")}  # the NNX module packs torch's three
+
+
+def test_packed_on_the_nnx_side_stacks_the_torch_tensors_into_its_columns():
+    """An NNX port that fuses q/k/v (the usual JAX style) against torch's separate projections (Hugging
+    Face's Qwen2, grouped-query: q wider than k and v): `packed` keyed by the NNX module."""
+    corr = derive(TORCH_GQA, NNX_FUSED, packed=FUSED, rename={r"\.self_attn\.": ".attn."})
+    rows = {link.torch: (link.canonical, link.layout, link.rows) for link in corr.links}
+    assert rows["layers.0.self_attn.k_proj.weight"] == (("layers.0.attn.qkv.kernel",), "transpose", (8, 12))
+    assert rows["layers.0.self_attn.v_proj.bias"] == (("layers.0.attn.qkv.bias",), "same", (12, 16))
+    assert list(rows) == list(TORCH_GQA)  # torch's order
+    rng = np.random.default_rng(0)
+    torch_arrays = {k: rng.standard_normal(s).astype(np.float32) for k, s in TORCH_GQA.items()}
+    canonical = corr.to_canonical(torch_arrays)
+    q, k, v = (torch_arrays[f"layers.0.self_attn.{p}_proj.weight"] for p in "qkv")
+    assert np.array_equal(canonical["layers.0.attn.qkv.kernel"], np.concatenate([q.T, k.T, v.T], axis=1))
+    assert np.array_equal(canonical["layers.0.attn.qkv.bias"][8:12], torch_arrays["layers.0.self_attn.k_proj.bias"])
+    back = corr.to_torch(canonical)
+    assert all(np.array_equal(back[k], v) for k, v in torch_arrays.items())
+    specs = corr.torch_partition_specs({n: (None, "tensor")[-len(s):] for n, s in NNX_FUSED.items()})
+    assert specs["layers.0.self_attn.q_proj.weight"] == ("tensor", None)
+
+
+def test_nnx_side_packed_that_does_not_fit_is_refused_naming_the_tensors():
+    wrong_order = {"attn.qkv": ("attn.q_proj", "attn.k_proj", "attn.w_proj")}
+    with pytest.raises(CorrespondenceError, match=r"NNX layers.0.attn.qkv.kernel \[4, 16\] packs torch modules, "
+                                                  r"but the torch model has no layers.0.attn.w_proj.weight"):
+        derive(TORCH_GQA, NNX_FUSED, packed=wrong_order, rename={r"\.self_attn\.": ".attn."})
+    narrow = {**NNX_FUSED, "layers.0.attn.qkv.kernel": (4, 12)}
+    with pytest.raises(CorrespondenceError, match=r"is not the torch tensors .*stacked along their first axis"):
+        derive(TORCH_GQA, narrow, packed=FUSED, rename={r"\.self_attn\.": ".attn."})
 
 
 def test_rename_and_normalised_names():

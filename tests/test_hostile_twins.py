@@ -230,8 +230,9 @@ def test_a_twin_file_that_hangs_while_imported_is_bounded_by_the_timeout(tmp_pat
                                      "twin-rename-invalid")),
     pytest.param("rename_group", r"rename '\\\\.fc\(\\\\d\)' -> '.layer\\\\2': the replacement is not valid "
                                  r"\(invalid group reference 2", marks=pytest.mark.error_case("twin-rename-invalid")),
-    pytest.param("packed_string", r"packed 'fc': 'fc1' is malformed; packed maps a torch module to the tuple of the "
-                                  r"two or more NNX modules", marks=pytest.mark.error_case("twin-packed-malformed")),
+    pytest.param("packed_string", r"packed 'fc': 'fc1' is malformed; packed maps a module to the tuple of the "
+                                  r"two or more modules of the other side",
+                 marks=pytest.mark.error_case("twin-packed-malformed")),
     pytest.param("packed_list", r"packed is a list, not a dict; write it as packed=",
                  marks=pytest.mark.error_case("twin-packed-malformed")),
     pytest.param("rules_flat", r"partition_rules\[0\] = 'fc1\\\\.kernel' is not a \(regex, spec\) pair",
@@ -269,9 +270,9 @@ def test_a_declaration_that_cannot_work_is_refused_when_the_twin_loads(tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, message", [
-    pytest.param("packed_nothing", r"packed \{'attn.qkv': \('attn.q', 'attn.k', 'attn.v'\)\} matches no torch "
-                                   r"module: none is named 'attn.qkv' or ends in '.attn.qkv' \(closest fc\d\); "
-                                   r"name the torch module that packs",
+    pytest.param("packed_nothing", r"packed \{'attn.qkv': \('attn.q', 'attn.k', 'attn.v'\)\} matches no module: "
+                                   r"no torch or NNX module is named 'attn.qkv' or ends in '.attn.qkv' "
+                                   r"\(closest fc\d\); name the module that packs the others",
                  marks=pytest.mark.error_case("twin-packed-unmatched")),
     pytest.param("torch_empty", r"twin '.*twins.py:torch_empty': the torch model \(models.py:TorchEmpty\) has no "
                                 r"parameters; a twin trains and compares parameters",

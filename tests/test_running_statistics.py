@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from flax import nnx  # noqa: E402
 
-from common.correspond import module_map  # noqa: E402
+from common.modules import module_map  # noqa: E402
 from common.twin import resolve  # noqa: E402
 from common.weights import CheckpointError  # noqa: E402
 from compare.prepare import running_statistics  # noqa: E402

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.correspond import Correspondence, derive, module_map, state_names
+from common.correspond import Correspondence, derive
+from common.modules import module_map, state_names
 from common.sharding import param_partition_specs
 from common.spec import MeshSpec
 from common.twin import twin_of

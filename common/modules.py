@@ -1,0 +1,39 @@
+"""Module-level correspondence between a torch model and its NNX twin, from the parameter trees' paths (the
+same name rules as common/correspond.py): which torch module is which NNX module (the step-0 capture
+compares their activations), and the NNX state names of torch BatchNorm's running statistics."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from common.correspond import _module_leaf, _norm, _rename
+
+ROOT_MODULE = "(model)"  # the whole model's name among the step-0 activations (its own forward's code)
+RUNNING_STATISTICS = {"running_mean": "mean", "running_var": "var"}  # torch BatchNorm -> nnx.BatchNorm
+
+
+def state_names(buffers: list[str], modules: Mapping[str, str]) -> dict[str, str]:
+    """torch BatchNorm running-statistic buffer -> canonical state name (`<NNX module>.mean`, `.var`), for
+    the modules `module_map` links; a torch-only count (`num_batches_tracked`) has no counterpart."""
+    out = {}
+    for name in buffers:
+        module, leaf = _module_leaf(name)
+        if leaf in RUNNING_STATISTICS and module in modules:
+            out[name] = f"{modules[module]}.{RUNNING_STATISTICS[leaf]}"
+    return out
+
+
+def module_map(torch_modules: list[str], canonical: Mapping[str, tuple], rename: Mapping[str, str] = {}  # noqa: B006
+               ) -> dict[str, str]:
+    """torch module path -> NNX module path, for the modules both sides have (by normalised path; every
+    prefix of a canonical parameter name is an NNX module). The root is ROOT_MODULE."""
+    nnx_modules = set()
+    for name in canonical:
+        parts = name.split(".")
+        nnx_modules.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    by_norm = {_norm(m): m for m in nnx_modules}
+    out = {"": ROOT_MODULE} if "" in torch_modules else {}
+    for module in filter(None, torch_modules):
+        renamed = _rename(module + ".", rename).rstrip(".")
+        if _norm(renamed) in by_norm:
+            out[module] = by_norm[_norm(renamed)]
+    return out

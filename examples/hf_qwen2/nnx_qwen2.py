@@ -1,0 +1,97 @@
+"""A Flax NNX port of Qwen2, in the usual JAX style: one fused, biased `qkv` projection per layer (its output
+columns q | k | v, grouped-query: k and v narrower than q), rotary embeddings on rotate-half pairs, RMSNorm,
+SwiGLU, an untied head. Its module names are the port's own (`attn`, `qkv`); the twin declares them.
+
+The factories below the model are the mis-ports `twin.py` checks: a rotary base and an RMSNorm epsilon copied
+from Llama instead of Qwen2's config.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+INIT = nnx.initializers.normal(0.02)
+
+
+def rotate_half_rotary(x, theta: float):  # x (B, T, H, hd): pairs i and i + hd/2, as Hugging Face forms them
+    t, hd = x.shape[1], x.shape[-1]
+    inv_freq = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
+    freqs = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    cos, sin = (jnp.concatenate((f, f), axis=-1)[None, :, None, :] for f in (jnp.cos(freqs), jnp.sin(freqs)))
+    half = hd // 2
+    return x * cos + jnp.concatenate((-x[..., half:], x[..., :half]), axis=-1) * sin
+
+
+class Attention(nnx.Module):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, rope_theta: float, rngs: nnx.Rngs):
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        width = (n_heads + 2 * n_kv_heads) * self.head_dim
+        self.qkv = nnx.Linear(d_model, width, kernel_init=INIT, rngs=rngs)
+        self.o_proj = nnx.Linear(n_heads * self.head_dim, d_model, use_bias=False, kernel_init=INIT, rngs=rngs)
+        self.rope_theta = rope_theta
+
+    def __call__(self, x):  # (B, T, D)
+        b, t, _ = x.shape
+        q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = jnp.split(self.qkv(x), (q_width, q_width + kv_width), axis=-1)
+        q = rotate_half_rotary(q.reshape(b, t, self.n_heads, self.head_dim), self.rope_theta)
+        k = rotate_half_rotary(k.reshape(b, t, self.n_kv_heads, self.head_dim), self.rope_theta)
+        v = v.reshape(b, t, self.n_kv_heads, self.head_dim)
+        repeat = self.n_heads // self.n_kv_heads
+        k, v = jnp.repeat(k, repeat, axis=2), jnp.repeat(v, repeat, axis=2)
+        scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.head_dim)
+        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+        probs = jax.nn.softmax(jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1).astype(x.dtype)
+        return self.o_proj(jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, -1))
+
+
+class MLP(nnx.Module):
+    def __init__(self, d_model: int, d_ff: int, rngs: nnx.Rngs):
+        self.gate_proj = nnx.Linear(d_model, d_ff, use_bias=False, kernel_init=INIT, rngs=rngs)
+        self.up_proj = nnx.Linear(d_model, d_ff, use_bias=False, kernel_init=INIT, rngs=rngs)
+        self.down_proj = nnx.Linear(d_ff, d_model, use_bias=False, kernel_init=INIT, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rngs: nnx.Rngs):
+        self.input_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, rngs=rngs)
+        self.attn = Attention(d_model, n_heads, n_kv_heads, rope_theta, rngs)
+        self.post_attention_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, rngs=rngs)
+        self.mlp = MLP(d_model, d_ff, rngs)
+
+    def __call__(self, x):
+        x = x + self.attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2(nnx.Module):
+    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
+                 d_ff: int, rms_eps: float, rope_theta: float, *, rngs: nnx.Rngs):
+        del seq_len  # positions come from the input's length
+        self.embed_tokens = nnx.Embed(vocab_size, d_model, embedding_init=INIT, rngs=rngs)
+        self.layers = nnx.List([DecoderLayer(d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rngs)
+                                for _ in range(n_layers)])
+        self.norm = nnx.RMSNorm(d_model, epsilon=rms_eps, rngs=rngs)
+        self.lm_head = nnx.Linear(d_model, vocab_size, use_bias=False, kernel_init=INIT, rngs=rngs)
+
+    def __call__(self, tokens):  # (B, T) int -> (B, T, vocab)
+        x = self.embed_tokens(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+
+
+def qwen2_llama_rope_base(**hparams) -> Qwen2:
+    """The mis-port: Llama's rotary base (10000) where Qwen2's config says otherwise."""
+    return Qwen2(**{**hparams, "rope_theta": 10000.0})
+
+
+def qwen2_llama_norm_eps(**hparams) -> Qwen2:
+    """The mis-port: Llama's RMSNorm epsilon (1e-5) where Qwen2's is 1e-6."""
+    return Qwen2(**{**hparams, "rms_eps": 1e-5})

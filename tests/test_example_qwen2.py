@@ -1,0 +1,54 @@
+"""examples/hf_qwen2 through the door a user takes: Hugging Face's own Qwen2ForCausalLM, unchanged, against an
+NNX port that fuses q/k/v (`packed` keyed by the NNX module), started from a save_pretrained directory; its
+mis-ports exit 1 named where the port differs."""
+import json
+
+import pytest
+
+from common.record import RECORD_FILE
+from tests.test_examples import compare
+
+QWEN2 = "examples/hf_qwen2/twin.py"
+
+
+@pytest.mark.slow
+def test_hugging_faces_qwen2_passes_on_every_backend_from_save_pretrained(tmp_path):
+    """Biases drawn away from their zero init so that the fused kernel's column order counts; every backend
+    passes, every captured module agrees (the attention, called with keyword arguments only, among them), and
+    torchax's eval-mode forward, which transformers' mask makes untraceable, ran op by op, said so."""
+    import torch
+
+    from common.twin import load_twin, resolve
+
+    twin = load_twin(f"{QWEN2}:qwen2_tiny")
+    torch.manual_seed(2)
+    model = resolve(twin.torch, twin.base_dir)(**twin.hparams)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(std=0.5)
+    model.save_pretrained(tmp_path / "hf")
+    proc, report = compare(tmp_path / "run", "--twin", f"{QWEN2}:qwen2_tiny", "--backend", "all", "--steps", "6",
+                           "--checkpoint", f"hf:{tmp_path / 'hf'}", "--activations")
+    assert proc.returncode == 0, report["message"]
+    for name in ("torch", "torch_xla", "torchax"):
+        parity = report["parity"][name]
+        assert parity["passed"] and parity["loss"]["max_abs"] < 1e-4, name
+        assert parity["tensors"]["outputs/logits"]["abs"] < 1e-5 and parity["tensors"]["eval/logits"]["within"], name
+        found = parity["first_divergent_module"]
+        assert found["module"] is None and found["modules_compared"] >= 15, (name, found)
+        assert not any(m.endswith(".attn") for m in found["not_compared"]), (name, found)
+    record = json.loads((tmp_path / "run" / "torchax" / RECORD_FILE).read_text())
+    assert record["extra"]["eval_forward"].startswith("op by op")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("twin, module", [("qwen2_rope_base_misported", "layers.0.attn"),
+                                          ("qwen2_norm_eps_misported", "layers.0.input_layernorm")])
+def test_the_qwen2_misports_are_named_where_they_differ(tmp_path, twin, module):
+    """Llama's rotary base and RMSNorm epsilon copied into the Qwen2 port: each named at its first module,
+    whose input agrees."""
+    proc, report = compare(tmp_path / "run", "--twin", f"{QWEN2}:{twin}", "--backend", "jax,torch", "--steps", "2")
+    assert proc.returncode == 1, report["message"]
+    found = report["parity"]["torch"]["first_divergent_module"]
+    assert found["module"] == module and found["input_agrees"], found
