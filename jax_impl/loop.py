@@ -143,7 +143,7 @@ class JittedTrainer:
             return sharding.to_host(jax.jit(self._eval_forward)(self.params, self.state, inputs))
         except UNTRACEABLE as e:
             self.eval_forward = f"op by op: the eval-mode forward cannot be traced ({type(e).__name__})"
-            return sharding.to_host(self._eval_forward(self.params, self.state, inputs))
+            return sharding.to_host(self._eval_forward(self.params, self.state, jax.numpy.asarray(inputs)))
 
     def step0_tensors(self, batch: StepBatch) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
