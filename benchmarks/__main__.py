@@ -71,7 +71,7 @@ def twin_overheads(refs: list[str], backends: list[str], rounds: int, tmp: Path,
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", default="mlp-tiny,cnn-digits,gpt-tiny")
+    parser.add_argument("--presets", default="mlp-tiny,cnn-digits,gpt-tiny", help="comma list; '' for none")
     parser.add_argument("--backends", default="jax,torch_xla,torch,torchax", help="for the step benchmarks")
     parser.add_argument("--twins", default="examples/llama/twin.py:llama_tiny",
                         help="user twins for the step benchmarks (comma list; '' for none)")
@@ -80,7 +80,7 @@ def main() -> int:
     parser.add_argument("--skip-runs", action="store_true", help="only the step benchmarks")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    presets, console = args.presets.split(","), Console()
+    presets, console = [p for p in args.presets.split(",") if p], Console()  # '': the twins alone
     if not console.is_terminal:  # piped or logged: do not squeeze the tables to 80 columns
         console = Console(width=180)
     result = {"targets": TARGETS, "overhead": [], "trace_mode_steps": [], "runs": {}, "trace_modes": {},

@@ -166,7 +166,8 @@ def _describe_and_convert(spec, twin, fmt, path, folder: Path, torch_python, jax
                         "nn.Parameter / nnx.Param")
     corr = derive(torch_params, canonical, packed=twin.packed, rename=twin.rename)
     write_json_atomic(folder / "correspondence.json", [{k: v for k, v in dataclasses.asdict(link).items()
-                                                        if k != "flat" or v} for link in corr.links])  # reshapes only
+                                                        if k not in ("flat", "rows") or v}  # where they apply
+                                                       for link in corr.links])
     prepared = dataclasses.replace(spec, model=dataclasses.replace(spec.model, params=canonical)).validate() \
         if user_twin else spec
     metadata = {}

@@ -31,6 +31,11 @@ def test_hugging_faces_qwen2_passes_on_every_backend_from_save_pretrained(tmp_pa
     proc, report = compare(tmp_path / "run", "--twin", f"{QWEN2}:qwen2_tiny", "--backend", "all", "--steps", "6",
                            "--checkpoint", f"hf:{tmp_path / 'hf'}", "--activations")
     assert proc.returncode == 0, report["message"]
+    written = json.loads((tmp_path / "run" / "start" / "correspondence.json").read_text())
+    links = {link["torch"]: link for link in written}
+    assert links["model.layers.0.self_attn.k_proj.weight"] == {  # q is 4 heads x 16 wide, k 2 x 16
+        "torch": "model.layers.0.self_attn.k_proj.weight", "canonical": ["layers.0.attn.qkv.kernel"],
+        "layout": "transpose", "rows": [64, 96]}
     for name in ("torch", "torch_xla", "torchax"):
         parity = report["parity"][name]
         assert parity["passed"] and parity["loss"]["max_abs"] < 1e-4, name
