@@ -19,33 +19,39 @@ import optax
 from flax import nnx
 
 from benchmarks.jitted import measure
+from common.outputs import logits_of
+from common.twin import twin_of
 from common.weights import start_params
 from jax_impl import convert
-from jax_impl.models import build_model
+from jax_impl.models import build_model, nnx_input_axes, nnx_inputs
 from jax_impl.optim import make_optimizer
 from jax_impl.train import JaxTrainer, cross_entropy
 
 
 def minimal_loop(spec, batch, checkpoint=None):
-    """The hand-written baseline: no instrumentation, no sharding annotations."""
-    graphdef, abstract, rest = nnx.split(build_model(spec.model), nnx.Param, ...)
+    """The hand-written baseline: no instrumentation, no sharding annotations; BatchNorm's running statistics
+    (empty without a BatchNorm) threaded through the step as a hand-written NNX loop does."""
+    graphdef, abstract, stats, rest = nnx.split(build_model(spec.model), nnx.Param, nnx.BatchStat, ...)
     params = convert.load_canonical(abstract, start_params(spec.model, spec.train.seed, checkpoint), spec.model)
     tx = make_optimizer(spec.train)
     opt_state = tx.init(params)
+    axes, which = nnx_input_axes(spec), twin_of(spec.model).logits  # an NHWC port, a model with several outputs
 
-    def loss_fn(p, b):
-        return cross_entropy(nnx.merge(graphdef, p, rest)(b.inputs), b.targets)
+    def loss_fn(p, st, b):
+        model = nnx.merge(graphdef, p, jax.tree.map(lambda x: x, st), rest)  # its Variables made in this trace
+        loss = cross_entropy(logits_of(model(nnx_inputs(b.inputs, axes)), which), b.targets)
+        return loss, nnx.state(model, nnx.BatchStat)
 
-    def train_step(p, s, b):
-        loss, grads = jax.value_and_grad(loss_fn)(p, b)
+    def train_step(p, st, s, b):
+        (loss, st), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, st, b)
         updates, s = tx.update(grads, s, p)
-        return optax.apply_updates(p, updates), s, loss
+        return optax.apply_updates(p, updates), st, s, loss
 
-    step_fn = jax.jit(train_step, donate_argnums=(0, 1))
-    state = {"p": params, "s": opt_state}
+    step_fn = jax.jit(train_step, donate_argnums=(0, 1, 2))
+    state = {"p": params, "st": stats, "s": opt_state}
 
     def step():
-        state["p"], state["s"], loss = step_fn(state["p"], state["s"], batch)
+        state["p"], state["st"], state["s"], loss = step_fn(state["p"], state["st"], state["s"], batch)
         float(loss)
 
     return step

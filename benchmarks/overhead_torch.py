@@ -15,7 +15,9 @@ import json
 import torch
 
 from benchmarks.timing import interleaved, parse_args, ratio, summarize
+from common.outputs import logits_of
 from common.presets import load_spec
+from common.twin import twin_of
 from common.weights import start_params
 from torch_impl.convert import load_canonical
 from torch_impl.models import build_model
@@ -26,10 +28,11 @@ def minimal_loop(spec, inputs, targets, checkpoint=None):
     model = load_canonical(build_model(spec.model), start_params(spec.model, spec.train.seed, checkpoint), spec.model)
     model = model.to(inputs.device)  # CUDA when present, as the trainer
     optimizer = make_optimizer(model.parameters(), spec.train)
+    which = twin_of(spec.model).logits  # a Hugging Face model returns a ModelOutput
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = cross_entropy(model(inputs), targets)
+        loss = cross_entropy(logits_of(model(inputs), which), targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec.train.grad_clip)
         optimizer.step()

@@ -28,7 +28,9 @@ import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 
 from benchmarks.timing import interleaved, parse_args, ratio, spread, summarize  # noqa: E402
+from common.outputs import logits_of  # noqa: E402
 from common.presets import load_spec  # noqa: E402
+from common.twin import twin_of  # noqa: E402
 from common.weights import start_params  # noqa: E402
 from torch_impl import convert  # noqa: E402
 from torch_impl.models import build_model  # noqa: E402
@@ -43,10 +45,11 @@ def minimal_loop(spec, batch, checkpoint=None):
     convert.load_canonical(model, start_params(spec.model, spec.train.seed, checkpoint), spec.model)
     model = model.to(device)
     optimizer = make_optimizer(model.parameters(), spec.train)
+    which = twin_of(spec.model).logits  # a Hugging Face model returns a ModelOutput
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = cross_entropy(model(batch["inputs"]), batch["targets"])
+        loss = cross_entropy(logits_of(model(batch["inputs"]), which), batch["targets"])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec.train.grad_clip)
         xm.optimizer_step(optimizer)

@@ -16,6 +16,8 @@ import torchax
 from torchax import interop
 
 from benchmarks.jitted import measure
+from common.outputs import logits_of
+from common.twin import twin_of
 from common.weights import start_params
 from jax_impl.optim import make_optimizer
 from torch_impl.convert import load_canonical
@@ -32,8 +34,10 @@ def minimal_loop(spec, batch, checkpoint=None):
     buffers = {k: v for k, v in states.items() if k not in trainable}  # a rotary table, say: never trained
     tx = make_optimizer(spec.train)
 
+    which = twin_of(spec.model).logits  # a Hugging Face model returns a ModelOutput
+
     def loss_fn(w, b):
-        return interop.call_torch(cross_entropy, forward({**w, **buffers}, (b.inputs,)), b.targets)
+        return interop.call_torch(cross_entropy, logits_of(forward({**w, **buffers}, (b.inputs,)), which), b.targets)
 
     def train_step(w, s, b):
         loss, grads = jax.value_and_grad(loss_fn)(w, b)
