@@ -14,14 +14,14 @@ layout rules:
   bias         bias         same
   <other>      <same name>  same, or transposed when the 2-D shapes are reversed
 
-`packed` works both ways: a key naming a torch module maps it to the NNX modules it packs (split along
-torch's dim 0); a key naming an NNX module (a port that fuses q/k/v, the usual JAX style) maps it to the
-torch modules it packs, whose tensors stack along torch's dim 0 (the NNX kernel's output columns).
-
 and a reshape where the NNX side splits head axes (nnx.MultiHeadAttention's LinearGeneral kernels
 (E, H, D) and (H, D, E), biases (H, D)). nn.MultiheadAttention's own parameters link to
 nnx.MultiHeadAttention's with no declaration: `in_proj_weight`/`in_proj_bias` pack query|key|value,
 `out_proj` is `out`.
+
+`packed` works both ways: a key naming a torch module maps it to the NNX modules it packs (split along
+torch's dim 0); a key naming an NNX module (a port that fuses q/k/v, the usual JAX style) maps it to the
+torch modules it packs, whose tensors stack along torch's dim 0 (the NNX kernel's output columns).
 
 Anything left unmatched on either side fails with one line listing every such tensor, its shape and
 its closest candidate on the other side. Conversions are numpy and exact (transposes, splits, concats).
