@@ -23,7 +23,9 @@ def test_benchmark_measures_every_figure(tmp_path):
     for r in [*overhead.values(), *twin.values()]:
         assert r["compiles_while_timed"] == 0  # every candidate was compiled before the clock
         for name in ("toolkit_over_minimal", "instrumented_over_uninstrumented"):
-            assert 0.5 < r["ratios"][name]["median"] < 2.0 and r["ratios"][name]["n"] == 3
+            # a sanity bound (a candidate that skipped its work reads ~0), not the target: three rounds on two
+            # shared cores read 0.39 once for eager torch's mlp-tiny while another process ran (1.06 alone)
+            assert 0.25 < r["ratios"][name]["median"] < 4.0 and r["ratios"][name]["n"] == 3
     assert set(overhead["torch_xla"]["step_ms"]) == {"minimal", "toolkit", "uninstrumented"}
     (modes,) = result["trace_mode_steps"]
     assert set(modes["step_ms"]) == {"lazy", "compile", "dynamo"} and modes["compiles_while_timed"] == 0
