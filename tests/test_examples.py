@@ -131,8 +131,9 @@ LLAMA = "examples/llama/twin.py"
 
 @pytest.mark.slow
 def test_hugging_faces_own_llama_class_passes_against_the_nnx_port_from_save_pretrained(tmp_path):
-    """transformers' LlamaForCausalLM, used unchanged as the torch side (its forward returns a ModelOutput) on every backend,
-    started from a save_pretrained directory through --checkpoint hf:, against examples/llama's NNX port."""
+    """transformers' LlamaForCausalLM, used unchanged as the torch side (its forward returns a ModelOutput),
+    started from a save_pretrained directory through --checkpoint hf:, against examples/llama's NNX port, on
+    every backend."""
     import torch
 
     from common.twin import load_twin, resolve
