@@ -25,7 +25,7 @@ from common.weights import start_params
 from jax_impl import convert
 from jax_impl.models import build_model, nnx_input_axes, nnx_inputs
 from jax_impl.optim import make_optimizer
-from jax_impl.train import JaxTrainer, cross_entropy
+from jax_impl.train import JaxTrainer, cross_entropy, in_this_trace
 
 
 def minimal_loop(spec, batch, checkpoint=None):
@@ -38,7 +38,7 @@ def minimal_loop(spec, batch, checkpoint=None):
     axes, which = nnx_input_axes(spec), twin_of(spec.model).logits  # an NHWC port, a model with several outputs
 
     def loss_fn(p, st, b):
-        model = nnx.merge(graphdef, p, jax.tree.map(lambda x: x, st), rest)  # its Variables made in this trace
+        model = nnx.merge(graphdef, p, in_this_trace(st), rest)  # BatchNorm updates its statistics
         loss = cross_entropy(logits_of(model(nnx_inputs(b.inputs, axes)), which), b.targets)
         return loss, nnx.state(model, nnx.BatchStat)
 

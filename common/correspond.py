@@ -113,7 +113,7 @@ def _flat_shapes(canonical_shape: tuple, torch_ndim: int) -> list[tuple]:
 _SEQUENCE_LEVEL = re.compile(r"(^|\.)layers\.(?=\d)")
 
 
-def _norm(module: str) -> str:
+def normalised_path(module: str) -> str:
     """A module path as matched: case- and underscore-blind, and without the `layers.` level that
     `nnx.Sequential` (and a `layers` list on either side) puts before an index, so torch's
     `downsample.0` meets NNX's `downsample.layers.0`."""
@@ -123,7 +123,7 @@ def _norm(module: str) -> str:
     return module.lower().replace("_", "")
 
 
-def _module_leaf(name: str) -> tuple[str, str]:
+def module_leaf(name: str) -> tuple[str, str]:
     module, _, leaf = name.rpartition(".")
     return module, leaf
 
@@ -201,7 +201,7 @@ def _packed_targets(module: str, packed: Mapping[str, tuple]) -> list[str] | Non
     return None
 
 
-def _rename(name: str, rename: Mapping[str, str]) -> str:
+def renamed(name: str, rename: Mapping[str, str]) -> str:
     for pattern, replacement in rename.items():
         name = re.sub(pattern, replacement, name)
     return name
@@ -214,19 +214,19 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
     torch_packed, nnx_packed = _packed_directions(torch_params, canonical, packed, rename)
     by_module: dict[tuple[str, str], str] = {}  # (normalised module, leaf) -> canonical name
     for name in canonical:
-        module, leaf = _module_leaf(name)
-        by_module[(_norm(module), leaf)] = name
+        module, leaf = module_leaf(name)
+        by_module[(normalised_path(module), leaf)] = name
     links, misses = _nnx_packed_links(torch_params, canonical, nnx_packed, rename), {}
     taken, stacked = {link.canonical[0] for link in links}, {link.torch for link in links}
     for torch_name, torch_shape in torch_params.items():
         if torch_name in stacked:
             continue
         torch_shape = tuple(torch_shape)
-        module, leaf = _module_leaf(_rename(torch_name, rename))
+        module, leaf = module_leaf(renamed(torch_name, rename))
         link = None
         for modules, nnx_leaves in _attempts(module, leaf, torch_packed):
             for nnx_leaf in nnx_leaves:
-                names = [by_module.get((_norm(m), nnx_leaf)) for m in modules]
+                names = [by_module.get((normalised_path(m), nnx_leaf)) for m in modules]
                 if all(names) and not taken.intersection(names):
                     link = _link(torch_name, torch_shape, names, nnx_leaf, canonical)
                     if link:
@@ -284,8 +284,8 @@ def _packed_directions(torch_params: Mapping[str, tuple], canonical: Mapping[str
     """`packed` split by direction: keys naming a torch module (after `rename`; its tensor packs the NNX
     modules), and keys naming an NNX module (its tensor packs the torch modules). A key naming neither is a
     typo, said as such rather than as a list of unmatched tensors."""
-    torch_modules = sorted({_module_leaf(_rename(name, rename))[0] for name in torch_params})
-    nnx_modules = sorted({_module_leaf(name)[0] for name in canonical})
+    torch_modules = sorted({module_leaf(renamed(name, rename))[0] for name in torch_params})
+    nnx_modules = sorted({module_leaf(name)[0] for name in canonical})
     torch_side, nnx_side = {}, {}
     for key, parts in packed.items():
         if any(_ends_in(m, key) for m in torch_modules):
@@ -307,17 +307,17 @@ def _nnx_packed_links(torch_params: Mapping[str, tuple], canonical: Mapping[str,
     of q_proj/k_proj/v_proj): each torch tensor is a block of rows of the NNX tensor in torch's layout."""
     by_module = {}
     for torch_name in torch_params:
-        module, leaf = _module_leaf(_rename(torch_name, rename))
-        by_module[(_norm(module), leaf)] = torch_name
+        module, leaf = module_leaf(renamed(torch_name, rename))
+        by_module[(normalised_path(module), leaf)] = torch_name
     links = []
     for name, shape in canonical.items():
-        module, nnx_leaf = _module_leaf(name)
+        module, nnx_leaf = module_leaf(name)
         key = next((k for k in nnx_packed if _ends_in(module, k)), None)
         if key is None:
             continue
         prefix = module[: len(module) - len(key)]
         torch_leaf = next((t for t, nnx in LEAF_RULES.items() if nnx_leaf in nnx), nnx_leaf)
-        names = [by_module.get((_norm(prefix + part), torch_leaf)) for part in nnx_packed[key]]
+        names = [by_module.get((normalised_path(prefix + part), torch_leaf)) for part in nnx_packed[key]]
         if not all(names):
             missing = [p for p, n in zip(nnx_packed[key], names) if not n]
             raise CorrespondenceError(
@@ -365,7 +365,7 @@ def _rename_hint(pairs: list[tuple[str, str]]) -> str:
     (by layout-aware shape) in one module component, and a few such differences explain them all."""
     swaps = set()
     for torch_name, nnx_name in pairs:
-        a, b = _module_leaf(torch_name)[0].split("."), _module_leaf(nnx_name)[0].split(".")
+        a, b = module_leaf(torch_name)[0].split("."), module_leaf(nnx_name)[0].split(".")
         diff = [(x, y) for x, y in zip(a, b) if x != y]
         if len(a) != len(b) or len(diff) != 1:
             return ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from common.correspond import _module_leaf, _norm, _rename
+from common.correspond import module_leaf, normalised_path, renamed
 
 ROOT_MODULE = "(model)"  # the whole model's name among the step-0 activations (its own forward's code)
 RUNNING_STATISTICS = {"running_mean": "mean", "running_var": "var"}  # torch BatchNorm -> nnx.BatchNorm
@@ -16,7 +16,7 @@ def state_names(buffers: list[str], modules: Mapping[str, str]) -> dict[str, str
     the modules `module_map` links; a torch-only count (`num_batches_tracked`) has no counterpart."""
     out = {}
     for name in buffers:
-        module, leaf = _module_leaf(name)
+        module, leaf = module_leaf(name)
         if leaf in RUNNING_STATISTICS and module in modules:
             out[name] = f"{modules[module]}.{RUNNING_STATISTICS[leaf]}"
     return out
@@ -30,10 +30,10 @@ def module_map(torch_modules: list[str], canonical: Mapping[str, tuple], rename:
     for name in canonical:
         parts = name.split(".")
         nnx_modules.update(".".join(parts[:i]) for i in range(1, len(parts)))
-    by_norm = {_norm(m): m for m in nnx_modules}
+    by_norm = {normalised_path(m): m for m in nnx_modules}
     out = {"": ROOT_MODULE} if "" in torch_modules else {}
     for module in filter(None, torch_modules):
-        renamed = _rename(module + ".", rename).rstrip(".")
-        if _norm(renamed) in by_norm:
-            out[module] = by_norm[_norm(renamed)]
+        path = normalised_path(renamed(module + ".", rename).rstrip("."))
+        if path in by_norm:
+            out[module] = by_norm[path]
     return out

@@ -43,7 +43,7 @@ def cross_entropy(logits, targets):
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean()
 
 
-def _in_this_trace(state):
+def in_this_trace(state):
     """`state` with its Variables made anew in the running trace. Dropout advances its RNG count; a
     Variable from an outer level (the jit's, inside value_and_grad) refuses that ("Cannot mutate RngCount
     from a different trace level")."""
@@ -75,11 +75,11 @@ class JaxTrainer(JittedTrainer):
 
     def _forward(self, params, inputs):
         # the analysis forward runs on a copy of the start state: the run's RNG stream stays as it is
-        model = nnx.merge(self.graphdef, params, _in_this_trace(self.rest))
+        model = nnx.merge(self.graphdef, params, in_this_trace(self.rest))
         return logits_of(model(nnx_inputs(inputs, self.input_axes)), self.which)
 
     def _loss_and_state(self, params, state, batch: StepBatch):
-        model = nnx.merge(self.graphdef, params, _in_this_trace(state))
+        model = nnx.merge(self.graphdef, params, in_this_trace(state))
         loss = cross_entropy(logits_of(model(nnx_inputs(batch.inputs, self.input_axes)), self.which), batch.targets)
         return loss, nnx.state(model, nnx.Not(nnx.Param))
 
@@ -87,7 +87,7 @@ class JaxTrainer(JittedTrainer):
         return self.to_canonical(nnx.filter_state(self.state, nnx.BatchStat))
 
     def _eval_forward(self, params, state, inputs):
-        model = nnx.merge(self.graphdef, params, _in_this_trace(state))
+        model = nnx.merge(self.graphdef, params, in_this_trace(state))
         model.eval()
         return logits_of(model(nnx_inputs(inputs, self.input_axes)), self.which)
 
