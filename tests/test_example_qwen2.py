@@ -28,9 +28,11 @@ def test_hugging_faces_qwen2_passes_on_every_backend_from_save_pretrained(tmp_pa
             if name.endswith("bias"):
                 param.normal_(std=0.5)
     model.save_pretrained(tmp_path / "hf")
+    users = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}  # the user's checkpoint directory
     proc, report = compare(tmp_path / "run", "--twin", f"{QWEN2}:qwen2_tiny", "--backend", "all", "--steps", "6",
                            "--checkpoint", f"hf:{tmp_path / 'hf'}", "--activations")
     assert proc.returncode == 0, report["message"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == users  # read, never written
     written = json.loads((tmp_path / "run" / "start" / "correspondence.json").read_text())
     links = {link["torch"]: link for link in written}
     assert links["model.layers.0.self_attn.k_proj.weight"] == {  # q is 4 heads x 16 wide, k 2 x 16
