@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from common.layouts import LayoutError, check_layout
 from common.vocab import MaskSource, values
 
 
@@ -141,6 +142,9 @@ class TwinSpec:
     hparams: dict = field(default_factory=dict)
     io: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)  # canonical name -> shape (list of ints)
+    # canonical name -> layout (common/layouts.py) where the twin declared one or the sides' module types
+    # decided it (a ConvTranspose): filled in with `params`, so that each backend derives the same links
+    layouts: dict = field(default_factory=dict)
 
     def role(self, name: str):
         return self.hparams[self.io.get(name, name)]
@@ -173,6 +177,12 @@ class TwinSpec:
             for v in values if isinstance(values, tuple) else (values,):
                 _require(isinstance(v, int) and not isinstance(v, bool) and v > 0,
                          f"model.{key}={_fmt(values)} must be a positive integer ({role})")
+        for name, layout in self.layouts.items():
+            _require(name in self.params or not self.params, f"model.layouts names {name!r}, no parameter of the twin")
+            try:
+                check_layout(layout)
+            except LayoutError as e:
+                raise SpecError(f"model.layouts[{name!r}]: {e}") from None
 
 
 ModelSpec = MLPSpec | CNNSpec | TransformerSpec | TwinSpec

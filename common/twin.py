@@ -54,6 +54,9 @@ class Twin:
     # {"attn.qkv": ("attn.q", "attn.k", "attn.v")}
     packed: Mapping = field(default_factory=dict)
     rename: Mapping = field(default_factory=dict)  # regex over torch parameter names -> NNX name (re.sub)
+    # regex over canonical (NNX) parameter names -> the layout of their torch tensors (common/layouts.py), where
+    # no rule derives it: a named one ("conv_transpose") or a rearrangement ("(h d) e -> h e d")
+    layouts: Mapping = field(default_factory=dict)
     # regex over canonical (NNX) parameter names -> partition spec in the NNX layout, for mesh.tensor > 1:
     # (("attn\\.(q|k|v)\\.kernel", (None, "tensor")), ...); the first that matches wins
     partition_rules: tuple = ()

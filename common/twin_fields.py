@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from common.layouts import NAMED, LayoutError, check_layout
 from common.spec import AXES, TASKS, DataSpec, SpecError, TrainSpec
 
 
@@ -77,6 +78,20 @@ def _check_packed(twin, ref: str) -> None:
             raise TwinError(f"twin {ref!r}: packed {key!r}: {parts!r} is malformed; packed maps a module to the "
                             "tuple of the two or more modules of the other side it packs, in row order (a torch "
                             f"module to NNX modules, or an NNX module to torch modules), e.g. packed={example}")
+
+
+def _check_layouts(twin, ref: str) -> None:
+    example = "{r'attn\\.q\\.kernel$': '(h d) e -> h e d'}"
+    fix = (f"write layouts as {{regex over NNX parameter names: layout}}, a layout being one of {', '.join(NAMED)} "
+           f"or a rearrangement from torch's axes to the NNX ones, e.g. {example}")
+    for pattern, layout in _check_mapping(twin, "layouts", ref, example).items():
+        _regex(pattern, "layouts", ref, fix)
+        if not isinstance(layout, str):
+            raise TwinError(f"twin {ref!r}: layouts {pattern!r} -> {layout!r} is not a string; {fix}")
+        try:
+            check_layout(layout)
+        except LayoutError as e:
+            raise TwinError(f"twin {ref!r}: {e}; {fix}") from None
 
 
 def _check_partition_rules(twin, ref: str) -> None:
@@ -159,7 +174,8 @@ def check_fields(twin, ref: str) -> None:
                         f"common.spec.{want}(...)")
     _check_rename(twin, ref)
     _check_packed(twin, ref)
+    _check_layouts(twin, ref)
     _check_partition_rules(twin, ref)
     _check_hf(twin, ref)
-    for name in ("packed", "rename", "partition_rules", "hf"):
+    for name in ("packed", "rename", "layouts", "partition_rules", "hf"):
         plain(getattr(twin, name), name, ref)

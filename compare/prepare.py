@@ -27,7 +27,7 @@ from safetensors.numpy import load_file
 
 from common import hf
 from common.checkpoints import TORCH_BUFFERS, parse_checkpoint
-from common.correspond import derive
+from common.correspond import declared_layouts, derive
 from common.fsutil import write_json_atomic
 from common.modules import module_map, state_names
 from common.procs import kill_group
@@ -51,7 +51,8 @@ SPEC_FILE, INIT_FILE = "spec.json", "init.safetensors"
 
 
 # what each side's describe step writes; a step that exits 0 without them was stopped by the user's code
-SIDE_FILES = {"torch": ("torch_params.json", "torch_init.safetensors"), "NNX": ("nnx_params.json",)}
+SIDE_FILES = {"torch": ("torch_params.json", "torch_modules.json", "torch_init.safetensors"),
+              "NNX": ("nnx_params.json", "nnx_modules.json")}
 
 
 class Step(NamedTuple):
@@ -164,11 +165,15 @@ def _describe_and_convert(spec, twin, fmt, path, folder: Path, torch_python, jax
         raise TwinError(f"{_name(spec)}: {' and '.join(empty)} has no parameters; a twin trains and compares "
                         "parameters: return the whole model from the factory, its weights registered as "
                         "nn.Parameter / nnx.Param")
-    corr = derive(torch_params, canonical, packed=twin.packed, rename=twin.rename)
+    kinds = {"torch_kinds": _read_json(folder / "torch_modules.json"),
+             "nnx_kinds": _read_json(folder / "nnx_modules.json") if user_twin else {}}
+    corr = derive(torch_params, canonical, packed=twin.packed, rename=twin.rename,
+                  layouts=declared_layouts(twin.layouts, canonical), **kinds)
     write_json_atomic(folder / "correspondence.json", [{k: v for k, v in dataclasses.asdict(link).items()
                                                         if k not in ("flat", "rows") or v}  # where they apply
                                                        for link in corr.links])
-    prepared = dataclasses.replace(spec, model=dataclasses.replace(spec.model, params=canonical)).validate() \
+    prepared = dataclasses.replace(spec, model=dataclasses.replace(spec.model, params=canonical,
+                                                                   layouts=corr.decided)).validate() \
         if user_twin else spec
     metadata = {}
     if fmt == CheckpointFormat.CANONICAL:

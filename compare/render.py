@@ -27,7 +27,9 @@ def _module(found: dict | None) -> str:
     if found["module"] == ROOT_MODULE and found["input_agrees"]:
         why = "the model's own forward code, outside its submodules: each submodule that differs was fed a " \
               "differing input"
-    return (f"{found['module']} ({why}: max abs {_fmt(found['output_error']['abs'], '.3e')}; "
+    error = found["output_error"]
+    size = error.get("note") if error.get("abs") is None else f"max abs {_fmt(error['abs'], '.3e')}"
+    return (f"{found['module']} ({why}: {size}; "
             f"{found['modules_diverging']}/{found['modules_compared']} modules differ{left_out})")
 
 

@@ -1,7 +1,8 @@
 """python -m jax_impl.describe --spec SPEC --out DIR: a twin's NNX side, before any training.
 
 Writes `nnx_params.json` ({canonical name: shape}: the `nnx.state(model, nnx.Param)` paths, which are
-the canonical tree). A factory that raises or returns something else than an nnx.Module, a forward that
+the canonical tree) and `nnx_modules.json` ({module holding parameters: its flax.nnx type}, which decides a
+ConvTranspose's layout). A factory that raises or returns something else than an nnx.Module, a forward that
 returns more than one array (traced abstractly, nothing computed), or a JAX_PLATFORMS this machine lacks
 is one line and exit 2.
 """
@@ -42,6 +43,23 @@ def check_forward(model, spec: RunSpec) -> None:
         raise TwinError(f"twin {spec.model.twin!r}: the forward of nnx={twin.nnx!r} {refusal(out, twin.logits)}")
 
 
+def module_kinds(model) -> dict[str, str]:
+    """{module path: the flax.nnx class it is or subclasses} of every module holding parameters of its own; an
+    nnx.ConvTranspose that keeps its kernel unflipped says so."""
+    from flax import nnx
+
+    out = {}
+    for path, module in nnx.iter_modules(model):
+        if not any(isinstance(v, nnx.Param) for v in vars(module).values()):
+            continue
+        kind = next((c.__name__ for c in type(module).__mro__ if c.__module__.startswith("flax.nnx")),
+                    type(module).__name__)
+        if isinstance(module, nnx.ConvTranspose) and module.transpose_kernel:
+            kind += "(transpose_kernel=True)"
+        out[".".join(str(p) for p in path)] = kind
+    return out
+
+
 def main(argv=None) -> int:
     parser = Parser(prog="python -m jax_impl.describe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", required=True)
@@ -58,11 +76,13 @@ def main(argv=None) -> int:
         check_platform()
         model = build_model(spec.model, seed=spec.train.seed)
         params = to_canonical(nnx.state(model, nnx.Param))
+        kinds = module_kinds(model)
         if params:
             check_forward(model, spec)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     write_json_atomic(args.out / "nnx_params.json", {name: list(v.shape) for name, v in params.items()})
+    write_json_atomic(args.out / "nnx_modules.json", kinds)
     return ExitCode.OK
 
 

@@ -107,10 +107,15 @@ def test_an_unknown_layout_is_left_out_with_the_reason_and_keyword_calls_are_cap
     assert captured.arrays["attn"].shape == (2, 16, 16)
 
 
-def test_shapes_that_still_differ_are_said_never_transposed():
-    ref = {"conv": np.zeros((2, 8, 8, 4), np.float32)}
-    other = {"conv": np.zeros((2, 4, 8, 8), np.float32)}  # a side that stored channel-first by mistake
+def test_shapes_that_still_differ_diverge_said_as_such_never_transposed():
+    """Both sides store channel-last by the layout each module fixes: a module fed the same input whose output
+    has another size (a port that pads otherwise) is where the ports part, though no element can be compared."""
+    x = np.ones((2, 8, 8, 3), np.float32)
+    ref = {"conv:in": x, "conv": np.zeros((2, 8, 8, 4), np.float32), "head": np.zeros((2, 5), np.float32)}
+    other = {"conv:in": x, "conv": np.zeros((2, 7, 7, 4), np.float32), "head": np.ones((2, 5), np.float32)}
     found = first_divergent_module(ref, other, BOUNDS, NAMES)
-    assert found["module"] is None and found["modules_compared"] == 0
-    assert found["not_compared"] == {"conv": "output shapes differ: jax [2, 8, 8, 4], torch [2, 4, 8, 8] (both "
-                                              "channel-last)"}
+    assert found["module"] == "conv" and found["input_agrees"] and found["not_compared"] == {}
+    assert found["modules_compared"] == found["modules_diverging"] == 2
+    assert found["output_error"] == {"abs": None, "rel": None, "tolerance_used": None, "within": False,
+                                     "note": "output shapes differ: jax [2, 8, 8, 4], torch [2, 7, 7, 4] (both "
+                                             "channel-last)"}

@@ -128,3 +128,31 @@ def test_forwards_that_return_several_outputs_are_compared_on_their_logits(tmp_p
     for parity in report["parity"].values():
         assert parity["passed"] and parity["tensors"]["outputs/logits"]["abs"] < 1e-5
         assert parity["tensors"]["eval/logits"]["within"]
+
+
+UPSAMPLER = "tests/data/upsampler/twins.py"
+
+
+@pytest.mark.slow
+def test_a_conv_transpose_port_passes_and_a_padding_misport_is_named_at_it(tmp_path):
+    """torch's ConvTranspose2d against nnx.ConvTranspose, as many channels out as in: the layout comes from the
+    module types (flipped, Flax's default) and the correct port agrees module by module; torch's padding=1
+    copied into Flax (where it means another size) is named at the ConvTranspose, whose input agrees though its
+    output has another shape."""
+    out = tmp_path / "run"
+    proc = compare("--twin", f"{UPSAMPLER}:upsampler", "--backend", "jax,torch", "--out", str(out), "--activations")
+    assert proc.returncode == 0, proc.stderr
+    links = {link["torch"]: link["layout"] for link in json.loads((out / "start" / "correspondence.json").read_text())}
+    assert links["up.weight"] == "conv_transpose" and links["down.weight"] == "conv"
+    spec = json.loads((out / "start" / "spec.json").read_text())
+    assert spec["model"]["layouts"] == {"up.kernel": "conv_transpose"}  # what every backend derives with
+    found = json.loads((out / "report.json").read_text())["parity"]["torch"]["first_divergent_module"]
+    assert found["module"] is None and found["modules_compared"] == 5 and found["not_compared"] == {}, found
+    proc = compare("--twin", f"{UPSAMPLER}:upsampler_torch_padding", "--backend", "jax,torch", "--out",
+                   str(tmp_path / "misported"))
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads((tmp_path / "misported" / "report.json").read_text())
+    found = report["parity"]["torch"]["first_divergent_module"]
+    assert found["module"] == "up" and found["input_agrees"], found
+    assert found["output_error"]["note"] == ("output shapes differ: jax [2, 7, 7, 8], torch [2, 8, 8, 8] (both "
+                                             "channel-last)")

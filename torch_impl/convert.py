@@ -26,7 +26,8 @@ def manifest(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
 def correspondence(model: torch.nn.Module, model_spec) -> Correspondence:
     twin = twin_of(model_spec)
     canonical = {name: info.shape for name, info in param_infos(model_spec).items()}
-    return derive(manifest(model), canonical, packed=twin.packed, rename=twin.rename)
+    return derive(manifest(model), canonical, packed=twin.packed, rename=twin.rename,
+                  layouts=getattr(model_spec, "layouts", {}))
 
 
 def modules_to_canonical(model: torch.nn.Module, model_spec) -> dict[str, str]:

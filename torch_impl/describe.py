@@ -1,6 +1,7 @@
 """python -m torch_impl.describe --spec SPEC --out DIR: a twin's torch side, before any training.
 
-Writes `torch_params.json` ({parameter name: shape}, named_parameters order) and `torch_init.safetensors`
+Writes `torch_params.json` ({parameter name: shape}, named_parameters order), `torch_modules.json` ({module
+holding parameters: its torch.nn type}, which decides a ConvTranspose's layout) and `torch_init.safetensors`
 (the factory's own initialisation, seeded by train.seed, or with `--load` a torch or Hugging Face
 checkpoint, checked against the model; torch names and layouts), from which compare derives the
 correspondence and both sides' common start. A factory that raises or returns something
@@ -44,6 +45,13 @@ def check_forward(model, spec: RunSpec) -> None:
         raise TwinError(f"twin {spec.model.twin!r}: the forward of torch={twin.torch!r} {refusal(out, twin.logits)}")
 
 
+def module_kinds(model) -> dict[str, str]:
+    """{module path: the torch.nn class it is or subclasses} of every module holding parameters of its own."""
+    return {name: next((c.__name__ for c in type(m).__mro__ if c.__module__.startswith("torch.nn.")),
+                       type(m).__name__)
+            for name, m in model.named_modules() if next(m.parameters(recurse=False), None) is not None}
+
+
 def main(argv=None) -> int:
     parser = Parser(prog="python -m torch_impl.describe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", required=True)
@@ -64,6 +72,7 @@ def main(argv=None) -> int:
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     write_json_atomic(args.out / "torch_params.json", {name: list(shape) for name, shape in shapes.items()})
+    write_json_atomic(args.out / "torch_modules.json", module_kinds(model))
     save_checkpoint(args.out / "torch_init.safetensors", params)
     if buffers:  # a full state_dict's buffers (BatchNorm's running statistics), in torch names
         save_checkpoint(args.out / TORCH_BUFFERS, buffers)

@@ -1,0 +1,109 @@
+"""The links between a torch model's parameters and its NNX twin's (derived by common/correspond.py), and the
+conversion of whole trees (parameters, gradients, partition specs) along them, both ways: numpy only, exact."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.layouts import (
+    CONV_TRANSPOSE,
+    Rearrangement,
+    is_rearrangement,
+    to_canonical_layout,
+    to_torch_layout,
+    torch_axes,
+)
+from common.layouts import torch_shape as torch_shape_of
+
+
+@dataclass(frozen=True)
+class Link:
+    torch: str
+    canonical: tuple[str, ...]  # several when the torch tensor packs them (split along its dim 0)
+    layout: str  # a named layout or a declared rearrangement (common/layouts.py)
+    # each canonical tensor's shape before the reshape to its own (heads split: (E, H*D) -> (E, H, D)); empty:
+    # no reshape
+    flat: tuple = ()
+    # (start, stop) along torch's dim 0 of the one canonical tensor (in torch layout) that this torch tensor
+    # is a part of, when the NNX side packs several torch tensors; empty: the whole tensor
+    rows: tuple = ()
+
+
+class Correspondence:
+    """The links of one twin; converts whole trees (parameters, gradients) both ways."""
+
+    def __init__(self, links: list[Link], canonical: Mapping[str, tuple], torch_shapes: Mapping[str, tuple],
+                 decided: Mapping[str, str] = {}):  # noqa: B006
+        self.links = links
+        self.canonical_shapes = {k: tuple(v) for k, v in canonical.items()}
+        # the layouts declared or taken from module types, by canonical name: what the backends, which see
+        # one side's modules only, are given (TwinSpec.layouts)
+        self.decided = dict(decided)
+        self._whole = {}  # torch shape of each canonical tensor's source (NNX-packed: the rows stacked)
+        for link in links:
+            shape = tuple(torch_shapes[link.torch])
+            if link.rows:
+                shape = (max(link.rows[1], self._whole.get(link.canonical[0], (0,))[0]), *shape[1:])
+            self._whole[link.canonical[0]] = shape
+
+    def _canonical_of(self, value: np.ndarray, layout: str, name: str) -> np.ndarray:
+        shape = self.canonical_shapes[name]
+        if is_rearrangement(layout):
+            return np.ascontiguousarray(Rearrangement.parse(layout).to_canonical(value, shape))
+        return np.ascontiguousarray(to_canonical_layout(value, layout)).reshape(shape)
+
+    def _torch_of(self, link: Link, i: int, value: np.ndarray) -> np.ndarray:
+        if is_rearrangement(link.layout):
+            return Rearrangement.parse(link.layout).to_torch(value, self._whole[link.canonical[0]])
+        part = to_torch_layout(value.reshape(self._flat(link, i)), link.layout)
+        return np.ascontiguousarray(part) if link.layout == CONV_TRANSPOSE else part  # torch takes no flipped view
+
+    def to_canonical(self, torch_arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """{torch name: array} -> {canonical name: array}, in the canonical tree's order."""
+        out, stacked = {}, {}
+        for link in self.links:
+            value = np.asarray(torch_arrays[link.torch])
+            if link.rows:  # one part of an NNX-packed tensor: stacked with its siblings below
+                stacked.setdefault(link.canonical[0], []).append((link.rows[0], value, link.layout))
+                continue
+            parts = [value] if len(link.canonical) == 1 else np.split(value, self._offsets(link), axis=0)
+            for name, part in zip(link.canonical, parts):
+                out[name] = self._canonical_of(part, link.layout, name)
+        for name, parts in stacked.items():
+            whole = np.concatenate([value for _, value, _ in sorted(parts, key=lambda p: p[0])], axis=0)
+            out[name] = self._canonical_of(whole, parts[0][2], name)
+        return {k: out[k] for k in self.canonical_shapes}
+
+    def torch_parts(self, canonical: Mapping[str, np.ndarray]):
+        """(torch name, [its parts in torch layout, as views where a view serves, in row order]) per link: a
+        packed tensor's parts stack along dim 0."""
+        for link in self.links:
+            parts = [self._torch_of(link, i, np.asarray(canonical[n])) for i, n in enumerate(link.canonical)]
+            yield link.torch, [parts[0][slice(*link.rows)]] if link.rows else parts
+
+    def _flat(self, link: Link, i: int) -> tuple:
+        return link.flat[i] if link.flat else self.canonical_shapes[link.canonical[i]]
+
+    def to_torch(self, canonical: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """{canonical name: array} -> {torch name: array} in torch layouts (packed tensors concatenated)."""
+        return {name: np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+                for name, parts in self.torch_parts(canonical)}
+
+    def _offsets(self, link: Link) -> list[int]:
+        sizes = [torch_shape_of(link.layout, self._flat(link, i))[0] for i in range(len(link.canonical))]
+        return list(np.cumsum(sizes)[:-1])
+
+    def torch_partition_specs(self, canonical_specs: Mapping[str, tuple]) -> dict[str, tuple]:
+        """Canonical partition specs in torch's layout, keyed by torch name (a packed tensor takes its
+        first part's spec)."""
+        out = {}
+        for link in self.links:
+            spec = tuple(canonical_specs[link.canonical[0]])
+            if link.flat or is_rearrangement(link.layout):  # axes reshaped: the torch tensor stays whole (replicated)
+                out[link.torch] = (None,) * len(self._whole[link.canonical[0]])
+                continue
+            spec = tuple(spec[i] for i in torch_axes(link.layout, len(spec)))
+            out[link.torch] = spec
+        return out
