@@ -9,6 +9,7 @@ import time
 STARTED_AT = time.time()  # before the imports below, so the wall-time breakdown counts them
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -40,16 +41,16 @@ from common.vocab import (  # noqa: E402
 )
 from compare.cache import backend_cache_dir, default_cache_dir  # noqa: E402
 from compare.capture import capture, parted_at_step0  # noqa: E402
-from compare.determinism import judge_determinism  # noqa: E402
+from compare.determinism import determinism_check  # noqa: E402
 from compare.orchestrate import Plan, run_all  # noqa: E402
-from compare.output import later_verdict, show, write_report  # noqa: E402
+from compare.output import show, write_report  # noqa: E402
 from compare.plots import PLOT_FILES  # noqa: E402
 from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start  # noqa: E402
 from compare.progress import LiveProgress  # noqa: E402
-from compare.report import build_report, check_belongs  # noqa: E402
+from compare.report import ReportInputs, build_report, check_belongs  # noqa: E402
 from compare.rundir import RunDirError, check_run_id, claim, default_out, new_run_id  # noqa: E402
 from compare.rundir import check as check_out  # noqa: E402
-from compare.statistical import SEEDS_DIR, apply_verdict, judge  # noqa: E402
+from compare.statistical import SEEDS_DIR, statistical_check  # noqa: E402
 from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
 
 START_DIR = "start"  # the prepared common start (a user twin, a torch / hf checkpoint) in the run directory
@@ -366,13 +367,14 @@ def main(argv=None) -> int:
             outcome.interrupted = run_all(Plan(names, plan.pythons, {n: seed_argv(args, n, seed) for n in names}, {},
                                                out / SEEDS_DIR / str(seed), args.timeout, False), live).interrupted
     backends_done = time.time()
-    report = locate_divergence(args, plan, outcome, lambda interrupted: build_report(
-        args, spec, policy, names, reference, outcome.runs, out, interrupted))
-    if seeds:
-        report = later_verdict(report, "statistical", lambda r: apply_verdict(r, judge(out, names, reference, seeds)))
-    if args.check_determinism:
-        report = later_verdict(report, "determinism",
-                               lambda r: judge_determinism(r, outcome.runs, outcome.repeats))
+    inputs = ReportInputs(spec, policy, names, reference, out, args.run_id, args.tolerance_profile,
+                          args.compile_cache, {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names},
+                          args.parity_mode, args.debug)
+    checks = ((("statistical", functools.partial(statistical_check, out, names, reference, seeds)),) if seeds else ()) \
+        + ((("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)),)
+           if args.check_determinism else ())
+    report = locate_divergence(args, plan, outcome,
+                               lambda interrupted: build_report(inputs, outcome.runs, interrupted, checks))
     report["run_id"], report["replaced_run"] = args.run_id, run_dir.replaced
     report["wall_time"] = {"compare_imports_s": main_started - STARTED_AT, "backends_s": backends_done - main_started,
                            "report_s": time.time() - backends_done, "total_s": time.time() - STARTED_AT,

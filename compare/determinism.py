@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from common.record import RecordError, read_record
-from common.vocab import REPORT_STATUS_EXIT, ExitCode, ReportStatus
+from common.vocab import ReportStatus
+from compare.verdict import CheckResult
 
 
-def judge_determinism(report: dict, runs: dict, repeats: dict) -> dict:
-    """Adds `determinism` to the report; a passing report whose repeats differ becomes `nondeterministic`."""
+def determinism_check(runs: dict, repeats: dict) -> CheckResult:
+    """report.json's `determinism`, per backend; repeats that differ make the run `nondeterministic`."""
     result = {}
     for name, repeat in repeats.items():
         try:
@@ -17,10 +18,8 @@ def judge_determinism(report: dict, runs: dict, repeats: dict) -> dict:
         diffs = [abs(a - b) for a, b in zip(first, second) if a is not None and b is not None]
         result[name] = {"bitwise_equal": first == second, "max_abs": max(diffs) if diffs else None,
                         "steps": len(first)}
-    report["determinism"] = result
-    if report["exit_code"] == ExitCode.OK and not all(r["bitwise_equal"] for r in result.values()):
-        status = ReportStatus.NONDETERMINISTIC
-        report.update(status=status, exit_code=REPORT_STATUS_EXIT[status], verdict="fail",
-                      message="two identical runs differ: " + ", ".join(n for n, r in result.items()
-                                                                         if not r["bitwise_equal"]))
-    return report
+    differ = [n for n, r in result.items() if not r["bitwise_equal"]]
+    if differ:
+        return CheckResult("determinism", ReportStatus.NONDETERMINISTIC, "two identical runs differ: "
+                           + ", ".join(differ), result)
+    return CheckResult("determinism", ReportStatus.OK, "", result)

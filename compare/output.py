@@ -1,5 +1,5 @@
-"""The end of a compare run: later verdicts folded into the report, the report written (or exit 7), and what
-is printed (tables or JSON on stdout, failures on stderr)."""
+"""The end of a compare run: the report written (or exit 7), and what is printed (tables or JSON on stdout,
+failures on stderr)."""
 from __future__ import annotations
 
 import os
@@ -10,27 +10,10 @@ from rich.console import Console
 
 from common.cli import fail
 from common.fsutil import write_json_atomic, write_text_atomic
-from common.vocab import REPORT_STATUS_EXIT, BackendStatus, ExitCode, ReportStatus
+from common.vocab import BackendStatus, ExitCode, ReportStatus
 from compare.plots import write_plots
 from compare.render import markdown, print_tables
 from compare.report import strict_report
-
-
-def later_verdict(report: dict, part: str, judge_report) -> dict:
-    """A check judged after the parity (statistical, determinism): one that cannot be made leaves the report
-    whole, names itself in `not_built`, and turns a passing verdict into internal_error (exit 6)."""
-    try:
-        return judge_report(report)
-    except Exception as e:  # never a lost report for a check that failed
-        why = f"{type(e).__name__}: {e}".splitlines()[0]
-        report.setdefault("not_built", []).append({"part": part, "why": why})
-        print(f"warning: report: {part} could not be built ({why}); report.json says so (not_built)",
-              file=sys.stderr)
-        if report["exit_code"] == ExitCode.OK:
-            status = ReportStatus.INTERNAL_ERROR
-            report.update(status=status, exit_code=REPORT_STATUS_EXIT[status], verdict="fail",
-                          message=f"could not build {part} ({why})")
-        return report
 
 
 def write_report(report: dict, out: Path) -> None:

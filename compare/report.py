@@ -42,9 +42,11 @@ report.json keys (schema_version 2):
   wall_time               compare_imports_s, backends_s, report_s, total_s (compare's own process)
   ratios                  per backend over the reference: median step time, pipelined throughput
   determinism             with --check-determinism: per backend {bitwise_equal, max_abs, steps}
-  parity_mode, statistical  with --parity-mode statistical: {test, alpha, seeds, bands {<name>: {min, mean,
+  parity_mode             deterministic | exact | statistical (--parity-mode)
+  statistical             with --parity-mode statistical: {test, alpha, seeds, bands {<name>: {min, mean,
                           max} per step}, backends {<name>: {passed, p, t, mean_difference, differences}}}; it
-                          decides the verdict (compare/statistical.py)
+                          decides the numbers' verdict (compare/statistical.py)
+The verdict (verdict, status, exit_code, message) is made once from every check's result (compare/verdict.py).
   not_built               [{part, why}]: parts of the report that could not be built (any exception while
                           building the report or drawing a plot), left out with everything else kept
 Numbers: report.json is strict JSON; a NaN or an infinity anywhere in it is the string "nan", "inf" or
@@ -58,15 +60,18 @@ import json
 import math
 import sys
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from common.record import RECORD_FILE, RecordError, read_record, read_tensors
-from common.vocab import REPORT_STATUS_EXIT, BackendStatus, ExitCode, ReportStatus
+from common.spec import RunSpec
+from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.capture import captured_activations
 from compare.parity import check_parity
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
+from compare.verdict import CheckResult, decide, not_made
 
 REPORT_SCHEMA = 2
 
@@ -110,20 +115,68 @@ def strict_report(report: dict) -> dict:
     return report
 
 
-def build_report(args, spec, policy, names: list[str], reference: str, runs: dict, out: Path,
-                 interrupted: bool) -> dict:
+@dataclass(frozen=True)
+class ReportInputs:
+    """What a report is built from besides the runs, set once per compare run (never an argparse Namespace)."""
+
+    spec: RunSpec
+    policy: dict  # compare/tolerances.py's policy for the spec's dtype
+    names: list[str]  # the backends, in the order they ran
+    reference: str
+    out: Path
+    run_id: str | None  # this run's; None: any record's is judged (no run of its own)
+    tolerance_profile: str = "default"
+    compile_cache: Path | None = None
+    intended: dict = field(default_factory=dict)  # {backend: the spec fields its --<name>-set changed on purpose}
+    parity_mode: str = ParityMode.DETERMINISTIC.value
+    debug: bool = False
+
+
+def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tuple = ()) -> dict:
     """The report of this run, built part by part: a part that cannot be built (any Exception: a bad value,
-    a bug) is left out and named in `not_built` ({part, why}) with everything else kept; when the verdict
-    itself cannot be made (a backend's parity), the status is internal_error (exit 6). The result is strict
-    JSON (`strict_json`)."""
+    a bug) is left out and named in `not_built` ({part, why}) with everything else kept. The verdict is made
+    once (compare/verdict.py) from the runs, the parity and `checks` ((name, callable returning a CheckResult)
+    pairs: the statistical test, determinism); a check that cannot be made is an internal error (exit 6). The
+    result is strict JSON (`strict_json`)."""
     not_built: list[dict] = []
-    attempt = functools.partial(_attempt, not_built, bool(getattr(args, "debug", False)))
-    peak = functools.lru_cache(maxsize=1)(functools.partial(cpu_peak, args.compile_cache))
+    attempt = functools.partial(_attempt, not_built, inputs.debug)
+    backends, records, tensors, unjudged = _entries(inputs, runs, attempt)
+    parity = _parity(inputs, records, tensors, unjudged, attempt)
+    results = [runs_check(backends, runs, interrupted),
+               parity_check(parity, unjudged, decides=inputs.parity_mode != ParityMode.STATISTICAL)]
+    for name, check in checks:
+        results.append(attempt(name, check) or not_made(name, not_built[-1]["why"]))
+    status, code, message = decide(results)
+    if not_built:
+        message = "; ".join(filter(None, [message, "could not build " + "; ".join(
+            f"{part['part']} ({part['why']})" for part in not_built)]))
+    spec = inputs.spec
+    report = {
+        "schema_version": REPORT_SCHEMA, "verdict": "pass" if code == ExitCode.OK else "fail", "status": status,
+        "exit_code": code, "message": message, "run_dir": str(inputs.out),
+        "backend_names": inputs.names, "reference": inputs.reference,
+        "spec_name": spec.name, "spec": spec.to_dict(), "dtype": spec.train.dtype,
+        "tolerance_profile": inputs.tolerance_profile, "tolerances": inputs.policy,
+        "parity_mode": inputs.parity_mode, "parity": parity,
+        "backends": backends, "ratios": attempt("ratios", ratios, backends, inputs.reference) or {},
+        "pairwise_loss": attempt("pairwise_loss", pairwise_loss, records) or {},
+        "compile_cache": str(inputs.compile_cache) if inputs.compile_cache else None,
+        "commands": {n: r.command for n, r in runs.items() if r.command},
+        **{r.check: r.section for r in results[2:] if r.section is not None},
+        "not_built": not_built,
+    }
+    return strict_report(report)
+
+
+def _entries(inputs: ReportInputs, runs: dict, attempt) -> tuple[dict, dict, dict, list]:
+    """Per backend: its report entry, its record and parity tensors when they can be judged; and the backends
+    whose record could not be (the verdict cannot pass without them)."""
+    peak = functools.lru_cache(maxsize=1)(functools.partial(cpu_peak, inputs.compile_cache))
     backends, records, tensors, unjudged = {}, {}, {}, []
-    for name in names:
+    for name in inputs.names:
         run = runs.get(name)
-        built = attempt(f"backends.{name}", _backend_entry, name, run, out, peak, len(names) > 1,
-                        getattr(args, "run_id", None), attempt)
+        built = attempt(f"backends.{name}", _backend_entry, name, run, inputs.out, peak, len(inputs.names) > 1,
+                        inputs.run_id, attempt)
         if built is None:  # its record could not be judged: the verdict cannot pass without it
             unjudged.append(name)
             built = ({"status": BackendStatus.NOT_RUN if run is None else run.status,
@@ -133,38 +186,52 @@ def build_report(args, spec, policy, names: list[str], reference: str, runs: dic
             records[name] = record
         if tensor_groups is not None:
             tensors[name] = tensor_groups
-    parity = None  # every backend that finished is judged, even when another one failed
-    if reference in tensors and len(tensors) > 1:
-        intended = {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names}
-        parity = {}
-        for n in names:
-            if n != reference and n in tensors:
-                judged = attempt(f"parity.{n}", check_parity, records[reference], records[n], tensors[reference],
-                                 tensors[n], policy, intended=intended[reference] + intended[n])
-                if judged is None:
-                    unjudged.append(n)
-                else:
-                    parity[n] = judged
-        parity = parity or None
-    status = attempt("status", _status, backends, runs, parity, interrupted, unjudged) or ReportStatus.INTERNAL_ERROR
-    code = REPORT_STATUS_EXIT[status]
-    message = attempt("message", _message, status, backends, parity) or ""
-    if not_built:
-        message = "; ".join(filter(None, [message, "could not build " + "; ".join(
-            f"{part['part']} ({part['why']})" for part in not_built)]))
-    report = {
-        "schema_version": REPORT_SCHEMA, "verdict": "pass" if code == ExitCode.OK else "fail", "status": status,
-        "exit_code": code, "message": message, "run_dir": str(out),
-        "backend_names": names, "reference": reference,
-        "spec_name": spec.name, "spec": spec.to_dict(), "dtype": spec.train.dtype,
-        "tolerance_profile": args.tolerance_profile, "tolerances": policy, "parity": parity,
-        "backends": backends, "ratios": attempt("ratios", ratios, backends, reference) or {},
-        "pairwise_loss": attempt("pairwise_loss", pairwise_loss, records) or {},
-        "compile_cache": str(args.compile_cache) if args.compile_cache else None,
-        "commands": {n: r.command for n, r in runs.items() if r.command},
-        "not_built": not_built,
-    }
-    return strict_report(report)
+    return backends, records, tensors, unjudged
+
+
+def _parity(inputs: ReportInputs, records: dict, tensors: dict, unjudged: list, attempt) -> dict | None:
+    """Every backend that finished, judged against the reference, even when another one failed; None unless
+    the reference and another backend finished."""
+    reference = inputs.reference
+    if reference not in tensors or len(tensors) < 2:
+        return None
+    parity = {}
+    for n in inputs.names:
+        if n != reference and n in tensors:
+            judged = attempt(f"parity.{n}", check_parity, records[reference], records[n], tensors[reference],
+                             tensors[n], inputs.policy,
+                             intended=inputs.intended.get(reference, []) + inputs.intended.get(n, []))
+            if judged is None:
+                unjudged.append(n)
+            else:
+                parity[n] = judged
+    return parity or None
+
+
+def runs_check(backends: dict, runs: dict, interrupted: bool) -> CheckResult:
+    """The backends' runs themselves: an interrupt, a usage error, a failure (crash, timeout, non-finite loss)."""
+    failed = {n: b for n, b in backends.items() if b["status"] != BackendStatus.OK and n in runs}
+    message = "; ".join(f"{n}: {b['status']}: {b['message']}" for n, b in failed.items())
+    if interrupted:
+        return CheckResult("backends", ReportStatus.INTERRUPTED, message)
+    if any(b["status"] == BackendStatus.USAGE_ERROR for b in failed.values()):
+        return CheckResult("backends", ReportStatus.USAGE_ERROR, message)
+    return CheckResult("backends", ReportStatus.BACKEND_FAILED if failed else ReportStatus.OK, message)
+
+
+def parity_check(parity: dict | None, unjudged: list[str], decides: bool = True) -> CheckResult:
+    """Parity against the reference: runs that differ in a setting they should share are not comparable;
+    otherwise every judged backend must pass, unless another check decides the numbers (`decides` False: the
+    statistical mode, whose masks differ). A backend that could not be judged leaves the verdict unmade."""
+    if parity is not None and not all(p["comparable"] for p in parity.values()):
+        return CheckResult("parity", ReportStatus.NOT_COMPARABLE, "parity not judged: the runs differ in " + "; ".join(
+            d for p in parity.values() for d in p["setting_differences"] if d not in p["intended_differences"]))
+    if decides and parity is not None and not all(p["passed"] for p in parity.values()):
+        return CheckResult("parity", ReportStatus.PARITY_FAILED,
+                           "; ".join(_failure(name, p) for name, p in parity.items() if not p["passed"]))
+    if unjudged:
+        return CheckResult("parity", ReportStatus.INTERNAL_ERROR)
+    return CheckResult("parity", ReportStatus.OK)
 
 
 def _attempt(not_built: list[dict], debug: bool, part: str, build, *args, **kwargs):
@@ -226,36 +293,6 @@ def check_belongs(record, path: Path, run_id: str | None) -> None:
     if record.status == BackendStatus.OK and len(record.steps) != steps:
         raise RecordError(f"run record {path} says ok but holds {len(record.steps)} of its {steps} steps "
                           "(truncated or edited)")
-
-
-def _status(backends: dict, runs: dict, parity: dict | None, interrupted: bool,
-            unjudged: list[str] = ()) -> ReportStatus:
-    """The verdict. A backend whose parity could not be judged (`unjudged`) leaves it unmade, unless what
-    was judged already fails."""
-    problems = [b["status"] for n, b in backends.items() if b["status"] != BackendStatus.OK and n in runs]
-    if interrupted:
-        return ReportStatus.INTERRUPTED
-    if BackendStatus.USAGE_ERROR in problems:
-        return ReportStatus.USAGE_ERROR
-    if problems:
-        return ReportStatus.BACKEND_FAILED
-    if parity is not None and not all(p["comparable"] for p in parity.values()):
-        return ReportStatus.NOT_COMPARABLE
-    if parity is not None and not all(p["passed"] for p in parity.values()):
-        return ReportStatus.PARITY_FAILED
-    if unjudged:
-        return ReportStatus.INTERNAL_ERROR
-    return ReportStatus.OK
-
-
-def _message(status: ReportStatus, backends: dict, parity: dict | None) -> str:
-    if status == ReportStatus.NOT_COMPARABLE:
-        return "parity not judged: the runs differ in " + "; ".join(
-            d for p in parity.values() for d in p["setting_differences"] if d not in p["intended_differences"])
-    if status == ReportStatus.PARITY_FAILED:
-        return "; ".join(_failure(name, p) for name, p in parity.items() if not p["passed"])
-    failed = [f"{n}: {b['status']}: {b['message']}" for n, b in backends.items() if b["status"] != BackendStatus.OK]
-    return "; ".join(failed)
 
 
 def _failure(name: str, parity: dict) -> str:

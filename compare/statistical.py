@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from common.record import RecordError, read_record
-from common.vocab import REPORT_STATUS_EXIT, ReportStatus
+from common.vocab import ReportStatus
+from compare.verdict import CheckResult
 
 ALPHA = 0.01
 SEEDS_DIR = "seeds"
@@ -80,18 +81,12 @@ def judge(out: Path, names: list[str], reference: str, seeds: list[int]) -> dict
     return result
 
 
-def apply_verdict(report: dict, statistical: dict) -> dict:
-    """The statistical test decides parity: step-0 tensors and losses of one seed (report.parity) are shown
-    but cannot agree when the masks differ. Failures of backends or settings keep their status."""
-    report["parity_mode"] = "statistical"
-    report["statistical"] = statistical
-    if report["status"] not in (ReportStatus.OK, ReportStatus.PARITY_FAILED):
-        return report
-    failed = {n: r for n, r in statistical["backends"].items() if not r["passed"]}
-    status = ReportStatus.PARITY_FAILED if failed else ReportStatus.OK
+def statistical_check(out: Path, names: list[str], reference: str, seeds: list[int]) -> CheckResult:
+    """The statistical test decides the numbers' verdict (compare/verdict.py): step-0 tensors and losses of one
+    seed (report.parity) are shown but cannot agree when the masks differ."""
+    result = judge(out, names, reference, seeds)
+    failed = {n: r for n, r in result["backends"].items() if not r["passed"]}
     message = "; ".join(f"{n}: statistical parity failed: " + (r.get("message") or
-                        f"mean loss differs from {report['reference']}'s by {r['mean_difference']:.3g} "
+                        f"mean loss differs from {reference}'s by {r['mean_difference']:.3g} "
                         f"(paired t-test p={r['p']:.3g} < {ALPHA})") for n, r in failed.items())
-    report.update(status=status, exit_code=REPORT_STATUS_EXIT[status], verdict="fail" if failed else "pass",
-                  message=message)
-    return report
+    return CheckResult("statistical", ReportStatus.PARITY_FAILED if failed else ReportStatus.OK, message, result)

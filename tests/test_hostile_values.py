@@ -1,7 +1,6 @@
 """Bad values and malformed inputs (docs/errors.md): non-finite tensors compared by rule, a report always
 strict JSON and always written, inputs of any JSON/TOML shape refused in one line (the real CLI, before any
 backend), one meaning of a checkpoint's dtype on every backend; two end-to-end runs on jax and torch."""
-import argparse
 import json
 import math
 import re
@@ -15,7 +14,7 @@ from common.record import RunRecord, StepRecord, write_record, write_tensors
 from common.vocab import BackendStatus, ExitCode, ReportStatus
 from common.weights import CheckpointError, init_params, load_checkpoint, save_checkpoint
 from compare import parity
-from compare.report import _failure, build_report, strict_json, strict_report
+from compare.report import ReportInputs, _failure, build_report, strict_json, strict_report
 from compare.tolerances import load_policy
 from tests.helpers import run_cli
 
@@ -275,9 +274,8 @@ def _finished_runs(out: Path, logits: dict) -> dict:
     return runs
 
 
-def _args():
-    return argparse.Namespace(compile_cache=None, run_id="r1", tolerance_profile="default", debug=False, jax_set=[],
-                              torch_set=[])
+def _report(spec, runs, out):
+    return build_report(ReportInputs(spec, _policy(), ["jax", "torch"], "jax", out, "r1"), runs, False)
 
 
 @pytest.mark.error_case("report-part-fails")
@@ -293,7 +291,7 @@ def test_a_part_that_cannot_be_built_leaves_every_file_and_the_verdicts_code(tmp
         raise TypeError("unsupported format string passed to NoneType.__format__")
 
     monkeypatch.setattr("compare.report.check_parity", broken)  # the verdict cannot be made: exit 6, still written
-    report = build_report(_args(), spec, _policy(), ["jax", "torch"], "jax", runs, tmp_path, False)
+    report = _report(spec, runs, tmp_path)
     assert report["status"] == ReportStatus.INTERNAL_ERROR and report["exit_code"] == ExitCode.INTERNAL == 6
     assert report["not_built"] == [{"part": "parity.torch",
                                     "why": "TypeError: unsupported format string passed to NoneType.__format__"}]
@@ -305,13 +303,13 @@ def test_a_part_that_cannot_be_built_leaves_every_file_and_the_verdicts_code(tmp
     assert "Not built, and why" in (tmp_path / "report.md").read_text()
     assert {"loss.png", "step_time.png"} <= {p.name for p in tmp_path.iterdir()}
     monkeypatch.setattr("compare.report.read_tensors", broken)  # a backend's tensors unread: no pass either
-    report = build_report(_args(), spec, _policy(), ["jax", "torch"], "jax", runs, tmp_path, False)
+    report = _report(spec, runs, tmp_path)
     assert report["exit_code"] == 6 and [p["part"] for p in report["not_built"]] == ["backends.jax", "backends.torch"]
     monkeypatch.undo()
 
     # a plot that cannot be drawn: the verdict is made (pass), the report and the other plots are written
     monkeypatch.setattr("compare.plots._loss_plot", broken)
-    report = build_report(_args(), spec, _policy(), ["jax", "torch"], "jax", runs, tmp_path, False)
+    report = _report(spec, runs, tmp_path)
     report["statistical"] = {"t": math.inf}  # a value added after build_report: made strict before any write
     for name in ("report.json", "report.md", *PLOT_FILES):
         (tmp_path / name).unlink(missing_ok=True)

@@ -1,7 +1,6 @@
 """Report building and rendering in this process, no backend started: run records and tensor files written
 the way a backend writes them (common.record), judged by compare.report.build_report, rendered by
 compare.render.markdown."""
-import argparse
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from common.vocab import BackendStatus, ExitCode, ReportStatus
 from compare.capture import CAPTURE_DIR
 from compare.orchestrate import BackendRun
 from compare.render import markdown
-from compare.report import build_report
+from compare.report import ReportInputs, build_report
 from compare.tolerances import load_policy
 
 SPEC = load_spec("mlp-tiny", ["train.steps=3"])
@@ -60,9 +59,7 @@ def write_run(directory, backend: str, *, broken: str | None = None, capture_apa
 
 
 def report_of(out, runs: dict) -> dict:
-    args = argparse.Namespace(debug=False, compile_cache=None, run_id=RUN_ID, tolerance_profile="default",
-                              **{f"{n}_set": [] for n in NAMES})
-    return build_report(args, SPEC, load_policy("default", "float32"), NAMES, "jax", runs, out, False)
+    return build_report(ReportInputs(SPEC, load_policy("default", "float32"), NAMES, "jax", out, RUN_ID), runs, False)
 
 
 def test_agreeing_runs_pass_and_render(tmp_path):

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from common.vocab import ReportStatus
-from compare.statistical import ALPHA, apply_verdict, paired_t_test
+from compare.statistical import ALPHA, paired_t_test
 from tests.helpers import run_cli
 
 
@@ -18,16 +18,32 @@ def test_paired_t_test_matches_scipy():
     assert paired_t_test([0.0, 0.0, 0.0]) == (0.0, 1.0)
 
 
-def test_the_statistical_verdict_decides_and_failures_keep_their_status():
-    base = {"status": ReportStatus.PARITY_FAILED, "reference": "jax", "exit_code": 1, "verdict": "fail"}
+def test_the_statistical_verdict_decides_and_failures_keep_their_status(monkeypatch):
+    """In the statistical mode the parity check judges the settings and the statistical test the numbers: one
+    verdict, made once (compare/verdict.py)."""
+    import compare.statistical as statistical
+    from compare.report import parity_check, runs_check
+    from compare.verdict import decide
+
     ok = {"backends": {"torch": {"passed": True, "p": 0.4, "mean_difference": 1e-4}}}
-    assert apply_verdict(dict(base), ok)["status"] == ReportStatus.OK
     bad = {"backends": {"torch": {"passed": False, "p": 0.001, "mean_difference": 0.05}}}
-    report = apply_verdict(dict(base, status=ReportStatus.OK), bad)
-    assert report["exit_code"] == 1 and report["message"] == (
-        f"torch: statistical parity failed: mean loss differs from jax's by 0.05 (paired t-test p=0.001 < {ALPHA})")
-    crashed = apply_verdict(dict(base, status=ReportStatus.BACKEND_FAILED, exit_code=3), ok)
-    assert crashed["status"] == ReportStatus.BACKEND_FAILED and crashed["exit_code"] == 3
+    parted = {"torch": {"comparable": True, "passed": False, "setting_differences": [], "intended_differences": [],
+                        "first_divergent_step": 0, "tensors": {}, "worst": []}}
+    fine = runs_check({"jax": {"status": "ok"}, "torch": {"status": "ok"}}, {"jax": 1, "torch": 1}, False)
+
+    def check(result):
+        monkeypatch.setattr(statistical, "judge", lambda *args: result)
+        return statistical.statistical_check(None, ["jax", "torch"], "jax", [0, 1, 2])
+
+    masks_differ = parity_check(parted, [], decides=False)
+    assert decide([fine, masks_differ, check(ok)])[:2] == (ReportStatus.OK, 0)
+    assert decide([fine, parity_check(parted, [], decides=True), check(ok)])[0] == ReportStatus.PARITY_FAILED
+    assert decide([fine, masks_differ, check(bad)]) == (ReportStatus.PARITY_FAILED, 1, (
+        f"torch: statistical parity failed: mean loss differs from jax's by 0.05 (paired t-test p=0.001 < {ALPHA})"))
+    crashed = runs_check({"jax": {"status": "ok"}, "torch": {"status": "failed", "message": "boom"}},
+                         {"jax": 1, "torch": 1}, False)
+    assert decide([crashed, masks_differ, check(ok)]) == (ReportStatus.BACKEND_FAILED, 3, "torch: failed: boom")
+    assert check(bad).section is bad
 
 
 @pytest.mark.error_case("dropout-deterministic", "statistical-seeds", "statistical-reused-record")
