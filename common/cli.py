@@ -135,20 +135,6 @@ def spec_overrides(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def run_flags_argv(args: argparse.Namespace) -> list[str]:
-    """Rebuild the run flags as argv for a backend subprocess."""
-    argv = ["--spec", args.spec]
-    for item in args.overrides:
-        argv += ["--set", item]
-    for flag in ("steps", "mesh", "dtype", "seed"):
-        value = getattr(args, flag)
-        if value is not None:
-            argv += [f"--{flag}", str(value)]
-    for provocation in args.provoke:
-        argv += ["--provoke-recompile", str(provocation)]
-    return argv
-
-
 def resolve_spec(args: argparse.Namespace) -> RunSpec:
     spec = load_spec(args.spec, spec_overrides(args), twin=getattr(args, "twin", None),
                      twin_timeout_s=getattr(args, "timeout", None))

@@ -33,6 +33,7 @@ SCHEMA_VERSION = 2
 RECORD_FILE = "record.json"
 TENSORS_FILE = "tensors.npz"
 LOG_FILES = ("stdout.log", "stderr.log")  # compare's logs of a backend it runs, beside the record
+SPEC_FILE = "spec.json"  # the spec compare resolved for a backend, written beside them before it starts
 TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations")
 
 # Environment variables that change numerics, devices or compilation.

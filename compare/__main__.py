@@ -24,7 +24,6 @@ from common.cli import (  # noqa: E402
     add_run_flags,
     fail,
     resolve_spec,
-    run_flags_argv,
 )
 from common.data import make_dataset  # noqa: E402
 from common.record import RecordError, read_record, read_tensors  # noqa: E402
@@ -39,9 +38,10 @@ from common.vocab import (  # noqa: E402
     ParityMode,
     values,
 )
-from compare.cache import backend_cache_dir, default_cache_dir  # noqa: E402
+from compare.cache import default_cache_dir  # noqa: E402
 from compare.capture import capture, parted_at_step0  # noqa: E402
 from compare.determinism import determinism_check  # noqa: E402
+from compare.launch import capture_launch, main_launch, seed_launch, side_spec  # noqa: E402
 from compare.orchestrate import Plan, run_all  # noqa: E402
 from compare.output import show, write_report  # noqa: E402
 from compare.plots import PLOT_FILES  # noqa: E402
@@ -195,9 +195,7 @@ def check_inputs(args, names: list[str]):
     try:
         spec = resolve_spec(args)
         for name in names:  # a bad one-sided override fails before any backend runs
-            side = argparse.Namespace(**vars(args))
-            side.overrides = list(args.overrides) + getattr(args, f"{name}_set")
-            resolve_spec(side)
+            side_spec(args, name)
         policy = load_policy(args.tolerance_profile, spec.train.dtype)
         check_parity_mode(args, spec)
         if spec.data.path:  # a user's data file is read and checked once here, before any backend starts
@@ -239,32 +237,19 @@ def check_parity_mode(args, spec) -> None:
                         f"--{reused[0].flag}-record (run that backend here instead)")
 
 
-def capture_argv(args, name: str) -> list[str]:
-    """One step that captures step 0's activations (compare/capture.py): no parity tensors, provoked
-    recompiles, HLO, profile or throughput."""
-    side = argparse.Namespace(**{**vars(args), "steps": 1, "provoke": [], "profile": 0, "no_hlo": True})
-    return [a for a in backend_argv(side, name) if a != "--parity"] + ["--activations", "--throughput-steps", "0"]
-
-
 def locate_divergence(args, plan: Plan, outcome, build) -> dict:
     """The report (`build(interrupted)`), built again with the activations of the backends that part at step
     0 when there are any (of every backend with --activations), captured now."""
     report = build(outcome.interrupted)
-    parted = list(plan.argv) if args.activations and report.get("parity") else parted_at_step0(report)
-    parted = [n for n in parted if n in plan.argv and n not in plan.reuse]
+    parted = list(plan.launches) if args.activations and report.get("parity") else parted_at_step0(report)
+    parted = [n for n in parted if n in plan.launches]
     if not parted or outcome.interrupted:
         return report
     try:
-        capture(parted, plan.pythons, {n: capture_argv(args, n) for n in parted}, plan.out, args.timeout)
+        capture(parted, plan.pythons, {n: capture_launch(args, n) for n in parted}, plan.out, args.timeout)
     except KeyboardInterrupt:
         outcome.interrupted = True
     return build(outcome.interrupted)
-
-
-def seed_argv(args, name: str, seed: int) -> list[str]:
-    """A statistical mode's extra seed run: the losses only (no parity tensors, HLO, profile, throughput)."""
-    side = argparse.Namespace(**{**vars(args), "seed": seed, "profile": 0, "no_hlo": True})
-    return [a for a in backend_argv(side, name) if a != "--parity"] + ["--throughput-steps", "0"]
 
 
 def run_entries(names: list[str]) -> list[str]:
@@ -291,21 +276,6 @@ def prepare(args, spec, names: list[str]) -> Path | None:
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     return folder
-
-
-def backend_argv(args, name: str) -> list[str]:
-    argv = run_flags_argv(args) + [a for item in getattr(args, f"{name}_set") for a in ("--set", item)]
-    if getattr(args, "checkpoint", None):
-        argv += ["--checkpoint", str(args.checkpoint)]
-    for option in backends.info(name).passthrough:
-        argv += [option.backend_flag, getattr(args, option.compare_flag.lstrip("-").replace("-", "_"))]
-    if args.compile_cache:
-        argv += ["--compile-cache", str(backend_cache_dir(args.compile_cache, name))]
-    if args.profile:
-        argv += ["--profile", str(args.profile)]
-    if args.no_hlo:
-        argv.append("--no-hlo")
-    return argv + ["--run-id", args.run_id, "--parity"]
 
 
 def _raise_interrupt(signum, frame):
@@ -355,8 +325,9 @@ def main(argv=None) -> int:
         fail(str(e), ExitCode.USAGE)
     run_dir = claim_run_dir(args, names, prepare(args, spec, names))
     out = args.out
-    plan = Plan(names, {n: getattr(args, f"{n}_python") for n in names}, {n: backend_argv(args, n) for n in names},
-                reuse, out, args.timeout, args.check_determinism)
+    plan = Plan(names, {n: getattr(args, f"{n}_python") for n in names},
+                {n: main_launch(args, n) for n in names if n not in reuse}, reuse, out, args.timeout,
+                args.check_determinism)
     main_started = time.time()
     seeds = [spec.train.seed + i for i in range(args.seeds)] if args.parity_mode == ParityMode.STATISTICAL else []
     with LiveProgress(not (args.quiet or args.json), spec.train.steps) as live:
@@ -364,7 +335,7 @@ def main(argv=None) -> int:
         for seed in seeds[1:]:
             if outcome.interrupted:
                 break
-            outcome.interrupted = run_all(Plan(names, plan.pythons, {n: seed_argv(args, n, seed) for n in names}, {},
+            outcome.interrupted = run_all(Plan(names, plan.pythons, {n: seed_launch(args, n, seed) for n in names}, {},
                                                out / SEEDS_DIR / str(seed), args.timeout, False), live).interrupted
     backends_done = time.time()
     inputs = ReportInputs(spec, policy, names, reference, out, args.run_id, args.tolerance_profile,

@@ -26,11 +26,11 @@ def parted_at_step0(report: dict) -> list[str]:
     return [report["reference"], *parted] if parted else []
 
 
-def capture(names: list[str], pythons: dict[str, str], argv: dict[str, list[str]], out: Path,
+def capture(names: list[str], pythons: dict[str, str], launches: dict, out: Path,
             timeout_s: float) -> dict[str, BackendRun]:
     """Run each backend once more with --activations into <out>/<name>/activations (KeyboardInterrupt
     propagates: run_backend has taken the running one's process group down)."""
-    return {name: run_backend(name, pythons[name], argv[name], out / name / CAPTURE_DIR, timeout_s)
+    return {name: run_backend(name, pythons[name], launches[name], out / name / CAPTURE_DIR, timeout_s)
             for name in names}
 
 

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import backends
+from common.fsutil import write_json_atomic
 from common.procs import group_alive, kill_group
-from common.record import LOG_FILES
+from common.record import LOG_FILES, SPEC_FILE
 from common.vocab import BackendStatus, ExitCode
 from compare.guard import GUARD
+from compare.launch import Launch
 
 REPO = Path(__file__).resolve().parents[1]
 STDOUT_LOG, STDERR_LOG = LOG_FILES
@@ -65,10 +67,13 @@ def _read_progress(stream, log, on_progress) -> None:
                 pass
 
 
-def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_s: float,
+def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s: float,
                 on_progress=None) -> BackendRun:
+    """Run `name` with `launch` into `run_dir`: its spec written there first (the backend's one spec input)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    command = [python, "-m", backends.info(name).package, *argv, "--out", str(run_dir), "--progress"]
+    write_json_atomic(run_dir / SPEC_FILE, launch.spec.to_dict())
+    command = [python, "-m", backends.info(name).package, "--spec", str(run_dir / SPEC_FILE), *launch.flags,
+               "--out", str(run_dir), "--progress"]
     env = backend_env()
     start, started_at = time.perf_counter(), time.time()
     with open(run_dir / STDOUT_LOG, "w") as out_log, open(run_dir / STDERR_LOG, "w") as err_log:
@@ -118,11 +123,12 @@ def run_backend(name: str, python: str, argv: list[str], run_dir: Path, timeout_
 
 @dataclass
 class Plan:
-    """What compare runs: per backend its interpreter and argv, or an existing run directory to reuse."""
+    """What compare runs: per backend its interpreter and launch (compare/launch.py), or an existing run
+    directory to reuse."""
 
     names: list[str]
     pythons: dict[str, str]
-    argv: dict[str, list[str]]
+    launches: dict[str, Launch]
     reuse: dict[str, Path]
     out: Path
     timeout_s: float
@@ -151,10 +157,10 @@ def run_all(plan: Plan, live) -> Outcome:
                 runs[name] = BackendRun(name, plan.reuse[name].resolve(), BackendStatus.OK, 0, "", 0.0, [])
                 continue
             current = name
-            runs[name] = run_backend(name, plan.pythons[name], plan.argv[name], plan.out / name, plan.timeout_s,
+            runs[name] = run_backend(name, plan.pythons[name], plan.launches[name], plan.out / name, plan.timeout_s,
                                      live.task(name))
             if plan.repeat and runs[name].status == BackendStatus.OK:
-                repeats[name] = run_backend(name, plan.pythons[name], plan.argv[name], plan.out / f"{name}-repeat",
+                repeats[name] = run_backend(name, plan.pythons[name], plan.launches[name], plan.out / f"{name}-repeat",
                                             plan.timeout_s, live.task(f"{name} again"))
             current = None
     except KeyboardInterrupt:

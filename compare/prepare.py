@@ -31,6 +31,7 @@ from common.correspond import declared_layouts, derive
 from common.fsutil import write_json_atomic
 from common.modules import module_map, state_names
 from common.procs import kill_group
+from common.record import SPEC_FILE
 from common.spec import RunSpec, TwinSpec
 from common.twin import TwinError, load_twin, twin_of
 from common.vocab import CheckpointFormat
@@ -47,7 +48,7 @@ from common.weights import (
 from compare.guard import GUARD
 from compare.orchestrate import backend_env, error_line
 
-SPEC_FILE, INIT_FILE = "spec.json", "init.safetensors"
+INIT_FILE = "init.safetensors"
 
 
 # what each side's describe step writes; a step that exits 0 without them was stopped by the user's code

@@ -1,0 +1,69 @@
+"""What each backend process is given: one spec file, its only spec input, and the flags that say how to run.
+
+compare resolves every backend's spec once, here, from the run's spec (a preset, a spec file, or the start
+prepared for a twin or a checkpoint) with the overrides of both sides and of its own (`--<name>-set`), and
+`run_backend` writes it into the backend's run directory as `spec.json` (common.record.SPEC_FILE) before the
+backend starts: a twin reaches a backend as data (its canonical tree and layouts filled in), never as flags
+to resolve again. The flags carry no spec: parity tensors, activations, the start checkpoint, the compile
+cache, profile, HLO, provoked recompiles, the run id and what a registry row passes through.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from common import backends
+from common.cli import resolve_spec
+from common.spec import RunSpec
+from compare.cache import backend_cache_dir
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One backend process: the spec it runs and its flags."""
+
+    spec: RunSpec
+    flags: tuple[str, ...]
+
+
+def side_spec(args, name: str, **changes) -> RunSpec:
+    """The spec `name` runs: the run's, with every override and its side's (`changes`: run flags such as
+    steps or seed, for a capture or a seed run)."""
+    side = argparse.Namespace(**{**vars(args), **changes})
+    side.overrides = list(args.overrides) + getattr(args, f"{name}_set")
+    return resolve_spec(side)
+
+
+def _flags(args, name: str) -> list[str]:
+    flags = [a for provocation in args.provoke for a in ("--provoke-recompile", str(provocation))]
+    if getattr(args, "checkpoint", None):
+        flags += ["--checkpoint", str(args.checkpoint)]
+    for option in backends.info(name).passthrough:
+        flags += [option.backend_flag, getattr(args, option.compare_flag.lstrip("-").replace("-", "_"))]
+    if args.compile_cache:
+        flags += ["--compile-cache", str(backend_cache_dir(args.compile_cache, name))]
+    if args.profile:
+        flags += ["--profile", str(args.profile)]
+    if args.no_hlo:
+        flags.append("--no-hlo")
+    return flags + ["--run-id", args.run_id]
+
+
+def main_launch(args, name: str) -> Launch:
+    """The run itself: every step, with the parity tensors."""
+    return Launch(side_spec(args, name), (*_flags(args, name), "--parity"))
+
+
+def capture_launch(args, name: str) -> Launch:
+    """One step that captures step 0's activations (compare/capture.py): no parity tensors, provoked
+    recompiles, HLO, profile or throughput."""
+    changes = {"steps": 1, "provoke": [], "profile": 0, "no_hlo": True}
+    side = argparse.Namespace(**{**vars(args), **changes})
+    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--activations", "--throughput-steps", "0"))
+
+
+def seed_launch(args, name: str, seed: int) -> Launch:
+    """A statistical mode's extra seed run: the losses only (no parity tensors, HLO, profile, throughput)."""
+    changes = {"seed": seed, "profile": 0, "no_hlo": True}
+    side = argparse.Namespace(**{**vars(args), **changes})
+    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--throughput-steps", "0"))
