@@ -40,14 +40,16 @@ def measure_backend(backend: str, spec_name: str, path: Path) -> dict:
     spec = load_spec(spec_name, ["train.dtype=float32"])
     module, cls = TRAINERS[backend].split(":")
     plain = [plain_load_s(path)]
+    from common.harness import RunOptions
+
+    options, factory = RunOptions(checkpoint=str(path)), getattr(__import__(module, fromlist=[cls]), cls)
     if backend in ("jax", "torchax"):
         from jax_impl import sharding
+        from jax_impl.instrument import CompileMonitor
 
-        trainer = getattr(__import__(module, fromlist=[cls]), cls)(spec, sharding.make_mesh(spec.mesh), path)
-    elif backend == "torch_xla":
-        trainer = getattr(__import__(module, fromlist=[cls]), cls)(spec, checkpoint=path)
+        trainer = factory(spec, sharding.make_mesh(spec.mesh), options, CompileMonitor())
     else:
-        trainer = getattr(__import__(module, fromlist=[cls]), cls)(spec, path)
+        trainer = factory(spec, options)
     plain.append(plain_load_s(path))
     loaded = trainer.start["load_and_convert_s"]
     return {"backend": backend, "plain_load_s": plain, "load_and_convert_s": loaded,

@@ -22,10 +22,13 @@ import numpy as np
 
 
 def mean_loss(spec_name: str, overrides: list[str], out: Path) -> float:
+    from common import harness
+    from common.harness import RunOptions
     from common.presets import load_spec
-    from torch_impl.train import run
+    from torch_impl.train import make_trainer
 
-    record, _ = run(load_spec(spec_name, overrides), out, parity=False, throughput_steps=0)
+    options = RunOptions(throughput_steps=0, out_dir=out)
+    record, _ = harness.run(lambda: make_trainer(load_spec(spec_name, overrides), options), options)
     return float(np.mean(record.losses))
 
 

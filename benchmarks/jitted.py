@@ -6,24 +6,24 @@ import json
 
 from benchmarks.timing import interleaved, parse_args, ratio, summarize
 from common.data import make_dataset
+from common.harness import RunOptions
 from common.presets import load_spec
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
-from jax_impl.loop import timed_step
 
 
 def measure(backend: str, description: str, make_trainer, minimal_loop) -> None:
-    """Prints one JSON line: step ms per candidate and the two ratios, with compiles seen while timed."""
+    """Prints one JSON line: step ms per candidate and the two ratios, with compiles seen while timed.
+    `make_trainer(spec, options, monitor)`: the runtime's own (jax_impl.train's, torchax_impl.train's)."""
     args = parse_args(description)
     spec = load_spec(args.spec)
-    mesh = sharding.make_mesh(spec.mesh)
-    batch = sharding.put_batch(make_dataset(spec).global_batch(0), spec.mesh, mesh)
     monitor = CompileMonitor()
-    trainer = make_trainer(spec, mesh, args.checkpoint)
+    trainer = make_trainer(spec, RunOptions(checkpoint=args.checkpoint), monitor)
+    batch = sharding.put_batch(make_dataset(spec).global_batch(0), spec.mesh, trainer.mesh)
     counter = iter(range(10 ** 9))
     candidates = {
         "minimal": minimal_loop(spec, batch, args.checkpoint),
-        "toolkit": lambda: timed_step(trainer, monitor, next(counter), batch),
+        "toolkit": lambda: trainer.timed_step(next(counter), batch),
         "uninstrumented": lambda: sharding.scalar_to_host(trainer.step(batch)),
     }
     for step in candidates.values():  # compile and warm up outside the measurement

@@ -5,7 +5,7 @@ this process, interleaved round by round:
 - `minimal`: what a JAX user writes by hand: split the model once, one pure
   `jax.jit` step with donation, the loss read with `float()` after each step
   (every candidate produces the same output: a per-step loss on the host);
-- `toolkit`: the loop body `compare` runs (`jax_impl.loop.timed_step`) with
+- `toolkit`: the loop body `compare` runs (`JittedTrainer.timed_step`, jax_impl/loop.py) with
   the compile listeners and cache-miss logging installed;
 - `uninstrumented`: the same trainer's step and loss copied to the host (the
   record needs it: that is training output, not instrumentation), with the
@@ -25,7 +25,7 @@ from common.weights import start_params
 from jax_impl import convert
 from jax_impl.models import build_model, nnx_input_axes, nnx_inputs
 from jax_impl.optim import make_optimizer
-from jax_impl.train import JaxTrainer, cross_entropy, in_this_trace
+from jax_impl.train import cross_entropy, in_this_trace, make_trainer
 
 
 def minimal_loop(spec, batch, checkpoint=None):
@@ -58,7 +58,7 @@ def minimal_loop(spec, batch, checkpoint=None):
 
 
 def main() -> None:
-    measure("jax", __doc__.splitlines()[0], JaxTrainer, minimal_loop)
+    measure("jax", __doc__.splitlines()[0], make_trainer, minimal_loop)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 - `minimal`: what a PyTorch user writes: zero_grad, forward, cross-entropy, backward, clip_grad_norm_,
   optimizer.step(), the loss read with `.item()`;
-- `toolkit`: the loop body `compare` runs (`torch_impl.train.timed_step`: the lr of the step set on the
+- `toolkit`: the loop body `compare` runs (`TorchTrainer.timed_step`: the lr of the step set on the
   param groups, the same pieces, the timing).
 Eager PyTorch has no instrumentation to take out (it compiles nothing): `uninstrumented` is the
 trainer's step with the loss read and no timing.
@@ -15,13 +15,14 @@ import json
 import torch
 
 from benchmarks.timing import interleaved, parse_args, ratio, summarize
+from common.harness import RunOptions
 from common.outputs import logits_of
 from common.presets import load_spec
 from common.twin import twin_of
 from common.weights import start_params
 from torch_impl.convert import load_canonical
 from torch_impl.models import build_model
-from torch_impl.train import TorchTrainer, cross_entropy, make_optimizer, timed_step
+from torch_impl.train import TorchTrainer, cross_entropy, make_optimizer
 
 
 def minimal_loop(spec, inputs, targets, checkpoint=None):
@@ -44,12 +45,12 @@ def minimal_loop(spec, inputs, targets, checkpoint=None):
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     spec = load_spec(args.spec)
-    trainer = TorchTrainer(spec, args.checkpoint)
+    trainer = TorchTrainer(spec, RunOptions(checkpoint=args.checkpoint))
     inputs, targets = trainer.batch(0)
     counter = iter(range(10 ** 9))
     candidates = {
         "minimal": minimal_loop(spec, inputs, targets, args.checkpoint),
-        "toolkit": lambda: timed_step(trainer, next(counter) % spec.train.steps, inputs, targets),
+        "toolkit": lambda: trainer.timed_step(next(counter) % spec.train.steps, (inputs, targets)),
         "uninstrumented": lambda: trainer.step(0, inputs, targets).item(),
     }
     for step in candidates.values():  # warm up (allocator, thread pool) outside the measurement

@@ -6,7 +6,7 @@ on the device) in this process, interleaved round by round:
 - `minimal`: the plain PyTorch/XLA recipe: forward, backward, clip,
   `xm.optimizer_step`, `torch_xla.sync()`, `xm.wait_device_ops()`, then
   `loss.item()` (every candidate produces a per-step loss on the host);
-- `toolkit`: the loop body `compare` runs (`torch_xla_impl.train.timed_step`,
+- `toolkit`: the loop body `compare` runs (`TorchXlaTrainer.timed_step`,
   lazy mode): timing, the metrics read, the loss copied to the host;
 - `uninstrumented`: the same trainer's step, sync, wait and loss copied to the
   host (training output the record needs), without timing or metrics reads;
@@ -28,6 +28,7 @@ import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 
 from benchmarks.timing import interleaved, parse_args, ratio, spread, summarize  # noqa: E402
+from common.harness import RunOptions  # noqa: E402
 from common.outputs import logits_of  # noqa: E402
 from common.presets import load_spec  # noqa: E402
 from common.twin import twin_of  # noqa: E402
@@ -36,7 +37,7 @@ from torch_impl import convert  # noqa: E402
 from torch_impl.models import build_model  # noqa: E402
 from torch_impl.train import cross_entropy, make_optimizer  # noqa: E402
 from torch_xla_impl.instrument import CompileMonitor  # noqa: E402
-from torch_xla_impl.train import TorchXlaTrainer, timed_step  # noqa: E402
+from torch_xla_impl.train import TorchXlaTrainer  # noqa: E402
 
 
 def minimal_loop(spec, batch, checkpoint=None):
@@ -66,7 +67,8 @@ def main() -> None:
     spec = load_spec(args.spec)
     monitor = CompileMonitor()
     modes = ("lazy", "compile", "dynamo") if args.trace_modes else ("lazy",)
-    trainers = {mode: TorchXlaTrainer(spec, trace_mode=mode, checkpoint=args.checkpoint) for mode in modes}
+    trainers = {mode: TorchXlaTrainer(spec, RunOptions(checkpoint=args.checkpoint, own={"trace_mode": mode}), monitor)
+                for mode in modes}
     batch = trainers["lazy"].global_device_batch(0)
     trace_ms: dict[str, list[float]] = {}
 
@@ -74,7 +76,8 @@ def main() -> None:
         trace_ms[name] = []
 
         def step():
-            trace_ms[name].append(timed_step(trainer, monitor, 0, batch)[2])
+            trainer.timed_step(0, batch)
+            trace_ms[name].append(trainer.trace_ms[-1])
         return step
 
     def uninstrumented():

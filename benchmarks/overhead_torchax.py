@@ -3,7 +3,7 @@
 - `minimal`: what a torchax user writes, after torchax's own recipe: `torchax.extract_jax(model)`, a
   loss through `interop.call_torch`, optax, one `jax.jit` step with donation, the loss read with
   `float()`;
-- `toolkit`: the loop body `compare` runs (`jax_impl.loop.timed_step`) with JAX's compile
+- `toolkit`: the loop body `compare` runs (`JittedTrainer.timed_step`, jax_impl/loop.py) with JAX's compile
   listeners and cache-miss logging installed;
 - `uninstrumented`: the same trainer's step and loss on the host, listeners removed, no timing.
 Prints one JSON line. Run: python -m benchmarks.overhead_torchax --spec mlp-tiny
@@ -23,7 +23,7 @@ from jax_impl.optim import make_optimizer
 from torch_impl.convert import load_canonical
 from torch_impl.models import build_model
 from torch_impl.train import cross_entropy
-from torchax_impl.train import TorchaxTrainer
+from torchax_impl.train import make_trainer
 
 
 def minimal_loop(spec, batch, checkpoint=None):
@@ -55,7 +55,7 @@ def minimal_loop(spec, batch, checkpoint=None):
 
 
 def main() -> None:
-    measure("torchax", __doc__.splitlines()[0], TorchaxTrainer, minimal_loop)
+    measure("torchax", __doc__.splitlines()[0], make_trainer, minimal_loop)
 
 
 if __name__ == "__main__":

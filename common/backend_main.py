@@ -1,7 +1,8 @@
 """The `python -m <backend>` driver every backend shares: flags, run directory, record, exit code.
 
-A backend supplies `train(spec, args, out_dir, progress) -> (record, tensors,
-is_writer)`; this module handles everything around it the same way for all.
+A backend supplies `train(spec, options, progress) -> (record, tensors, is_writer)` (its trainer run through
+common.harness.run); this module reads its command line once into a common.harness.RunOptions and handles
+everything around the run the same way for all.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from common import backends
 from common.cli import INPUT_ERRORS, backend_parser, fail, resolve_spec
 from common.fsutil import dangerous_dir
+from common.harness import RunOptions
 from common.nonfinite import input_problem, likely_cause
 from common.record import LOG_FILES, RECORD_FILE, SPEC_FILE, RunRecord, timed_from, write_record, write_tensors
 from common.vocab import IO_ERRNOS, ExitCode, Phase, RecordStatus
@@ -84,22 +86,33 @@ def refuse_foreign_out(out_dir: Path) -> None:
              "directory", ExitCode.USAGE)
 
 
+def run_options(args: argparse.Namespace, own: list[str], out_dir: Path) -> RunOptions:
+    """The options of this run, read once; `own`: the dests of the backend's own flags."""
+    return RunOptions(parity=args.parity, activations=args.activations, checkpoint=args.checkpoint,
+                      throughput_steps=args.throughput_steps, provocations=tuple(args.provoke),
+                      profile_steps=args.profile, hlo=not args.no_hlo, compile_cache=args.compile_cache,
+                      out_dir=out_dir, own={dest: getattr(args, dest) for dest in own})
+
+
 def main(package: str, argv, add_flags, train, check=None) -> int:
     """`python -m <package>`, the backend that common/backends.py registers under that package: its row
-    names the run (record.backend). `check(spec, args)`: the backend's own refusals of
+    names the run (record.backend). `check(spec, options)`: the backend's own refusals of
     flag combinations, before a run directory exists."""
     name, backend = backends.of_package(package).name, package
     parser: argparse.ArgumentParser = backend_parser(package)
     parser.add_argument("--progress", action="store_true", help="print a progress line per step")
+    common_flags = {action.dest for action in parser._actions}
     add_flags(parser)
+    own = [action.dest for action in parser._actions if action.dest not in common_flags]
     args = parser.parse_args(argv)
+    out_dir = args.out or Path("runs") / f"{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
+    options = run_options(args, own, out_dir)
     try:
         spec = resolve_spec(args)
         if check:
-            check(spec, args)
+            check(spec, options)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
-    out_dir = args.out or Path("runs") / f"{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
     refuse_foreign_out(out_dir)
     created = not out_dir.exists()
     try:
@@ -107,7 +120,7 @@ def main(package: str, argv, add_flags, train, check=None) -> int:
     except OSError as e:
         fail(f"cannot create run directory {out_dir}: {e.strerror or e}; pass a writable --out", ExitCode.USAGE)
     try:
-        record, tensors, is_writer = train(spec, args, out_dir, progress_printer(args.progress))
+        record, tensors, is_writer = train(spec, options, progress_printer(args.progress))
     except OSError as e:
         if e.errno not in IO_ERRNOS:
             raise_crash(backend, e, args.debug)

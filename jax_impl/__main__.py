@@ -23,23 +23,21 @@ def add_flags(parser) -> None:
     group.add_argument("--process-id", type=int, default=0)
 
 
-def train(spec, args, out_dir, progress):
+def train(spec, options, progress):
+    from common import harness
     from jax_impl import sharding
     from jax_impl.instrument import CompileMonitor, enable_compile_cache
-    from jax_impl.train import run
+    from jax_impl.train import make_trainer
 
-    if spec.mesh.device_count % args.num_processes:
-        fail(f"mesh of {spec.mesh.device_count} devices cannot be split over {args.num_processes} processes",
-             ExitCode.USAGE)
-    sharding.set_cpu_device_count(spec.mesh.device_count // args.num_processes)
-    sharding.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    processes = options.own["num_processes"]
+    if spec.mesh.device_count % processes:
+        fail(f"mesh of {spec.mesh.device_count} devices cannot be split over {processes} processes", ExitCode.USAGE)
+    sharding.set_cpu_device_count(spec.mesh.device_count // processes)
+    sharding.initialize_distributed(options.own["coordinator"], processes, options.own["process_id"])
     sharding.check_platform()  # a JAX_PLATFORMS this machine lacks: one line and exit 2, not a crash
-    cache = enable_compile_cache(args.compile_cache)
+    cache = enable_compile_cache(options.compile_cache)
     monitor = CompileMonitor()
-    record, tensors = run(spec, out_dir, parity=args.parity, activations=args.activations, checkpoint=args.checkpoint,
-                          throughput_steps=args.throughput_steps, provocations=args.provoke, profile_steps=args.profile,
-                          hlo=not args.no_hlo,
-                          monitor=monitor, progress=progress)
+    record, tensors = harness.run(lambda: make_trainer(spec, options, monitor), options, progress)
     record.compile_cache = monitor.cache_summary(cache)
     return record, tensors, jax.process_index() == 0
 

@@ -1,25 +1,25 @@
-"""The train loop of every runtime that trains through one jitted JAX step: the JAX twin and torchax.
+"""The trainer of every runtime that trains through one jitted JAX step: the JAX twin and torchax.
 
-Plain JAX (never flax): a runtime's trainer derives from `JittedTrainer` and
-hands `run_jitted` how to build it on the mesh and its record; the optimizer
-placement, the jitted step, the loop, the timing, the pipelined throughput and
-the HLO statistics are the same for all of them.
+Plain JAX (never flax): a runtime's trainer derives from `JittedTrainer`, which implements
+common.harness.Runtime for both: the optimizer placement, the jitted step, the batches on the mesh, the
+timed step, the pipelined throughput, the profile and the HLO statistics are the same for all of them.
 """
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import numpy as np
 import optax
 
-from common.data import Batch, activation_inputs, held_inputs, make_dataset
-from common.masks import MaskFeed, draw_masks, drawing_feed, given_feed, record_sites
-from common.provoke import Provocation, provoked_batch, python_value, with_python_value
-from common.record import RunRecord, peak_rss_mb, throughput_summary
+from common.activations import Capture
+from common.data import Batch, held_inputs, make_dataset
+from common.harness import RunOptions
+from common.masks import MaskFeed, draw_masks, drawing_feed, given_feed
+from common.provoke import provoked_batch, python_value, with_python_value
+from common.record import RunRecord, throughput_summary
 from common.spec import RunSpec
 from common.vocab import PROFILE_DIR, MaskSource, Phase, ProfileRange, RecordStatus
 from jax_impl import sharding
@@ -31,19 +31,34 @@ UNTRACEABLE = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConve
                jax.errors.TracerArrayConversionError)
 
 
+def jitted_mesh(spec: RunSpec):
+    """What a jitted runtime sets before its trainer: JAX's matmul precision from the spec; returns the mesh."""
+    if spec.train.matmul_precision != "default":
+        jax.config.update("jax_default_matmul_precision", spec.train.matmul_precision)
+    return sharding.make_mesh(spec.mesh)
+
+
 class JittedTrainer:
     """What every one-jitted-step trainer shares: optimizer state placed like its parameters, the jitted
-    step with donation, forward and loss-and-grads, and the step-0 parity tensors. A runtime sets
-    `spec`, `params` (placed on `mesh`), `tx` and `start` (common.weights.start_info), calls
-    `compile_functions(mesh)`, and defines `_forward`, `_loss`, `to_canonical` (its gradient or parameter
-    tree -> {canonical name: numpy array}) and `step0_activations` (inputs -> a common.activations.Capture,
-    named like the NNX twin's modules). A runtime whose model holds mutable state besides its parameters (the
-    NNX twin's dropout RNG counts) sets `state` and defines `_loss_and_state`: the state goes through the
-    jitted step as an argument and comes back updated (a Variable closed over would be mutated inside a
-    trace: "Cannot mutate RngCount from a different trace level")."""
+    step with donation, forward and loss-and-grads, the step-0 parity tensors, and common.harness.Runtime. A
+    runtime calls `bind(spec, options, monitor, mesh)` first, sets `params` (placed on `mesh`), `tx` and
+    `start` (common.weights.start_info), calls `compile_functions(mesh)`, and defines `_forward`, `_loss`,
+    `to_canonical` (its gradient or parameter tree -> {canonical name: numpy array}), `_activations` (inputs
+    -> a common.activations.Capture, named like the NNX twin's modules) and `new_record`. A runtime whose
+    model holds mutable state besides its parameters (the NNX twin's dropout RNG counts) sets `state` and
+    defines `_loss_and_state`: the state goes through the jitted step as an argument and comes back updated
+    (a Variable closed over would be mutated inside a trace: "Cannot mutate RngCount from a different trace
+    level")."""
 
     state = None  # mutable non-parameter state threaded through the step; None when there is none
     eval_forward = ""  # how the eval-mode forward ran when not jitted (eval_logits)
+    captures_after_run = False  # step-0 activations are taken before the first update, from the start weights
+
+    def bind(self, spec, options: RunOptions, monitor: CompileMonitor, mesh) -> None:
+        """The run this trainer serves: its spec, options, compile monitor, mesh and data."""
+        self.spec, self.options, self.monitor, self.mesh = spec, options, monitor, mesh
+        self.provocations = list(options.provocations)
+        self.data = make_dataset(spec)
 
     def _loss_and_state(self, params, state, batch: StepBatch):
         return self._loss(params, batch), state
@@ -145,97 +160,80 @@ class JittedTrainer:
             self.eval_forward = f"op by op: the eval-mode forward cannot be traced ({type(e).__name__})"
             return sharding.to_host(self._eval_forward(self.params, self.state, jax.numpy.asarray(inputs)))
 
-    def step0_tensors(self, batch: StepBatch) -> dict[str, dict[str, np.ndarray]]:
-        """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
+    def step0_tensors(self) -> dict[str, dict[str, np.ndarray]]:
+        """Parity tensors before any update: logits and loss of step 0's batch, and every gradient (canonical)."""
+        batch = self.put(0)
         logits = self.forward(self.params, batch)
         (loss, _), grads = self.loss_and_grads(self.params, self.state, batch)  # the run's state stays as it is
         return {"outputs": {"logits": sharding.to_host(logits), "loss": np.asarray(sharding.to_host(loss))},
                 "grads": self.to_canonical(grads)}
 
+    # ---- common.harness.Runtime ----
 
-def timed_step(trainer, monitor: CompileMonitor, step: int, batch: StepBatch,
-               value: float | None = None) -> tuple[float, float]:
-    """One instrumented loop step: (loss on the host, synced wall ms). The benchmark times this same function.
-    `value`: the python-value provocation's number (common.provoke), None when not provoked."""
-    monitor.at(Phase.LOOP, step)
-    start = time.perf_counter()
-    loss = trainer.step(batch, value)
-    loss.block_until_ready()  # one executable: when the loss is ready, so are the new params
-    wall_ms = (time.perf_counter() - start) * 1e3
-    return sharding.scalar_to_host(loss), wall_ms
+    def put(self, step: int) -> StepBatch:
+        """The batch of `step` on the mesh (provoked when asked), with common's masks when the spec asks."""
+        batch = provoked_batch(self.data.global_batch(step), step, self.provocations, np.int16)
+        return sharding.put_batch(batch, self.spec.mesh, self.mesh, self.masks_for(batch, step))
 
+    def batches(self, first: int, n: int):
+        return (self.put(step) for step in range(first, first + n))
 
-def run_jitted(spec: RunSpec, out_dir: Path, make_trainer: Callable, new_record: Callable[[], RunRecord], *,
-               parity: bool, activations: bool, throughput_steps: int | None, provocations: list[Provocation],
-               monitor: CompileMonitor, progress=None, profile_steps: int = 0,
-               hlo: bool = True) -> tuple[RunRecord, dict]:
-    """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
-    timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
-    if spec.train.matmul_precision != "default":
-        jax.config.update("jax_default_matmul_precision", spec.train.matmul_precision)
-    mesh = sharding.make_mesh(spec.mesh)
-    data = make_dataset(spec)
-    trainer = make_trainer(mesh)
-    def put(step: int) -> StepBatch:
-        batch = provoked_batch(data.global_batch(step), step, provocations, np.int16)
-        return sharding.put_batch(batch, spec.mesh, mesh, trainer.masks_for(batch, step))
+    def value_at(self, step: int) -> float | None:
+        """The python-value provocation's number at `step` (common.provoke), None when not provoked."""
+        return python_value(step, self.provocations, self.spec.train.steps)
 
-    tensors = trainer.step0_tensors(put(0)) if parity else {}  # before any update
-    capture = None
-    if activations:  # analysis, not training: its eager per-op compiles are not counted (as the HLO statistics')
-        monitor.paused = True
-        with trainer.capture_masks():
-            capture = trainer.step0_activations(activation_inputs(spec, data.global_batch(0).inputs))
-        tensors["activations"] = capture.arrays
-        monitor.paused = False
+    def timed_step(self, step: int, batch: StepBatch) -> tuple[float, float]:
+        """One instrumented loop step: (loss on the host, synced wall ms). The benchmark times this too."""
+        value = self.value_at(step)
+        self.monitor.at(Phase.LOOP, step)
+        start = time.perf_counter()
+        loss = self.step(batch, value)
+        loss.block_until_ready()  # one executable: when the loss is ready, so are the new params
+        wall_ms = (time.perf_counter() - start) * 1e3
+        return sharding.scalar_to_host(loss), wall_ms
 
-    record = new_record()
-    if capture is not None:
-        record.extra["activations_skipped"] = capture.skipped
-    record.extra["start"] = trainer.start
-    record.extra["provoked"] = [str(p) for p in provocations]
-    timeline["loop_start"] = time.time()
-    for step in range(spec.train.steps):
-        number = python_value(step, provocations, spec.train.steps)
-        value, wall_ms = timed_step(trainer, monitor, step, put(step), number)
-        if progress:
-            progress(step, value, wall_ms)
-        if not record.add_step(step, value, wall_ms):
-            break
-    monitor.at(Phase.LOOP, spec.train.steps)
+    def step0_activations(self, inputs) -> Capture:
+        """Analysis, not training: its eager per-op compiles are not counted (nor are the HLO statistics')."""
+        self.monitor.paused = True
+        try:
+            with self.capture_masks():
+                return self._activations(inputs)
+        finally:
+            self.monitor.paused = False
 
-    if record.status == RecordStatus.OK:
-        if parity:
-            tensors["params"], tensors["state"] = trainer.canonical_params(), trainer.canonical_state()
-            monitor.paused = True  # analysis: the eval forward's compile is not the run's
-            tensors["eval"] = {"logits": trainer.eval_logits(held_inputs(spec, data))}
-            if trainer.eval_forward:
-                record.extra["eval_forward"] = trainer.eval_forward
-            monitor.paused = False
-        last = python_value(spec.train.steps, provocations, spec.train.steps)
-        record.throughput = _pipelined_throughput(trainer, spec, put, throughput_steps, last)
-        record.profile = _profiled_steps(trainer, put, spec.train.steps + record.throughput.get("steps", 0),
-                                         profile_steps, last, out_dir)
-    timeline["loop_end"] = time.time()
-    if record.status == RecordStatus.OK and hlo:
-        monitor.paused = True  # the analysis compile below is not part of training
-        record.hlo_stats = hlo_statistics(trainer.train_step, (trainer.params, trainer.opt_state, trainer.state,
-                                                               put(0)),
-                                          out_dir / "train_step.hlo.txt",
-                                          python_value=python_value(0, provocations, spec.train.steps))
-        monitor.paused = False
-    record.compile_events, record.recompile_causes = list(monitor.events), list(monitor.causes)
-    record_sites(record, spec, trainer.dropout_sites)
-    record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
-    return record, tensors
+    def after_loop(self, record: RunRecord, tensors: dict) -> None:
+        steps = self.spec.train.steps
+        self.monitor.at(Phase.LOOP, steps)
+        if record.status != RecordStatus.OK:
+            return
+        if self.options.parity:
+            tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
+            self.monitor.paused = True  # analysis: the eval forward's compile is not the run's
+            tensors["eval"] = {"logits": self.eval_logits(held_inputs(self.spec, self.data))}
+            if self.eval_forward:
+                record.extra["eval_forward"] = self.eval_forward
+            self.monitor.paused = False
+        record.throughput = _pipelined_throughput(self, self.options.throughput_steps, self.value_at(steps))
+        record.profile = _profiled_steps(self, steps + record.throughput.get("steps", 0), self.options.profile_steps,
+                                         self.value_at(steps), self.options.out_dir)
+
+    def analyse(self, record: RunRecord, tensors: dict) -> None:
+        if record.status == RecordStatus.OK and self.options.hlo:
+            self.monitor.paused = True  # the analysis compile below is not part of training
+            record.hlo_stats = hlo_statistics(self.train_step, (self.params, self.opt_state, self.state, self.put(0)),
+                                              self.options.out_dir / "train_step.hlo.txt",
+                                              python_value=self.value_at(0))
+            self.monitor.paused = False
+        record.compile_events, record.recompile_causes = list(self.monitor.events), list(self.monitor.causes)
 
 
-def _pipelined_throughput(trainer, spec: RunSpec, put, steps: int | None, value: float | None) -> dict:
+def _pipelined_throughput(trainer: JittedTrainer, steps: int | None, value: float | None) -> dict:
     """K more steps dispatched back to back, one wait at the end (state is discarded after)."""
+    spec = trainer.spec
     steps = spec.train.steps if steps is None else steps
     if steps <= 0:
         return {}
-    batches = [put(spec.train.steps + i) for i in range(steps)]  # data ready on device before the clock
+    batches = list(trainer.batches(spec.train.steps, steps))  # data ready on device before the clock
     jax.block_until_ready(batches)
     start = time.perf_counter()
     for batch in batches:
@@ -244,7 +242,7 @@ def _pipelined_throughput(trainer, spec: RunSpec, put, steps: int | None, value:
     return throughput_summary(spec, steps, time.perf_counter() - start)
 
 
-def _profiled_steps(trainer, put, first: int, n: int, value: float | None, out_dir: Path) -> dict | None:
+def _profiled_steps(trainer: JittedTrainer, first: int, n: int, value: float | None, out_dir: Path) -> dict | None:
     """`--profile N`: N more steps under jax.profiler, annotated as common.vocab.ProfileRange says; the
     XProf trace goes to <run>/profile. Each step is timed by our clock too, as the loop times it, and so
     are N steps just before without the profiler (the machine's speed drifts between loop and profile)."""
@@ -252,7 +250,7 @@ def _profiled_steps(trainer, put, first: int, n: int, value: float | None, out_d
         return None
     unprofiled = []
     for step in range(first, first + n):
-        batch = jax.block_until_ready(put(step))
+        batch = jax.block_until_ready(trainer.put(step))
         start = time.perf_counter()
         trainer.step(batch, value).block_until_ready()
         unprofiled.append((time.perf_counter() - start) * 1e3)
@@ -265,7 +263,7 @@ def _profiled_steps(trainer, put, first: int, n: int, value: float | None, out_d
     try:
         for step in range(first, first + n):
             with jax.profiler.TraceAnnotation(ProfileRange.INPUT):
-                batch = jax.block_until_ready(put(step))
+                batch = jax.block_until_ready(trainer.put(step))
             with jax.profiler.StepTraceAnnotation(ProfileRange.STEP, step_num=step):
                 start = time.perf_counter()
                 with jax.profiler.TraceAnnotation(ProfileRange.CALL):

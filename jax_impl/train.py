@@ -12,7 +12,6 @@ float32 before the softmax cross-entropy.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ import optax
 from flax import nnx
 
 from common.activations import Capture, input_layout
+from common.harness import RunOptions
 from common.outputs import logits_of
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
@@ -30,7 +30,7 @@ from jax_impl import convert, masks, sharding
 from jax_impl.capture import capture_activations
 from jax_impl.export import start_weights
 from jax_impl.instrument import CompileMonitor
-from jax_impl.loop import JittedTrainer, run_jitted
+from jax_impl.loop import JittedTrainer, jitted_mesh
 from jax_impl.models import build_model, nnx_input_axes, nnx_inputs
 from jax_impl.optim import make_optimizer
 from jax_impl.sharding import StepBatch
@@ -53,8 +53,9 @@ def in_this_trace(state):
 class JaxTrainer(JittedTrainer):
     """The split NNX model, its optimizer state and jitted functions for one spec."""
 
-    def __init__(self, spec: RunSpec, mesh, checkpoint: Path | None = None):
-        self.spec, self.mesh = spec, mesh
+    def __init__(self, spec: RunSpec, mesh, options: RunOptions, monitor: CompileMonitor):
+        self.bind(spec, options, monitor, mesh)
+        checkpoint = options.checkpoint
         compute_dtype = jnp.bfloat16 if spec.train.dtype == "bfloat16" else jnp.float32
         model = build_model(spec.model, compute_dtype, seed=spec.train.seed, dropout_seed=spec.train.mask_seed)
         self.input_axes, self.which = nnx_input_axes(spec), twin_of(spec.model).logits
@@ -91,39 +92,34 @@ class JaxTrainer(JittedTrainer):
         model.eval()
         return logits_of(model(nnx_inputs(inputs, self.input_axes)), self.which)
 
-    def step0_activations(self, inputs: np.ndarray) -> Capture:
+    def _activations(self, inputs: np.ndarray) -> Capture:
         return capture_activations(nnx.merge(self.graphdef, self.params, self.rest),
                                    nnx_inputs(inputs, self.input_axes), input_layout(self.input_axes))
+
+    def new_record(self) -> RunRecord:
+        spec = self.spec
+        devices = jax.devices()
+        precision = spec.train.matmul_precision
+        return RunRecord(
+            backend="jax", spec=spec.to_dict(),
+            versions=package_versions("jax", "jaxlib", "flax", "optax"),
+            platform={**host_platform(), "device_platform": devices[0].platform,
+                      "device_kind": devices[0].device_kind, "device_count": len(devices),
+                      "process_count": jax.process_count()},
+            numerics={"dtype": spec.train.dtype, "matmul_precision": precision,
+                      "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+                      "bf16_policy": "float32 params and optimizer state, bfloat16 module compute, float32 loss",
+                      "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
+                      "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
+            settle_steps=SETTLE_STEPS,
+            extra={"step_api": "jax.jit(pure step over nnx.split state, donate params and optimizer state)",
+                   "mesh_strategy": spec.mesh.strategy, "nnx_input_axes": list(nnx_input_axes(spec))},
+        )
 
     def to_canonical(self, tree) -> dict[str, np.ndarray]:
         return {k: sharding.to_host(v) for k, v in convert.to_canonical(tree).items()}
 
 
-def run(spec: RunSpec, out_dir: Path, *, parity: bool, activations: bool = False, checkpoint: Path | None = None,
-        throughput_steps: int | None = None, provocations=(), profile_steps: int = 0, hlo: bool = True,
-        monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
-    """Train `spec` with the NNX twin; returns its record and the parity tensors (the caller writes both)."""
-    return run_jitted(spec, out_dir, lambda mesh: JaxTrainer(spec, mesh, checkpoint), lambda: _new_record(spec),
-                      parity=parity, activations=activations, throughput_steps=throughput_steps,
-                      provocations=list(provocations), profile_steps=profile_steps, hlo=hlo,
-                      monitor=monitor, progress=progress)
-
-
-def _new_record(spec: RunSpec) -> RunRecord:
-    devices = jax.devices()
-    precision = spec.train.matmul_precision
-    return RunRecord(
-        backend="jax", spec=spec.to_dict(),
-        versions=package_versions("jax", "jaxlib", "flax", "optax"),
-        platform={**host_platform(), "device_platform": devices[0].platform, "device_kind": devices[0].device_kind,
-                  "device_count": len(devices), "process_count": jax.process_count()},
-        numerics={"dtype": spec.train.dtype, "matmul_precision": precision,
-                  "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-                  "bf16_policy": "float32 params and optimizer state, bfloat16 module compute, float32 loss",
-                  "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
-                  "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
-        settle_steps=SETTLE_STEPS,
-        extra={"step_api": "jax.jit(pure step over nnx.split state, donate params "
-                                                         "and optimizer state)",
-               "mesh_strategy": spec.mesh.strategy, "nnx_input_axes": list(nnx_input_axes(spec))},
-    )
+def make_trainer(spec: RunSpec, options: RunOptions, monitor: CompileMonitor) -> JaxTrainer:
+    """The run's trainer (common.harness.run builds it after the process is ready)."""
+    return JaxTrainer(spec, jitted_mesh(spec), options, monitor)

@@ -6,6 +6,8 @@ import pytest
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 torch = pytest.importorskip("torch")
 
+from common import harness  # noqa: E402
+from common.harness import RunOptions  # noqa: E402
 from common.presets import load_spec  # noqa: E402
 
 
@@ -33,7 +35,8 @@ def test_the_loop_consumes_mp_device_loader_and_calls_optimizer_step(tmp_path, m
     monkeypatch.setattr(train.xm, "optimizer_step", counting_step)
     monkeypatch.setattr(train.pl, "MpDeviceLoader", CountingLoader)
     spec = load_spec("mlp-tiny", ["train.steps=4"])
-    record, _ = train.run(spec, tmp_path, parity=False, monitor=CompileMonitor(), throughput_steps=3, mode="single")
+    options = RunOptions(throughput_steps=3, out_dir=tmp_path)
+    record, _ = harness.run(lambda: train.make_trainer(spec, options, CompileMonitor(), mode="single"), options)
     assert calls == {"optimizer_step": 7, "loader_batches": 7}
     assert len(record.steps) == 4 and record.losses[0] == pytest.approx(2.3774, abs=1e-3)
 
@@ -58,4 +61,5 @@ def test_an_error_raised_in_the_loader_thread_reaches_the_loop_as_itself(tmp_pat
     monkeypatch.setattr(train, "make_dataset", FailsAtStep2)
     spec = load_spec("mlp-tiny", ["train.steps=4"])
     with pytest.raises(DataError, match=r"^tokens.bin: token id 999 at position 4 is outside model.vocab_size=256$"):
-        train.run(spec, tmp_path, parity=False, monitor=CompileMonitor(), throughput_steps=0, mode="single")
+        options = RunOptions(throughput_steps=0, out_dir=tmp_path)
+        harness.run(lambda: train.make_trainer(spec, options, CompileMonitor(), mode="single"), options)

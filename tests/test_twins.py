@@ -63,14 +63,15 @@ def torch_side(spec, batches):
 
 def jax_side(spec, batches):
     """The JAX backend's own trainer on one CPU device."""
+    from common.harness import RunOptions
     from jax_impl import sharding
-    from jax_impl.train import JaxTrainer
+    from jax_impl.instrument import CompileMonitor
+    from jax_impl.train import make_trainer
 
-    jax.config.update("jax_default_matmul_precision", spec.train.matmul_precision)
-    mesh = sharding.make_mesh(spec.mesh)
-    trainer = JaxTrainer(spec, mesh)
-    put = lambda b: sharding.put_batch(b, spec.mesh, mesh)
-    tensors = trainer.step0_tensors(put(batches[0]))
+    trainer = make_trainer(spec, RunOptions(), CompileMonitor())
+    put = lambda b: sharding.put_batch(b, spec.mesh, trainer.mesh)
+    assert all(np.array_equal(b.inputs, trainer.data.global_batch(s).inputs) for s, b in enumerate(batches))
+    tensors = trainer.step0_tensors()
     step0 = {"logits": tensors["outputs"]["logits"], "loss": float(tensors["outputs"]["loss"]),
              "grads": tensors["grads"], "activations": trainer.step0_activations(activation_inputs(spec,
                                                                                                   batches[0].inputs)).arrays}

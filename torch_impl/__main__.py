@@ -18,18 +18,17 @@ def add_flags(parser) -> None:
     pass
 
 
-def train(spec, args, out_dir, progress):
-    from torch_impl.train import run
+def train(spec, options, progress):
+    from common import harness
+    from torch_impl.train import make_trainer
 
     if spec.mesh.device_count > 1:
         raise SpecError(f"the torch backend runs eagerly on one device; mesh {spec.mesh.strategy} needs "
                         f"{spec.mesh.device_count}: drop --mesh for it, or compare the mesh on jax, torch_xla "
                         "or torchax")
-    record, tensors = run(spec, out_dir, parity=args.parity, activations=args.activations, checkpoint=args.checkpoint,
-                          throughput_steps=args.throughput_steps, provocations=args.provoke,
-                          progress=progress)
+    record, tensors = harness.run(lambda: make_trainer(spec, options), options, progress)
     record.compile_cache = {"enabled": False, "note": "eager PyTorch compiles nothing (--compile-cache is ignored)"}
-    if args.profile:
+    if options.profile_steps:
         record.profile = {"steps": 0, "why": "eager torch writes no XProf trace (torch.profiler writes Chrome "
                                              "traces); --profile is ignored"}
     return record, tensors, True

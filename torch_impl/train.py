@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -14,11 +13,11 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.activations import Capture
-from common.data import activation_inputs, held_inputs, make_dataset
-from common.masks import record_sites
+from common.data import held_inputs, make_dataset
+from common.harness import RunOptions
 from common.outputs import logits_of
 from common.provoke import provoked_batch, python_value, with_python_value
-from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
+from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec, TrainSpec
 from common.twin import twin_of
 from common.vocab import RecordStatus
@@ -85,13 +84,15 @@ def wait(device: torch.device) -> None:
 
 
 class TorchTrainer:
-    """Model, optimizer and batches of one spec, eagerly, on this machine's device."""
+    """Model, optimizer and batches of one spec, eagerly, on this machine's device (common.harness.Runtime)."""
 
     dropout_sites = ()  # step 0's dropout calls, when fed common's masks
+    captures_after_run = False  # step-0 activations are taken before the first update, from the start weights
 
-    def __init__(self, spec: RunSpec, checkpoint: Path | None = None, provocations=(),
-                 device: torch.device | None = None):
-        self.spec, self.device, self.provocations = spec, device or device_for_this_machine(), list(provocations)
+    def __init__(self, spec: RunSpec, options: RunOptions | None = None, device: torch.device | None = None):
+        options = options or RunOptions()
+        self.spec, self.options, self.device = spec, options, device or device_for_this_machine()
+        self.provocations, checkpoint = list(options.provocations), options.checkpoint
         model = build_model(spec.model, spec.train.seed)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
         self.model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
@@ -135,8 +136,9 @@ class TorchTrainer:
         self.optimizer.step()
         return loss
 
-    def step0_tensors(self, inputs, targets) -> dict[str, dict[str, np.ndarray]]:
-        """Parity tensors before any update: logits and loss of the batch, and every gradient (canonical)."""
+    def step0_tensors(self) -> dict[str, dict[str, np.ndarray]]:
+        """Parity tensors before any update: logits and loss of step 0's batch, and every gradient (canonical)."""
+        inputs, targets = self.batch(0)
         with untouched_buffers(self.model):  # an analysis step: BatchNorm's statistics stay the run's
             loss, logits = self.loss(inputs, targets)
             loss.backward()  # (before the statistics are put back: its graph holds them)
@@ -160,6 +162,51 @@ class TorchTrainer:
 
     def canonical_state(self) -> dict[str, np.ndarray]:
         return canonical_state(dict(self.model.named_buffers()), self.module_names)
+
+    # ---- common.harness.Runtime (step0_tensors, step0_activations above) ----
+
+    def batches(self, first: int, n: int):
+        return (self.batch(step) for step in range(first, first + n))
+
+    def timed_step(self, step: int, batch) -> tuple[float, float]:
+        """One loop step: (loss on the host, synced wall ms). The benchmark times this too."""
+        start = time.perf_counter()
+        loss = self.step(step, *batch)
+        value = loss.item()  # waits for the device
+        wait(self.device)
+        return value, (time.perf_counter() - start) * 1e3
+
+    def after_loop(self, record: RunRecord, tensors: dict) -> None:
+        if record.status != RecordStatus.OK:
+            return
+        if self.options.parity:
+            tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
+            tensors["eval"] = {"logits": self.eval_logits(held_inputs(self.spec, self.data))}
+        record.throughput = _pipelined_throughput(self, self.options.throughput_steps)
+
+    def analyse(self, record: RunRecord, tensors: dict) -> None:
+        if record.status == RecordStatus.OK:
+            record.flops_per_step = self.matmul_flops(*self.batch(0))
+            record.flops_source = "torch.utils.flop_counter.FlopCounterMode over one forward + backward"
+
+    def new_record(self) -> RunRecord:
+        spec, device = self.spec, self.device
+        kind = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        return RunRecord(
+            backend="torch", spec=spec.to_dict(), versions=package_versions("torch"),
+            platform={**host_platform(), "device_platform": device.type, "device_kind": kind, "device_count": 1,
+                      "process_count": 1},
+            numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
+                      "torch_float32_matmul_precision": torch.get_float32_matmul_precision(),
+                      "bf16_policy": BF16_POLICY,
+                      "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
+                      "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
+            settle_steps=SETTLE_STEPS,
+            extra={"compiles": "none: eager PyTorch runs op by op and compiles nothing, so it has no compile "
+                               "counts or recompile causes",
+                   "step_api": "loss.backward(), clip_grad_norm_, optimizer.step()",
+                   "mesh_strategy": spec.mesh.strategy},
+        )
 
     def matmul_flops(self, inputs, targets) -> float:
         """Matmul and convolution flops of one forward + backward, counted by torch (FlopCounterMode),
@@ -198,54 +245,18 @@ def eval_logits(model: torch.nn.Module, inputs: torch.Tensor, which, autocast, s
         model.train()
 
 
-def timed_step(trainer: TorchTrainer, step: int, inputs, targets) -> tuple[float, float]:
-    """One loop step: (loss on the host, synced wall ms). The benchmark times this same function."""
-    start = time.perf_counter()
-    loss = trainer.step(step, inputs, targets)
-    value = loss.item()  # waits for the device
-    wait(trainer.device)
-    return value, (time.perf_counter() - start) * 1e3
-
-
-def run(spec: RunSpec, out_dir: Path, *, parity: bool, activations: bool = False, checkpoint: Path | None = None,
-        throughput_steps: int | None = None, provocations=(),
-        progress=None) -> tuple[RunRecord, dict]:
-    """Train `spec` eagerly; returns its record and the parity tensors (the caller writes both)."""
-    timeline = {"ready": time.time()}
+def make_trainer(spec: RunSpec, options: RunOptions) -> TorchTrainer:
+    """The run's trainer (common.harness.run builds it after the process is ready): torch's float32 matmul
+    precision from the spec first."""
     precision = MATMUL_PRECISION[spec.train.matmul_precision]
     if torch.get_float32_matmul_precision() != precision:  # (the call warns even when it changes nothing)
         torch.set_float32_matmul_precision(precision)
-    trainer = TorchTrainer(spec, checkpoint, provocations)
-    tensors = trainer.step0_tensors(*trainer.batch(0)) if parity else {}
-    record = _new_record(spec, trainer.device)
-    if activations:
-        capture = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
-        tensors["activations"], record.extra["activations_skipped"] = capture.arrays, capture.skipped
-    record.extra["start"] = trainer.start
-    record.extra["provoked"] = [str(p) for p in trainer.provocations]
-    timeline["loop_start"] = time.time()
-    for step in range(spec.train.steps):
-        value, wall_ms = timed_step(trainer, step, *trainer.batch(step))
-        if progress:
-            progress(step, value, wall_ms)
-        if not record.add_step(step, value, wall_ms):
-            break
-    if record.status == RecordStatus.OK:
-        if parity:
-            tensors["params"], tensors["state"] = trainer.canonical_params(), trainer.canonical_state()
-            tensors["eval"] = {"logits": trainer.eval_logits(held_inputs(spec, trainer.data))}
-        record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
-    timeline["loop_end"] = time.time()
-    record_sites(record, spec, trainer.dropout_sites)
-    if record.status == RecordStatus.OK:
-        record.flops_per_step = trainer.matmul_flops(*trainer.batch(0))
-        record.flops_source = "torch.utils.flop_counter.FlopCounterMode over one forward + backward"
-    record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
-    return record, tensors
+    return TorchTrainer(spec, options)
 
 
-def _pipelined_throughput(trainer: TorchTrainer, spec: RunSpec, steps: int | None) -> dict:
+def _pipelined_throughput(trainer: TorchTrainer, steps: int | None) -> dict:
     """K more steps with one wait at the end (on the CPU every op already waits: equal to synced)."""
+    spec = trainer.spec
     steps = spec.train.steps if steps is None else steps
     if steps <= 0:
         return {}
@@ -256,20 +267,3 @@ def _pipelined_throughput(trainer: TorchTrainer, spec: RunSpec, steps: int | Non
         trainer.step(spec.train.steps + i, inputs, targets)
     wait(trainer.device)
     return throughput_summary(spec, steps, time.perf_counter() - start)
-
-
-def _new_record(spec: RunSpec, device: torch.device) -> RunRecord:
-    kind = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return RunRecord(
-        backend="torch", spec=spec.to_dict(), versions=package_versions("torch"),
-        platform={**host_platform(), "device_platform": device.type, "device_kind": kind, "device_count": 1,
-                  "process_count": 1},
-        numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
-                  "torch_float32_matmul_precision": torch.get_float32_matmul_precision(), "bf16_policy": BF16_POLICY,
-                  "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
-                  "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
-        settle_steps=SETTLE_STEPS,
-        extra={"compiles": "none: eager PyTorch runs op by op and compiles nothing, so it has no compile counts "
-                           "or recompile causes", "step_api": "loss.backward(), clip_grad_norm_, optimizer.step()",
-               "mesh_strategy": spec.mesh.strategy},
-    )

@@ -23,50 +23,48 @@ def add_flags(parser) -> None:
                             f"{m.value}: {meaning}" for m, meaning in TRACE_MODE_MEANINGS.items()))
 
 
-def check(spec, args) -> None:
+def check(spec, options) -> None:
     """What --mode spawn cannot do, refused before the run directory exists."""
-    if args.mode != "spawn":
+    if options.own["mode"] != "spawn":
         return
     from torch_xla_impl import sharding
 
     sharding.require_spawn_mesh(spec.mesh)
-    if args.trace_mode != TraceMode.LAZY:
-        fail(f"--trace-mode {args.trace_mode} is not supported with --mode spawn (its CPU collectives need "
+    if options.own["trace_mode"] != TraceMode.LAZY:
+        fail(f"--trace-mode {options.own['trace_mode']} is not supported with --mode spawn (its CPU collectives need "
              "the lazy sync); use --mode spmd or --trace-mode lazy", ExitCode.USAGE)
     if spec.train.dropout_masks == MaskSource.COMMON:  # a replica's slice would need its rows of each mask
         fail(f"train.dropout_masks={MaskSource.COMMON} is not supported with --mode spawn (each replica sees "
              "only its slice of the batch); use --mode spmd", ExitCode.USAGE)
-    if args.profile:
+    if options.profile_steps:
         fail("--profile is not available with --mode spawn (every replica would have to step under the profiler); "
              "profile the spmd mode: --mode spmd", ExitCode.USAGE)
 
 
-def train(spec, args, out_dir, progress):
+def train(spec, options, progress):
     # Platform, device count, compile-cause printing and HLO dumps are read once,
     # when torch_xla starts: set them first.
     from torch_xla_impl import instrument, sharding
 
+    out_dir = options.out_dir
     sharding.configure_platform(spec.mesh.device_count)
-    instrument.configure_debug(out_dir, hlo=not args.no_hlo)
+    instrument.configure_debug(out_dir, hlo=options.hlo)
     import torch_xla.runtime as xr
 
+    from common import harness
     from torch_xla_impl.spawn import run_spawn
-    from torch_xla_impl.train import run
+    from torch_xla_impl.train import make_trainer
 
     with instrument.stderr_to(out_dir / instrument.DEBUG_LOG):
-        cache = instrument.enable_compile_cache(args.compile_cache)
-        if args.mode == "spawn":  # replica 0 writes the record, read back here
-            record, tensors = run_spawn(spec, args, out_dir, progress is not None)
+        cache = instrument.enable_compile_cache(options.compile_cache)
+        if options.own["mode"] == "spawn":  # replica 0 writes the record, read back here
+            record, tensors = run_spawn(spec, options, progress is not None)
             record.compile_cache = instrument.cache_summary(cache, record.extra.get("counters", {}))
             return record, tensors, True
         if spec.mesh.device_count > 1:
             xr.use_spmd()
-        record, tensors = run(spec, out_dir, parity=args.parity, activations=args.activations,
-                              monitor=instrument.CompileMonitor(), checkpoint=args.checkpoint,
-                              throughput_steps=args.throughput_steps, provocations=args.provoke,
-                              profile_steps=args.profile, hlo=not args.no_hlo,
-                              mode="spmd" if spec.mesh.device_count > 1 else "single",
-                              trace_mode=args.trace_mode, progress=progress)
+        mode, monitor = "spmd" if spec.mesh.device_count > 1 else "single", instrument.CompileMonitor()
+        record, tensors = harness.run(lambda: make_trainer(spec, options, monitor, mode=mode), options, progress)
     record.compile_cache = instrument.cache_summary(cache, record.extra["counters"])
     return record, tensors, True
 

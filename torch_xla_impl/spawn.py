@@ -34,43 +34,42 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from common.cli import INPUT_ERRORS
+from common.harness import RunOptions
 from common.spec import RunSpec
 from common.spec_parse import run_spec_from_dict
 
 ERRORS_DIR = ".replica-errors"  # each failing replica's exception, read back by run_spawn, then removed
 
 
-def _replica(index: int, spec_dict: dict, options: dict) -> None:
+def _replica(index: int, spec_dict: dict, options: RunOptions, progress: bool) -> None:
     import torch_xla.runtime as xr
 
+    from common import harness
     from common.backend_main import progress_printer
     from common.record import write_record, write_tensors
     from torch_xla_impl.instrument import CompileMonitor, NoMonitor
-    from torch_xla_impl.train import run
+    from torch_xla_impl.train import make_trainer
 
     spec = run_spec_from_dict(spec_dict, name=spec_dict.get("name", "custom"))
     ordinal, world = xr.global_ordinal(), xr.world_size()
-    out_dir = options["out_dir"]
-    record, tensors = run(spec, out_dir, parity=options["parity"], activations=options["activations"],
-                          checkpoint=options["checkpoint"],
-                          monitor=CompileMonitor() if ordinal == 0 else NoMonitor(),
-                          throughput_steps=options["throughput_steps"], provocations=options["provocations"],
-                          mode="spawn", replica=ordinal, replicas=world,
-                          progress=progress_printer(options["progress"] and ordinal == 0))
+    monitor = CompileMonitor() if ordinal == 0 else NoMonitor()
+    record, tensors = harness.run(
+        lambda: make_trainer(spec, options, monitor, mode="spawn", replica=ordinal, replicas=world), options,
+        progress_printer(progress and ordinal == 0))
     if ordinal == 0:
         if tensors:
-            record.tensors = write_tensors(out_dir, tensors)
-        write_record(out_dir, record)
+            record.tensors = write_tensors(options.out_dir, tensors)
+        write_record(options.out_dir, record)
 
 
-def _reporting_replica(index: int, replica, spec_dict: dict, options: dict) -> None:
+def _reporting_replica(index: int, replica, spec_dict: dict, options: RunOptions, progress: bool) -> None:
     """Run `replica`; an exception it raises is written down first (the other replicas may then abort the
     process in XLA's rendezvous before it travels back), and on CPU the replicas waiting for this one at a
     barrier are released instead of waiting forever."""
     try:
-        replica(index, spec_dict, options)
+        replica(index, spec_dict, options, progress)
     except Exception as e:
-        errors = Path(options["out_dir"]) / ERRORS_DIR
+        errors = Path(options.out_dir) / ERRORS_DIR
         errors.mkdir(exist_ok=True)
         (errors / f"{index}.json").write_text(json.dumps(
             {"replica": index, "time": time.time(), "type": type(e).__name__, "message": str(e)}))
@@ -95,19 +94,16 @@ def first_replica_error(out_dir: Path) -> Exception | None:
     return RuntimeError(f"xmp.spawn replica {first['replica']} raised {first['type']}: {first['message']}")
 
 
-def run_spawn(spec: RunSpec, args, out_dir, progress_enabled: bool, replica=_replica):
+def run_spawn(spec: RunSpec, options: RunOptions, progress_enabled: bool, replica=_replica):
     """Run the replicas; replica 0 writes the record, which is read back here. A replica's exception is
     raised as itself, whichever way the others ended (a broken barrier, XLA's rendezvous abort)."""
     import torch_xla.distributed.xla_multiprocessing as xmp
 
     from common.record import read_record
 
-    options = {"out_dir": out_dir, "parity": args.parity, "activations": args.activations,
-               "checkpoint": args.checkpoint,
-               "throughput_steps": args.throughput_steps, "provocations": args.provoke,
-               "progress": progress_enabled}
+    out_dir = options.out_dir
     try:
-        xmp.spawn(_reporting_replica, args=(replica, spec.to_dict(), options))
+        xmp.spawn(_reporting_replica, args=(replica, spec.to_dict(), options, progress_enabled))
     except Exception as e:
         first = first_replica_error(out_dir)
         if first is not None:

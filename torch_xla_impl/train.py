@@ -41,11 +41,11 @@ import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
 from common.activations import Capture
-from common.data import activation_inputs, held_inputs, input_ndim, make_dataset
-from common.masks import record_sites
+from common.data import held_inputs, input_ndim, make_dataset
+from common.harness import RunOptions
 from common.outputs import logits_of
 from common.provoke import python_value, with_python_value
-from common.record import RunRecord, host_platform, numerics_env, package_versions, peak_rss_mb, throughput_summary
+from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec
 from common.twin import twin_of
 from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
@@ -59,22 +59,28 @@ from torch_impl.train import clip_gradients, cross_entropy, eval_logits, make_op
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
 from torch_xla_impl.batches import StepBatches
-from torch_xla_impl.instrument import DUMP_DIR, CompileMonitor, attach_causes, hlo_statistics, step_graphs
+from torch_xla_impl.instrument import DUMP_DIR, NoMonitor, attach_causes, hlo_statistics, step_graphs
 
 SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
 
 
 class TorchXlaTrainer:
-    """Model, optimizer and device loaders for one spec on this process's XLA device."""
+    """Model, optimizer and device loaders for one spec on this process's XLA device (common.harness.Runtime).
+    `mode`: single, spmd (one process over every device, `spmd_mesh`) or spawn (xmp.spawn, one replica of
+    `replicas` per device); the trace mode is the options' own `trace_mode`."""
 
     dropout_sites = ()  # step 0's dropout calls, when fed common's masks
+    captures_after_run = True  # from a fresh copy of the start weights, after the run: its graphs are not the run's
 
-    def __init__(self, spec: RunSpec, *, spmd_mesh=None, replica: int = 0, replicas: int = 1,
-                 checkpoint: Path | None = None, provocations=(),
-                 trace_mode: TraceMode = TraceMode.LAZY):
-        trace_mode = TraceMode(trace_mode)
-        self.spec, self.mesh, self.trace_mode = spec, spmd_mesh, trace_mode
+    def __init__(self, spec: RunSpec, options: RunOptions | None = None, monitor=None, *, spmd_mesh=None,
+                 mode: str = "single", replica: int = 0, replicas: int = 1):
+        self.options = options = options or RunOptions()
+        trace_mode = TraceMode(options.own.get("trace_mode", TraceMode.LAZY))
+        self.spec, self.mesh, self.trace_mode, self.mode = spec, spmd_mesh, trace_mode, mode
+        self.monitor = monitor or NoMonitor()
         self.replica, self.replicas = replica, replicas
+        checkpoint = options.checkpoint
+        self.trace_ms, self.fed = [], []  # per loop step: its tracing ms, and its batch's (shape, dtype)
         self.device = torch_xla.device()
         model = build_model(spec.model, spec.train.seed)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
@@ -91,7 +97,7 @@ class TorchXlaTrainer:
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)
         xm.set_rng_state(spec.train.mask_seed, device=self.device)  # the device generator dropout draws from
-        self.provocations = list(provocations)
+        self.provocations = list(options.provocations)
         self.autocast = (lambda: torch.autocast("xla", dtype=torch.bfloat16)) if spec.train.dtype == "bfloat16" \
             else contextlib.nullcontext
         ndims = {"inputs": input_ndim(spec), "targets": 2}
@@ -179,8 +185,12 @@ class TorchXlaTrainer:
     def canonical_state(self) -> dict[str, np.ndarray]:
         return convert.canonical_state(dict(self.model.named_buffers()), self.module_names)
 
-    def step0_tensors(self, batch) -> dict[str, dict[str, np.ndarray]]:
-        """Parity tensors before any update: logits and loss of `batch`, and every gradient (canonical)."""
+    def step0_tensors(self) -> dict[str, dict[str, np.ndarray]]:
+        """Parity tensors before any update: logits and loss of step 0's global batch, and every gradient
+        (canonical); replica 0's only."""
+        if self.replica != 0:
+            return {}
+        batch = self.global_device_batch(0)
         with untouched_buffers(self.model):  # an analysis step: BatchNorm's statistics stay the run's
             loss, logits = self.loss(batch)
             loss.backward()  # (before the statistics are put back: its graph holds them)
@@ -189,16 +199,21 @@ class TorchXlaTrainer:
         out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
                "grads": convert.to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
+        self.monitor.collect()
         return out
 
     def step0_activations(self, inputs: np.ndarray) -> Capture:
         """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture), from
         a fresh copy of the model holding the start weights: it runs after the run, whose graphs, compile
-        events and HLO dump it must not join."""
+        events and HLO dump it must not join. Replica 0's only."""
+        if self.replica != 0:
+            return Capture()
         model = build_model(self.spec.model, self.spec.train.seed)
         model = convert.load_canonical(model, self.start_params, self.spec.model).to(self.device)
         with self.autocast(), step_masks(self.spec, 0, self.device):
-            return capture_activations(model, torch.from_numpy(inputs).to(self.device), self.module_names)
+            capture = capture_activations(model, torch.from_numpy(inputs).to(self.device), self.module_names)
+        shutil.rmtree(self.options.out_dir / DUMP_DIR, ignore_errors=True)
+        return capture
 
     def host_state(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers (BatchNorm's running statistics) on the host, as they are now."""
@@ -212,82 +227,89 @@ class TorchXlaTrainer:
         return eval_logits(model.to(self.device), torch.from_numpy(inputs).to(self.device), self.which,
                            self.autocast, torch_xla.sync)
 
+    # ---- common.harness.Runtime (step0_tensors, step0_activations above) ----
 
-def timed_step(trainer: TorchXlaTrainer, monitor: CompileMonitor, step: int, batch) -> tuple[float, float, float]:
-    """One instrumented loop step: (loss on the host, synced wall ms, tracing ms). The benchmark times this."""
-    monitor.at(Phase.LOOP, step)
-    start = time.perf_counter()
-    loss = trainer.step(step, batch)
-    traced = time.perf_counter()
-    trainer.sync(step)
-    trainer.wait()
-    wall_ms = (time.perf_counter() - start) * 1e3
-    monitor.collect()
-    return loss.item(), wall_ms, (traced - start) * 1e3
+    def batches(self, first: int, n: int):
+        return self.loader(first, n)
+
+    def timed_step(self, step: int, batch) -> tuple[float, float]:
+        """One instrumented loop step: (loss on the host, synced wall ms); its tracing ms go to `trace_ms`.
+        The benchmark times this too."""
+        self.monitor.at(Phase.LOOP, step)
+        start = time.perf_counter()
+        loss = self.step(step, batch)
+        traced = time.perf_counter()
+        self.sync(step)
+        self.wait()
+        wall_ms = (time.perf_counter() - start) * 1e3
+        self.monitor.collect()
+        self.trace_ms.append((traced - start) * 1e3)
+        self.fed.append((tuple(batch["inputs"].shape), str(batch["inputs"].dtype).removeprefix("torch.")))
+        return loss.item(), wall_ms
+
+    def after_loop(self, record: RunRecord, tensors: dict) -> None:
+        steps = self.spec.train.steps
+        self.monitor.at(Phase.LOOP, steps)
+        if self.mode == "spawn":
+            replica_sync.check_replicas_agree(self, record)
+        if record.status != RecordStatus.OK:
+            return
+        if self.options.parity and self.replica == 0:
+            tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
+            self.trained = self.host_state()  # its eval-mode forward runs last, apart from the run's graphs
+        record.throughput = _pipelined_throughput(self, self.options.throughput_steps)
+        record.profile = _profiled_steps(self, steps + record.throughput.get("steps", 0), self.options.profile_steps,
+                                         self.options.out_dir)
+        self.monitor.collect()
+
+    def analyse(self, record: RunRecord, tensors: dict) -> None:
+        record.compile_events, record.trace_ms = list(self.monitor.events), self.trace_ms
+        record.extra["counters"] = self.monitor.counters()
+        if self.replica != 0:  # one reader of the shared debug log and HLO dump
+            return
+        out_dir = self.options.out_dir
+        attach_causes(record, out_dir, self.fed)
+        if self.options.hlo:
+            record.hlo_stats = hlo_statistics(out_dir, step_graphs(record.compile_events, SETTLE_STEPS,
+                                                                   self.trace_mode))
+        if self.options.parity and record.status == RecordStatus.OK:  # analysis too, after the run's graphs
+            tensors["eval"] = {"logits": self.eval_logits(self.trained, held_inputs(self.spec, self.data))}
+            shutil.rmtree(out_dir / DUMP_DIR, ignore_errors=True)
+
+    def new_record(self) -> RunRecord:
+        spec, replicas = self.spec, self.replicas
+        return RunRecord(
+            backend="torch_xla", spec=spec.to_dict(),
+            versions=package_versions("torch", "torch-xla"),
+            platform={**host_platform(), "device_platform": xr.device_type(), "device_kind": xr.device_type(),
+                      "device_count": xr.global_runtime_device_count(), "process_count": xr.process_count()},
+            numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
+                      "torch_xla_mat_mul_precision": torch_xla.backends.get_mat_mul_precision(),
+                      "bf16_policy": "float32 params and optimizer state, torch.autocast('xla', bfloat16) forward, "
+                                     "float32 loss",
+                      "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
+                      "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
+            settle_steps=SETTLE_STEPS, trace_mode=self.trace_mode,
+            extra={"mode": self.mode, "replicas": replicas,
+                   "compile_counts_cover": "every replica in this process" if self.mode == "spawn" else "this process",
+                   "loader": "torch_xla.distributed.parallel_loader.MpDeviceLoader",
+                   "step_api": _step_api(replicas),
+                   "sync_api": "torch_xla.sync" if hasattr(torch_xla, "sync") else "xm.mark_step",
+                   "mesh_strategy": spec.mesh.strategy},
+        )
 
 
-def run(spec: RunSpec, out_dir: Path, *, parity: bool, monitor: CompileMonitor, checkpoint: Path | None = None,
-        throughput_steps: int | None = None, provocations=(), profile_steps: int = 0, hlo: bool = True,
-        activations: bool = False, mode: str = "spmd",
-        trace_mode: TraceMode = TraceMode.LAZY, replica: int = 0, replicas: int = 1,
-        progress=None) -> tuple[RunRecord, dict]:
-    """Train `spec`; returns its record and the parity tensors (the caller writes both)."""
-    timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
+def make_trainer(spec: RunSpec, options: RunOptions, monitor, *, mode: str, replica: int = 0,
+                 replicas: int = 1) -> TorchXlaTrainer:
+    """The run's trainer (common.harness.run builds it after the process is ready): torch_xla's matmul
+    precision from the spec, and the SPMD mesh when one process runs several devices."""
     logging.getLogger("torch_xla.backends").setLevel(logging.ERROR)  # it warns on every call
     torch_xla.backends.set_mat_mul_precision(spec.train.matmul_precision)
-    mesh = sharding.make_mesh(spec.mesh) if mode == "spmd" and spec.mesh.device_count > 1 else None
-    trainer = TorchXlaTrainer(spec, spmd_mesh=mesh, replica=replica, replicas=replicas, checkpoint=checkpoint,
-                              provocations=provocations, trace_mode=trace_mode)
-    tensors = {}
-    if parity and replica == 0:  # step-0 forward and gradients on the global batch, before any update
-        tensors = trainer.step0_tensors(trainer.global_device_batch(0))
-        monitor.collect()
-
-    record = _new_record(spec, mode, replicas, trace_mode)
-    record.extra["start"] = trainer.start
-    record.extra["provoked"] = [str(p) for p in trainer.provocations]
-    trace_ms, fed = [], []
-    timeline["loop_start"] = time.time()
-    for step, batch in enumerate(trainer.loader(0, spec.train.steps)):
-        value, wall_ms, traced_ms = timed_step(trainer, monitor, step, batch)
-        trace_ms.append(traced_ms)
-        fed.append((tuple(batch["inputs"].shape), str(batch["inputs"].dtype).removeprefix("torch.")))
-        if progress:
-            progress(step, value, wall_ms)
-        if not record.add_step(step, value, wall_ms):
-            break
-    monitor.at(Phase.LOOP, spec.train.steps)
-
-    if mode == "spawn":
-        replica_sync.check_replicas_agree(trainer, record)
-    if record.status == RecordStatus.OK:
-        if parity and replica == 0:
-            tensors["params"], tensors["state"] = trainer.canonical_params(), trainer.canonical_state()
-            trained = trainer.host_state()  # its eval-mode forward runs last, apart from the run's graphs
-        record.throughput = _pipelined_throughput(trainer, spec, throughput_steps)
-        record.profile = _profiled_steps(trainer, spec.train.steps + record.throughput.get("steps", 0),
-                                         profile_steps, out_dir)
-        monitor.collect()
-    timeline["loop_end"] = time.time()
-    record.compile_events = list(monitor.events)
-    record.trace_ms, record.timeline, record.peak_rss_mb = trace_ms, timeline, peak_rss_mb()
-    record.extra["counters"] = monitor.counters()
-    record_sites(record, spec, trainer.dropout_sites)
-    if replica == 0:  # one reader of the shared debug log and HLO dump
-        attach_causes(record, out_dir, fed)
-        if hlo:
-            record.hlo_stats = hlo_statistics(out_dir, step_graphs(record.compile_events, SETTLE_STEPS, trace_mode))
-    if parity and replica == 0 and record.status == RecordStatus.OK:  # analysis too, after the run's graphs
-        tensors["eval"] = {"logits": trainer.eval_logits(trained, held_inputs(spec, trainer.data))}
-        shutil.rmtree(out_dir / DUMP_DIR, ignore_errors=True)
-    if activations and replica == 0:  # last: the capture's graphs are analysis, never mixed with the run's
-        capture = trainer.step0_activations(activation_inputs(spec, trainer.data.global_batch(0).inputs))
-        tensors["activations"], record.extra["activations_skipped"] = capture.arrays, capture.skipped
-        shutil.rmtree(out_dir / DUMP_DIR, ignore_errors=True)
-    return record, tensors
+    mesh = sharding.make_mesh(spec.mesh) if mode == "spmd" else None
+    return TorchXlaTrainer(spec, options, monitor, spmd_mesh=mesh, mode=mode, replica=replica, replicas=replicas)
 
 
-def _pipelined_throughput(trainer: TorchXlaTrainer, spec: RunSpec, steps: int | None) -> dict:
+def _pipelined_throughput(trainer: TorchXlaTrainer, steps: int | None) -> dict:
     """K more steps with a sync each but one wait at the end (tracing overlaps device work).
 
     As in the JAX twin, the batches are on the device before the clock starts,
@@ -296,6 +318,7 @@ def _pipelined_throughput(trainer: TorchXlaTrainer, spec: RunSpec, steps: int | 
     `torch_xla.sync()` is no graph output, so torch_xla traces and compiles a
     different graph (measured: one extra compile).
     """
+    spec = trainer.spec
     steps = spec.train.steps if steps is None else steps
     if steps <= 0:
         return {}
@@ -315,28 +338,6 @@ def _step_api(replicas: int) -> str:
     if replica_sync.cpu_threads():
         return "bucketed all-reduce with a channel id (_xla_spmd_all_reduce) + optimizer.step"
     return "xm.reduce_gradients + optimizer.step"
-
-
-def _new_record(spec: RunSpec, mode: str, replicas: int, trace_mode: TraceMode) -> RunRecord:
-    return RunRecord(
-        backend="torch_xla", spec=spec.to_dict(),
-        versions=package_versions("torch", "torch-xla"),
-        platform={**host_platform(), "device_platform": xr.device_type(), "device_kind": xr.device_type(),
-                  "device_count": xr.global_runtime_device_count(), "process_count": xr.process_count()},
-        numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
-                  "torch_xla_mat_mul_precision": torch_xla.backends.get_mat_mul_precision(),
-                  "bf16_policy": "float32 params and optimizer state, torch.autocast('xla', bfloat16) forward, "
-                                 "float32 loss",
-                  "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
-                  "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
-        settle_steps=SETTLE_STEPS, trace_mode=trace_mode,
-        extra={"mode": mode, "replicas": replicas,
-               "compile_counts_cover": "every replica in this process" if mode == "spawn" else "this process",
-               "loader": "torch_xla.distributed.parallel_loader.MpDeviceLoader",
-               "step_api": _step_api(replicas),
-               "sync_api": "torch_xla.sync" if hasattr(torch_xla, "sync") else "xm.mark_step",
-               "mesh_strategy": spec.mesh.strategy},
-    )
 
 
 def _profiled_steps(trainer: TorchXlaTrainer, first: int, n: int, out_dir: Path) -> dict | None:

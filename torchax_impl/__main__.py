@@ -18,19 +18,17 @@ def add_flags(parser) -> None:
     pass
 
 
-def train(spec, args, out_dir, progress):
+def train(spec, options, progress):
+    from common import harness
     from jax_impl import sharding
     from jax_impl.instrument import CompileMonitor, enable_compile_cache
-    from torchax_impl.train import run
+    from torchax_impl.train import make_trainer
 
     sharding.set_cpu_device_count(spec.mesh.device_count)
     sharding.check_platform()  # torchax runs on JAX: a JAX_PLATFORMS this machine lacks is one line and exit 2
-    cache = enable_compile_cache(args.compile_cache)
+    cache = enable_compile_cache(options.compile_cache)
     monitor = CompileMonitor()
-    record, tensors = run(spec, out_dir, parity=args.parity, activations=args.activations, checkpoint=args.checkpoint,
-                          throughput_steps=args.throughput_steps, provocations=args.provoke, profile_steps=args.profile,
-                          hlo=not args.no_hlo,
-                          monitor=monitor, progress=progress)
+    record, tensors = harness.run(lambda: make_trainer(spec, options, monitor), options, progress)
     record.compile_cache = monitor.cache_summary(cache)
     return record, tensors, True
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,7 @@ import torchax
 from torchax import interop
 
 from common.activations import Capture
+from common.harness import RunOptions
 from common.outputs import logits_of
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
@@ -40,7 +40,7 @@ from common.twin import twin_of
 from common.weights import start_info, start_state
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
-from jax_impl.loop import JittedTrainer, run_jitted
+from jax_impl.loop import JittedTrainer, jitted_mesh
 from jax_impl.optim import make_optimizer
 from jax_impl.sharding import StepBatch
 from torch_impl import masks
@@ -72,8 +72,9 @@ def batch_norm_buffers(model: torch.nn.Module) -> set[str]:
 class TorchaxTrainer(JittedTrainer):
     """The extracted weights, optimizer state and jitted functions of one spec."""
 
-    def __init__(self, spec: RunSpec, mesh, checkpoint: Path | None = None):
-        self.spec, self.mesh = spec, mesh
+    def __init__(self, spec: RunSpec, mesh, options: RunOptions, monitor: CompileMonitor):
+        self.bind(spec, options, monitor, mesh)
+        checkpoint = options.checkpoint
         model = build_model(spec.model, spec.train.seed)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
         model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
@@ -146,7 +147,7 @@ class TorchaxTrainer(JittedTrainer):
     def _loss(self, params, batch: StepBatch):
         return interop.call_torch(cross_entropy, self._forward(params, batch.inputs), batch.targets)
 
-    def step0_activations(self, inputs: np.ndarray) -> Capture:
+    def _activations(self, inputs: np.ndarray) -> Capture:
         """Module activations from the torch module run eagerly by torchax (forward hooks see torchax
         tensors); called before any update, when the module still holds the starting weights."""
         env = torchax.default_env()
@@ -157,40 +158,35 @@ class TorchaxTrainer(JittedTrainer):
             return capture_activations(model, env.j2t_iso(self._in_compute_dtype(jnp.asarray(inputs))),
                                        self.module_names, to_numpy=lambda t: np.asarray(env.t2j_iso(t), np.float32))
 
+    def new_record(self) -> RunRecord:
+        spec = self.spec
+        devices = jax.devices()
+        return RunRecord(
+            backend="torchax", spec=spec.to_dict(),
+            versions=package_versions("torch", "torchax", "jax", "jaxlib", "optax"),
+            platform={**host_platform(), "device_platform": devices[0].platform, "device_kind": devices[0].device_kind,
+                      "device_count": len(devices), "process_count": jax.process_count()},
+            numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
+                      "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+                      "bf16_policy": "float32 params and optimizer state, float params, buffers and inputs cast to "
+                                     "bfloat16 for the forward (the JAX twin's module-dtype policy), float32 loss",
+                      "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
+                      "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
+            settle_steps=SETTLE_STEPS,
+            extra={"optimizer": "optax with torch's semantics (jax_impl.optim) on the extracted weights, inside the "
+                                "jitted step: torchax's own training recipe; torch.optim's in-place Python updates "
+                                "cannot be traced into one jitted step",
+                   "step_api": "jax.jit(value_and_grad over torchax.extract_jax weights + optax, donated)",
+                   "mesh_strategy": spec.mesh.strategy},
+        )
+
     def to_canonical(self, tree) -> dict[str, np.ndarray]:
         return to_canonical({k: sharding.to_host(v) for k, v in tree.items()}, self.correspondence)
 
 
-def run(spec: RunSpec, out_dir: Path, *, parity: bool, activations: bool = False, checkpoint: Path | None = None,
-        throughput_steps: int | None = None, provocations=(), profile_steps: int = 0, hlo: bool = True,
-        monitor: CompileMonitor, progress=None) -> tuple[RunRecord, dict]:
-    """Train `spec` through torchax; returns its record and the parity tensors (the caller writes both)."""
+def make_trainer(spec: RunSpec, options: RunOptions, monitor: CompileMonitor) -> TorchaxTrainer:
+    """The run's trainer (common.harness.run builds it after the process is ready)."""
     # cross_entropy casts the targets to torch's index dtype, int64; JAX without x64 keeps int32 (every
     # class and token id fits) and would warn at each trace
     warnings.filterwarnings("ignore", message="Explicitly requested dtype int64", category=UserWarning)
-    return run_jitted(spec, out_dir, lambda mesh: TorchaxTrainer(spec, mesh, checkpoint), lambda: _new_record(spec),
-                      parity=parity, activations=activations, throughput_steps=throughput_steps,
-                      provocations=list(provocations), profile_steps=profile_steps, hlo=hlo,
-                      monitor=monitor, progress=progress)
-
-
-def _new_record(spec: RunSpec) -> RunRecord:
-    devices = jax.devices()
-    return RunRecord(
-        backend="torchax", spec=spec.to_dict(),
-        versions=package_versions("torch", "torchax", "jax", "jaxlib", "optax"),
-        platform={**host_platform(), "device_platform": devices[0].platform, "device_kind": devices[0].device_kind,
-                  "device_count": len(devices), "process_count": jax.process_count()},
-        numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
-                  "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-                  "bf16_policy": "float32 params and optimizer state, float params, buffers and inputs cast to "
-                                 "bfloat16 for the forward (the JAX twin's module-dtype policy), float32 loss",
-                  "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
-                  "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
-        settle_steps=SETTLE_STEPS,
-        extra={"optimizer": "optax with torch's semantics (jax_impl.optim) on the extracted weights, inside the "
-                            "jitted step: torchax's own training recipe; torch.optim's in-place Python updates "
-                            "cannot be traced into one jitted step",
-               "step_api": "jax.jit(value_and_grad over torchax.extract_jax weights + optax, donated)",
-               "mesh_strategy": spec.mesh.strategy},
-    )
+    return TorchaxTrainer(spec, jitted_mesh(spec), options, monitor)

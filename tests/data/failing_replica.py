@@ -2,14 +2,13 @@
 
 Replica 1 raises a DataError at once; replica 0 trains and meets the others at the first compile barrier.
 Prints what `run_spawn` raised: `<type>: <message>`."""
-import argparse
 import sys
 from pathlib import Path
 
 MESSAGE = "shard-1.bin: token id 300 at position 12 is outside model.vocab_size=256; use a matching vocab_size"
 
 
-def replica(index, spec_dict, options):
+def replica(index, spec_dict, options, progress):
     import torch_xla.runtime as xr
 
     from common.data import DataError
@@ -17,20 +16,21 @@ def replica(index, spec_dict, options):
 
     if xr.global_ordinal() == 1:
         raise DataError(MESSAGE)
-    _replica(index, spec_dict, options)
+    _replica(index, spec_dict, options, progress)
 
 
 if __name__ == "__main__":
     from torch_xla_impl import sharding
 
     sharding.configure_platform(2)
+    from common.harness import RunOptions
     from common.presets import load_spec
     from torch_xla_impl.spawn import run_spawn
 
     spec = load_spec("mlp-tiny", ["mesh.data=2", "train.steps=3"])
-    flags = argparse.Namespace(parity=False, checkpoint=None, throughput_steps=0, provoke=[], activations=False)
+    options = RunOptions(throughput_steps=0, out_dir=Path(sys.argv[1]))
     try:
-        run_spawn(spec, flags, Path(sys.argv[1]), False, replica=replica)
+        run_spawn(spec, options, False, replica=replica)
         print("no error")
     except Exception as e:
         print(f"{type(e).__name__}: {e}")

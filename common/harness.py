@@ -1,0 +1,106 @@
+"""One backend process's run, written once: the options it was started with, and the loop's bookkeeping and
+its run record's around each runtime's own step.
+
+Every runtime's trainer (jax_impl.train.JaxTrainer, torch_impl.train.TorchTrainer,
+torch_xla_impl.train.TorchXlaTrainer, torchax_impl.train.TorchaxTrainer) keeps its idiomatic step, loader and
+sync, and implements `Runtime`: the same names and signatures on every backend, which the benchmarks time too.
+`run` owns what every backend does alike: the timeline compare's wall-time breakdown reads, the start and the
+provoked recompiles in the record, the step-0 parity tensors and activations at their place, the loop with its
+progress lines and its stop at a non-finite loss, the dropout sites and the peak RSS.
+
+Numpy only: each backend's `__main__` imports its framework, builds its trainer and hands it here.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from common.activations import Capture
+from common.data import activation_inputs
+from common.masks import record_sites
+from common.provoke import Provocation
+from common.record import RunRecord, peak_rss_mb
+from common.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a backend process runs, read once from its command line (common/backend_main.py); its spec is
+    apart (one spec file)."""
+
+    parity: bool = False  # step-0 tensors, final parameters and state, eval-mode logits
+    activations: bool = False  # step 0's per-module inputs and outputs
+    checkpoint: str | None = None  # the start weights, FORMAT:PATH; None: the spec's own initialisation
+    throughput_steps: int | None = None  # pipelined steps after the loop; None: train.steps, 0: none
+    provocations: tuple[Provocation, ...] = ()  # recompiles provoked on purpose (common/provoke.py)
+    profile_steps: int = 0  # steps under the framework's profiler after the loop
+    hlo: bool = True  # read the compiled step's HLO statistics
+    compile_cache: Path | None = None
+    out_dir: Path | None = None  # the run directory (profile traces, HLO dumps); None: nothing written
+    own: Mapping[str, object] = field(default_factory=dict)  # the backend's own flags (its add_flags), by name
+
+
+class Runtime(Protocol):
+    """What a runtime's trainer implements for `run`."""
+
+    spec: RunSpec
+    data: object  # its dataset (common.data.make_dataset): global_batch(step)
+    start: dict  # where its weights came from and what loading them cost (common.weights.start_info)
+    dropout_sites: list  # step 0's dropout calls, when fed common's masks (common/masks.py)
+    captures_after_run: bool  # step-0 activations taken after the run (from the start weights) or before it
+
+    def new_record(self) -> RunRecord:
+        """The run record, its platform, numerics and settle steps filled in."""
+
+    def step0_tensors(self) -> dict:
+        """Before any update: step 0's logits and loss and every gradient, canonical."""
+
+    def step0_activations(self, inputs) -> Capture:
+        """Every module's input and output on `inputs` (a slice of step 0's batch), from the start weights."""
+
+    def batches(self, first: int, n: int) -> Iterable:
+        """The batches of steps first .. first + n - 1, on the device, in order."""
+
+    def timed_step(self, step: int, batch) -> tuple[float, float]:
+        """One loop step: (its loss on the host, synced wall ms)."""
+
+    def after_loop(self, record: RunRecord, tensors: dict) -> None:
+        """The end of training: final parameters, state and eval logits, throughput, profile."""
+
+    def analyse(self, record: RunRecord, tensors: dict) -> None:
+        """What is not training and comes after it: compile events and causes, HLO statistics, flops."""
+
+
+def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None) -> tuple[RunRecord, dict]:
+    """Train the runtime `make_runtime` builds; returns its record and parity tensors (the caller writes both)."""
+    timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
+    runtime = make_runtime()
+    spec = runtime.spec
+    tensors = runtime.step0_tensors() if options.parity else {}
+    record = runtime.new_record()
+    if options.activations and not runtime.captures_after_run:
+        _capture(runtime, record, tensors)
+    record.extra["start"], record.extra["provoked"] = runtime.start, [str(p) for p in options.provocations]
+    timeline["loop_start"] = time.time()
+    for step, batch in enumerate(runtime.batches(0, spec.train.steps)):
+        value, wall_ms = runtime.timed_step(step, batch)
+        if progress:
+            progress(step, value, wall_ms)
+        if not record.add_step(step, value, wall_ms):
+            break
+    runtime.after_loop(record, tensors)
+    timeline["loop_end"] = time.time()
+    runtime.analyse(record, tensors)
+    if options.activations and runtime.captures_after_run:  # last: its graphs are analysis, never the run's
+        _capture(runtime, record, tensors)
+    record_sites(record, spec, runtime.dropout_sites)
+    record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
+    return record, tensors
+
+
+def _capture(runtime: Runtime, record: RunRecord, tensors: dict) -> None:
+    capture = runtime.step0_activations(activation_inputs(runtime.spec, runtime.data.global_batch(0).inputs))
+    tensors["activations"], record.extra["activations_skipped"] = capture.arrays, capture.skipped
