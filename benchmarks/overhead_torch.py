@@ -22,7 +22,8 @@ from common.twin import twin_of
 from common.weights import start_params
 from torch_impl.convert import load_canonical
 from torch_impl.models import build_model
-from torch_impl.train import TorchTrainer, cross_entropy, make_optimizer
+from torch_impl.optim import make_optimizer
+from torch_impl.train import TorchTrainer, cross_entropy
 
 
 def minimal_loop(spec, inputs, targets, checkpoint=None):

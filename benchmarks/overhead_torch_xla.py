@@ -35,7 +35,8 @@ from common.twin import twin_of  # noqa: E402
 from common.weights import start_params  # noqa: E402
 from torch_impl import convert  # noqa: E402
 from torch_impl.models import build_model  # noqa: E402
-from torch_impl.train import cross_entropy, make_optimizer  # noqa: E402
+from torch_impl.optim import make_optimizer  # noqa: E402
+from torch_impl.train import cross_entropy  # noqa: E402
 from torch_xla_impl.instrument import CompileMonitor  # noqa: E402
 from torch_xla_impl.train import TorchXlaTrainer  # noqa: E402
 

@@ -4,106 +4,21 @@ model's parameter state (`nnx.state(model, nnx.Param)`, restored with `nnx.updat
     --spec S --canonical IN.safetensors --to-orbax DIR     canonical weights -> orbax
     --spec S --orbax DIR --to-canonical OUT.safetensors    orbax -> canonical weights
 
-Written with orbax-checkpoint's StandardCheckpointer into a temporary directory moved into place (a
-reader never sees half a checkpoint), never over what the user had (`common.targets`: a new or empty
-directory, or one of our checkpoints with --overwrite). A directory that is not an orbax checkpoint of
-this model is one line and exit 2; a write that fails (disk full) is one line and exit 7.
+The checkpoints are jax_impl/checkpoint_io.py's. A directory that is not an orbax checkpoint of this model
+is one line and exit 2; a write that fails (disk full) is one line and exit 7.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import sys
 from pathlib import Path
 
 from common.cli import INPUT_ERRORS, Parser, fail
-from common.fsutil import require_regular_file
 from common.presets import load_spec
-from common.targets import TargetWriteError, checkpoint_dir, write_failed
+from common.targets import TargetWriteError, write_failed
 from common.vocab import ExitCode
-from common.weights import CheckpointError, load_checkpoint, save_checkpoint
-
-_STDERR = 2  # where main says a failed write: fd 2, or a copy of it while orbax's threads are silenced
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """orbax's writer threads log a failed write (disk full) over and over with tracebacks, and go on
-    after the save has failed: fd 2 stays silenced then, and main says the failure once, in one line."""
-    global _STDERR
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
-    try:
-        yield
-    except (OSError, ValueError, RuntimeError):  # a failed write (see save_orbax): its threads go on logging
-        _STDERR = saved
-        raise
-    except BaseException:
-        os.dup2(saved, 2)
-        os.close(saved)
-        raise
-    os.dup2(saved, 2)
-    os.close(saved)
-
-
-def save_orbax(spec, canonical: dict, directory: Path, overwrite: bool = False, flag: str | None = None) -> None:
-    import orbax.checkpoint as ocp
-    from flax import nnx
-
-    from jax_impl import convert
-    from jax_impl.models import build_model
-
-    state = convert.load_canonical(nnx.state(build_model(spec.model), nnx.Param), canonical, spec.model)
-    with checkpoint_dir(directory, overwrite, flag or f"--to-orbax {directory}") as tmp:
-        try:
-            with _quiet_stderr(), ocp.StandardCheckpointer() as checkpointer:
-                checkpointer.save(tmp.resolve() / "state", state)
-        except (OSError, ValueError, RuntimeError) as e:  # tensorstore's wrapping of a failed write (EFBIG, ENOSPC)
-            code = getattr(e, "errno", None) or next(map(int, re.findall(r"os_error_code='(\d+)'", str(e))), None)
-            raise OSError(code, os.strerror(code) if code else str(e).splitlines()[0]) from None
-
-
-def restore_orbax(spec, directory: Path) -> dict:
-    """{canonical name: array}: the orbax state restored into the model's abstract state, then nnx.update."""
-    import jax
-    import numpy as np
-    import orbax.checkpoint as ocp
-    from flax import nnx
-
-    from jax_impl import convert
-    from jax_impl.models import build_model
-
-    for root, _, names in os.walk(directory / "state"):  # orbax would open a FIFO among them and wait forever
-        for name in names:
-            require_regular_file(Path(root) / name, "orbax checkpoint file", CheckpointError)
-    model = build_model(spec.model)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.state(model, nnx.Param))
-    try:
-        with ocp.StandardCheckpointer() as checkpointer:
-            restored = checkpointer.restore(directory.resolve() / "state", abstract)
-    except (FileNotFoundError, ValueError, KeyError, OSError) as e:
-        raise CheckpointError(f"orbax checkpoint {directory} is not an orbax checkpoint of this model: "
-                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    nnx.update(model, restored)  # how a user restores it into their model
-    return {k: np.asarray(v) for k, v in convert.to_canonical(nnx.state(model, nnx.Param)).items()}
-
-
-def start_weights(spec, checkpoint) -> dict:
-    """What the JAX twin starts from (canonical arrays): the canonical init or checkpoint, or an orbax one."""
-    from common.checkpoints import parse_checkpoint
-    from common.vocab import CheckpointFormat
-    from common.weights import start_params
-
-    fmt, path = parse_checkpoint(checkpoint) if checkpoint else (None, None)
-    if fmt in (None, CheckpointFormat.CANONICAL):
-        return start_params(spec.model, spec.train.seed, path)
-    if fmt == CheckpointFormat.ORBAX:
-        return restore_orbax(spec, path)
-    raise CheckpointError(f"--checkpoint {checkpoint}: the jax backend reads canonical and orbax checkpoints; a "
-                          f"{fmt} one is read by torch: pass it to python -m compare --checkpoint (converted once "
-                          "for every backend) or convert it with python -m compare.convert")
+from common.weights import load_checkpoint, save_checkpoint
+from jax_impl.checkpoint_io import restore_orbax, save_orbax, stderr_fd
 
 
 def main(argv=None) -> int:
@@ -131,7 +46,7 @@ def main(argv=None) -> int:
         fail(str(e), ExitCode.USAGE)
     except TargetWriteError as e:
         sys.stderr.flush()
-        os.write(_STDERR, f"error: {e}\n".encode())
+        os.write(stderr_fd(), f"error: {e}\n".encode())
         os._exit(ExitCode.IO)  # not sys.exit: orbax's failed writer threads would log tracebacks at shutdown
     return ExitCode.OK
 

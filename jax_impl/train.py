@@ -28,7 +28,7 @@ from common.twin import twin_of
 from common.weights import start_info, start_state
 from jax_impl import convert, masks, sharding
 from jax_impl.capture import capture_activations
-from jax_impl.export import start_weights
+from jax_impl.checkpoint_io import start_weights
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, jitted_mesh
 from jax_impl.models import build_model, nnx_input_axes, nnx_inputs

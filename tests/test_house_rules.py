@@ -245,3 +245,35 @@ def test_every_registered_backend_is_a_package_we_ship_and_document():
         assert f'backend_main.main("{row.package}"' in (REPO / row.package / "__main__.py").read_text(), row.name
         assert row.extra in project["project"]["optional-dependencies"], row.name
         assert re.search(rf"^\| `{row.name}` \|.*\| `{row.package}` \|$", readme, re.M), f"{row.name} not in README"
+
+
+# jax_impl and torch_impl (the two twins) have these modules alike, each doing the same job with the same names
+MIRRORED = ("models", "convert", "capture", "describe", "masks", "optim", "checkpoint_io", "export", "train")
+
+
+def test_the_twins_mirror_file_for_file():
+    missing = [f"{pkg}/{m}.py" for m in MIRRORED for pkg in ("jax_impl", "torch_impl")
+               if not (REPO / pkg / f"{m}.py").exists()]
+    assert not missing, missing
+    readme = (REPO / "README.md").read_text()
+    assert all(f"`{m}`" in readme.split("The twins mirror each other")[1][:400] for m in MIRRORED)
+
+
+def test_every_trainer_implements_the_harness_runtime_with_the_same_signatures():
+    """Each backend's `<package>.train.make_trainer` builds a common.harness.Runtime: the methods the harness
+    calls, with the same parameters on every backend (the benchmarks time the same `timed_step`)."""
+    import importlib
+    import inspect
+    import typing
+
+    from common.harness import Runtime
+
+    methods = {name: list(inspect.signature(f).parameters) for name, f in vars(Runtime).items()
+               if inspect.isfunction(f) and not name.startswith("_")}
+    assert {"timed_step", "step0_tensors", "batches", "after_loop", "analyse", "new_record"} <= set(methods)
+    for row in BACKEND_ROWS:
+        module = importlib.import_module(f"{row.package}.train")
+        trainer = typing.get_type_hints(module.make_trainer)["return"]
+        for name, parameters in methods.items():
+            assert list(inspect.signature(getattr(trainer, name)).parameters) == parameters, (row.name, name)
+        assert isinstance(trainer.captures_after_run, bool), row.name

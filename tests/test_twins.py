@@ -36,7 +36,8 @@ def torch_side(spec, batches):
     from torch_impl.capture import capture_activations
     from torch_impl.convert import correspondence, load_canonical, modules_to_canonical, to_canonical
     from torch_impl.models import build_model
-    from torch_impl.train import clip_gradients, cross_entropy, make_optimizer, set_lr
+    from torch_impl.optim import clip_gradients, make_optimizer, set_lr
+    from torch_impl.train import cross_entropy
 
     model = load_canonical(build_model(spec.model), init_params(spec.model, spec.train.seed), spec.model)
     links = correspondence(model, spec.model)
@@ -178,7 +179,7 @@ def test_weight_decay_mask_spares_biases_and_norms(mask):
     import optax
 
     from jax_impl.optim import make_optimizer as optax_optimizer
-    from torch_impl.train import make_optimizer as torch_optimizer
+    from torch_impl.optim import make_optimizer as torch_optimizer
 
     spec = load_spec("gpt-tiny", ["train.schedule=constant", "train.schedule_warmup_steps=0", "train.lr=0.1",
                                   "train.weight_decay=0.5", "train.grad_clip=0", f"train.weight_decay_mask={mask}"])

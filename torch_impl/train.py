@@ -1,6 +1,6 @@
-"""Torch training: the step pieces every torch runtime shares (optimizer from the spec, loss, lr
-schedule, gradient clip: the twins of `jax_impl/train.py`'s), and the eager PyTorch runtime itself
-(`TorchTrainer`, `run`), which the `torch` backend runs and every port is checked against."""
+"""Torch training: the pieces every torch runtime shares (the loss, the eval-mode forward, buffers kept out
+of analysis steps: the twins of `jax_impl/train.py`'s; the optimizer is torch_impl/optim.py's), and the eager
+PyTorch runtime itself (`TorchTrainer`), which the `torch` backend runs and every port is checked against."""
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +18,7 @@ from common.harness import RunOptions
 from common.outputs import logits_of
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
-from common.spec import RunSpec, TrainSpec
+from common.spec import RunSpec
 from common.twin import twin_of
 from common.vocab import RecordStatus
 from common.weights import start_info, start_state
@@ -34,36 +34,12 @@ from torch_impl.convert import (
 )
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
-
-
-def make_optimizer(params, train: TrainSpec) -> torch.optim.Optimizer:
-    """Every hyperparameter passed explicitly (torch AdamW defaults weight_decay to 0.01, optax to 1e-4);
-    the weight-decay mask as two param groups, from the rule optax's `mask=` uses (TrainSpec.decays)."""
-    params = list(params)
-    groups = [{"params": [p for p in params if train.decays(p.ndim)], "weight_decay": train.weight_decay},
-              {"params": [p for p in params if not train.decays(p.ndim)], "weight_decay": 0.0}]
-    groups = [g for g in groups if g["params"]]
-    if train.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
-                                 amsgrad=False)
-    return torch.optim.SGD(groups, lr=train.lr, momentum=train.momentum, dampening=0.0, nesterov=train.nesterov)
+from torch_impl.optim import clip_gradients, make_optimizer, set_lr
 
 
 def cross_entropy(logits, targets):
     """Mean softmax cross-entropy over every position, in float32."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
-
-
-def set_lr(optimizer: torch.optim.Optimizer, train: TrainSpec, step: int) -> None:
-    """The spec's lr of `step` on every param group, as nanoGPT does (`TrainSpec.lr_at`)."""
-    for group in optimizer.param_groups:
-        group["lr"] = train.lr_at(step)
-
-
-def clip_gradients(parameters, train: TrainSpec) -> None:
-    """Global-norm clip, torch's formula: scale by min(1, max_norm / (norm + 1e-6)); 0 turns it off."""
-    if train.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(parameters, train.grad_clip)
 
 
 # ---- The eager PyTorch runtime (`python -m torch_impl`): the ground truth of the PyTorch side ----

@@ -55,7 +55,8 @@ from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
-from torch_impl.train import clip_gradients, cross_entropy, eval_logits, make_optimizer, set_lr, untouched_buffers
+from torch_impl.optim import clip_gradients, make_optimizer, set_lr
+from torch_impl.train import cross_entropy, eval_logits, untouched_buffers
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
 from torch_xla_impl.batches import StepBatches

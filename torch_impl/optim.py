@@ -1,0 +1,33 @@
+"""torch.optim from the spec: the twin of `jax_impl/optim.py` (same function names). Every hyperparameter is
+explicit, the lr of each step set on the param groups (`TrainSpec.lr_at`, as nanoGPT does), the global-norm
+clip by torch's own formula."""
+from __future__ import annotations
+
+import torch
+
+from common.spec import TrainSpec
+
+
+def make_optimizer(params, train: TrainSpec) -> torch.optim.Optimizer:
+    """Every hyperparameter passed explicitly (torch AdamW defaults weight_decay to 0.01, optax to 1e-4);
+    the weight-decay mask as two param groups, from the rule optax's `mask=` uses (TrainSpec.decays)."""
+    params = list(params)
+    groups = [{"params": [p for p in params if train.decays(p.ndim)], "weight_decay": train.weight_decay},
+              {"params": [p for p in params if not train.decays(p.ndim)], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    if train.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
+                                 amsgrad=False)
+    return torch.optim.SGD(groups, lr=train.lr, momentum=train.momentum, dampening=0.0, nesterov=train.nesterov)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, train: TrainSpec, step: int) -> None:
+    """The spec's lr of `step` on every param group, as nanoGPT does (`TrainSpec.lr_at`)."""
+    for group in optimizer.param_groups:
+        group["lr"] = train.lr_at(step)
+
+
+def clip_gradients(parameters, train: TrainSpec) -> None:
+    """Global-norm clip, torch's formula: scale by min(1, max_norm / (norm + 1e-6)); 0 turns it off."""
+    if train.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(parameters, train.grad_clip)
