@@ -288,8 +288,8 @@ def test_a_declaration_that_cannot_work_is_refused_when_the_twin_loads(tmp_path,
     pytest.param("nnx_tuple", r"the forward of nnx='models.py:NnxTuple' returns a tuple with no array",
                  marks=pytest.mark.error_case("twin-forward-not-one-tensor")),
     pytest.param("torch_exits", r"describing the torch side of twin '.*:torch_exits' exited with code 0 before "
-                                r"writing torch_params.json, torch_init.safetensors \(sys.exit or os._exit in the "
-                                r"torch factory", marks=pytest.mark.error_case("twin-factory-exits")),
+                                r"writing torch_params.json, torch_modules.json, torch_init.safetensors \(sys.exit or "
+                                r"os._exit in the torch factory", marks=pytest.mark.error_case("twin-factory-exits")),
     pytest.param("nnx_os_exit", r"describing the NNX side of twin '.*:nnx_os_exit' exited with code 0 before "
                                 r"writing nnx_params.json", marks=pytest.mark.error_case("twin-factory-exits")),
     pytest.param("torch_killed", r"describing the torch side of twin '.*:torch_killed' was killed by SIGKILL",
