@@ -60,9 +60,9 @@ def hf_reference(model, spec):
     return logits0, losses
 
 
-def compare(tmp_path, *args):
+def compare(tmp_path, *args, env=None):
     return run_cli("compare", "--quiet", "--backend", "jax,torch", "--steps", str(STEPS), "--out",
-                   str(tmp_path / "run"), *args, timeout=900)
+                   str(tmp_path / "run"), *args, timeout=900, env=env)
 
 
 @pytest.mark.slow
@@ -152,18 +152,16 @@ def test_each_bad_checkpoint_is_refused_naming_file_and_tensor(tmp_path, index):
 
 @pytest.mark.slow
 def test_bad_checkpoints_through_compare_are_one_line_exit_2_and_write_nothing(tmp_path):
-    import tempfile
-    from pathlib import Path
-
-    before = set(Path(tempfile.gettempdir()).glob("xla-twins-prepare-*"))
+    temp = tmp_path / "tmp"  # compare's own temporary folders: this test's alone (other tests run beside it)
+    temp.mkdir()
     cases = bad_checkpoints(tmp_path)
     for args, message in (cases[0], cases[7]):  # one found by the torch process, one by compare itself
-        proc = compare(tmp_path, "--checkpoint", *args)
+        proc = compare(tmp_path, "--checkpoint", *args, env={"TMPDIR": str(temp)})
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
         assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, (args, proc.stderr)
         assert re.search(message, errors[0]), (message, errors[0])
         assert not (tmp_path / "run").exists()
-    assert set(Path(tempfile.gettempdir()).glob("xla-twins-prepare-*")) == before  # nothing left behind
+    assert list(temp.iterdir()) == []  # nothing left behind
 
 
 def convert(*args):

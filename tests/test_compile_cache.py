@@ -72,7 +72,9 @@ def test_no_compile_cache_turns_it_off(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["compile_cache"] is None
     assert report["backends"]["jax"]["compile_cache"] == {"enabled": False}
-    assert report["backends"]["jax"]["peak_source"] == "measured numpy float32 matmul peak of this CPU"
+    # measured afresh, not read from a cache (a busy machine adds why it reads below the run's own rate)
+    assert report["backends"]["jax"]["peak_source"].startswith("measured numpy float32 matmul peak of this CPU")
+    assert "cached" not in report["backends"]["jax"]["peak_source"]
 
 
 @pytest.mark.error_case("cache-dir-unusable", "cache-entries-corrupt")
