@@ -24,8 +24,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m compare --backend both
 
+# Two phases: everything but the timing tests in two processes (pytest-xdist, one per core), then the
+# tests that time things alone. tests/conftest.py gives every process one OpenMP thread.
 test: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider
+	$(PY) -m pytest -p no:cacheprovider -n 2 -m 'not serial'
+	$(PY) -m pytest -p no:cacheprovider -m serial
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -m 'not slow'

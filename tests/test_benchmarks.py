@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # it times steps: nothing may run beside it
 
 
 def test_benchmark_measures_every_figure(tmp_path):

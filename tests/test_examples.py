@@ -154,7 +154,8 @@ def test_hugging_faces_own_llama_class_passes_against_the_nnx_port_from_save_pre
 def test_a_rotary_misport_against_hugging_faces_class_is_named_at_its_attention(tmp_path):
     """Hugging Face calls its attention with keyword arguments only: captured, so the interleaved-rotary
     port is named at layers.0.attn (it was blamed on the whole decoder layer)."""
-    proc, report = compare(tmp_path / "run", "--twin", f"{LLAMA}:llama_hf_misported", "--backend", "jax,torch")
+    proc, report = compare(tmp_path / "run", "--twin", f"{LLAMA}:llama_hf_misported", "--backend", "jax,torch",
+                           "--steps", "2")  # step 0 locates it
     assert proc.returncode == 1
     found = report["parity"]["torch"]["first_divergent_module"]
     assert found["module"] == "layers.0.attn" and found["input_agrees"], found
