@@ -239,11 +239,12 @@ def check_parity_mode(args, spec) -> None:
 
 def locate_divergence(args, plan: Plan, outcome, build) -> dict:
     """The report (`build(interrupted)`), built again with the activations of the backends that part at step
-    0 when there are any (of every backend with --activations), captured now."""
+    0 when there are any (of every backend with --activations), captured now. Not in the statistical mode:
+    each framework draws its own dropout masks, so step 0 parts by design and its activations locate nothing."""
     report = build(outcome.interrupted)
     parted = list(plan.launches) if args.activations and report.get("parity") else parted_at_step0(report)
     parted = [n for n in parted if n in plan.launches]
-    if not parted or outcome.interrupted:
+    if not parted or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
         return report
     try:
         capture(parted, plan.pythons, {n: capture_launch(args, n) for n in parted}, plan.out, args.timeout)

@@ -12,13 +12,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]  # it times steps: nothing m
 def test_benchmark_measures_every_figure(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_cli("benchmarks", "--presets", "mlp-tiny", "--rounds", "3", "--repeats", "1", "--out", str(out),
-                   timeout=900)
+                   "--twins", "tests/data/user_project/twins.py:net", timeout=900)  # a small user twin
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["failures"] == []
     overhead = {r["backend"]: r for r in result["overhead"] if r["spec"] == "mlp-tiny"}
     assert set(overhead) == {"jax", "torch_xla", "torch", "torchax"}
-    twin = {r["backend"]: r for r in result["overhead"] if r["spec"] == "llama_tiny"}  # the default --twins
+    twin = {r["backend"]: r for r in result["overhead"] if r["spec"] == "net"}  # through --twins
     assert set(twin) == set(overhead)
     for r in [*overhead.values(), *twin.values()]:
         assert r["compiles_while_timed"] == 0  # every candidate was compiled before the clock
