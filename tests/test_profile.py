@@ -61,6 +61,7 @@ def test_a_corrupt_trace_is_named(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # it compares the profiled steps with unprofiled ones: nothing may run beside it
 def test_profile_writes_traces_the_profiler_reads_and_host_plus_device_is_the_step(tmp_path):
     import jax.profiler
 
