@@ -104,7 +104,7 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
                         help="also save step-0 outputs and gradients and the final parameters (canonical layout)")
     parser.add_argument("--activations", action="store_true",
                         help="also save step 0's per-module inputs and outputs, which locate where two ports part "
-                             "(compare asks for them only when step 0 disagrees: the capture costs a graph per module)")
+                             "(compare asks for them when step 0 disagrees or with its own --activations)")
     parser.add_argument("--checkpoint", type=checkpoint_ref, metavar="FORMAT:PATH",
                         help="start from these weights: canonical:PATH (or a bare path) on every backend; torch: "
                              "and hf: on the torch runtimes, orbax: on jax (compare --checkpoint converts any of "

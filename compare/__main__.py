@@ -136,7 +136,7 @@ def parse_args(argv):
                              "whole run of every backend)")
     parser.add_argument("--activations", action="store_true",
                         help="compare every module's step-0 activations on every backend, even when parity passes "
-                             "(one more one-step run each; by default only where step 0 parts)")
+                             "(each run captures them; by default only where step 0 parts, by one more one-step run)")
     parser.add_argument("--check-determinism", action="store_true",
                         help="run each backend twice and require bitwise-identical per-step losses")
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
@@ -239,12 +239,14 @@ def check_parity_mode(args, spec) -> None:
 
 def locate_divergence(args, plan: Plan, outcome, build) -> dict:
     """The report (`build(interrupted)`), built again with the activations of the backends that part at step
-    0 when there are any (of every backend with --activations), captured now. Not in the statistical mode:
-    each framework draws its own dropout masks, so step 0 parts by design and its activations locate nothing."""
+    0 when there are any, captured now. Not with --activations (the runs captured theirs) nor in the
+    statistical mode: each framework draws its own dropout masks, so step 0 parts by design and its
+    activations locate nothing."""
     report = build(outcome.interrupted)
-    parted = list(plan.launches) if args.activations and report.get("parity") else parted_at_step0(report)
-    parted = [n for n in parted if n in plan.launches]
-    if not parted or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
+    if args.activations or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
+        return report
+    parted = [n for n in parted_at_step0(report) if n in plan.launches]
+    if not parted:
         return report
     try:
         capture(parted, plan.pythons, {n: capture_launch(args, n) for n in parted}, plan.out, args.timeout)
@@ -314,6 +316,7 @@ def claim_run_dir(args, names: list[str], prepared: Path | None):
 
 def main(argv=None) -> int:
     install_signal_handlers()
+    entered = time.time()
     args = parse_args(argv)
     names = backends_of(args.backend)
     reference = reference_of(args, names)
@@ -348,7 +351,8 @@ def main(argv=None) -> int:
     report = locate_divergence(args, plan, outcome,
                                lambda interrupted: build_report(inputs, outcome.runs, interrupted, checks))
     report["run_id"], report["replaced_run"] = args.run_id, run_dir.replaced
-    report["wall_time"] = {"compare_imports_s": main_started - STARTED_AT, "backends_s": backends_done - main_started,
+    report["wall_time"] = {"compare_imports_s": entered - STARTED_AT, "prepare_s": main_started - entered,
+                           "backends_s": backends_done - main_started,
                            "report_s": time.time() - backends_done, "total_s": time.time() - STARTED_AT,
                            "note": "compare's own interpreter start (before its first line) is not included"}
     write_report(report, out)

@@ -50,8 +50,8 @@ def _flags(args, name: str) -> list[str]:
 
 
 def main_launch(args, name: str) -> Launch:
-    """The run itself: every step, with the parity tensors."""
-    return Launch(side_spec(args, name), (*_flags(args, name), "--parity"))
+    """The run itself: every step, with the parity tensors (and step 0's activations with --activations)."""
+    return Launch(side_spec(args, name), (*_flags(args, name), "--parity", *(["--activations"] * args.activations)))
 
 
 def capture_launch(args, name: str) -> Launch:

@@ -39,7 +39,8 @@ report.json keys (schema_version 2):
                           unprofiled_step_median_ms, vs_synced_step,
                           device_source, top_device_ops_ms_per_step} (compare/profile.py), or {available: false, why}
   compile_cache           the cache directory compare gave the backends (null with --no-compile-cache)
-  wall_time               compare_imports_s, backends_s, report_s, total_s (compare's own process)
+  wall_time               compare_imports_s, prepare_s (arguments, a twin's preparation), backends_s, report_s,
+                          total_s (compare's own process)
   ratios                  per backend over the reference: median step time, pipelined throughput
   determinism             with --check-determinism: per backend {bitwise_equal, max_abs, steps}
   parity_mode             deterministic | exact | statistical (--parity-mode)

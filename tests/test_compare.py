@@ -102,6 +102,8 @@ def test_every_backend_passes_parity(preset, tmp_path):
     assert report["backends"]["torch_xla"]["trace_mode"] == "lazy"
     wall = report["wall_time"]
     assert wall["total_s"] >= wall["backends_s"] >= sum(e["wall_s"] for e in report["backends"].values())
+    parts = ("compare_imports_s", "prepare_s", "backends_s", "report_s")
+    assert sum(wall[k] for k in parts) == pytest.approx(wall["total_s"], abs=0.01)
     for f in ("report.md", "loss.png", "loss_diff.png", "step_time.png", *(f"{n}/stdout.log" for n in names)):
         assert (tmp_path / f).stat().st_size > 0, f
     assert all((tmp_path / n / "stderr.log").exists() for n in names)

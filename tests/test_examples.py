@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from common.record import read_record, read_tensors
 from tests.helpers import run_cli
 
 RESNET = "examples/resnet/twin.py"
@@ -42,9 +43,14 @@ def resnet_run(tmp_path_factory):
 def test_the_resnet_passes_on_every_backend_and_every_module_agrees(resnet_run):
     """torchvision's ResNet (in-place ReLU, BatchNorm, projection shortcuts) against its NHWC NNX port, 16
     channels on 16x16 images: every backend passes, and each one's 28 step-0 modules (captured because of
-    --activations) agree, none left out."""
-    proc, report, _ = resnet_run
+    --activations, by the run itself: no second run) agree, none left out."""
+    proc, report, tmp = resnet_run
     assert proc.returncode == 0, report["message"]
+    assert not list((tmp / "run").glob("*/activations"))
+    for name in ("jax", "torch", "torch_xla", "torchax"):
+        run = tmp / "run" / name
+        captured = read_tensors(run, read_record(run))["activations"]
+        assert len([k for k in captured if not k.endswith(":in")]) >= 28, name
     for name in ("torch", "torch_xla", "torchax"):
         parity = report["parity"][name]
         assert parity["passed"] and parity["loss"]["max_abs"] < 1e-4, name

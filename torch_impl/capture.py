@@ -49,10 +49,13 @@ def _host(t: torch.Tensor) -> np.ndarray:
     return t.float().cpu().numpy()
 
 
-def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], to_numpy=_host) -> Capture:
+def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], to_numpy=_host,
+                        sync=None) -> Capture:
     """{canonical module path: output, path + ':in': first input}, channel-last; `names` maps torch module
     names to NNX module paths (torch_impl.convert.modules_to_canonical); `to_numpy` brings a runtime's
-    tensor to the host (torchax's are not CPU tensors). The batch arrives channel-first, as fed."""
+    tensor to the host (torchax's are not CPU tensors); `sync` ends a lazy runtime's graph (torch_xla's), so
+    that every copy is computed in one graph (fetched one by one, each would compile a graph of its own that
+    runs the forward up to its module). The batch arrives channel-first, as fed."""
     tracker, held = LayoutTracker(CHANNEL_FIRST), {}  # key -> (copied tensor, layout)
     entered: dict[int, list] = {}
 
@@ -85,6 +88,9 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
     finally:
         for handle in handles:
             handle.remove()
+    if sync is not None:
+        held = {key: (value.float(), layout) for key, (value, layout) in held.items()}
+        sync()
     capture = Capture()
     for key, (value, layout) in held.items():
         tracker.keep(capture, key, np.asarray(to_numpy(value), np.float32), layout)

@@ -212,7 +212,8 @@ class TorchXlaTrainer:
         model = build_model(self.spec.model, self.spec.train.seed)
         model = convert.load_canonical(model, self.start_params, self.spec.model).to(self.device)
         with self.autocast(), step_masks(self.spec, 0, self.device):
-            capture = capture_activations(model, torch.from_numpy(inputs).to(self.device), self.module_names)
+            capture = capture_activations(model, torch.from_numpy(inputs).to(self.device), self.module_names,
+                                          sync=torch_xla.sync)
         shutil.rmtree(self.options.out_dir / DUMP_DIR, ignore_errors=True)
         return capture
 
