@@ -88,7 +88,8 @@ def refuse_foreign_out(out_dir: Path) -> None:
 
 def run_options(args: argparse.Namespace, own: list[str], out_dir: Path) -> RunOptions:
     """The options of this run, read once; `own`: the dests of the backend's own flags."""
-    return RunOptions(parity=args.parity, activations=args.activations, checkpoint=args.checkpoint,
+    return RunOptions(parity=args.parity, activations=args.activations or args.activations_only,
+                      train=not args.activations_only, checkpoint=args.checkpoint,
                       throughput_steps=args.throughput_steps, provocations=tuple(args.provoke),
                       profile_steps=args.profile, hlo=not args.no_hlo, compile_cache=args.compile_cache,
                       out_dir=out_dir, own={dest: getattr(args, dest) for dest in own})

@@ -105,6 +105,9 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--activations", action="store_true",
                         help="also save step 0's per-module inputs and outputs, which locate where two ports part "
                              "(compare asks for them when step 0 disagrees or with its own --activations)")
+    parser.add_argument("--activations-only", action="store_true",
+                        help="capture step 0's per-module inputs and outputs from the start weights and train "
+                             "nothing (what compare runs to locate a divergence)")
     parser.add_argument("--checkpoint", type=checkpoint_ref, metavar="FORMAT:PATH",
                         help="start from these weights: canonical:PATH (or a bare path) on every backend; torch: "
                              "and hf: on the torch runtimes, orbax: on jax (compare --checkpoint converts any of "

@@ -33,6 +33,7 @@ class RunOptions:
 
     parity: bool = False  # step-0 tensors, final parameters and state, eval-mode logits
     activations: bool = False  # step 0's per-module inputs and outputs
+    train: bool = True  # False: step 0's activations from the start weights, and nothing trained (a capture run)
     checkpoint: str | None = None  # the start weights, FORMAT:PATH; None: the spec's own initialisation
     throughput_steps: int | None = None  # pipelined steps after the loop; None: train.steps, 0: none
     provocations: tuple[Provocation, ...] = ()  # recompiles provoked on purpose (common/provoke.py)
@@ -81,9 +82,12 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     spec = runtime.spec
     tensors = runtime.step0_tensors() if options.parity else {}
     record = runtime.new_record()
-    if options.activations and not runtime.captures_after_run:
+    if options.activations and not (runtime.captures_after_run and options.train):
         _capture(runtime, record, tensors)
     record.extra["start"], record.extra["provoked"] = runtime.start, [str(p) for p in options.provocations]
+    if not options.train:  # compare's capture run (compare/capture.py): no step, no compile of one
+        record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
+        return record, tensors
     timeline["loop_start"] = time.time()
     for step, batch in enumerate(runtime.batches(0, spec.train.steps)):
         value, wall_ms = runtime.timed_step(step, batch)

@@ -136,7 +136,8 @@ def parse_args(argv):
                              "whole run of every backend)")
     parser.add_argument("--activations", action="store_true",
                         help="compare every module's step-0 activations on every backend, even when parity passes "
-                             "(each run captures them; by default only where step 0 parts, by one more one-step run)")
+                             "(each run captures them; by default only where step 0 parts, by one more run that "
+                             "trains nothing)")
     parser.add_argument("--check-determinism", action="store_true",
                         help="run each backend twice and require bitwise-identical per-step losses")
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")

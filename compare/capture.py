@@ -4,7 +4,7 @@ The activations name the first module where two ports part at step 0, and nothin
 costs a forward through every module's hooks, run eagerly (gpt-tiny on this CPU: 1.3 s on jax, 1.5 s on
 torchax, 0.55 s on torch_xla, which computes every copy in one graph), so the backends run without it
 unless `--activations` asks for it. When a pair's step-0 tensors leave tolerance, compare runs the
-reference and that backend once more, for one step, with `--activations`, into
+reference and that backend once more with `--activations-only` (from the start weights, no step trained), into
 `<run>/<backend>/activations/`; the report then names the first divergent module from those runs. A
 reused record (`--<backend>-record`) is not run again: its own activations are used when it has them.
 """

@@ -55,11 +55,11 @@ def main_launch(args, name: str) -> Launch:
 
 
 def capture_launch(args, name: str) -> Launch:
-    """One step that captures step 0's activations (compare/capture.py): no parity tensors, provoked
-    recompiles, HLO, profile or throughput."""
+    """Step 0's activations from the start weights, nothing trained (compare/capture.py): no parity tensors,
+    provoked recompiles, HLO, profile or throughput."""
     changes = {"steps": 1, "provoke": [], "profile": 0, "no_hlo": True}
     side = argparse.Namespace(**{**vars(args), **changes})
-    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--activations", "--throughput-steps", "0"))
+    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--activations-only"))
 
 
 def seed_launch(args, name: str, seed: int) -> Launch:

@@ -44,12 +44,23 @@ def pytest_configure(config):
     config.backend_guard_log = Path(log)
 
 
+# module fixtures that run compare or a backend: the tests that share one run in one test process (make test's
+# `--dist loadgroup`), or each process would make it again
+SHARED_RUNS = ("resnet_run", "single_device")
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
-    """A test that reads the shared finished run needs a backend to have run: it is slow."""
+    """A test that reads the shared finished run needs a backend to have run: it is slow. The slow tests go
+    first, so that the two test processes end together on short tests rather than one waiting on a long one."""
     for item in items:
-        if "finished_run" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "finished_run" in fixtures:
             item.add_marker(pytest.mark.slow)
+        for name in SHARED_RUNS:
+            if name in fixtures:
+                item.add_marker(pytest.mark.xdist_group(name))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: files keep their order
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -66,7 +66,8 @@ def test_the_resnet_passes_on_every_backend_and_every_module_agrees(resnet_run):
 
 @pytest.mark.slow
 def test_the_resnet_padding_misport_is_named_at_its_convolution(tmp_path):
-    proc, report = compare(tmp_path / "run", "--twin", f"{RESNET}:resnet_tiny_same_padding", "--backend", "jax,torch")
+    proc, report = compare(tmp_path / "run", "--twin", f"{RESNET}:resnet_tiny_same_padding", "--backend", "jax,torch",
+                           "--steps", "2")  # step 0 locates it
     assert proc.returncode == 1
     found = report["parity"]["torch"]["first_divergent_module"]
     assert found["module"] == "layer2.layers.0.conv1" and found["input_agrees"], found
@@ -141,7 +142,8 @@ def test_the_vit_passes_on_every_backend_with_stock_attention_on_both_sides(tmp_
 @pytest.mark.slow
 def test_the_vit_gelu_misport_is_named_at_its_mlp(tmp_path):
     """Flax's default GELU (tanh) where torch's is exact: named at the first MLP, whose input agrees."""
-    proc, report = compare(tmp_path / "run", "--twin", f"{VIT}:vit_tiny_tanh_gelu", "--backend", "jax,torch")
+    proc, report = compare(tmp_path / "run", "--twin", f"{VIT}:vit_tiny_tanh_gelu", "--backend", "jax,torch", "--steps",
+                           "2")  # step 0 locates it
     assert proc.returncode == 1
     found = report["parity"]["torch"]["first_divergent_module"]
     assert found["module"] == "encoder.layers.0.mlp" and found["input_agrees"], found

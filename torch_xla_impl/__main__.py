@@ -65,7 +65,7 @@ def train(spec, options, progress):
             xr.use_spmd()
         mode, monitor = "spmd" if spec.mesh.device_count > 1 else "single", instrument.CompileMonitor()
         record, tensors = harness.run(lambda: make_trainer(spec, options, monitor, mode=mode), options, progress)
-    record.compile_cache = instrument.cache_summary(cache, record.extra["counters"])
+    record.compile_cache = instrument.cache_summary(cache, record.extra.get("counters", {}))  # none: nothing trained
     return record, tensors, True
 
 if __name__ == "__main__":
