@@ -27,7 +27,7 @@ demo: $(STAMP)
 # Two phases: everything but the timing tests in two processes (pytest-xdist, one per core), then the
 # tests that time things alone. tests/conftest.py gives every process one OpenMP thread.
 test: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadgroup -m 'not serial' --durations=25
+	$(PY) -m pytest -p no:cacheprovider -n 2 -m 'not serial' --durations=25
 	$(PY) -m pytest -p no:cacheprovider -m serial --durations=5
 
 test-fast: $(STAMP)

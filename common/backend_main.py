@@ -75,13 +75,14 @@ def nonfinite_cause(spec, record: RunRecord) -> str:
     return likely_cause(spec, record.losses, problem)
 
 
-def refuse_foreign_out(out_dir: Path) -> None:
+def refuse_foreign_out(out_dir: Path, logs: tuple[str, ...] = ()) -> None:
     """A backend writes (and clears its scratch folders) only in a new or empty directory or an earlier run's
-    of its own (one with a record.json): never among the user's files."""
+    of its own (one with a record.json, or only its logs: a run that failed): never among the user's files."""
     why = dangerous_dir(out_dir)
     if why:
         fail(f"--out {out_dir}: {why}; give the run a directory of its own, e.g. --out runs/my-run", ExitCode.USAGE)
-    if out_dir.is_dir() and set(os.listdir(out_dir)) - {*LOG_FILES, SPEC_FILE} and not (out_dir / RECORD_FILE).exists():
+    ours = {*LOG_FILES, SPEC_FILE, *logs}
+    if out_dir.is_dir() and set(os.listdir(out_dir)) - ours and not (out_dir / RECORD_FILE).exists():
         fail(f"--out {out_dir} holds files this toolkit did not write (no {RECORD_FILE}); pass a new or empty "
              "directory", ExitCode.USAGE)
 
@@ -95,10 +96,11 @@ def run_options(args: argparse.Namespace, own: list[str], out_dir: Path) -> RunO
                       out_dir=out_dir, own={dest: getattr(args, dest) for dest in own})
 
 
-def main(package: str, argv, add_flags, train, check=None) -> int:
+def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...] = ()) -> int:
     """`python -m <package>`, the backend that common/backends.py registers under that package: its row
     names the run (record.backend). `check(spec, options)`: the backend's own refusals of
-    flag combinations, before a run directory exists."""
+    flag combinations, before a run directory exists; `logs`: files it writes beside its record, left by a
+    run that failed (a directory holding only those is its own)."""
     name, backend = backends.of_package(package).name, package
     parser: argparse.ArgumentParser = backend_parser(package)
     parser.add_argument("--progress", action="store_true", help="print a progress line per step")
@@ -114,7 +116,7 @@ def main(package: str, argv, add_flags, train, check=None) -> int:
             check(spec, options)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
-    refuse_foreign_out(out_dir)
+    refuse_foreign_out(out_dir, logs)
     created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ before any test, where torch_xla is installed, makes the order not matter.
 """
 import importlib.util
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -44,23 +45,37 @@ def pytest_configure(config):
     config.backend_guard_log = Path(log)
 
 
-# module fixtures that run compare or a backend: the tests that share one run in one test process (make test's
-# `--dist loadgroup`), or each process would make it again
-SHARED_RUNS = ("resnet_run", "single_device")
-
-
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
     """A test that reads the shared finished run needs a backend to have run: it is slow. The slow tests go
     first, so that the two test processes end together on short tests rather than one waiting on a long one."""
     for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        if "finished_run" in fixtures:
+        if "finished_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-        for name in SHARED_RUNS:
-            if name in fixtures:
-                item.add_marker(pytest.mark.xdist_group(name))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: files keep their order
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    """`shared_runs(name, make)`: the folder in which `make(folder)` ran once for the whole session, whichever
+    test process asked first (pytest-xdist's workers share their basetemp's parent; the others wait on a lock
+    and read the same folder). Module fixtures would run once per worker instead."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    root.mkdir(exist_ok=True)
+
+    def run_once(name: str, make) -> Path:
+        folder, done = root / name, root / f"{name}.done"
+        with FileLock(str(root / f"{name}.lock")):
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                make(folder)
+                done.touch()
+        return folder
+    return run_once
 
 
 def pytest_sessionfinish(session, exitstatus):

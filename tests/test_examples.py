@@ -1,6 +1,7 @@
 """The examples gallery through the door a user takes (`python -m compare --twin`): each correct port
 passes on every backend with no divergent module; each mis-port exits 1 naming the module where it differs."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -18,25 +19,29 @@ def compare(out, *args, timeout=900):
 RESNET_HPARAMS = {"input_shape": (3, 16, 16), "num_classes": 10, "layers": (1, 1, 1), "widths": (16, 32, 64)}
 
 
-@pytest.fixture(scope="module")
-def resnet_run(tmp_path_factory):
-    """One run serves the ResNet's two tests: torchvision's ResNet against its NHWC port on every backend, one
-    step from a full `torch.save(model.state_dict())` of a model that has seen data (running statistics far from
-    0 / 1, an int64 batch count), every module's step-0 activations captured (--activations)."""
-    import torch
+@pytest.fixture
+def resnet_run(shared_runs):
+    """One run serves the ResNet's two tests, in whichever test process: torchvision's ResNet against its NHWC
+    port on every backend, one step from a full `torch.save(model.state_dict())` of a model that has seen data
+    (running statistics far from 0 / 1, an int64 batch count), every module's step-0 activations captured
+    (--activations). Returns (compare's exit code, report.json, the folder)."""
+    def make(tmp: Path) -> None:
+        import torch
 
-    from common.twin import resolve
+        from common.twin import resolve
 
-    tmp = tmp_path_factory.mktemp("resnet")
-    torch.manual_seed(0)
-    model = resolve("torch_resnet.py:resnet", "examples/resnet")(**RESNET_HPARAMS)
-    with torch.no_grad():
-        for _ in range(3):
-            model(torch.randn(8, 3, 16, 16) * 2 + 1)
-    torch.save(model.state_dict(), tmp / "resnet.pt")
-    proc, report = compare(tmp / "run", "--twin", f"{RESNET}:resnet_tiny", "--backend", "all", "--steps", "1",
-                           "--checkpoint", f"torch:{tmp / 'resnet.pt'}", "--activations")
-    return proc, report, tmp
+        torch.manual_seed(0)
+        model = resolve("torch_resnet.py:resnet", "examples/resnet")(**RESNET_HPARAMS)
+        with torch.no_grad():
+            for _ in range(3):
+                model(torch.randn(8, 3, 16, 16) * 2 + 1)
+        torch.save(model.state_dict(), tmp / "resnet.pt")
+        proc, _ = compare(tmp / "run", "--twin", f"{RESNET}:resnet_tiny", "--backend", "all", "--steps", "1",
+                          "--checkpoint", f"torch:{tmp / 'resnet.pt'}", "--activations")
+        (tmp / "exit_code").write_text(str(proc.returncode))
+
+    tmp = shared_runs("resnet", make)
+    return int((tmp / "exit_code").read_text()), json.loads((tmp / "run" / "report.json").read_text()), tmp
 
 
 @pytest.mark.slow
@@ -44,8 +49,8 @@ def test_the_resnet_passes_on_every_backend_and_every_module_agrees(resnet_run):
     """torchvision's ResNet (in-place ReLU, BatchNorm, projection shortcuts) against its NHWC NNX port, 16
     channels on 16x16 images: every backend passes, and each one's 28 step-0 modules (captured because of
     --activations, by the run itself: no second run) agree, none left out."""
-    proc, report, tmp = resnet_run
-    assert proc.returncode == 0, report["message"]
+    exit_code, report, tmp = resnet_run
+    assert exit_code == 0, report["message"]
     assert not list((tmp / "run").glob("*/activations"))
     for name in ("jax", "torch", "torch_xla", "torchax"):
         run = tmp / "run" / name
@@ -100,8 +105,8 @@ def test_a_full_torchvision_state_dict_starts_every_backend_with_its_running_sta
     from common.presets import load_spec
     from common.twin import resolve
 
-    proc, report, tmp = resnet_run
-    assert proc.returncode == 0, report["message"]
+    exit_code, report, tmp = resnet_run
+    assert exit_code == 0, report["message"]
     model = resolve("torch_resnet.py:resnet", "examples/resnet")(**RESNET_HPARAMS)
     model.load_state_dict(torch.load(tmp / "resnet.pt"))
     batch = make_dataset(load_spec(str(tmp / "run" / "start" / "spec.json"))).global_batch(0).inputs

@@ -307,6 +307,22 @@ def test_a_backend_run_alone_never_writes_among_the_users_files(backend, tmp_pat
     assert snapshot(out) == mine
 
 
+@pytest.mark.slow
+def test_a_directory_a_failed_run_left_is_the_backends_own(tmp_path):
+    """A torch_xla run that crashed leaves its debug log and compare's logs, no record: the next run into that
+    directory is not told it holds files this toolkit did not write; another backend is."""
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("xla_debug.log", "stderr.log", "stdout.log"):
+        (out / name).write_text("a crashed run's log\n")
+    refused = run_cli("jax_impl", "--spec", "mlp-tiny", "--steps", "1", "--out", str(out))
+    assert refused.returncode == 2 and "holds files this toolkit did not write" in one_line_error(refused)
+    proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--steps", "1", "--throughput-steps", "0", "--out",
+                   str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "record.json").read_text())["status"] == "ok"
+
+
 # the Python API (and so the pytest plugin) -------------------------------------------------------------------
 
 LLAMA = str(REPO / "examples" / "llama" / "twin.py") + ":llama_tiny"

@@ -13,15 +13,14 @@ MESHES = {"mlp-tiny": ("data=4", "tensor=4"), "cnn-digits": ("fsdp=4", "tensor=4
           "gpt-tiny": ("fsdp=4", "data=2,tensor=2")}
 
 
-@pytest.fixture(scope="module")
-def single_device(tmp_path_factory):
-    """A preset's single-device run (5 steps), made once: what the mesh and xmp.spawn runs must match."""
-    runs = {}
-
+@pytest.fixture
+def single_device(shared_runs):
+    """A preset's single-device run (5 steps), made once in the session: what the mesh and xmp.spawn runs must
+    match."""
     def run(preset: str):
-        if preset not in runs:
-            runs[preset] = train("torch_xla_impl", tmp_path_factory.mktemp(preset), "--spec", preset, "--steps", "5")
-        return runs[preset]
+        folder = shared_runs(f"torch_xla-{preset}", lambda out: train("torch_xla_impl", out / "run", "--spec", preset,
+                                                                       "--steps", "5"))
+        return read_record(folder / "run")
     return run
 
 

@@ -69,4 +69,6 @@ def train(spec, options, progress):
     return record, tensors, True
 
 if __name__ == "__main__":
-    sys.exit(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train, check))
+    from torch_xla_impl.instrument import DEBUG_LOG  # framework-free: read before torch_xla starts
+
+    sys.exit(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train, check, logs=(DEBUG_LOG,)))
