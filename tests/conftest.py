@@ -45,14 +45,24 @@ def pytest_configure(config):
     config.backend_guard_log = Path(log)
 
 
+# runs that one test makes and another reads (shared_runs below): the reader goes last, or it would wait on the
+# maker in the other test process with its core idle
+READ_AGAIN = ("resnet_run",)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
     """A test that reads the shared finished run needs a backend to have run: it is slow. The slow tests go
     first, so that the two test processes end together on short tests rather than one waiting on a long one."""
+    made, order = set(), {}
     for item in items:
-        if "finished_run" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "finished_run" in fixtures:
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: files keep their order
+        shared = {name for name in READ_AGAIN if name in fixtures}
+        order[item.nodeid] = 2 if shared & made else 0 if item.get_closest_marker("slow") else 1
+        made |= shared
+    items.sort(key=lambda item: order[item.nodeid])  # stable: files keep their order
 
 
 @pytest.fixture(scope="session")
