@@ -131,7 +131,8 @@ def test_the_vit_passes_on_every_backend_with_stock_attention_on_both_sides(tmp_
     """torchvision's ViT (nn.MultiheadAttention) against an NHWC port with nnx.MultiHeadAttention: the
     attention maps with no declaration and every backend passes; no compared module differs, and none is
     left out for a shape (the MLP's Linear is not confused with the Dropout at its index)."""
-    proc, report = compare(tmp_path / "run", "--twin", f"{VIT}:vit_tiny", "--backend", "all", "--activations")
+    proc, report = compare(tmp_path / "run", "--twin", f"{VIT}:vit_tiny", "--backend", "all", "--steps", "6",
+                           "--activations")
     assert proc.returncode == 0, report["message"]
     for name, parity in report["parity"].items():
         assert parity["passed"] and parity["tensors"]["outputs/logits"]["abs"] < 1e-5, name
