@@ -131,20 +131,20 @@ def test_torch_xla_trace_modes_keep_parity_and_settle(mode, tmp_path):
 
 
 def test_a_deliberate_difference_on_one_side_fails_parity(tmp_path):
-    proc = compare(tmp_path, "--backend", "both", "--steps", "8", "--torch-xla-set", "model.layernorm_eps=1e-3")
+    proc = compare(tmp_path, "--backend", "jax,torch", "--steps", "8", "--torch-set", "model.layernorm_eps=1e-3")
     assert proc.returncode == 1, proc.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["verdict"] == "fail" and report["status"] == "parity_failed"
-    assert report["parity"]["torch_xla"]["first_divergent_step"] == 0  # the forward pass already differs
+    assert report["parity"]["torch"]["first_divergent_step"] == 0  # the forward pass already differs
     # located by the capture runs compare made for the pair (compare/capture.py: step 0's activations, no step
     # trained): the first LayerNorm the eps changes is the culprit, fed inputs that agree
-    found = report["parity"]["torch_xla"]["first_divergent_module"]
+    found = report["parity"]["torch"]["first_divergent_module"]
     assert found["module"] == "blocks.0.ln1" and found["input_agrees"], found
-    for name in ("jax", "torch_xla"):
+    for name in ("jax", "torch"):
         capture = json.loads((tmp_path / name / "activations" / "record.json").read_text())
         assert capture["run_id"] == report["run_id"] and capture["steps"] == [] and capture["compile_events"] == []
-    assert report["parity"]["torch_xla"]["intended_differences"] == ["model.layernorm_eps: jax=1e-05 torch_xla=0.001"]
-    worst = report["parity"]["torch_xla"]["worst"][0]
+    assert report["parity"]["torch"]["intended_differences"] == ["model.layernorm_eps: jax=1e-05 torch=0.001"]
+    worst = report["parity"]["torch"]["worst"][0]
     assert not worst["within"]
     md = (tmp_path / "report.md").read_text()
     assert "| first divergent step | 0 |" in md

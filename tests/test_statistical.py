@@ -95,7 +95,7 @@ def test_a_real_difference_fails_statistically(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("compare", "--out", str(out), "--quiet", "--backend", "jax,torch", "--spec", "gpt-tiny",
                    "--steps", "10", "--set", "model.dropout=0.1", "--torch-set", "model.dropout=0.3",
-                   "--parity-mode", "statistical", "--seeds", "5")
+                   "--parity-mode", "statistical", "--seeds", "3")  # measured p=0.0003
     assert proc.returncode == 1, proc.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     r = report["statistical"]["backends"]["torch"]

@@ -1,6 +1,7 @@
 """In-process checks of the torch twin: layouts, round trip, and that the loop is the classic one."""
 import os
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -63,3 +64,22 @@ def test_an_error_raised_in_the_loader_thread_reaches_the_loop_as_itself(tmp_pat
     with pytest.raises(DataError, match=r"^tokens.bin: token id 999 at position 4 is outside model.vocab_size=256$"):
         options = RunOptions(throughput_steps=0, out_dir=tmp_path)
         harness.run(lambda: train.make_trainer(spec, options, CompileMonitor(), mode="single"), options)
+
+
+def test_a_capture_run_trains_nothing_and_computes_every_copy_as_eager_torch(tmp_path):
+    """compare's on-demand capture (--activations-only) on torch_xla: step 0's activations from the start
+    weights in one graph, no step and no compile event; every captured module equal to eager torch's."""
+    from torch_impl import train as eager
+    from torch_xla_impl import train
+    from torch_xla_impl.instrument import CompileMonitor
+
+    spec = load_spec("gpt-tiny", ["train.steps=1"])
+    options = RunOptions(activations=True, train=False, hlo=False, out_dir=tmp_path / "xla")
+    record, tensors = harness.run(lambda: train.make_trainer(spec, options, CompileMonitor(), mode="single"), options)
+    assert record.steps == [] and record.compile_events == []
+    options = RunOptions(activations=True, train=False, hlo=False, out_dir=tmp_path / "torch")
+    _, reference = harness.run(lambda: eager.make_trainer(spec, options), options)
+    captured, expected = tensors["activations"], reference["activations"]
+    assert sorted(captured) == sorted(expected) and "blocks.0.ln1" in captured and len(captured) > 20
+    for name, array in expected.items():
+        assert np.abs(captured[name] - array).max() < 1e-5, name
