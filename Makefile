@@ -24,12 +24,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m compare --backend both
 
-# Two phases: everything but the timing tests in three processes (pytest-xdist: one per core and one more,
-# which fills the cores while a test waits on a timeout or a lock), then the
-# tests that time things alone. tests/conftest.py gives every process one OpenMP thread.
+# Three test processes (pytest-xdist: one per core and one more, which fills the cores while a test waits on
+# a timeout or a lock); tests/conftest.py gives every process one OpenMP thread. No test judges a timing
+# target (python -m benchmarks does, run alone).
 test: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider -n 3 -m 'not serial' --durations=25
-	$(PY) -m pytest -p no:cacheprovider -m serial --durations=5
+	$(PY) -m pytest -p no:cacheprovider -n 3 --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -m 'not slow'
