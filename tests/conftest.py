@@ -45,22 +45,36 @@ def pytest_configure(config):
     config.backend_guard_log = Path(log)
 
 
-# runs that one test makes and another reads (shared_runs below): the reader goes last, or it would wait on the
-# maker in the other test process with its core idle
+# runs that one test makes and another reads (shared_runs below): the maker goes first and the readers last, or
+# a reader waits on the maker in another test process (seen: 99 s, the maker had been queued behind others)
 READ_AGAIN = ("resnet_run",)
+# the longest tests (60-190 s each beside the others, measured in `make test`) start first: one of them started
+# late keeps its test process running after the others have ended, a core idle
+LONGEST = ("test_benchmark_measures_every_figure", "test_dropout_runs_on_every_backend_and_passes_statistically",
+           "test_three_provoked_causes_are_named_alike_on_every_compiling_backend",
+           "test_llama_twin_passes_single_device_and_on_a_mesh",
+           "test_hugging_faces_qwen2_passes_on_every_backend_from_save_pretrained",
+           "test_exact_mode_feeds_every_backend_the_same_masks_and_agrees_within_fp32")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
-    """A test that reads the shared finished run needs a backend to have run: it is slow. The slow tests go
-    first, so that the two test processes end together on short tests rather than one waiting on a long one."""
+    """A test that reads the shared finished run needs a backend to have run: it is slow. The makers of shared
+    runs and the longest tests go first, the other slow tests next, so that the test processes end together on
+    short tests rather than one waiting on a long one; the readers of a shared run go last."""
     made, order = set(), {}
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if "finished_run" in fixtures:
             item.add_marker(pytest.mark.slow)
         shared = {name for name in READ_AGAIN if name in fixtures}
-        order[item.nodeid] = 2 if shared & made else 0 if item.get_closest_marker("slow") else 1
+        if shared - made:
+            order[item.nodeid] = 0
+        elif shared:
+            order[item.nodeid] = 4
+        else:
+            order[item.nodeid] = 1 if getattr(item, "originalname", item.name) in LONGEST else \
+                2 if item.get_closest_marker("slow") else 3
         made |= shared
     items.sort(key=lambda item: order[item.nodeid])  # stable: files keep their order
 
