@@ -25,10 +25,12 @@ demo: $(STAMP)
 	$(PY) -m compare --backend both
 
 # Three test processes (pytest-xdist: one per core and one more, which fills the cores while a test waits on
-# a timeout or a lock); tests/conftest.py gives every process one OpenMP thread. No test judges a timing
-# target (python -m benchmarks does, run alone).
+# a timeout or a lock), handed one test at a time in the order tests/conftest.py sets, longest first
+# (xdist's default hands each a quarter of its share at once: the longest tests all went to one process);
+# tests/conftest.py gives every process one OpenMP thread. No test judges a timing target (python -m
+# benchmarks does, run alone).
 test: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider -n 3 --durations=25
+	$(PY) -m pytest -p no:cacheprovider -n 3 --maxschedchunk 1 --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -m 'not slow'
