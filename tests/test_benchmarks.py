@@ -40,7 +40,7 @@ def test_benchmark_measures_every_figure(tmp_path):
         assert b["steady_state_recompiles"]["median"] == 0
         # MFU is over a matmul peak measured on this shared machine: measured while another process held a core
         # it reads low, and the MFU of a step timed alone reads above 1 (1.5 seen beside the suite)
-        assert 0 < b["mfu"]["median"] < 4 and b["peak_rss_mb"]["median"] > 100
+        assert 0 < b["mfu"]["median"] < 10 and b["peak_rss_mb"]["median"] > 100
         assert b["step_ms"]["median"] > 0 and b["pipelined_ms"]["median"] > 0 and b["compile_s"]["median"] > 0
     for mode in ("compile", "dynamo"):
         assert result["trace_modes"]["mlp-tiny"][mode]["steady_state_recompiles"]["median"] == 0
