@@ -321,6 +321,13 @@ def test_a_directory_a_failed_run_left_is_the_backends_own(tmp_path):
         (out / name).write_text("a crashed run's log\n")
     refused = run_cli("jax_impl", "--spec", "mlp-tiny", "--steps", "1", "--out", str(out))
     assert refused.returncode == 2 and "holds files this toolkit did not write" in one_line_error(refused)
+    (out / "notes.txt").write_text("the user's own\n")  # beside torch_xla's own logs, a file it did not write
+    refused = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--steps", "1", "--out", str(out))
+    assert refused.returncode == 2 and "holds files this toolkit did not write" in one_line_error(refused)
+    assert sorted(os.listdir(out)) == ["notes.txt", "stderr.log", "stdout.log", "xla_debug.log"]
+    assert (out / "notes.txt").read_text() == "the user's own\n"
+    assert (out / "xla_debug.log").read_text() == "a crashed run's log\n"
+    (out / "notes.txt").unlink()
     proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--steps", "1", "--throughput-steps", "0", "--out",
                    str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
