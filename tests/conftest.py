@@ -68,15 +68,20 @@ def pytest_collection_modifyitems(config, items):
         if "finished_run" in fixtures:
             item.add_marker(pytest.mark.slow)
         shared = {name for name in READ_AGAIN if name in fixtures}
-        if shared - made:
-            order[item.nodeid] = 0
-        elif shared:
-            order[item.nodeid] = 4
-        else:
-            order[item.nodeid] = 1 if getattr(item, "originalname", item.name) in LONGEST else \
-                2 if item.get_closest_marker("slow") else 3
+        order[item.nodeid] = _rank(item, makes=bool(shared - made), reads=bool(shared))
         made |= shared
     items.sort(key=lambda item: order[item.nodeid])  # stable: files keep their order
+
+
+def _rank(item, makes: bool, reads: bool) -> int:
+    """Where a test goes: a shared run's maker, the longest, the other slow tests, the fast ones, its readers."""
+    if makes:
+        return 0
+    if reads:
+        return 4
+    if getattr(item, "originalname", item.name) in LONGEST:
+        return 1
+    return 2 if item.get_closest_marker("slow") else 3
 
 
 @pytest.fixture(scope="session")
