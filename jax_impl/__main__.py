@@ -43,4 +43,4 @@ def train(spec, options, progress):
 
 
 if __name__ == "__main__":
-    sys.exit(backend_main.main("jax_impl", sys.argv[1:], add_flags, train))
+    backend_main.exit_process(backend_main.main("jax_impl", sys.argv[1:], add_flags, train))

@@ -71,4 +71,5 @@ def train(spec, options, progress):
 if __name__ == "__main__":
     from torch_xla_impl.instrument import DEBUG_LOG  # framework-free: read before torch_xla starts
 
-    sys.exit(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train, check, logs=(DEBUG_LOG,)))
+    backend_main.exit_process(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train, check,
+                                                logs=(DEBUG_LOG,)))
