@@ -5,7 +5,10 @@ Exit codes are `common.vocab.ExitCode`, the same for `compare` and the backends.
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
+import threading
 from pathlib import Path
 from typing import NoReturn
 
@@ -148,3 +151,17 @@ def resolve_spec(args: argparse.Namespace) -> RunSpec:
 def fail(message: str, code: ExitCode) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(int(code))
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a framework process (a backend, a describe or export step) once its files are written: the exit
+    hooks run (atexit: jax.distributed's shutdown, logging's flush), then the process ends without the
+    interpreter's teardown, which frees every module's objects one by one and runs the frameworks'
+    destructors for nothing the run needs (measured on gpt-tiny: torch_xla 0.8 s, torch 0.4 s, jax 0.17 s
+    of compare's wall time). A thread still working keeps the normal exit, which waits for it."""
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    atexit._run_exitfuncs()  # noqa: SLF001  (the hooks a normal exit runs first)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

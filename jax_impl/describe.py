@@ -8,10 +8,9 @@ is one line and exit 2.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from common.cli import INPUT_ERRORS, Parser, fail
+from common.cli import INPUT_ERRORS, Parser, exit_process, fail
 from common.data import make_dataset
 from common.fsutil import write_json_atomic
 from common.outputs import choose, refusal
@@ -87,4 +86,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from common.cli import INPUT_ERRORS, Parser, fail
+from common.cli import INPUT_ERRORS, Parser, exit_process, fail
 from common.presets import load_spec
 from common.targets import TargetWriteError, write_failed
 from common.vocab import ExitCode
@@ -52,4 +52,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -9,11 +9,10 @@ else than an nn.Module, or a user twin whose forward returns no usable logits, i
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from common.checkpoints import TORCH_BUFFERS
-from common.cli import INPUT_ERRORS, Parser, fail
+from common.cli import INPUT_ERRORS, Parser, exit_process, fail
 from common.data import make_dataset
 from common.fsutil import write_json_atomic
 from common.outputs import choose, refusal
@@ -80,4 +79,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -5,10 +5,9 @@ existing file without --overwrite (`common.targets`); a write that fails (disk f
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
-from common.cli import INPUT_ERRORS, Parser, fail
+from common.cli import INPUT_ERRORS, Parser, exit_process, fail
 from common.presets import load_spec
 from common.targets import TargetWriteError, file_target
 from common.vocab import ExitCode
@@ -52,4 +51,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

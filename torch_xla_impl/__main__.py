@@ -5,7 +5,7 @@ import importlib.util
 import sys
 
 from common import backend_main
-from common.cli import fail
+from common.cli import exit_process, fail
 from common.vocab import TRACE_MODE_MEANINGS, ExitCode, MaskSource, TraceMode, values
 
 for _module in ("torch", "torch_xla"):
@@ -71,5 +71,5 @@ def train(spec, options, progress):
 if __name__ == "__main__":
     from torch_xla_impl.instrument import DEBUG_LOG  # framework-free: read before torch_xla starts
 
-    backend_main.exit_process(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train, check,
+    exit_process(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train, check,
                                                 logs=(DEBUG_LOG,)))

@@ -5,7 +5,7 @@ import importlib.util
 import sys
 
 from common import backend_main
-from common.cli import fail
+from common.cli import exit_process, fail
 from common.vocab import ExitCode
 
 for _module in ("torch", "jax", "optax", "torchax"):
@@ -34,4 +34,4 @@ def train(spec, options, progress):
 
 
 if __name__ == "__main__":
-    backend_main.exit_process(backend_main.main("torchax_impl", sys.argv[1:], add_flags, train))
+    exit_process(backend_main.main("torchax_impl", sys.argv[1:], add_flags, train))
