@@ -14,10 +14,6 @@ def write_plots(report: dict, run_dir: Path) -> list[str]:
     """Draw and write the plots of a strict report (compare/report.py strict_report); returns the files
     written. A plot that cannot be drawn (any exception but a failed write, OSError, which is the caller's
     exit 7) is left out and named in `report["not_built"]`."""
-    import matplotlib  # here, not at the top: compare's start does not pay for it before the backends run
-
-    matplotlib.use("Agg")  # files only, no display
-
     written = []
     for name, draw in (("loss.png", _loss_plot), ("loss_diff.png", _loss_diff_plot),
                        ("step_time.png", _step_time_plot)):
@@ -27,9 +23,6 @@ def write_plots(report: dict, run_dir: Path) -> list[str]:
         except OSError:
             raise
         except Exception as e:  # a plot's bad value must not cost the report
-            import matplotlib.pyplot as plt
-
-            plt.close("all")
             why = f"{type(e).__name__}: {e}".splitlines()[0]
             report.setdefault("not_built", []).append({"part": f"plots.{name}", "why": why})
             print(f"warning: report: plot {name} could not be drawn ({why}); report.json says so (not_built)",
@@ -43,12 +36,10 @@ def _finite(values) -> list[float]:
 
 
 def _loss_plot(report: dict, path: Path) -> bool:
-    import matplotlib.pyplot as plt
-
     with_losses = {n: b["losses"] for n, b in report["backends"].items() if b.get("losses")}
     if not with_losses:
         return False
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = _figure()
     for name, losses in with_losses.items():
         ax.plot(range(len(losses)), _finite(losses), label=name,
                 linestyle="-" if name == report["reference"] else "--")
@@ -59,12 +50,10 @@ def _loss_plot(report: dict, path: Path) -> bool:
 
 
 def _step_time_plot(report: dict, path: Path) -> bool:
-    import matplotlib.pyplot as plt
-
     timed = {n: b["step_ms_all"] for n, b in report["backends"].items() if b.get("step_ms_all")}
     if not timed:
         return False
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = _figure()
     ax.boxplot([_finite(v) for v in timed.values()], tick_labels=list(timed), showfliers=True)
     ax.set(ylabel="ms per step (synced)", title="Step time after warm-up")
     ax.set_yscale("log")
@@ -74,8 +63,6 @@ def _step_time_plot(report: dict, path: Path) -> bool:
 
 def _loss_diff_plot(report: dict, path: Path) -> bool:
     """|loss_b - loss_ref| per step for every backend b, against the loss tolerance of the reference's loss."""
-    import matplotlib.pyplot as plt
-
     parity = report.get("parity") or {}
     diffs = {n: _finite((p.get("loss") or {}).get("per_step_abs") or []) for n, p in parity.items()}
     diffs = {n: d for n, d in diffs.items() if d}
@@ -86,7 +73,7 @@ def _loss_diff_plot(report: dict, path: Path) -> bool:
     tol = report["tolerances"]["loss"]
     n = max(len(d) for d in diffs.values())
     bound = [tol["atol"] + tol["rtol"] * abs(v) for v in ref[:n]]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = _figure()
     positive = [v for d in diffs.values() for v in d + bound if v > 0 and math.isfinite(v)]
     floor = min(positive, default=1e-12) / 10
     for name, per_step in diffs.items():
@@ -106,13 +93,18 @@ def _loss_diff_plot(report: dict, path: Path) -> bool:
     return True
 
 
-def _save(fig, path: Path) -> str:
-    import matplotlib.pyplot as plt
+def _figure():
+    """A figure of its own (matplotlib's object API: no pyplot, whose import and global figure list a file
+    writer does not need), its margins fixed: measuring every label to fit them (tight_layout) took a third
+    of the drawing time, 0.14 s of compare's wall time for the three plots."""
+    from matplotlib.figure import Figure  # here, not at the top: compare's start does not pay for it
 
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:  # a disk that fills leaves no half image
-            fig.savefig(tmp, dpi=110, format="png")
-    finally:
-        plt.close(fig)
+    fig = Figure(figsize=(6, 3.5))
+    fig.subplots_adjust(left=0.13, right=0.97, bottom=0.14, top=0.9)
+    return fig, fig.subplots()
+
+
+def _save(fig, path: Path) -> str:
+    with atomic_path(path) as tmp:  # a disk that fills leaves no half image
+        fig.savefig(tmp, dpi=110, format="png")
     return path.name
