@@ -90,6 +90,7 @@ def test_provocations_a_spec_cannot_take_are_refused_in_one_line():
 def test_three_provoked_causes_are_named_alike_on_every_compiling_backend(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("compare", "--out", str(out), "--quiet", "--backend", "all", "--spec", "gpt-tiny", "--steps", "9",
+                   "--set", "model.n_layers=1",  # one block: the same causes, quicker compiles
                    "--provoke-recompile", "input-shape@3", "--provoke-recompile", "input-dtype@5",
                    "--provoke-recompile", "python-value@7")
     assert proc.returncode == 0, proc.stderr[-2000:]
