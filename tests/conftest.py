@@ -21,6 +21,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import pytest  # noqa: E402
 
 from common import backends  # noqa: E402
+from tests import helpers  # noqa: E402, F401  (the suite's compile cache, made here for every test process)
 
 if importlib.util.find_spec("torch_xla") is not None:
     os.environ.setdefault("PJRT_DEVICE", "CPU")

@@ -12,10 +12,13 @@ from pathlib import Path
 from common.record import RunRecord, read_record
 
 REPO = Path(__file__).resolve().parents[1]
-# compare's default compile cache lives under $XDG_CACHE_HOME: the suite gets its own, shared by its runs
-# and removed at exit, so tests neither read nor fill the user's cache.
-CACHE_HOME = tempfile.mkdtemp(prefix="xla-twins-test-cache-")
-atexit.register(shutil.rmtree, CACHE_HOME, ignore_errors=True)
+# compare's default compile cache lives under $XDG_CACHE_HOME: the suite gets its own, so tests neither read nor
+# fill the user's cache. The first process that imports this module makes it (tests/conftest.py: pytest's, before
+# pytest-xdist starts its test processes, which inherit it) and removes it at exit; every test process shares it.
+CACHE_HOME = os.environ.get("XLA_TWINS_TEST_CACHE_HOME")
+if CACHE_HOME is None:
+    CACHE_HOME = os.environ["XLA_TWINS_TEST_CACHE_HOME"] = tempfile.mkdtemp(prefix="xla-twins-test-cache-")
+    atexit.register(shutil.rmtree, CACHE_HOME, ignore_errors=True)
 
 
 def process_env(**extra: str) -> dict[str, str]:

@@ -362,7 +362,7 @@ def test_a_hugging_face_config_that_is_not_one_is_refused_before_any_process(tmp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variable, value, backends, failing, message", [
-    ("JAX_PLATFORMS", "cuda", "jax,torch_xla", ("jax",),
+    ("JAX_PLATFORMS", "cuda", "jax,torch", ("jax",),
      r"^JAX_PLATFORMS=cuda selects a platform this machine does not have \(jax sees: cpu\); unset it, or install "
      r"jax\[cuda12\] where that hardware is$"),
     ("JAX_PLATFORMS", "tpu", "jax,torchax,torch", ("jax", "torchax"),  # torchax runs on JAX
