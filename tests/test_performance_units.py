@@ -1,5 +1,7 @@
 """Units behind the performance figures: HLO flops over several graphs, which graphs a step runs,
-the wall-time breakdown, and the benchmark's repeat and ratio arithmetic."""
+the wall-time breakdown, the benchmark's repeat and ratio arithmetic, and how a framework process ends."""
+import subprocess
+import sys
 
 import pytest
 
@@ -8,6 +10,7 @@ from benchmarks.runs import summarize_repeats
 from benchmarks.timing import ratio, spread, summarize
 from common.record import CompileEvent, RunRecord, peak_rss_mb
 from compare.summary import wall_breakdown
+from tests.helpers import REPO
 
 MODULE = """HloModule {name}
 
@@ -111,3 +114,21 @@ def test_an_unreadable_or_stale_cached_cpu_peak_is_measured_again_and_replaced(t
     path.write_text(json.dumps({**saved, "identity": {**saved["identity"], "cpu_count": 4096}, "flops": 1e30}))
     flops, source = cpu_peak(tmp_path)  # another machine's peak is never used
     assert flops < 1e30 and source == CPU_PEAK_SOURCE and json.loads(path.read_text())["identity"] == cpu_identity()
+
+
+def _ended(body: str) -> subprocess.CompletedProcess:
+    """A plain Python process (no framework) that ends through common.cli.exit_process."""
+    code = f"import atexit, threading, time\nfrom common.cli import exit_process\n{body}"
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_exit_process_runs_the_exit_hooks_flushes_and_keeps_the_exit_code():
+    proc = _ended("atexit.register(lambda: print('hook ran'))\nprint('written', end='')\n"
+                  "sys_err = __import__('sys').stderr\nprint('warned', file=sys_err, end='')\nexit_process(3)")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "writtenhook ran\n", "warned")
+
+
+def test_exit_process_waits_for_a_thread_still_working():
+    proc = _ended("threading.Thread(target=lambda: (time.sleep(0.3), print('thread done'))).start()\n"
+                  "exit_process(4)")
+    assert (proc.returncode, proc.stdout) == (4, "thread done\n")
