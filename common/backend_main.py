@@ -151,4 +151,3 @@ def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...]
         print(f"error: {record.message}", file=sys.stderr)
         return ExitCode.NONFINITE
     return ExitCode.OK if record.status == RecordStatus.OK else ExitCode.BACKEND
-
