@@ -48,3 +48,17 @@ def train(backend: str, out: Path, *args: str, env: dict | None = None) -> RunRe
 def max_loss_diff(a: RunRecord, b: RunRecord) -> float:
     assert len(a.losses) == len(b.losses)
     return max(abs(x - y) for x, y in zip(a.losses, b.losses))
+
+
+def processes_under(path: Path) -> list[str]:
+    """Command lines of live processes that mention `path` (a twin loader, a describe step, a backend)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((ln for ln in (proc / "status").read_text().splitlines() if ln.startswith("State:")), "")
+        except OSError:
+            continue
+        if str(path) in cmdline and int(proc.name) != os.getpid() and "zombie" not in state:
+            found.append(f"{proc.name}: {cmdline}")
+    return found

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from common.record import RECORD_FILE
+from common.record import RECORD_FILE, read_record, read_tensors
+from tests.helpers import processes_under
 from tests.test_examples import compare
 
 QWEN2 = "examples/hf_qwen2/twin.py"
@@ -29,10 +30,20 @@ def test_hugging_faces_qwen2_passes_on_every_backend_from_save_pretrained(tmp_pa
                 param.normal_(std=0.5)
     model.save_pretrained(tmp_path / "hf")
     users = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}  # the user's checkpoint directory
+    (tmp_path / "tmp").mkdir()
     proc, report = compare(tmp_path / "run", "--twin", f"{QWEN2}:qwen2_tiny", "--backend", "all", "--steps", "6",
-                           "--checkpoint", f"hf:{tmp_path / 'hf'}", "--activations")
+                           "--checkpoint", f"hf:{tmp_path / 'hf'}", "--activations",
+                           env={"TMPDIR": str(tmp_path / "tmp")})
     assert proc.returncode == 0, report["message"]
     assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == users  # read, never written
+    # every process (describe steps, backends) ended without the interpreter's teardown (common.cli.exit_process):
+    # nothing of theirs is left in the temporary directory or running, and each record and its tensors are whole
+    # and this run's
+    assert list((tmp_path / "tmp").iterdir()) == [] and not processes_under(tmp_path)
+    for name in ("jax", "torch", "torch_xla", "torchax"):
+        record = read_record(tmp_path / "run" / name)
+        assert record.run_id == report["run_id"] and len(record.losses) == 6, name
+        assert read_tensors(tmp_path / "run" / name, record)["outputs"]["logits"].size > 0, name
     written = json.loads((tmp_path / "run" / "start" / "correspondence.json").read_text())
     links = {link["torch"]: link for link in written}
     assert links["model.layers.0.self_attn.k_proj.weight"] == {  # q is 4 heads x 16 wide, k 2 x 16

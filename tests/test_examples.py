@@ -11,8 +11,8 @@ from tests.helpers import run_cli
 RESNET = "examples/resnet/twin.py"
 
 
-def compare(out, *args, timeout=900):
-    proc = run_cli("compare", "--quiet", "--out", str(out), *args, timeout=timeout)
+def compare(out, *args, timeout=900, env=None):
+    proc = run_cli("compare", "--quiet", "--out", str(out), *args, timeout=timeout, env=env)
     return proc, json.loads((out / "report.json").read_text())
 
 

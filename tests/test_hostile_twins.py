@@ -3,7 +3,6 @@ that exits, raises, hangs or starts processes while it is imported, declarations
 that cannot be compared, and environment variables selecting a platform this machine lacks. Each is one
 `error:` line with a documented exit code, and leaves no run directory, no temp folder and no process."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, process_env, run_cli
+from tests.helpers import REPO, process_env, processes_under, run_cli
 
 MODELS = '''
 import os
@@ -161,20 +160,6 @@ def project(tmp_path) -> Path:
         (root / f"{name}.py").write_text(text)
     (tmp_path / "tmp").mkdir()
     return root
-
-
-def processes_under(path: Path) -> list[str]:
-    """Command lines of live processes that mention `path` (a twin loader, a describe step, a backend)."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = next((ln for ln in (proc / "status").read_text().splitlines() if ln.startswith("State:")), "")
-        except OSError:
-            continue
-        if str(path) in cmdline and int(proc.name) != os.getpid() and "zombie" not in state:
-            found.append(f"{proc.name}: {cmdline}")
-    return found
 
 
 def compare(tmp_path: Path, *args: str, env: dict | None = None, timeout: float = 300):
