@@ -104,7 +104,6 @@ def _figure():
     return fig, fig.subplots()
 
 
-def _save(fig, path: Path) -> str:
+def _save(fig, path: Path) -> None:
     with atomic_path(path) as tmp:  # a disk that fills leaves no half image
         fig.savefig(tmp, dpi=110, format="png")
-    return path.name
