@@ -1,6 +1,8 @@
 """Numerical parity of two run records: settings first, then every tensor and every step's loss."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from common.record import RunRecord
@@ -53,15 +55,58 @@ def _mismatch_words(mismatches: list[tuple[int, str, str]], names: tuple[str, st
                      for n, x, y in mismatches)
 
 
+def allowed_over(fraction: float, elements: int) -> int:
+    """How many elements a tolerance lets over its bound: the stated fraction of the tensor, rounded down
+    (a hair of slack so that a fraction written as count / elements allows that count)."""
+    return int(math.floor(fraction * elements * (1 + 1e-12)))
+
+
+def _two_digits_up(x: float, enough) -> float:
+    """The smallest number of two significant digits, from x up, that `enough` accepts (a bound the user can
+    type that passes under the same float arithmetic as the check)."""
+    if x <= 0:
+        return 0.0
+    step = 10.0 ** (math.floor(math.log10(x)) - 1)
+    q = x / step
+    n = round(q) if abs(q - round(q)) < 1e-9 else math.ceil(q)  # 28.000000000000004 is 28
+    while not enough(n * step):
+        n += 1
+    return n * step
+
+
+def passes_with(needed: float, scale: float, over: int, elements: int, atol: float, rtol: float) -> dict:
+    """The smallest tolerance that would pass a failing tensor, each changed alone: atol with this rtol,
+    rtol with this atol (None when max|ref| is 0: no rtol scales), or the fraction of elements allowed over
+    this bound. `needed`: the error the bound must reach at the fraction in force."""
+    return {"atol": _two_digits_up(needed - rtol * scale, lambda a: needed <= a + rtol * scale),
+            "rtol": _two_digits_up((needed - atol) / scale, lambda r: needed <= atol + r * scale)
+            if scale > 0 else None,
+            "fraction": _two_digits_up(over / elements, lambda f: allowed_over(f, elements) >= over)
+            if elements else None}
+
+
+def passes_with_words(found: dict) -> str:
+    """'would pass with atol 3.2e-03, rtol 1.6e-03 or 0.098% of elements over (each alone)'."""
+    ways = [f"atol {found['atol']:.2g}"] + ([f"rtol {found['rtol']:.2g}"] if found["rtol"] is not None else []) \
+        + ([f"{100 * found['fraction']:.3g}% of elements over"] if found["fraction"] is not None else [])
+    return f"would pass with {', '.join(ways[:-1])} or {ways[-1]} (each alone)" if len(ways) > 1 else \
+        f"would pass with {ways[0]}"
+
+
 def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float,
-                 names: tuple[str, str] = ("the reference", "the other side")) -> dict:
+                 names: tuple[str, str] = ("the reference", "the other side"), fraction: float = 0.0) -> dict:
     """Max abs / rel error of `other` against `ref`, and whether it is within atol + rtol * max|ref|.
+
+    `fraction` lets that share of the elements (rounded down) exceed the bound: the tensor is within when
+    at most that many are over (`over` counts them, of `elements`). A tensor out of tolerance carries
+    `passes_with`, the smallest atol, rtol or fraction that would pass it, each changed alone: a bound set
+    too tight reads as a small step, a port error as a large one.
 
     Non-finite values are compared by rule, never hidden: the same infinity at the same position on both
     sides is equal, and so is NaN against NaN (the same computation gave no number on either side; a
     masked class or vocabulary entry is -inf on both); they add 0 error. A NaN or an infinity facing a
     finite number, another infinity or NaN fails the tensor, and `nonfinite` names each kind with its
-    count. abs and rel are computed over the finite pairs only."""
+    count: no tolerance passes it. abs and rel are computed over the finite pairs only."""
     ref, other = np.asarray(ref, np.float64), np.asarray(other, np.float64)
     if ref.shape != other.shape:
         return {"abs": None, "rel": None, "tolerance_used": None, "within": False,
@@ -75,13 +120,21 @@ def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float,
         if mismatches:
             extra["note"] = _mismatch_words(mismatches, names)
         ref, other = ref[finite], other[finite]
-    diff = float(np.max(np.abs(ref - other))) if ref.size else 0.0
+    diffs = np.abs(ref - other).ravel()
+    diff = float(diffs.max()) if diffs.size else 0.0
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    bound = atol + rtol * scale
-    used = diff / bound if bound > 0 else (0.0 if diff == 0 else None)
+    bound, allowed = atol + rtol * scale, allowed_over(fraction, diffs.size)
+    # the error the bound must cover: the largest with no fraction, else the largest beyond the allowed ones
+    needed = 0.0 if allowed >= diffs.size else float(np.partition(diffs, diffs.size - 1 - allowed)[-1 - allowed])
+    over = int(np.count_nonzero(diffs > bound))
+    used = needed / bound if bound > 0 else (0.0 if needed == 0 else None)
+    within = not mismatches and needed <= bound
+    if not within and not mismatches:
+        extra["passes_with"] = passes_with(needed, scale, over, diffs.size, atol, rtol)
     return {"abs": diff, "rel": diff / scale if scale > 0 else (0.0 if diff == 0 else None),
             # a non-finite mismatch fails whatever the finite pairs say: unmeasurable, ranked first
-            "tolerance_used": None if mismatches else used, "within": not mismatches and diff <= bound, **extra}
+            "tolerance_used": None if mismatches else used, "within": within, "over": over,
+            "elements": int(diffs.size), **extra}
 
 
 # the eval-mode logits follow the whole run, as the parameters do (their tolerance)
@@ -105,7 +158,8 @@ def compare_tensors(ref: dict, other: dict, policy: dict,
                 out[key] = {"abs": None, "rel": None, "tolerance_used": None, "within": False, "kind": kind,
                             "note": f"missing on the {'reference' if name not in a else 'other'} side"}
                 continue
-            out[key] = {**tensor_error(a[name], b[name], bounds["atol"], bounds["rtol"], names), "kind": kind}
+            out[key] = {**tensor_error(a[name], b[name], bounds["atol"], bounds["rtol"], names,
+                                       bounds.get("fraction", 0.0)), "kind": kind}
     return out
 
 
@@ -182,6 +236,7 @@ def judge_distribution(ref: dict, other: dict, bounds: dict, dtype: str, tensors
     entry = tensors.get("outputs/logits")
     if dtype == "bfloat16" and entry is not None:
         entry.update(within=agreement["within"], note="bfloat16: judged by KL and top-1 agreement, not max abs")
+        entry.pop("passes_with", None)  # an atol or rtol does not decide these logits
     return agreement
 
 
@@ -217,7 +272,7 @@ def module_error(a: np.ndarray, b: np.ndarray, bounds: dict, names: tuple[str, s
     fixes (common/activations.py): shapes that still differ are a difference of the ports (a padding that
     changes a size), which diverges, said as such, never transposed into agreement."""
     if a.shape == b.shape:
-        return tensor_error(a, b, bounds["atol"], bounds["rtol"], names)
+        return tensor_error(a, b, bounds["atol"], bounds["rtol"], names, bounds.get("fraction", 0.0))
     return {"abs": None, "rel": None, "tolerance_used": None, "within": False,
             "note": f"output shapes differ: {names[0]} {list(a.shape)}, {names[1]} {list(b.shape)} (both channel-last)"}
 
@@ -241,7 +296,7 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
     def input_agrees(k: str) -> bool:
         a, b = ref.get(f"{k}:in"), other.get(f"{k}:in")
         return a is not None and b is not None and a.shape == b.shape and \
-            tensor_error(a, b, bounds["atol"], bounds["rtol"])["within"]
+            tensor_error(a, b, bounds["atol"], bounds["rtol"], fraction=bounds.get("fraction", 0.0))["within"]
 
     culprit = next((k for k in diverging if input_agrees(k)), None)
     module = culprit or (diverging[0] if diverging else None)

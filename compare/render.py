@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.modules import ROOT_MODULE
+from compare.parity import passes_with_words
 from compare.program import metric_rows
 
 
@@ -31,6 +32,11 @@ def _module(found: dict | None) -> str:
     size = error.get("note") if error.get("abs") is None else f"max abs {_fmt(error['abs'], '.3e')}"
     return (f"{found['module']} ({why}: {size}; "
             f"{found['modules_diverging']}/{found['modules_compared']} modules differ{left_out})")
+
+
+def _over(error: dict) -> str:
+    """'3 / 1024': the elements over the bound (a tolerance's fraction may allow some), '-' unmeasured."""
+    return f"{error['over']} / {error['elements']}" if error.get("elements") is not None else "-"
 
 
 def _kl(d: dict | None) -> str:
@@ -64,10 +70,12 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     out = [(title, ["check", *others], rows)]
     for name in others:
         out.append((f"Worst tensors of {name} ({ref} is the reference)",
-                    ["tensor", "kind", "max abs", "max rel", "of tolerance", "within"],
+                    ["tensor", "kind", "max abs", "max rel", "of tolerance", "elements over", "within",
+                     "smallest passing tolerance"],
                     [[w["name"], w["kind"], _fmt(w["abs"], ".3e"), _fmt(w["rel"], ".3e"),
-                      _fmt(w["tolerance_used"], ".1%"), "yes" if w["within"] else "NO"]
-                     for w in parity[name]["worst"][:5]]))
+                      _fmt(w["tolerance_used"], ".1%"), _over(w), "yes" if w["within"] else "NO",
+                      passes_with_words(w["passes_with"]).removeprefix("would pass with ") if w.get("passes_with")
+                      else "-"] for w in parity[name]["worst"][:5]]))
         left_out = (parity[name].get("first_divergent_module") or {}).get("not_compared")
         if left_out:
             out.append((f"Step-0 modules of {name} not compared, and why", ["module", "why"],
@@ -129,8 +137,10 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
                           for n in names]]
     tol = report["tolerances"]
     out.append((f"Tolerances ({report['dtype']}, profile {report['tolerance_profile']}): "
-                "|a-b| <= atol + rtol*max|ref|", ["kind", "atol", "rtol"],
-                [[k, _fmt(v["atol"], ".0e"), _fmt(v["rtol"], ".0e")] for k, v in tol.items() if "atol" in v]))
+                "|a-b| <= atol + rtol*max|ref|, at most fraction of the elements over", ["kind", "atol", "rtol",
+                                                                                        "fraction"],
+                [[k, _fmt(v["atol"], ".0e"), _fmt(v["rtol"], ".0e"), _fmt(v.get("fraction"), ".3g")]
+                 for k, v in tol.items() if "atol" in v]))
     if "distribution" in tol:
         d = tol["distribution"]
         out.append(("Step-0 logits as distributions: pass when mean KL(ref || other) <= kl_mean and top-1 "

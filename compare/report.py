@@ -6,7 +6,8 @@ report.json keys (schema_version 2):
                           nondeterministic | backend_failed | usage_error | interrupted | internal_error (the
                           verdict could not be made: see not_built; exit 6)
   exit_code               what `python -m compare` returned (an ExitCode)
-  tolerances              {kind: {atol, rtol}} used for this dtype; distribution {kl_mean, top1}
+  tolerances              {kind: {atol, rtol}} used for this dtype (forward, grad and params also fraction:
+                          the share of a tensor's elements allowed over); distribution {kl_mean, top1}
   backend_names           the backends in the order they ran
   reference               the backend every other one is judged against (--reference)
   parity                  null unless the reference and another backend finished, else per other
@@ -16,7 +17,9 @@ report.json keys (schema_version 2):
     .first_divergent_module {step, module, input_agrees, output_error, modules_compared, modules_diverging,
       not_compared {module: why}} (null when no activations were captured; module null when every compared
       module's step-0 activation agrees), .loss {max_abs, per_step_abs, steps_compared},
-    .tensors {"<group>/<name>": {abs, rel, within, kind, nonfinite {equal, mismatched}, note}}, .worst
+    .tensors {"<group>/<name>": {abs, rel, tolerance_used, within, over, elements, kind, nonfinite {equal,
+      mismatched}, note, passes_with {atol, rtol, fraction} (a tensor out of tolerance: the smallest of each,
+      changed alone, that would pass it)}}, .worst
       [10 worst], .passed (non-finite values by rule, compare/parity.py tensor_error: the same infinity or
       NaN at the same position on both sides is equal; one facing another value fails the tensor and the
       note counts each kind, "3 elements are -inf on jax and finite on torch"; abs and rel over the finite
@@ -70,7 +73,7 @@ from common.record import RECORD_FILE, RecordError, read_record, read_tensors
 from common.spec import RunSpec
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.capture import captured_activations
-from compare.parity import check_parity
+from compare.parity import check_parity, passes_with_words
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
 from compare.verdict import CheckResult, decide, not_made
 
@@ -318,7 +321,8 @@ def _failure(name: str, parity: dict) -> str:
         return where
     size = worst.get("note") or (f"max abs {worst['abs']:.3g}" if isinstance(worst.get("abs"), (int, float))
                                  else "not measurable")
-    return where + f"; worst tensor {worst['name']} ({size}, within={worst['within']})"
+    return where + f"; worst tensor {worst['name']} ({size}, within={worst['within']}" + \
+        (f"; {passes_with_words(worst['passes_with'])}" if worst.get("passes_with") else "") + ")"
 
 
 def ratios(backends: dict, reference: str) -> dict:

@@ -14,6 +14,14 @@ step-0 logits 7.7e-7, grads <= 4e-8; loss 2.9e-6 (gpt-tiny) but 1.7e-4
 (mlp-tiny, from step ~29 on) and final params up to 2.5e-3 (mlp-tiny).
 `strict` keeps tight trajectory bounds for short runs.
 
+fraction (tensor kinds: forward, grad, params; 0 unless a tolerance file
+sets it): the share of a tensor's elements allowed over the bound, as
+testing tools' "mismatched elements" allowances: a tensor passes when at
+most floor(fraction * elements) of its elements are over. Every report
+row counts the elements over, and every failing tensor says the smallest
+atol, rtol or fraction that would have passed it (compare/parity.py
+`passes_with`), so a bound set too tight reads apart from a port error.
+
 distribution (step-0 logits read as next-token distributions, as MaxText's
 logit checker does): mean KL(reference || other) in nats per position at
 most `kl_mean`, and the top-1 token the same at a share of positions at
@@ -34,6 +42,7 @@ from pathlib import Path
 from common.fsutil import require_regular_file
 
 KINDS = ("forward", "grad", "loss", "params")
+TENSOR_KINDS = ("forward", "grad", "params")  # judged element by element: a fraction may be over
 DISTRIBUTION_KEYS = ("kl_mean", "top1")
 DISTRIBUTION = {"float32": {"kl_mean": 1e-8, "top1": 0.99}, "bfloat16": {"kl_mean": 1e-3, "top1": 0.9}}
 
@@ -78,6 +87,8 @@ def load_policy(profile: str, dtype: str) -> dict[str, dict[str, float]]:
     check_table(table, profile)
     policy = {k: dict(v) for k, v in PROFILES["default"][dtype].items()}
     policy["distribution"] = dict(DISTRIBUTION[dtype])
+    for kind in TENSOR_KINDS:
+        policy[kind]["fraction"] = 0.0
     for kind, bounds in (table.get(dtype) or {}).items():
         policy[kind].update({k: float(v) for k, v in bounds.items()})
     return policy
@@ -103,14 +114,20 @@ def check_table(table, profile: str) -> None:
             raise ToleranceError(f"{where}: {dtype} is {_kind_of(kinds)}; it must be an object {{kind: {{atol, "
                                  f"rtol}}}}, e.g. {example}")
         for kind, bounds in kinds.items():
-            keys = DISTRIBUTION_KEYS if kind == "distribution" else ("atol", "rtol")
+            keys = DISTRIBUTION_KEYS if kind == "distribution" else \
+                ("atol", "rtol", "fraction") if kind in TENSOR_KINDS else ("atol", "rtol")
+            if kind == "loss" and isinstance(bounds, dict) and "fraction" in bounds:
+                raise ToleranceError(f"{where}: {dtype}.loss.fraction: the loss is judged step by step, not by "
+                                     f"elements; a fraction applies to {', '.join(TENSOR_KINDS)}")
             if kind not in (*KINDS, "distribution") or not isinstance(bounds, dict) or set(bounds) - set(keys):
                 raise ToleranceError(f"{where}: {dtype}.{kind} must be one of {', '.join(KINDS)} with atol/rtol "
-                                     "numbers, or distribution with kl_mean/top1")
+                                     f"numbers (and a fraction for {', '.join(TENSOR_KINDS)}), or distribution "
+                                     "with kl_mean/top1")
             for key, value in bounds.items():
                 number = isinstance(value, (int, float)) and not isinstance(value, bool)
                 size = float(value) if number and abs(value) < 1e300 else math.inf  # a 400-digit int: too big
-                if not number or not math.isfinite(size) or size < 0 or (key == "top1" and size > 1):
-                    rule = "a share from 0 to 1" if key == "top1" else "a finite number >= 0"
+                share = key in ("top1", "fraction")
+                if not number or not math.isfinite(size) or size < 0 or (share and size > 1):
+                    rule = "a share from 0 to 1" if share else "a finite number >= 0"
                     shown = json.dumps(value) if not isinstance(value, float) else repr(value)
                     raise ToleranceError(f"{where}: {dtype}.{kind}.{key}={shown} must be {rule}")

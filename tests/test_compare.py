@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common.record import read_record, read_tensors
-from compare.parity import logit_agreement
+from compare.parity import logit_agreement, tensor_error
 from tests.helpers import run_cli, train
 
 pytestmark = pytest.mark.slow
@@ -146,9 +146,21 @@ def test_a_deliberate_difference_on_one_side_fails_parity(tmp_path):
     assert report["parity"]["torch"]["intended_differences"] == ["model.layernorm_eps: jax=1e-05 torch=0.001"]
     worst = report["parity"]["torch"]["worst"][0]
     assert not worst["within"]
+    # the smallest tolerance that would pass it, recomputed from the two tensor files: each typed back passes
+    group, name = worst["name"].split("/", 1)
+    ref, other = (read_tensors(tmp_path / n, read_record(tmp_path / n))[group][name] for n in ("jax", "torch"))
+    bounds, found = report["tolerances"][worst["kind"]], worst["passes_with"]
+    assert worst["over"] == np.count_nonzero(np.abs(ref.astype(np.float64) - other) > bounds["atol"] + bounds["rtol"]
+                                             * np.abs(ref.astype(np.float64)).max()) > 0
+    assert found["fraction"] == pytest.approx(worst["over"] / ref.size, rel=0.1)
+    for changed in ({"atol": found["atol"]}, {"rtol": found["rtol"]}, {"fraction": found["fraction"]}):
+        assert tensor_error(ref, other, **{**bounds, **changed})["within"], changed
+        less = {k: v * 0.9 for k, v in changed.items()}  # a tenth less does not
+        assert not tensor_error(ref, other, **{**bounds, **less})["within"], less
     md = (tmp_path / "report.md").read_text()
     assert "| first divergent step | 0 |" in md
     assert worst["name"] in md and "parity failed" in md
+    assert f"atol {found['atol']:.2g}, rtol {found['rtol']:.2g} or" in md and "would pass with" in report["message"]
 
 
 def test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions(tmp_path):

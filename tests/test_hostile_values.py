@@ -105,6 +105,8 @@ TOLERANCE_SHAPES = [  # a tolerance file of any shape
     (_tolerance('{"float16": {"loss": {"atol": 1}}}'), r"tol.json: unknown dtype 'float16'; the dtypes are float32, "
                                                       r"bfloat16"),
     (_tolerance(b"\xff\xfe{}"), r"--tolerance-profile .*tol.json is not UTF-8 text \(a binary file\?\)"),
+    (_tolerance('{"float32": {"loss": {"fraction": 0.01}}}'), r"tol.json: float32.loss.fraction: the loss is judged "
+                                                               r"step by step, not by elements"),
 ]
 TOLERANCE_VALUES = [  # and its values
     (_tolerance('{"float32": {"forward": {"atol": NaN}}}'), r"tol.json: float32.forward.atol=nan must be a finite "
@@ -116,6 +118,8 @@ TOLERANCE_VALUES = [  # and its values
     (_tolerance('{"float32": {"params": {"atol": "1e-3"}}}'), r'tol.json: float32.params.atol="1e-3" must be a '
                                                                r'finite number >= 0'),
     (_tolerance('{"float32": {"distribution": {"top1": 2}}}'), r"tol.json: float32.distribution.top1=2 must be a "
+                                                                r"share from 0 to 1"),
+    (_tolerance('{"float32": {"params": {"fraction": 1.5}}}'), r"tol.json: float32.params.fraction=1.5 must be a "
                                                                 r"share from 0 to 1"),
 ]
 RECORDS = [  # a run record of the wrong shape given with --jax-record
@@ -205,7 +209,8 @@ def test_equal_non_finite_values_are_equal_and_add_no_error():
     assert parity.tensor_error(nan, nan.copy(), 0, 0)["within"]
     masked_everywhere = np.full((2, 3), -np.inf)
     assert parity.tensor_error(masked_everywhere, masked_everywhere, 0, 0) == {
-        "abs": 0.0, "rel": 0.0, "tolerance_used": 0.0, "within": True, "nonfinite": {"equal": 6, "mismatched": 0}}
+        "abs": 0.0, "rel": 0.0, "tolerance_used": 0.0, "within": True, "over": 0, "elements": 0,
+        "nonfinite": {"equal": 6, "mismatched": 0}}
     agreement = parity.logit_agreement(logits, other)  # masked entries: probability 0 on both sides, 0 KL
     assert agreement["top1"] == 1.0 and 0 <= agreement["kl_max"] < 1e-10
     a, b = _records(2.0, 2.0)

@@ -94,3 +94,59 @@ def test_distribution_bounds_from_a_tolerance_file(tmp_path):
     custom.write_text(json.dumps({"bfloat16": {"distribution": {"kl": 1}}}))
     with pytest.raises(ToleranceError, match="or distribution with kl_mean/top1"):
         load_policy(str(custom), "bfloat16")
+
+
+def test_a_failing_tensor_says_the_smallest_tolerance_that_would_pass_it():
+    """Each suggestion, typed back as the tolerance, passes; a hair less fails (the rule is
+    max|a-b| <= atol + rtol*max|ref|)."""
+    ref = np.linspace(-2.0, 2.0, 1000)
+    other = ref.copy()
+    other[[10, 500, 990]] += [3e-3, -2e-3, 1e-3]  # three elements off, the rest equal
+    atol, rtol = 1e-6, 1e-4  # bound 2.01e-4: all three over
+    error = parity.tensor_error(ref, other, atol, rtol)
+    assert not error["within"] and error["over"] == 3 and error["elements"] == 1000
+    found = error["passes_with"]
+    # the largest error 3e-3 at max|ref| 2: atol 3e-3 - 1e-4 * 2, rtol (3e-3 - 1e-6) / 2 = 1.4995e-3, 3 of 1000
+    assert found == {"atol": pytest.approx(2.8e-3), "rtol": pytest.approx(1.5e-3), "fraction": pytest.approx(3e-3)}
+    assert parity.tensor_error(ref, other, found["atol"], rtol)["within"]
+    assert parity.tensor_error(ref, other, atol, found["rtol"])["within"]
+    assert parity.tensor_error(ref, other, atol, rtol, fraction=found["fraction"])["within"]
+    assert not parity.tensor_error(ref, other, 0.99 * (3e-3 - rtol * 2), rtol)["within"]
+    assert not parity.tensor_error(ref, other, atol, 0.99 * (3e-3 - atol) / 2)["within"]
+    assert not parity.tensor_error(ref, other, atol, rtol, fraction=0.0029)["within"]  # floor(2.9): 2 allowed
+    assert parity.passes_with_words(found) == ("would pass with atol 0.0028, rtol 0.0015 or 0.3% of elements over "
+                                               "(each alone)")
+
+
+def test_a_fraction_lets_that_many_elements_over_and_the_bound_then_covers_the_rest():
+    ref = np.ones(200)
+    other = ref + np.r_[np.full(4, 1e-2), np.full(196, 1e-7)]  # four elements far off
+    error = parity.tensor_error(ref, other, 1e-5, 1e-4, fraction=0.02)  # 4 of 200 allowed
+    assert error["within"] and error["over"] == 4 and error["abs"] == pytest.approx(1e-2)
+    assert error["tolerance_used"] == pytest.approx(1e-7 / (1e-5 + 1e-4), rel=1e-6)  # the 5th largest error
+    error = parity.tensor_error(ref, other, 1e-5, 1e-4, fraction=0.015)  # 3 allowed: the 4th must be covered
+    assert not error["within"] and error["tolerance_used"] == pytest.approx(1e-2 / 1.1e-4, rel=1e-6)
+    assert error["passes_with"]["fraction"] == pytest.approx(0.02)
+    assert error["passes_with"]["atol"] == pytest.approx(0.01)  # 1e-2 - 1e-4 * 1, rounded up to two digits
+    zeros = parity.tensor_error(np.zeros(4), np.full(4, 1e-3), 1e-6, 1e-3)  # max|ref| 0: no rtol can help
+    assert zeros["passes_with"]["rtol"] is None and zeros["passes_with"]["atol"] == pytest.approx(1e-3)
+    assert parity.passes_with_words(zeros["passes_with"]) == ("would pass with atol 0.001 or 100% of elements "
+                                                              "over (each alone)")
+
+
+def test_a_tolerance_file_may_allow_a_fraction_of_tensor_elements(tmp_path):
+    custom = tmp_path / "tol.json"
+    custom.write_text(json.dumps({"float32": {"grad": {"fraction": 0.001}}}))
+    policy = load_policy(str(custom), "float32")
+    assert policy["grad"] == {"atol": 1e-6, "rtol": 1e-3, "fraction": 0.001}
+    assert policy["forward"]["fraction"] == 0.0 and "fraction" not in policy["loss"]
+    custom.write_text(json.dumps({"float32": {"loss": {"fraction": 0.1}}}))
+    with pytest.raises(ToleranceError, match="float32.loss.fraction: the loss is judged step by step"):
+        load_policy(str(custom), "float32")
+    custom.write_text(json.dumps({"float32": {"params": {"fraction": 1.5}}}))
+    with pytest.raises(ToleranceError, match=r"float32.params.fraction=1.5 must be a share from 0 to 1"):
+        load_policy(str(custom), "float32")
+    ref = {"grads": {"w": np.zeros(1000)}}
+    other = {"grads": {"w": np.r_[1.0, np.zeros(999)]}}  # one element in a thousand off
+    assert parity.compare_tensors(ref, other, policy)["grads/w"]["within"]
+    assert not parity.compare_tensors(ref, other, load_policy("default", "float32"))["grads/w"]["within"]
