@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 from common.record import RunRecord
+from compare.unreached import mark_unreached, unreached_params
 
 # Record fields that must agree before numbers mean anything.
 NUMERICS_FIELDS = ("dtype", "matmul_precision")
@@ -250,7 +251,8 @@ def worst_tensors(tensors: dict[str, dict], n: int = 10) -> list[dict]:
     def key(item):
         used = item[1]["tolerance_used"]
         return -(used if used is not None else float("inf"))
-    return [{"name": name, **e} for name, e in sorted(tensors.items(), key=key)[:n]]
+    judged = [(name, e) for name, e in tensors.items() if e.get("judged", True)]
+    return [{"name": name, **e} for name, e in sorted(judged, key=key)[:n]]
 
 
 def modules_not_compared(ref: dict, other: dict, skipped: tuple[dict, dict], names: tuple[str, str]) -> dict:
@@ -311,6 +313,9 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     unexplained = [d for d in differences if d.split(":")[0] not in intended]
     names = (ref.backend, other.backend)
     tensors = compare_tensors(ref_tensors, other_tensors, policy, names)
+    unreached = unreached_params(ref_tensors.get("grads", {}), other_tensors.get("grads", {}),
+                                 str(ref.numerics.get("dtype")))
+    mark_unreached(tensors, unreached)
     distribution = judge_distribution(ref_tensors, other_tensors, policy["distribution"],
                                       str(ref.numerics.get("dtype")), tensors)
     loss = compare_losses(ref.losses, other.losses, policy["loss"])
@@ -329,7 +334,7 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
                                                              other_tensors.get("activations", {}), policy["forward"],
                                                              names, (ref_tensors.get("activations_skipped", {}),
                                                                      other_tensors.get("activations_skipped", {}))),
-            "worst": worst_tensors(tensors), "passed": passed,
+            "worst": worst_tensors(tensors), "passed": passed, "unreached": unreached,
             "dropout_sites": dropout_sites(ref, other)}
 
 

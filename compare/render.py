@@ -76,6 +76,15 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                       _fmt(w["tolerance_used"], ".1%"), _over(w), "yes" if w["within"] else "NO",
                       passes_with_words(w["passes_with"]).removeprefix("would pass with ") if w.get("passes_with")
                       else "-"] for w in parity[name]["worst"][:5]]))
+        unreached = parity[name].get("unreached") or {}
+        if unreached:
+            final = parity[name]["tensors"]
+            out.append((f"Parameters of {name} not judged by their final value: their step-0 gradient is rounding "
+                        "noise on both sides, so Adam's updates are a random walk (compare/unreached.py)",
+                        ["parameter", f"step-0 max abs grad, {ref}", f"step-0 max abs grad, {name}",
+                         "noise threshold", "final max abs"],
+                        [[p, _fmt(u["reference"], ".2e"), _fmt(u["other"], ".2e"), _fmt(u["threshold"], ".2e"),
+                          _fmt((final.get(f"params/{p}") or {}).get("abs"), ".3e")] for p, u in unreached.items()]))
         left_out = (parity[name].get("first_divergent_module") or {}).get("not_compared")
         if left_out:
             out.append((f"Step-0 modules of {name} not compared, and why", ["module", "why"],
@@ -229,7 +238,8 @@ def markdown(report: dict) -> str:
     if report.get("message"):
         lines += [report["message"], ""]
     for title, header, rows in tables(report):
-        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += [f"## {title}", "", "| " + " | ".join(h.replace("|", "\\|") for h in header) + " |",
+                  "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
         lines.append("")
     peaks = {n: b.get("peak_source") for n, b in report["backends"].items() if b.get("peak_source")}

@@ -25,6 +25,8 @@ report.json keys (schema_version 2):
       note counts each kind, "3 elements are -inf on jax and finite on torch"; abs and rel over the finite
       pairs only),
     .distribution {kl_mean, kl_max, top1, top5, positions, within} (step-0 logits; null without logits),
+    .unreached {parameter: {reference, other, threshold}}: parameters whose step-0 gradient is rounding noise on
+      both sides; their params/ rows carry judged=false and a note (compare/unreached.py),
     .dropout_sites {reference, other, equal} (runs fed common's dropout masks; null otherwise)
   pairwise_loss           {"<a> vs <b>": max |Δloss| over the steps} for every pair of backends
   backends.<name>         status (a BackendStatus), message, exit_code, wall_s, record, logs,

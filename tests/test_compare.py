@@ -164,13 +164,25 @@ def test_a_deliberate_difference_on_one_side_fails_parity(tmp_path):
 
 
 def test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions(tmp_path):
-    proc = compare(tmp_path / "cmp", "--backend", "all", "--spec", "gpt-tiny", "--steps", "3", "--dtype", "bfloat16")
+    proc = compare(tmp_path / "cmp", "--backend", "all", "--spec", "gpt-tiny", "--steps", "20", "--dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "cmp" / "report.json").read_text())
     assert report["dtype"] == "bfloat16" and report["tolerances"]["loss"] == {"atol": 5e-2, "rtol": 2e-2}
     assert report["verdict"] == "pass" and all(p["passed"] for p in report["parity"].values())
     assert not list((tmp_path / "cmp").glob("*/activations"))  # captured only where step 0 parts
     assert report["parity"]["torch_xla"]["loss"]["max_abs"] < 5e-2
+    # the attention key biases: softmax makes their gradient 0 in exact arithmetic, rounding noise here, which
+    # Adam turns into a random walk of their values (measured 120-160 % of the params tolerance after 20 steps,
+    # on every runtime): shown, not judged (compare/unreached.py); every other parameter is judged
+    keys = ["blocks.0.attn.k.bias", "blocks.1.attn.k.bias"]
+    for name, parity in report["parity"].items():
+        assert list(parity["unreached"]) == keys, name
+        for key in keys:
+            u, final = parity["unreached"][key], parity["tensors"][f"params/{key}"]
+            assert max(u["reference"], u["other"]) <= u["threshold"] < 1e-5
+            assert final["judged"] is False and final["within"] and final["tolerance_used"] > 0.5, (name, final)
+        assert all(t.get("judged", True) for k, t in parity["tensors"].items() if k.removeprefix("params/") not in keys)
+        assert not any(w["name"].endswith("k.bias") and w["kind"] == "params" for w in parity["worst"])
     # the distribution bound: how far JAX's own bf16 step-0 logits are from its fp32 ones (measured: KL 3.7e-7,
     # top-1 0.995); bf16 logits are stored as float32
     fp32 = read_tensors(tmp_path / "fp32", train("jax_impl", tmp_path / "fp32", "--spec", "gpt-tiny", "--steps", "1",
@@ -191,6 +203,7 @@ def test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions(t
         assert d["top1"] >= self_diff["top1"] - 0.005 and d["top5"] >= self_diff["top5"] - 0.005, (name, d)
     md = (tmp_path / "cmp" / "report.md").read_text()
     assert "| step-0 logits: mean / max KL (nats) |" in md and "| step-0 logits: top-1 / top-5 agreement |" in md
+    assert md.count("not judged by their final value") == 3 and "| blocks.1.attn.k.bias | " in md
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch", "torch_xla", "torchax"])

@@ -134,6 +134,7 @@ def test_a_fraction_lets_that_many_elements_over_and_the_bound_then_covers_the_r
                                                               "over (each alone)")
 
 
+@pytest.mark.error_case("tolerance-file-shape", "tolerance-file-value")
 def test_a_tolerance_file_may_allow_a_fraction_of_tensor_elements(tmp_path):
     custom = tmp_path / "tol.json"
     custom.write_text(json.dumps({"float32": {"grad": {"fraction": 0.001}}}))
@@ -150,3 +151,35 @@ def test_a_tolerance_file_may_allow_a_fraction_of_tensor_elements(tmp_path):
     other = {"grads": {"w": np.r_[1.0, np.zeros(999)]}}  # one element in a thousand off
     assert parity.compare_tensors(ref, other, policy)["grads/w"]["within"]
     assert not parity.compare_tensors(ref, other, load_policy("default", "float32"))["grads/w"]["within"]
+
+
+def test_a_parameter_gradients_do_not_reach_is_shown_not_judged_by_its_final_value():
+    """A key bias: its gradient is rounding noise on both sides, so Adam random-walks its value; its final
+    value is not judged (compare/unreached.py), while a reached parameter with the same final difference fails,
+    and a parameter one side leaves unreached but the other reaches is judged by its gradient."""
+    policy = load_policy("default", "bfloat16")  # params: 2e-2 + 2e-2 * max|ref|
+    rng = np.random.default_rng(0)
+    grads = {f"layer{i}.kernel": rng.standard_normal((4, 4)) * 1e-2 for i in range(5)}  # median max|g| ~2e-2
+    ref_g = {**grads, "attn.k.bias": np.full(4, 3e-8), "attn.v.bias": np.full(4, 1e-2)}
+    other_g = {**grads, "attn.k.bias": np.full(4, -2e-8), "attn.v.bias": np.full(4, 1e-2)}
+    final = {name: np.zeros_like(g) for name, g in ref_g.items()}
+    walked = {**final, "attn.k.bias": np.full(4, 0.1)}  # 0.1 apart: 5x the bound
+    a, b = _record("jax", [2.0, 1.9], dtype="bfloat16"), _record("torch", [2.0, 1.9], dtype="bfloat16")
+    verdict = parity.check_parity(a, b, {"grads": ref_g, "params": final}, {"grads": other_g, "params": walked},
+                                  policy, [])
+    threshold = 0.25 * 2 ** -7 * float(np.median([np.abs(g).max() for g in ref_g.values()]))
+    assert verdict["passed"] and verdict["unreached"] == {
+        "attn.k.bias": {"reference": pytest.approx(3e-8), "other": pytest.approx(2e-8),
+                        "threshold": pytest.approx(threshold)}}
+    row = verdict["tensors"]["params/attn.k.bias"]
+    assert row["judged"] is False and row["within"] and row["abs"] == pytest.approx(0.1)
+    assert row["note"].startswith("not judged by its final value: its step-0 gradient is rounding noise")
+    assert "params/attn.k.bias" not in [w["name"] for w in verdict["worst"]]
+    reached = {**final, "attn.v.bias": np.full(4, 0.1)}  # the same difference on a parameter the loss reaches
+    verdict = parity.check_parity(a, b, {"grads": ref_g, "params": final}, {"grads": other_g, "params": reached},
+                                  policy, [])
+    assert not verdict["passed"] and verdict["worst"][0]["name"] == "params/attn.v.bias"
+    one_side = {**other_g, "attn.v.bias": np.zeros(4)}  # a port that drops the value bias: its gradient is 0
+    verdict = parity.check_parity(a, b, {"grads": ref_g, "params": final}, {"grads": one_side, "params": final},
+                                  policy, [])
+    assert "attn.v.bias" not in verdict["unreached"] and not verdict["tensors"]["grads/attn.v.bias"]["within"]
