@@ -67,12 +67,12 @@ def _two_digits_up(x: float, enough) -> float:
     type that passes under the same float arithmetic as the check)."""
     if x <= 0:
         return 0.0
-    step = 10.0 ** (math.floor(math.log10(x)) - 1)
-    q = x / step
+    exponent = math.floor(math.log10(x)) - 1
+    q = x / 10.0 ** exponent
     n = round(q) if abs(q - round(q)) < 1e-9 else math.ceil(q)  # 28.000000000000004 is 28
-    while not enough(n * step):
+    while not enough(float(f"{n}e{exponent}")):  # 42e-4 parses to 0.0042, where 42 * 1e-4 is 0.0042000000000000001
         n += 1
-    return n * step
+    return float(f"{n}e{exponent}")
 
 
 def passes_with(needed: float, scale: float, over: int, elements: int, atol: float, rtol: float) -> dict:
