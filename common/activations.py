@@ -45,9 +45,11 @@ def to_channel_last(value: np.ndarray, layout: str) -> np.ndarray:
 @dataclass
 class Capture:
     """One forward's activations: {module: output, module + ':in': first input}, channel-last, and the
-    modules left out with the reason."""
+    modules left out with the reason; `grads`: the loss's gradient with respect to each of them, same keys
+    and layout (a module's output gradient flows into it in the backward pass, its input gradient out)."""
     arrays: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)
+    grads: dict = field(default_factory=dict)
 
 
 class LayoutTracker:
@@ -90,3 +92,9 @@ class LayoutTracker:
             capture.skipped[key] = UNKNOWN_REASON
         else:
             capture.arrays[key] = to_channel_last(np.asarray(value, np.float32), layout)
+
+    @staticmethod
+    def keep_grad(capture: Capture, key: str, value: np.ndarray, layout: str) -> None:
+        """The gradient of the activation stored under `key`, in its layout (none where it was left out)."""
+        if key in capture.arrays:
+            capture.grads[key] = to_channel_last(np.asarray(value, np.float32), layout)

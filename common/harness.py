@@ -59,8 +59,9 @@ class Runtime(Protocol):
     def step0_tensors(self) -> dict:
         """Before any update: step 0's logits and loss and every gradient, canonical."""
 
-    def step0_activations(self, inputs) -> Capture:
-        """Every module's input and output on `inputs` (a slice of step 0's batch), from the start weights."""
+    def step0_activations(self, inputs, targets) -> Capture:
+        """Every module's input and output on `inputs` (a slice of step 0's batch), from the start weights, and
+        the gradient of the loss on `targets` (the same slice) at each of them."""
 
     def batches(self, first: int, n: int) -> Iterable:
         """The batches of steps first .. first + n - 1, on the device, in order."""
@@ -106,5 +107,8 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
 
 
 def _capture(runtime: Runtime, record: RunRecord, tensors: dict) -> None:
-    capture = runtime.step0_activations(activation_inputs(runtime.spec, runtime.data.global_batch(0).inputs))
+    batch = runtime.data.global_batch(0)
+    capture = runtime.step0_activations(activation_inputs(runtime.spec, batch.inputs),
+                                        activation_inputs(runtime.spec, batch.targets))
     tensors["activations"], record.extra["activations_skipped"] = capture.arrays, capture.skipped
+    tensors["activation_grads"] = capture.grads

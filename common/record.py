@@ -5,7 +5,8 @@ A run directory holds `record.json` (this schema) and, with `--parity`,
 `outputs`, `grads`, `params`, `state` (BatchNorm's running statistics after training, canonical names:
 `<NNX module>.mean`, `.var`), `eval` (`logits`: the trained model's eval-mode forward on a held batch,
 dropout off and BatchNorm on its running statistics) and `activations`: step 0's per-module outputs and
-inputs (`<module>:in`) in the order the modules finished, channel-last). Both are written atomically (temp file +
+inputs (`<module>:in`) in the order the modules finished, channel-last, and `activation_grads`: the step-0
+loss's gradient at each of them, same keys and layout). Both are written atomically (temp file +
 rename), so a reader never sees half a file. `read_record` validates and
 raises `RecordError` with one line on a missing, corrupt or wrong-schema file.
 """
@@ -34,7 +35,7 @@ RECORD_FILE = "record.json"
 TENSORS_FILE = "tensors.npz"
 LOG_FILES = ("stdout.log", "stderr.log")  # compare's logs of a backend it runs, beside the record
 SPEC_FILE = "spec.json"  # the spec compare resolved for a backend, written beside them before it starts
-TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations")
+TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations", "activation_grads")
 
 # Environment variables that change numerics, devices or compilation.
 NUMERICS_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION",

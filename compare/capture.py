@@ -1,8 +1,11 @@
 """Step 0's per-module activations, captured only where a divergence needs locating.
 
-The activations name the first module where two ports part at step 0, and nothing else. Capturing them
-costs a forward through every module's hooks, run eagerly (gpt-tiny on this CPU: 1.3 s on jax, 1.5 s on
-torchax, 0.55 s on torch_xla, which computes every copy in one graph), so the backends run without it
+The activations name the first module where two ports part at step 0, and nothing else: in the forward,
+or, when every activation agrees, in the backward pass (compare/backward.py: each side also takes the
+loss's gradient at every activation). Capturing them costs a forward through every module's hooks, run
+eagerly (gpt-tiny on this CPU: 1.3 s on jax, 1.5 s on torchax, 0.55 s on torch_xla, which computes every
+copy in one graph), and the gradients one backward more (jax: one jitted program, a capture process 2.9 s
+instead of 2.1 s; torch: its autograd, no measurable cost), so the backends run without it
 unless `--activations` asks for it. When a pair's step-0 tensors leave tolerance, compare runs the
 reference and that backend once more with `--activations-only` (from the start weights, no step trained), into
 `<run>/<backend>/activations/`; the report then names the first divergent module from those runs. A
@@ -35,16 +38,17 @@ def capture(names: list[str], pythons: dict[str, str], launches: dict, out: Path
             for name in names}
 
 
-def captured_activations(run_dir: Path, run_id: str | None) -> tuple[dict, dict]:
-    """The activations a capture run of this compare run left in `run_dir` and the modules it left out
-    ({module: why}), or ({}, {}) (none, or not this run's)."""
+def captured_activations(run_dir: Path, run_id: str | None) -> tuple[dict, dict, dict]:
+    """The activations a capture run of this compare run left in `run_dir`, the modules it left out
+    ({module: why}) and the loss's gradients at the activations, or ({}, {}, {}) (none, or not this run's)."""
     path = run_dir / CAPTURE_DIR / RECORD_FILE
     if not path.exists():
-        return {}, {}
+        return {}, {}, {}
     try:
         record = read_record(path)
         if run_id is not None and record.run_id != run_id:
-            return {}, {}
-        return read_tensors(path, record)["activations"], record.extra.get("activations_skipped", {})
+            return {}, {}, {}
+        tensors = read_tensors(path, record)
+        return tensors["activations"], record.extra.get("activations_skipped", {}), tensors["activation_grads"]
     except RecordError:
-        return {}, {}
+        return {}, {}, {}

@@ -1,11 +1,11 @@
 """Numerical parity of two run records: settings first, then every tensor and every step's loss."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from common.record import RunRecord
+from compare.backward import first_divergent_module_backward
+from compare.tensor_error import module_error, tensor_error
 from compare.unreached import mark_unreached, unreached_params
 
 # Record fields that must agree before numbers mean anything.
@@ -30,112 +30,6 @@ def setting_differences(a: RunRecord, b: RunRecord) -> list[str]:
     fb.update({f"numerics.{k}": b.numerics.get(k) for k in NUMERICS_FIELDS})
     return [f"{k.removeprefix('spec.')}: {a.backend}={fa.get(k)!r} {b.backend}={fb.get(k)!r}"
             for k in sorted(set(fa) | set(fb)) if k != "spec.name" and fa.get(k) != fb.get(k)]
-
-
-def _value_kind(x: np.ndarray) -> np.ndarray:
-    """Per element: 'finite', 'nan', 'inf' or '-inf'."""
-    return np.where(np.isnan(x), "nan", np.where(np.isposinf(x), "inf", np.where(np.isneginf(x), "-inf",
-                                                                                 "finite")))
-
-
-def nonfinite_mismatches(ref: np.ndarray, other: np.ndarray) -> list[tuple[int, str, str]]:
-    """Where two tensors of one shape disagree in a non-finite value: (count, kind on ref, kind on other)
-    per pair of kinds, most first. Empty when every non-finite element has its equal on the other side
-    (the same infinity, or NaN against NaN, at the same position)."""
-    a, b = _value_kind(ref), _value_kind(other)
-    differ = (a != b) & ((a != "finite") | (b != "finite"))
-    if not differ.any():
-        return []
-    pairs, counts = np.unique(np.stack([a[differ], b[differ]], axis=-1), axis=0, return_counts=True)
-    return sorted(((int(n), str(x), str(y)) for n, (x, y) in zip(counts, pairs)), key=lambda m: (-m[0], m[1:]))
-
-
-def _mismatch_words(mismatches: list[tuple[int, str, str]], names: tuple[str, str]) -> str:
-    """'3 elements are -inf on jax and finite on torch; 1 element is nan on jax and inf on torch'."""
-    return "; ".join(f"{n} element{'s are' if n != 1 else ' is'} {x} on {names[0]} and {y} on {names[1]}"
-                     for n, x, y in mismatches)
-
-
-def allowed_over(fraction: float, elements: int) -> int:
-    """How many elements a tolerance lets over its bound: the stated fraction of the tensor, rounded down
-    (a hair of slack so that a fraction written as count / elements allows that count)."""
-    return int(math.floor(fraction * elements * (1 + 1e-12)))
-
-
-def _two_digits_up(x: float, enough) -> float:
-    """The smallest number of two significant digits, from x up, that `enough` accepts (a bound the user can
-    type that passes under the same float arithmetic as the check)."""
-    if x <= 0:
-        return 0.0
-    exponent = math.floor(math.log10(x)) - 1
-    q = x / 10.0 ** exponent
-    n = round(q) if abs(q - round(q)) < 1e-9 else math.ceil(q)  # 28.000000000000004 is 28
-    while not enough(float(f"{n}e{exponent}")):  # 42e-4 parses to 0.0042, where 42 * 1e-4 is 0.0042000000000000001
-        n += 1
-    return float(f"{n}e{exponent}")
-
-
-def passes_with(needed: float, scale: float, over: int, elements: int, atol: float, rtol: float) -> dict:
-    """The smallest tolerance that would pass a failing tensor, each changed alone: atol with this rtol,
-    rtol with this atol (None when max|ref| is 0: no rtol scales), or the fraction of elements allowed over
-    this bound. `needed`: the error the bound must reach at the fraction in force."""
-    return {"atol": _two_digits_up(needed - rtol * scale, lambda a: needed <= a + rtol * scale),
-            "rtol": _two_digits_up((needed - atol) / scale, lambda r: needed <= atol + r * scale)
-            if scale > 0 else None,
-            "fraction": _two_digits_up(over / elements, lambda f: allowed_over(f, elements) >= over)
-            if elements else None}
-
-
-def passes_with_words(found: dict) -> str:
-    """'would pass with atol 3.2e-03, rtol 1.6e-03 or 0.098% of elements over (each alone)'."""
-    ways = [f"atol {found['atol']:.2g}"] + ([f"rtol {found['rtol']:.2g}"] if found["rtol"] is not None else []) \
-        + ([f"{100 * found['fraction']:.3g}% of elements over"] if found["fraction"] is not None else [])
-    return f"would pass with {', '.join(ways[:-1])} or {ways[-1]} (each alone)" if len(ways) > 1 else \
-        f"would pass with {ways[0]}"
-
-
-def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float,
-                 names: tuple[str, str] = ("the reference", "the other side"), fraction: float = 0.0) -> dict:
-    """Max abs / rel error of `other` against `ref`, and whether it is within atol + rtol * max|ref|.
-
-    `fraction` lets that share of the elements (rounded down) exceed the bound: the tensor is within when
-    at most that many are over (`over` counts them, of `elements`). A tensor out of tolerance carries
-    `passes_with`, the smallest atol, rtol or fraction that would pass it, each changed alone: a bound set
-    too tight reads as a small step, a port error as a large one.
-
-    Non-finite values are compared by rule, never hidden: the same infinity at the same position on both
-    sides is equal, and so is NaN against NaN (the same computation gave no number on either side; a
-    masked class or vocabulary entry is -inf on both); they add 0 error. A NaN or an infinity facing a
-    finite number, another infinity or NaN fails the tensor, and `nonfinite` names each kind with its
-    count: no tolerance passes it. abs and rel are computed over the finite pairs only."""
-    ref, other = np.asarray(ref, np.float64), np.asarray(other, np.float64)
-    if ref.shape != other.shape:
-        return {"abs": None, "rel": None, "tolerance_used": None, "within": False,
-                "note": f"shapes differ: {ref.shape} vs {other.shape}"}
-    finite = np.isfinite(ref) & np.isfinite(other)
-    mismatches, extra = [], {}
-    if not finite.all():
-        mismatches = nonfinite_mismatches(ref, other)
-        mismatched = sum(n for n, _, _ in mismatches)
-        extra["nonfinite"] = {"equal": int((~finite).sum()) - mismatched, "mismatched": mismatched}
-        if mismatches:
-            extra["note"] = _mismatch_words(mismatches, names)
-        ref, other = ref[finite], other[finite]
-    diffs = np.abs(ref - other).ravel()
-    diff = float(diffs.max()) if diffs.size else 0.0
-    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    bound, allowed = atol + rtol * scale, allowed_over(fraction, diffs.size)
-    # the error the bound must cover: the largest with no fraction, else the largest beyond the allowed ones
-    needed = 0.0 if allowed >= diffs.size else float(np.partition(diffs, diffs.size - 1 - allowed)[-1 - allowed])
-    over = int(np.count_nonzero(diffs > bound))
-    used = needed / bound if bound > 0 else (0.0 if needed == 0 else None)
-    within = not mismatches and needed <= bound
-    if not within and not mismatches:
-        extra["passes_with"] = passes_with(needed, scale, over, diffs.size, atol, rtol)
-    return {"abs": diff, "rel": diff / scale if scale > 0 else (0.0 if diff == 0 else None),
-            # a non-finite mismatch fails whatever the finite pairs say: unmeasurable, ranked first
-            "tolerance_used": None if mismatches else used, "within": within, "over": over,
-            "elements": int(diffs.size), **extra}
 
 
 # the eval-mode logits follow the whole run, as the parameters do (their tolerance)
@@ -269,16 +163,6 @@ def modules_not_compared(ref: dict, other: dict, skipped: tuple[dict, dict], nam
     return out
 
 
-def module_error(a: np.ndarray, b: np.ndarray, bounds: dict, names: tuple[str, str]) -> dict:
-    """A module's step-0 output error. Both sides store activations channel-last, each in the layout its module
-    fixes (common/activations.py): shapes that still differ are a difference of the ports (a padding that
-    changes a size), which diverges, said as such, never transposed into agreement."""
-    if a.shape == b.shape:
-        return tensor_error(a, b, bounds["atol"], bounds["rtol"], names, bounds.get("fraction", 0.0))
-    return {"abs": None, "rel": None, "tolerance_used": None, "within": False,
-            "note": f"output shapes differ: {names[0]} {list(a.shape)}, {names[1]} {list(b.shape)} (both channel-last)"}
-
-
 def first_divergent_module(ref: dict, other: dict, bounds: dict,
                            names: tuple[str, str] = ("the reference", "the other side"),
                            skipped: tuple[dict, dict] = ({}, {})) -> dict | None:
@@ -327,13 +211,17 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     first_step = 0 if step0_fails else loss["first_divergent_step"]
     passed = comparable and first_step is None and all(t["within"] for t in tensors.values()) and \
         (distribution is None or distribution["within"])
+    forward = first_divergent_module(ref_tensors.get("activations", {}), other_tensors.get("activations", {}),
+                                     policy["forward"], names, (ref_tensors.get("activations_skipped", {}),
+                                                                other_tensors.get("activations_skipped", {})))
+    # where the forwards part, the backward gradients follow from it: the backward is searched when they agree
+    backward = None if forward and forward["module"] else first_divergent_module_backward(
+        ref_tensors.get("activation_grads", {}), other_tensors.get("activation_grads", {}),
+        list(ref_tensors.get("activations", {})), policy["grad"], names)
     return {"checked": True, "comparable": comparable, "setting_differences": differences,
             "intended_differences": [d for d in differences if d not in unexplained], "distribution": distribution,
             "first_divergent_step": first_step, "loss": loss, "tensors": tensors,
-            "first_divergent_module": first_divergent_module(ref_tensors.get("activations", {}),
-                                                             other_tensors.get("activations", {}), policy["forward"],
-                                                             names, (ref_tensors.get("activations_skipped", {}),
-                                                                     other_tensors.get("activations_skipped", {}))),
+            "first_divergent_module": forward, "first_divergent_module_backward": backward,
             "worst": worst_tensors(tensors), "passed": passed, "unreached": unreached,
             "dropout_sites": dropout_sites(ref, other)}
 

@@ -5,8 +5,8 @@ from rich.console import Console
 from rich.table import Table
 
 from common.modules import ROOT_MODULE
-from compare.parity import passes_with_words
 from compare.program import metric_rows
+from compare.tensor_error import passes_with_words
 
 
 def _fmt(value, spec: str = ".3g") -> str:
@@ -34,6 +34,18 @@ def _module(found: dict | None) -> str:
             f"{found['modules_diverging']}/{found['modules_compared']} modules differ{left_out})")
 
 
+def _backward(found: dict | None) -> str:
+    if not found:
+        return "-"
+    if not found["module"]:
+        return f"none ({found['modules_compared']} modules' gradients agree)"
+    why = "the gradient flowing into it agrees, the one it passes back does not" if found["output_grad_agrees"] \
+        else "the gradient flowing into it differs already"
+    error = found["input_grad_error"]
+    size = error.get("note") if error.get("abs") is None else f"max abs {_fmt(error['abs'], '.3e')}"
+    return f"{found['module']} ({why}: {size}; {found['modules_diverging']}/{found['modules_compared']} modules differ)"
+
+
 def _over(error: dict) -> str:
     """'3 / 1024': the elements over the bound (a tolerance's fraction may allow some), '-' unmeasured."""
     return f"{error['over']} / {error['elements']}" if error.get("elements") is not None else "-"
@@ -59,6 +71,8 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                                      else "; ".join(parity[n]["setting_differences"]) for n in others],
             ["first divergent step"] + [_fmt(parity[n]["first_divergent_step"]) for n in others],
             ["first divergent module (step 0)"] + [_module(parity[n].get("first_divergent_module")) for n in others],
+            ["first divergent module, backward pass (step 0)"]
+            + [_backward(parity[n].get("first_divergent_module_backward")) for n in others],
             ["max |Δloss| over steps"] + [_fmt((parity[n].get("loss") or {}).get("max_abs"), ".3e") for n in others],
             ["step-0 logits: mean / max KL (nats)"] + [_kl(parity[n].get("distribution")) for n in others],
             ["step-0 logits: top-1 / top-5 agreement"] + [_topk(parity[n].get("distribution")) for n in others],

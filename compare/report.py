@@ -24,6 +24,10 @@ report.json keys (schema_version 2):
       NaN at the same position on both sides is equal; one facing another value fails the tensor and the
       note counts each kind, "3 elements are -inf on jax and finite on torch"; abs and rel over the finite
       pairs only),
+    .first_divergent_module_backward {step, module, output_grad_agrees, input_grad_error, modules_compared,
+      modules_diverging} (compare/backward.py: the first module, in the order the backward pass ends them, whose
+      input gradient leaves the grad tolerance while its output gradient agrees; null where the forward
+      already names a module, and without captured gradients: torchax captures none),
     .distribution {kl_mean, kl_max, top1, top5, positions, within} (step-0 logits; null without logits),
     .unreached {parameter: {reference, other, threshold}}: parameters whose step-0 gradient is rounding noise on
       both sides; their params/ rows carry judged=false and a note (compare/unreached.py),
@@ -75,8 +79,9 @@ from common.record import RECORD_FILE, RecordError, read_record, read_tensors
 from common.spec import RunSpec
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.capture import captured_activations
-from compare.parity import check_parity, passes_with_words
+from compare.parity import check_parity
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
+from compare.tensor_error import passes_with_words
 from compare.verdict import CheckResult, decide, not_made
 
 REPORT_SCHEMA = 2
@@ -281,7 +286,8 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
                 tensors = read_tensors(record_path, record)
                 tensors["activations_skipped"] = record.extra.get("activations_skipped", {})
                 if not tensors["activations"]:  # captured apart, when step 0 parted (compare/capture.py)
-                    tensors["activations"], tensors["activations_skipped"] = captured_activations(run_dir, run_id)
+                    tensors["activations"], tensors["activations_skipped"], tensors["activation_grads"] = \
+                        captured_activations(run_dir, run_id)
         except RecordError as e:
             entry.update(status=BackendStatus.FAILED, message=str(e))
     elif run is not None and run.status == BackendStatus.OK:
@@ -305,9 +311,11 @@ def _failure(name: str, parity: dict) -> str:
     worst = parity["worst"][0] if parity["worst"] else None
     step = parity["first_divergent_step"]
     where = f"{name}: parity failed: first divergent step {step if step is not None else 'none'}"
-    module = parity.get("first_divergent_module")
+    module, backward = parity.get("first_divergent_module"), parity.get("first_divergent_module_backward")
     if module and module["module"]:
         where += f", first divergent module {module['module']}"
+    elif backward and backward["module"]:  # the forwards agree: where the backward passes part
+        where += f", first divergent module in the backward pass {backward['module']}"
     failing = [k for k, t in parity["tensors"].items() if not t["within"]]
     if failing and all(k.startswith(("eval/", "state/")) for k in failing) and step is None:
         stats = [k.removeprefix("state/") for k in failing if k.startswith("state/")]

@@ -192,12 +192,12 @@ class JittedTrainer:
         wall_ms = (time.perf_counter() - start) * 1e3
         return sharding.scalar_to_host(loss), wall_ms
 
-    def step0_activations(self, inputs) -> Capture:
+    def step0_activations(self, inputs, targets) -> Capture:
         """Analysis, not training: its eager per-op compiles are not counted (nor are the HLO statistics')."""
         self.monitor.paused = True
         try:
             with self.capture_masks():
-                return self._activations(inputs)
+                return self._activations(inputs, targets)
         finally:
             self.monitor.paused = False
 

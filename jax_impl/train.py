@@ -92,9 +92,10 @@ class JaxTrainer(JittedTrainer):
         model.eval()
         return logits_of(model(nnx_inputs(inputs, self.input_axes)), self.which)
 
-    def _activations(self, inputs: np.ndarray) -> Capture:
+    def _activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         return capture_activations(nnx.merge(self.graphdef, self.params, self.rest),
-                                   nnx_inputs(inputs, self.input_axes), input_layout(self.input_axes))
+                                   nnx_inputs(inputs, self.input_axes), input_layout(self.input_axes),
+                                   lambda out: cross_entropy(logits_of(out, self.which), jnp.asarray(targets)))
 
     def new_record(self) -> RunRecord:
         spec = self.spec

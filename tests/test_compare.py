@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from common.record import read_record, read_tensors
-from compare.parity import logit_agreement, tensor_error
+from compare.parity import logit_agreement
+from compare.tensor_error import tensor_error
 from tests.helpers import run_cli, train
 
 pytestmark = pytest.mark.slow

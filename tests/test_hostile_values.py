@@ -15,6 +15,7 @@ from common.vocab import BackendStatus, ExitCode, ReportStatus
 from common.weights import CheckpointError, init_params, load_checkpoint, save_checkpoint
 from compare import parity
 from compare.report import ReportInputs, _failure, build_report, strict_json, strict_report
+from compare.tensor_error import tensor_error
 from compare.tolerances import load_policy
 from tests.helpers import run_cli
 
@@ -198,13 +199,13 @@ def test_equal_non_finite_values_are_equal_and_add_no_error():
     logits = np.random.default_rng(0).standard_normal((4, 8, 6)).astype(np.float32)
     logits[..., -1] = -np.inf  # a masked class, on both sides
     other = logits + np.float32(1e-7) * (logits != -np.inf)
-    error = parity.tensor_error(logits, other, 1e-5, 1e-4, ("jax", "torch"))
+    error = tensor_error(logits, other, 1e-5, 1e-4, ("jax", "torch"))
     assert error["within"] and error["nonfinite"] == {"equal": 32, "mismatched": 0} and "note" not in error
     assert 0 < error["abs"] < 1e-6 and math.isfinite(error["rel"])  # over the finite pairs only
     nan = np.array([1.0, np.nan, np.inf, -np.inf])  # NaN against NaN at one position: equal too
-    assert parity.tensor_error(nan, nan.copy(), 0, 0)["within"]
+    assert tensor_error(nan, nan.copy(), 0, 0)["within"]
     masked_everywhere = np.full((2, 3), -np.inf)
-    assert parity.tensor_error(masked_everywhere, masked_everywhere, 0, 0) == {
+    assert tensor_error(masked_everywhere, masked_everywhere, 0, 0) == {
         "abs": 0.0, "rel": 0.0, "tolerance_used": 0.0, "within": True, "over": 0, "elements": 0,
         "nonfinite": {"equal": 6, "mismatched": 0}}
     agreement = parity.logit_agreement(logits, other)  # masked entries: probability 0 on both sides, 0 KL
@@ -223,13 +224,13 @@ def test_a_non_finite_value_on_one_side_fails_its_tensor_and_is_counted():
     other[0, 4] = -np.inf  # one masked position finite on the other side
     other[1, 0] = np.nan
     other[0, 0] = np.inf
-    error = parity.tensor_error(ref, other, 1e-5, 1e-4, ("jax", "torch"))
+    error = tensor_error(ref, other, 1e-5, 1e-4, ("jax", "torch"))
     assert not error["within"] and error["tolerance_used"] is None  # unmeasurable: ranked first
     assert error["note"] == ("1 element is -inf on jax and finite on torch; 1 element is finite on jax and inf on "
                              "torch; 1 element is finite on jax and nan on torch")
     assert error["nonfinite"] == {"equal": 1, "mismatched": 3} and error["abs"] == 0.0
     ref3, other3 = np.full(3, -np.inf), np.zeros(3)
-    assert parity.tensor_error(ref3, other3, 1, 1)["note"] == \
+    assert tensor_error(ref3, other3, 1, 1)["note"] == \
         "3 elements are -inf on the reference and finite on the other side"
     a, b = _records(2.0, 2.0)
     verdict = parity.check_parity(a, b, {"outputs": {"logits": ref}}, {"outputs": {"logits": other}}, _policy(), [])

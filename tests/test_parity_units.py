@@ -7,6 +7,7 @@ import pytest
 from common.presets import load_spec
 from common.record import RunRecord, StepRecord
 from compare import parity
+from compare.tensor_error import passes_with_words, tensor_error
 from compare.tolerances import ToleranceError, load_policy
 
 
@@ -47,7 +48,7 @@ def test_tensor_errors_and_worst_ranking():
     assert errors["grads/k_bias"]["rel"] == pytest.approx(2.0) and errors["grads/k_bias"]["within"]
     worst = parity.worst_tensors(errors)
     assert [t["name"] for t in worst] == ["grads/w", "grads/k_bias"]  # by share of tolerance, not by rel
-    shapes = parity.tensor_error(np.zeros(3), np.zeros(4), 1e-6, 1e-6)
+    shapes = tensor_error(np.zeros(3), np.zeros(4), 1e-6, 1e-6)
     assert shapes["within"] is False and "shapes differ" in shapes["note"]
 
 
@@ -103,34 +104,34 @@ def test_a_failing_tensor_says_the_smallest_tolerance_that_would_pass_it():
     other = ref.copy()
     other[[10, 500, 990]] += [3e-3, -2e-3, 1e-3]  # three elements off, the rest equal
     atol, rtol = 1e-6, 1e-4  # bound 2.01e-4: all three over
-    error = parity.tensor_error(ref, other, atol, rtol)
+    error = tensor_error(ref, other, atol, rtol)
     assert not error["within"] and error["over"] == 3 and error["elements"] == 1000
     found = error["passes_with"]
     # the largest error 3e-3 at max|ref| 2: atol 3e-3 - 1e-4 * 2, rtol (3e-3 - 1e-6) / 2 = 1.4995e-3, 3 of 1000
     assert found == {"atol": pytest.approx(2.8e-3), "rtol": pytest.approx(1.5e-3), "fraction": pytest.approx(3e-3)}
-    assert parity.tensor_error(ref, other, found["atol"], rtol)["within"]
-    assert parity.tensor_error(ref, other, atol, found["rtol"])["within"]
-    assert parity.tensor_error(ref, other, atol, rtol, fraction=found["fraction"])["within"]
-    assert not parity.tensor_error(ref, other, 0.99 * (3e-3 - rtol * 2), rtol)["within"]
-    assert not parity.tensor_error(ref, other, atol, 0.99 * (3e-3 - atol) / 2)["within"]
-    assert not parity.tensor_error(ref, other, atol, rtol, fraction=0.0029)["within"]  # floor(2.9): 2 allowed
-    assert parity.passes_with_words(found) == ("would pass with atol 0.0028, rtol 0.0015 or 0.3% of elements over "
+    assert tensor_error(ref, other, found["atol"], rtol)["within"]
+    assert tensor_error(ref, other, atol, found["rtol"])["within"]
+    assert tensor_error(ref, other, atol, rtol, fraction=found["fraction"])["within"]
+    assert not tensor_error(ref, other, 0.99 * (3e-3 - rtol * 2), rtol)["within"]
+    assert not tensor_error(ref, other, atol, 0.99 * (3e-3 - atol) / 2)["within"]
+    assert not tensor_error(ref, other, atol, rtol, fraction=0.0029)["within"]  # floor(2.9): 2 allowed
+    assert passes_with_words(found) == ("would pass with atol 0.0028, rtol 0.0015 or 0.3% of elements over "
                                                "(each alone)")
 
 
 def test_a_fraction_lets_that_many_elements_over_and_the_bound_then_covers_the_rest():
     ref = np.ones(200)
     other = ref + np.r_[np.full(4, 1e-2), np.full(196, 1e-7)]  # four elements far off
-    error = parity.tensor_error(ref, other, 1e-5, 1e-4, fraction=0.02)  # 4 of 200 allowed
+    error = tensor_error(ref, other, 1e-5, 1e-4, fraction=0.02)  # 4 of 200 allowed
     assert error["within"] and error["over"] == 4 and error["abs"] == pytest.approx(1e-2)
     assert error["tolerance_used"] == pytest.approx(1e-7 / (1e-5 + 1e-4), rel=1e-6)  # the 5th largest error
-    error = parity.tensor_error(ref, other, 1e-5, 1e-4, fraction=0.015)  # 3 allowed: the 4th must be covered
+    error = tensor_error(ref, other, 1e-5, 1e-4, fraction=0.015)  # 3 allowed: the 4th must be covered
     assert not error["within"] and error["tolerance_used"] == pytest.approx(1e-2 / 1.1e-4, rel=1e-6)
     assert error["passes_with"]["fraction"] == pytest.approx(0.02)
     assert error["passes_with"]["atol"] == pytest.approx(0.01)  # 1e-2 - 1e-4 * 1, rounded up to two digits
-    zeros = parity.tensor_error(np.zeros(4), np.full(4, 1e-3), 1e-6, 1e-3)  # max|ref| 0: no rtol can help
+    zeros = tensor_error(np.zeros(4), np.full(4, 1e-3), 1e-6, 1e-3)  # max|ref| 0: no rtol can help
     assert zeros["passes_with"]["rtol"] is None and zeros["passes_with"]["atol"] == pytest.approx(1e-3)
-    assert parity.passes_with_words(zeros["passes_with"]) == ("would pass with atol 0.001 or 100% of elements "
+    assert passes_with_words(zeros["passes_with"]) == ("would pass with atol 0.001 or 100% of elements "
                                                               "over (each alone)")
 
 

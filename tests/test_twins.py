@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from common.data import activation_inputs, make_dataset  # noqa: E402
 from common.presets import load_spec  # noqa: E402
 from common.weights import init_params, param_infos  # noqa: E402
+from compare.backward import first_divergent_module_backward  # noqa: E402
 from compare.parity import first_divergent_module  # noqa: E402
 
 CASES = [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []),
@@ -29,6 +30,7 @@ CASES = [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []),
 LOGITS_ATOL, GRAD_RTOL, GRAD_ATOL, PARAM_ATOL, LOSS_ATOL = 1e-5, 1e-5, 1e-9, 5e-5, 1e-5
 STEPS = 5
 ACTIVATION_BOUNDS = {"atol": 1e-5, "rtol": 1e-4}  # the default forward tolerance (compare/tolerances.py)
+GRAD_BOUNDS = {"atol": 1e-6, "rtol": 1e-3}  # and the gradients' one
 
 
 def torch_side(spec, batches):
@@ -46,9 +48,12 @@ def torch_side(spec, batches):
     loss = cross_entropy(logits, targets)
     loss.backward()
     step0 = {"logits": logits.detach().numpy(), "loss": loss.item(),
-             "grads": to_canonical({n: p.grad for n, p in model.named_parameters()}, links),
-             "activations": capture_activations(model, torch.from_numpy(activation_inputs(spec, batches[0].inputs)),
-                                                modules_to_canonical(model, spec.model)).arrays}
+             "grads": to_canonical({n: p.grad for n, p in model.named_parameters()}, links)}
+    labels = torch.from_numpy(activation_inputs(spec, batches[0].targets))
+    capture = capture_activations(model, torch.from_numpy(activation_inputs(spec, batches[0].inputs)),
+                                  modules_to_canonical(model, spec.model),
+                                  loss_of=lambda out: cross_entropy(out, labels))
+    step0.update(activations=capture.arrays, activation_grads=capture.grads)
     optimizer = make_optimizer(model.parameters(), spec.train)
     losses = []
     for step, (x, y) in enumerate(batches):
@@ -73,9 +78,10 @@ def jax_side(spec, batches):
     put = lambda b: sharding.put_batch(b, spec.mesh, trainer.mesh)
     assert all(np.array_equal(b.inputs, trainer.data.global_batch(s).inputs) for s, b in enumerate(batches))
     tensors = trainer.step0_tensors()
+    capture = trainer.step0_activations(activation_inputs(spec, batches[0].inputs),
+                                        activation_inputs(spec, batches[0].targets))
     step0 = {"logits": tensors["outputs"]["logits"], "loss": float(tensors["outputs"]["loss"]),
-             "grads": tensors["grads"], "activations": trainer.step0_activations(activation_inputs(spec,
-                                                                                                  batches[0].inputs)).arrays}
+             "grads": tensors["grads"], "activations": capture.arrays, "activation_grads": capture.grads}
     losses = [float(trainer.step(put(b))) for b in batches]
     return step0, losses, trainer.canonical_params()
 
@@ -98,6 +104,11 @@ def test_torch_and_nnx_agree_in_one_process(preset, overrides):
     common = set(t0["activations"]) & set(j0["activations"])
     assert {"(model)", "(model):in"} < common and len(common) >= 4, sorted(common)
     assert first_divergent_module(j0["activations"], t0["activations"], ACTIVATION_BOUNDS)["module"] is None
+    # the loss's gradient at every module's output and input agrees too (the backward pass, step 0)
+    assert set(t0["activation_grads"]) <= set(t0["activations"]) and "(model)" in j0["activation_grads"]
+    backward = first_divergent_module_backward(j0["activation_grads"], t0["activation_grads"],
+                                               list(j0["activations"]), GRAD_BOUNDS)
+    assert backward["module"] is None and backward["modules_compared"] >= 3, backward
     assert np.max(np.abs(np.array(t_losses) - np.array(j_losses))) <= LOSS_ATOL
     assert t_losses[0] == pytest.approx(t0["loss"], abs=1e-6)  # step 0 of the loop is the parity step
     for name, value in t_params.items():

@@ -3,8 +3,15 @@
 output, in the order the calls complete, copied when recorded (an in-place ReLU after a BatchNorm must
 not rewrite the BatchNorm's output) and stored channel-last (common/activations.py). Modules called with
 keyword arguments only (Hugging Face's attention) are recorded too; modules without an NNX counterpart (a
-packed `attn.qkv`, say) are left out."""
+packed `attn.qkv`, say) are left out.
+
+Given the loss, the same forward is differentiated: a zero tensor (a probe) is added to each recorded
+input and output, which changes no value, and the probes' gradients after the backward are the gradients
+flowing into each module (at its output) and out of it (at its input), its own backward in between: a
+custom autograd function or a detach in the wrong place shows there (the NNX side adds the same probes)."""
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -49,22 +56,65 @@ def _host(t: torch.Tensor) -> np.ndarray:
     return t.float().cpu().numpy()
 
 
+def _replace_first(value, new):
+    """`value` with its first tensor (as `_first_tensor` finds it) replaced by `new`."""
+    if isinstance(value, torch.Tensor):
+        return new
+    if isinstance(value, (tuple, list)):
+        i = next(i for i, v in enumerate(value) if isinstance(v, torch.Tensor))
+        items = [*value[:i], new, *value[i + 1:]]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    key = next(k for k, v in value.items() if isinstance(v, torch.Tensor))
+    if isinstance(value, OrderedDict) and hasattr(value, "to_tuple"):  # a Hugging Face ModelOutput
+        value[key] = new
+        return value
+    return {**value, key: new}
+
+
+class _Probes:
+    """Zero tensors added to each named module's first input and output (the forward's values do not change),
+    whose gradients after the loss's backward are the gradients flowing out of and into the module."""
+
+    def __init__(self, tracker: LayoutTracker):
+        self.tracker, self.held = tracker, {}  # key -> (probe, layout)
+
+    def add(self, key: str, x, layout: str):
+        if key in self.held or not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+            return x
+        probe = torch.zeros_like(x, requires_grad=True)
+        self.held[key] = (probe, layout)
+        probed = x + probe
+        self.tracker.by_id[id(probed)] = layout  # the modules it feeds read the probed tensor
+        self.tracker.held.append(probed)
+        return probed
+
+
 def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], to_numpy=_host,
-                        sync=None) -> Capture:
+                        sync=None, loss_of=None) -> Capture:
     """{canonical module path: output, path + ':in': first input}, channel-last; `names` maps torch module
     names to NNX module paths (torch_impl.convert.modules_to_canonical); `to_numpy` brings a runtime's
     tensor to the host (torchax's are not CPU tensors); `sync` ends a lazy runtime's graph (torch_xla's), so
     that every copy is computed in one graph (fetched one by one, each would compile a graph of its own that
-    runs the forward up to its module). The batch arrives channel-first, as fed."""
+    runs the forward up to its module). The batch arrives channel-first, as fed. With `loss_of(output) ->
+    scalar`, the same forward is differentiated too: `grads` holds the loss's gradient at each activation."""
     tracker, held = LayoutTracker(CHANNEL_FIRST), {}  # key -> (copied tensor, layout)
     entered: dict[int, list] = {}
+    probes = _Probes(tracker) if loss_of is not None else None
 
     def before(name, module, leaf):
         def record(_, args, kwargs):
-            x = _first_tensor(args) if _first_tensor(args) is not None else _first_tensor(kwargs)
+            in_args = _first_tensor(args) is not None
+            x = _first_tensor(args) if in_args else _first_tensor(kwargs)
             entered.setdefault(id(module), []).append((x, tracker.enter(_own_layout(module), x)))
-            if name and x is not None:
-                held.setdefault(f"{name}:in", (x.detach().clone(), entered[id(module)][-1][1]))
+            if not name or x is None:
+                return None
+            layout = entered[id(module)][-1][1]
+            held.setdefault(f"{name}:in", (x.detach().clone(), layout))
+            if probes is None or f"{name}:in" in probes.held:
+                return None
+            probed = probes.add(f"{name}:in", x, layout)
+            entered[id(module)][-1] = (probed, layout)  # what the module reads (a permuted view is of it)
+            return (_replace_first(args, probed), kwargs) if in_args else (args, _replace_first(kwargs, probed))
         return record
 
     def after(name, module, leaf):
@@ -73,8 +123,12 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
             y = _first_tensor(out)
             own = CHANNEL_LAST if module is model else _own_layout(module)  # the model's output: as returned
             layout = tracker.leave(own, leaf, in_layout, y, leaf and _permuted_view(x, y))
-            if name and y is not None:
-                held.setdefault(name, (y.detach().clone(), layout))
+            if not name or y is None:
+                return None
+            held.setdefault(name, (y.detach().clone(), layout))
+            if probes is None or name in probes.held:
+                return None
+            return _replace_first(out, probes.add(name, y, layout))
         return record
 
     handles = []
@@ -83,15 +137,24 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
         handles.append(m.register_forward_pre_hook(before(names.get(n), m, leaf), with_kwargs=True))
         handles.append(m.register_forward_hook(after(names.get(n), m, leaf), with_kwargs=True))
     try:
-        with torch.no_grad():
-            model(inputs)
+        with torch.enable_grad() if probes else torch.no_grad():
+            output = model(inputs)
+            if probes:
+                loss_of(output).backward()
     finally:
         for handle in handles:
             handle.remove()
+        if probes:
+            model.zero_grad(set_to_none=True)  # the analysis leaves no gradient on the parameters
+    grads = {key: (p.grad if p.grad is not None else torch.zeros_like(p), layout)
+             for key, (p, layout) in (probes.held if probes else {}).items()}
     if sync is not None:
         held = {key: (value.float(), layout) for key, (value, layout) in held.items()}
+        grads = {key: (value.float(), layout) for key, (value, layout) in grads.items()}
         sync()
     capture = Capture()
     for key, (value, layout) in held.items():
         tracker.keep(capture, key, np.asarray(to_numpy(value), np.float32), layout)
+    for key, (value, layout) in grads.items():
+        tracker.keep_grad(capture, key, np.asarray(to_numpy(value), np.float32), layout)
     return capture

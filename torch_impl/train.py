@@ -124,10 +124,13 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return out
 
-    def step0_activations(self, inputs: np.ndarray) -> Capture:
-        """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture)."""
+    def step0_activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
+        """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture), and the
+        gradient of the loss on `targets` at each."""
+        labels = torch.from_numpy(targets).to(self.device)
         with self.autocast(), self.masks(0), untouched_buffers(self.model):
-            return capture_activations(self.model, torch.from_numpy(inputs).to(self.device), self.module_names)
+            return capture_activations(self.model, torch.from_numpy(inputs).to(self.device), self.module_names,
+                                       loss_of=lambda out: cross_entropy(logits_of(out, self.which), labels))
 
     def eval_logits(self, inputs: np.ndarray) -> np.ndarray:
         """The trained model's eval-mode logits of `inputs` (dropout off, BatchNorm on its running statistics)."""

@@ -203,7 +203,7 @@ class TorchXlaTrainer:
         self.monitor.collect()
         return out
 
-    def step0_activations(self, inputs: np.ndarray) -> Capture:
+    def step0_activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture), from
         a fresh copy of the model holding the start weights: it runs after the run, whose graphs, compile
         events and HLO dump it must not join. Replica 0's only."""
@@ -212,8 +212,10 @@ class TorchXlaTrainer:
         model = build_model(self.spec.model, self.spec.train.seed)
         model = convert.load_canonical(model, self.start_params, self.spec.model).to(self.device)
         with self.autocast(), step_masks(self.spec, 0, self.device):
+            labels = torch.from_numpy(targets).to(self.device)
             capture = capture_activations(model, torch.from_numpy(inputs).to(self.device), self.module_names,
-                                          sync=torch_xla.sync)
+                                          sync=torch_xla.sync,
+                                          loss_of=lambda out: cross_entropy(logits_of(out, self.which), labels))
         shutil.rmtree(self.options.out_dir / DUMP_DIR, ignore_errors=True)
         return capture
 

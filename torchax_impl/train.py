@@ -147,7 +147,7 @@ class TorchaxTrainer(JittedTrainer):
     def _loss(self, params, batch: StepBatch):
         return interop.call_torch(cross_entropy, self._forward(params, batch.inputs), batch.targets)
 
-    def _activations(self, inputs: np.ndarray) -> Capture:
+    def _activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         """Module activations from the torch module run eagerly by torchax (forward hooks see torchax
         tensors); called before any update, when the module still holds the starting weights."""
         env = torchax.default_env()
@@ -155,6 +155,8 @@ class TorchaxTrainer(JittedTrainer):
             model = self.model.to("jax")
             if self.spec.train.dtype == "bfloat16":  # the step's policy: float weights and inputs in bf16
                 model = model.to(torch.bfloat16)
+            # no gradients: torch's autograd does not run on torchax tensors (its probes' .grad stay empty; the
+            # step differentiates through JAX, which also never calls a custom autograd.Function's backward)
             return capture_activations(model, env.j2t_iso(self._in_compute_dtype(jnp.asarray(inputs))),
                                        self.module_names, to_numpy=lambda t: np.asarray(env.t2j_iso(t), np.float32))
 

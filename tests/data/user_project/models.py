@@ -81,3 +81,42 @@ class NnxLogitsAndHidden(NnxNet):  # (logits, hidden state), as many ports retur
 class TorchScores(TorchNet):  # its logits under a name of its own
     def forward(self, x):
         return {"scores": super().forward(x)}
+
+
+class _LinearFunction(torch.autograd.Function):
+    """y = x W^T + b with a hand-written backward, as fused or custom kernels are wrapped. `clamped`: the
+    mis-port's backward passes the input gradient back through max(W, 0), a bug its forward never shows."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, clamped: bool):
+        ctx.save_for_backward(x, weight)
+        ctx.clamped = clamped
+        return x @ weight.t() + bias
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_x = grad @ (weight.clamp(min=0) if ctx.clamped else weight)
+        return grad_x, grad.t() @ x, grad.sum(0), None
+
+
+class CustomLinear(nn.Linear):
+    def __init__(self, *args, clamped: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clamped = clamped
+
+    def forward(self, x):
+        return _LinearFunction.apply(x, self.weight, self.bias, self.clamped)
+
+
+class TorchNetCustomBackward(TorchNet):
+    """TorchNet whose head runs a custom autograd function."""
+
+    def __init__(self, input_shape: int, hidden: int, num_classes: int, clamped: bool = False):
+        super().__init__(input_shape, hidden, num_classes)
+        self.fc2 = CustomLinear(hidden, num_classes, clamped=clamped)
+
+
+def torch_net_backward_misported(**hparams):
+    """The forward agrees with NnxNet's; the head's backward does not."""
+    return TorchNetCustomBackward(**hparams, clamped=True)

@@ -19,3 +19,7 @@ model_outputs = Twin(torch="models.py:TorchModelOutput", nnx="models.py:NnxLogit
                      hparams=HPARAMS, train=TRAIN)
 torch_scores = Twin(torch="models.py:TorchScores", nnx="models.py:NnxNet", task="classification", hparams=HPARAMS,
                     train=TRAIN, logits="scores")
+custom_backward = Twin(torch="models.py:TorchNetCustomBackward", nnx="models.py:NnxNet", task="classification",
+                       hparams=HPARAMS, train=TRAIN)
+backward_misported = Twin(torch="models.py:torch_net_backward_misported", nnx="models.py:NnxNet",
+                          task="classification", hparams=HPARAMS, train=TRAIN)

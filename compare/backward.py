@@ -1,0 +1,40 @@
+"""Where two ports part in step 0's backward pass, when their forwards agree.
+
+A port whose forward agrees but whose backward differs (a custom autograd function, a stop-gradient or a
+detach in the wrong place, a hand-written gradient) shows only as gradients that differ. Each side's
+capture run also differentiates step 0's loss on the captured slice with respect to every recorded
+module's input and output (zero probes added to each: torch_impl/capture.py, jax_impl/capture.py). In the
+backward pass a module receives the gradient at its output and passes back the gradient at its input once
+the backward of everything inside it has ended. Walking the modules in the order their backward ends (the
+reverse of the order their forward started: a block's layers before the block, the last layer first), the
+culprit is the first whose output gradient agrees and whose input gradient does not: everything flowing
+into it agreed, what it passed back did not.
+"""
+from __future__ import annotations
+
+from compare.tensor_error import module_error
+
+
+def first_divergent_module_backward(ref: dict, other: dict, order: list[str], bounds: dict,
+                                    names: tuple[str, str] = ("the reference", "the other side")) -> dict | None:
+    """{step, module, output_grad_agrees, input_grad_error, modules_compared, modules_diverging} from the two
+    sides' step-0 activation gradients (`order`: the reference's activation keys as captured, each module's
+    input when it started, its output when it finished); None when a side has none. `module` None when every
+    compared module's gradients agree."""
+    if not ref or not other:
+        return None
+    started = {k.removesuffix(":in"): i for i, k in enumerate(order) if k.endswith(":in")}
+    modules = sorted((k for k in order if not k.endswith(":in") and k in ref and k in other),
+                     key=lambda m: -started.get(m, order.index(m)))  # the order their backward ends
+
+    def error(key: str) -> dict | None:
+        return module_error(ref[key], other[key], bounds, names) if key in ref and key in other else None
+
+    into = {m: error(m) for m in modules}
+    back = {m: error(f"{m}:in") for m in modules}  # None where a module's input has no gradient (token ids)
+    diverging = [m for m in modules if not into[m]["within"] or (back[m] is not None and not back[m]["within"])]
+    culprit = next((m for m in diverging if into[m]["within"]), None)
+    module = culprit or (diverging[0] if diverging else None)
+    return {"step": 0, "module": module, "output_grad_agrees": culprit is not None,
+            "input_grad_error": (back[module] if culprit else into[module]) if module else None,
+            "modules_compared": len(modules), "modules_diverging": len(diverging)}
