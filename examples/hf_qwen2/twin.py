@@ -29,6 +29,7 @@ qwen2_tiny = Twin(
     # keyed by the NNX module: its fused kernel's columns are torch's q_proj | k_proj | v_proj rows
     packed={"attn.qkv": ("attn.q_proj", "attn.k_proj", "attn.v_proj")},
     hf=HF,
+    nnx_dtype_arg="dtype",  # the port computes in bfloat16 under --dtype bfloat16
     train=TrainSpec(optimizer="adamw", lr=3e-3, weight_decay=0.1, beta2=0.95, schedule="warmup_cosine",
                     schedule_warmup_steps=5, global_batch_size=16, steps=20),
 )
