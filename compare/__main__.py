@@ -41,7 +41,8 @@ from common.vocab import (  # noqa: E402
 from compare.cache import default_cache_dir  # noqa: E402
 from compare.capture import capture, parted_at_step0  # noqa: E402
 from compare.determinism import determinism_check  # noqa: E402
-from compare.launch import capture_launch, main_launch, seed_launch, side_spec  # noqa: E402
+from compare.launch import capture_launch, floor_launch, main_launch, seed_launch, side_spec  # noqa: E402
+from compare.noise_floor import FLOOR_DIR  # noqa: E402
 from compare.orchestrate import Plan, run_all  # noqa: E402
 from compare.output import show, write_report  # noqa: E402
 from compare.plots import PLOT_FILES  # noqa: E402
@@ -129,6 +130,10 @@ def parse_args(argv):
                         help="seconds per backend (and per preparation step of a twin) before it is killed")
     parser.add_argument("--tolerance-profile", default="default",
                         help=f"{' | '.join(PROFILES)} or a JSON file {{dtype: {{kind: {{atol, rtol}}}}}}")
+    parser.add_argument("--bf16-tolerance", choices=("noise-floor", "fixed"), default="noise-floor",
+                        help="bfloat16 runs: bound each tensor and step by the reference's own bf16-vs-fp32 "
+                             "distance (one float32 run of the reference more; compare/noise_floor.py), or by the "
+                             "profile's fixed bf16 atol/rtol")
     parser.add_argument("--parity-mode", choices=values(ParityMode), default=ParityMode.DETERMINISTIC.value,
                         help="; ".join(f"{m.value}: {meaning}" for m, meaning in PARITY_MODE_MEANINGS.items()))
     parser.add_argument("--seeds", type=bounded_int(1, MAX_SEEDS, "seeds"), default=5, metavar="K",
@@ -256,9 +261,19 @@ def locate_divergence(args, plan: Plan, outcome, build) -> dict:
     return build(outcome.interrupted)
 
 
+def noise_floor_runs(args, spec, plan: Plan, outcome) -> list[str]:
+    """The backends run once more in float32, when bfloat16 is judged by its noise floor
+    (compare/noise_floor.py): every one that ran here (not a reused record) and finished, in the deterministic
+    or exact mode (the statistical test judges its own way)."""
+    if spec.train.dtype != "bfloat16" or args.bf16_tolerance != "noise-floor" or outcome.interrupted \
+            or args.parity_mode == ParityMode.STATISTICAL:
+        return []
+    return [n for n in plan.launches if n in outcome.runs and outcome.runs[n].status == BackendStatus.OK]
+
+
 def run_entries(names: list[str]) -> list[str]:
     """Every top-level entry a compare run may write in its directory (what replacing it may remove)."""
-    return [*names, *(f"{n}-repeat" for n in names), START_DIR, SEEDS_DIR, *REPORT_FILES, *PLOT_FILES]
+    return [*names, *(f"{n}-repeat" for n in names), START_DIR, SEEDS_DIR, FLOOR_DIR, *REPORT_FILES, *PLOT_FILES]
 
 
 def run_inputs(args, names: list[str]) -> dict[str, Path]:
@@ -342,10 +357,14 @@ def main(argv=None) -> int:
                 break
             outcome.interrupted = run_all(Plan(names, plan.pythons, {n: seed_launch(args, n, seed) for n in names}, {},
                                                out / SEEDS_DIR / str(seed), args.timeout, False), live).interrupted
+        floored = noise_floor_runs(args, spec, plan, outcome)
+        if floored:
+            outcome.interrupted = run_all(Plan(floored, plan.pythons, {n: floor_launch(args, n) for n in floored},
+                                               {}, out / FLOOR_DIR, args.timeout, False), live).interrupted
     backends_done = time.time()
     inputs = ReportInputs(spec, policy, names, reference, out, args.run_id, args.tolerance_profile,
                           args.compile_cache, {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names},
-                          args.parity_mode, args.debug)
+                          args.parity_mode, args.debug, args.bf16_tolerance)
     checks = ((("statistical", functools.partial(statistical_check, out, names, reference, seeds)),) if seeds else ()) \
         + ((("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)),)
            if args.check_determinism else ())

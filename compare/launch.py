@@ -62,6 +62,14 @@ def capture_launch(args, name: str) -> Launch:
     return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--activations-only"))
 
 
+def floor_launch(args, name: str) -> Launch:
+    """The reference's float32 run of a bfloat16 comparison (compare/noise_floor.py): the same spec, start and
+    batches in float32, with the parity tensors (no HLO, profile or throughput)."""
+    changes = {"dtype": "float32", "profile": 0, "no_hlo": True, "provoke": []}
+    side = argparse.Namespace(**{**vars(args), **changes})
+    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--parity", "--throughput-steps", "0"))
+
+
 def seed_launch(args, name: str, seed: int) -> Launch:
     """A statistical mode's extra seed run: the losses only (no parity tensors, HLO, profile, throughput)."""
     changes = {"seed": seed, "profile": 0, "no_hlo": True}

@@ -4,7 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from common.record import RunRecord
+from compare import noise_floor
 from compare.backward import first_divergent_module_backward
+from compare.noise_floor import Floors
 from compare.tensor_error import module_error, tensor_error
 from compare.unreached import mark_unreached, unreached_params
 
@@ -191,8 +193,10 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
             "modules_diverging": len(diverging), "not_compared": not_compared}
 
 
-def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, policy, intended: list[str]) -> dict:
-    """The whole parity verdict of two runs (report.json's `parity`): settings, tensors, losses."""
+def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, policy, intended: list[str],
+                 floors: Floors | None = None) -> dict:
+    """The whole parity verdict of two runs (report.json's `parity`): settings, tensors, losses; with `floors`
+    (bfloat16: each run's own float32 run), tensors and losses bounded by their noise floor."""
     differences = setting_differences(ref, other)
     unexplained = [d for d in differences if d.split(":")[0] not in intended]
     names = (ref.backend, other.backend)
@@ -200,9 +204,13 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     unreached = unreached_params(ref_tensors.get("grads", {}), other_tensors.get("grads", {}),
                                  str(ref.numerics.get("dtype")))
     mark_unreached(tensors, unreached)
+    if floors is not None:
+        noise_floor.judge_tensors(tensors, ref_tensors, other_tensors, floors)
     distribution = judge_distribution(ref_tensors, other_tensors, policy["distribution"],
                                       str(ref.numerics.get("dtype")), tensors)
     loss = compare_losses(ref.losses, other.losses, policy["loss"])
+    if floors is not None:
+        loss = noise_floor.judge_losses(loss, ref.losses, other.losses, floors)
     comparable = not unexplained
     # step 0's logits, loss and gradients are measured before the first update: when one of them is out of
     # tolerance the runs part at step 0, even if the loss curves stay close for a while

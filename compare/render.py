@@ -86,7 +86,8 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         out.append((f"Worst tensors of {name} ({ref} is the reference)",
                     ["tensor", "kind", "max abs", "max rel", "of tolerance", "elements over", "within",
                      "smallest passing tolerance"],
-                    [[w["name"], w["kind"], _fmt(w["abs"], ".3e"), _fmt(w["rel"], ".3e"),
+                    [[w["name"], w["kind"] + (", noise floor" if w.get("judged_by") == "noise-floor" else ""),
+                      _fmt(w["abs"], ".3e"), _fmt(w["rel"], ".3e"),
                       _fmt(w["tolerance_used"], ".1%"), _over(w), "yes" if w["within"] else "NO",
                       passes_with_words(w["passes_with"]).removeprefix("would pass with ") if w.get("passes_with")
                       else "-"] for w in parity[name]["worst"][:5]]))
@@ -164,6 +165,12 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
                                                                                         "fraction"],
                 [[k, _fmt(v["atol"], ".0e"), _fmt(v["rtol"], ".0e"), _fmt(v.get("fraction"), ".3g")]
                  for k, v in tol.items() if "atol" in v]))
+    floor = report.get("tolerance_policy") or {}
+    if floor.get("policy") == "noise-floor":
+        out.append((f"bfloat16 judged by measured noise (compare/noise_floor.py): {floor['rule']}, factor "
+                    f"{floor['factor']:g}; every backend ran once more in float32 ({floor['floor_runs']})",
+                    ["backend without a float32 run", "why"],
+                    [[n, why] for n, why in floor["not_measured"].items()] or [["-", "-"]]))
     if "distribution" in tol:
         d = tol["distribution"]
         out.append(("Step-0 logits as distributions: pass when mean KL(ref || other) <= kl_mean and top-1 "

@@ -8,6 +8,9 @@ report.json keys (schema_version 2):
   exit_code               what `python -m compare` returned (an ExitCode)
   tolerances              {kind: {atol, rtol}} used for this dtype (forward, grad and params also fraction:
                           the share of a tensor's elements allowed over); distribution {kl_mean, top1}
+  tolerance_policy        {policy: fixed | noise-floor, ...}: in bfloat16 (--bf16-tolerance noise-floor, the
+                          default) {factor, floor_runs, rule, not_measured {backend: why}}; each tensor row then
+                          has judged_by, noise and bound, and parity.<name>.loss has bounds (per step)
   backend_names           the backends in the order they ran
   reference               the backend every other one is judged against (--reference)
   parity                  null unless the reference and another backend finished, else per other
@@ -79,9 +82,11 @@ from common.record import RECORD_FILE, RecordError, read_record, read_tensors
 from common.spec import RunSpec
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.capture import captured_activations
+from compare.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors
 from compare.parity import check_parity
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
 from compare.tensor_error import passes_with_words
+from compare.tolerances import load_policy
 from compare.verdict import CheckResult, decide, not_made
 
 REPORT_SCHEMA = 2
@@ -141,6 +146,7 @@ class ReportInputs:
     intended: dict = field(default_factory=dict)  # {backend: the spec fields its --<name>-set changed on purpose}
     parity_mode: str = ParityMode.DETERMINISTIC.value
     debug: bool = False
+    bf16_tolerance: str = "fixed"  # "noise-floor": bfloat16 judged against the reference's float32 run
 
 
 def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tuple = ()) -> dict:
@@ -152,7 +158,8 @@ def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tu
     not_built: list[dict] = []
     attempt = functools.partial(_attempt, not_built, inputs.debug)
     backends, records, tensors, unjudged = _entries(inputs, runs, attempt)
-    parity = _parity(inputs, records, tensors, unjudged, attempt)
+    floors, tolerance_policy = noise_floors_of(inputs)
+    parity = _parity(inputs, records, tensors, unjudged, attempt, floors)
     results = [runs_check(backends, runs, interrupted),
                parity_check(parity, unjudged, decides=inputs.parity_mode != ParityMode.STATISTICAL)]
     for name, check in checks:
@@ -168,6 +175,7 @@ def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tu
         "backend_names": inputs.names, "reference": inputs.reference,
         "spec_name": spec.name, "spec": spec.to_dict(), "dtype": spec.train.dtype,
         "tolerance_profile": inputs.tolerance_profile, "tolerances": inputs.policy,
+        "tolerance_policy": tolerance_policy,
         "parity_mode": inputs.parity_mode, "parity": parity,
         "backends": backends, "ratios": attempt("ratios", ratios, backends, inputs.reference) or {},
         "pairwise_loss": attempt("pairwise_loss", pairwise_loss, records) or {},
@@ -200,18 +208,44 @@ def _entries(inputs: ReportInputs, runs: dict, attempt) -> tuple[dict, dict, dic
     return backends, records, tensors, unjudged
 
 
-def _parity(inputs: ReportInputs, records: dict, tensors: dict, unjudged: list, attempt) -> dict | None:
+def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
+    """Each backend's float32 run of this compare run, when bfloat16 is judged by its noise floor
+    (compare/noise_floor.py), and what the report says of the policy, with the backends that have none (a
+    pair without both floors is judged by the fixed bounds)."""
+    if inputs.spec.train.dtype != "bfloat16":
+        return {}, {"policy": "fixed"}
+    if inputs.bf16_tolerance != "noise-floor":
+        return {}, {"policy": "fixed", "why": f"--bf16-tolerance {inputs.bf16_tolerance}"}
+    floors, missing = {}, {}
+    for name in inputs.names:
+        path = inputs.out / FLOOR_DIR / name / RECORD_FILE
+        try:
+            record = read_record(path)
+            check_belongs(record, path, inputs.run_id)
+            if record.status != BackendStatus.OK:
+                raise RecordError(f"{record.status}: {record.message}")
+            floors[name] = FloorRun(record.losses, read_tensors(path, record))
+        except (RecordError, OSError) as e:
+            missing[name] = f"no float32 run ({e}): its pair is judged by the fixed bfloat16 bounds"
+    return floors, {"policy": "noise-floor", "factor": FACTOR, "floor_runs": str(inputs.out / FLOOR_DIR),
+                    "rule": "max|other - ref| <= max(factor * max(noise of ref, noise of other), the float32 "
+                            "bound), noise = max|bf16 run - its own fp32 run|", "not_measured": missing}
+
+
+def _parity(inputs: ReportInputs, records: dict, tensors: dict, unjudged: list, attempt,
+            floors: dict[str, FloorRun] | None = None) -> dict | None:
     """Every backend that finished, judged against the reference, even when another one failed; None unless
     the reference and another backend finished."""
     reference = inputs.reference
     if reference not in tensors or len(tensors) < 2:
         return None
-    parity = {}
+    parity, fp32 = {}, load_policy(inputs.tolerance_profile, "float32") if floors else None
     for n in inputs.names:
         if n != reference and n in tensors:
+            pair = Floors(floors[reference], floors[n], fp32) if floors and {reference, n} <= set(floors) else None
             judged = attempt(f"parity.{n}", check_parity, records[reference], records[n], tensors[reference],
                              tensors[n], inputs.policy,
-                             intended=inputs.intended.get(reference, []) + inputs.intended.get(n, []))
+                             intended=inputs.intended.get(reference, []) + inputs.intended.get(n, []), floors=pair)
             if judged is None:
                 unjudged.append(n)
             else:

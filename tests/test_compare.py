@@ -11,7 +11,7 @@ import pytest
 from common.record import read_record, read_tensors
 from compare.parity import logit_agreement
 from compare.tensor_error import tensor_error
-from tests.helpers import run_cli, train
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -184,10 +184,26 @@ def test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions(t
             assert final["judged"] is False and final["within"] and final["tolerance_used"] > 0.5, (name, final)
         assert all(t.get("judged", True) for k, t in parity["tensors"].items() if k.removeprefix("params/") not in keys)
         assert not any(w["name"].endswith("k.bias") and w["kind"] == "params" for w in parity["worst"])
+    # bf16 judged by measured noise (compare/noise_floor.py): every backend also ran in float32, and each tensor's
+    # bound is 3x the larger of the pair's own bf16-vs-fp32 distances (at least its float32 bound)
+    policy = report["tolerance_policy"]
+    assert policy["policy"] == "noise-floor" and policy["factor"] == 3.0 and policy["not_measured"] == {}
+    floor = {n: read_tensors(tmp_path / "cmp" / "noise-floor" / n, read_record(tmp_path / "cmp" / "noise-floor" / n))
+             for n in report["backend_names"]}
+    bf16_runs = {n: read_tensors(tmp_path / "cmp" / n, read_record(tmp_path / "cmp" / n)) for n in floor}
+    row = report["parity"]["torch"]["tensors"]["grads/blocks.0.mlp.fc.kernel"]
+    noise = max(float(np.max(np.abs(bf16_runs[n]["grads"]["blocks.0.mlp.fc.kernel"].astype(np.float64)
+                                    - floor[n]["grads"]["blocks.0.mlp.fc.kernel"]))) for n in ("jax", "torch"))
+    assert row["judged_by"] == "noise-floor" and row["noise"] == pytest.approx(noise) and noise > 0
+    assert row["bound"] == pytest.approx(max(3 * noise, 1e-6 + 1e-3 * float(np.max(np.abs(
+        bf16_runs["jax"]["grads"]["blocks.0.mlp.fc.kernel"])))))
+    for name, parity in report["parity"].items():
+        judged = {k: t.get("judged_by") for k, t in parity["tensors"].items() if t.get("judged", True)}
+        assert set(judged.values()) == {"noise-floor", None} and judged["outputs/logits"] is None, name  # KL, top-1
+        assert parity["loss"]["judged_by"] == "noise-floor" and len(parity["loss"]["bounds"]) == 20
     # the distribution bound: how far JAX's own bf16 step-0 logits are from its fp32 ones (measured: KL 3.7e-7,
     # top-1 0.995); bf16 logits are stored as float32
-    fp32 = read_tensors(tmp_path / "fp32", train("jax_impl", tmp_path / "fp32", "--spec", "gpt-tiny", "--steps", "1",
-                                                 "--parity"))["outputs"]["logits"]
+    fp32 = floor["jax"]["outputs"]["logits"]
     bf16 = {n: read_tensors(tmp_path / "cmp" / n, read_record(tmp_path / "cmp" / n))["outputs"]["logits"]
             for n in report["backend_names"]}
     self_diff = logit_agreement(fp32, bf16["jax"])
