@@ -55,7 +55,8 @@ LONGEST = ("test_benchmark_measures_every_figure", "test_dropout_runs_on_every_b
            "test_three_provoked_causes_are_named_alike_on_every_compiling_backend",
            "test_llama_twin_passes_single_device_and_on_a_mesh",
            "test_hugging_faces_qwen2_passes_on_every_backend_from_save_pretrained",
-           "test_exact_mode_feeds_every_backend_the_same_masks_and_agrees_within_fp32")
+           "test_exact_mode_feeds_every_backend_the_same_masks_and_agrees_within_fp32",
+           "test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
