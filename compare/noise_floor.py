@@ -51,9 +51,11 @@ def judge_tensors(tensors: dict, ref: dict, other: dict, floors: Floors, factor:
         values = np.asarray(ref[group][name], np.float64)
         scale = float(np.max(np.abs(values[np.isfinite(values)]))) if np.isfinite(values).any() else 0.0
         bound = max(factor * max(noises), bounds["atol"] + bounds["rtol"] * scale)
+        diffs = np.abs(np.asarray(other[group][name], np.float64) - values)
         entry.pop("passes_with", None)
         entry.update(within=entry["abs"] <= bound, tolerance_used=entry["abs"] / bound if bound > 0 else None,
-                     judged_by="noise-floor", noise=max(noises), bound=bound)
+                     over=int(np.count_nonzero(diffs[np.isfinite(diffs)] > bound)), judged_by="noise-floor",
+                     noise=max(noises), bound=bound)
 
 
 def judge_losses(loss: dict, ref: list, other: list, floors: Floors, factor: float = FACTOR) -> dict:

@@ -41,12 +41,14 @@ def test_each_tensor_is_bounded_by_the_larger_of_the_two_runs_own_noise():
             assert row["bound"] == pytest.approx(max(FACTOR * noise, FP32[row["kind"]]["atol"] + FP32[row["kind"]][
                 "rtol"] * np.max(np.abs(runs(other_noise)[1][key.split("/")[0]]["w"]))))
             assert row["within"] and row["abs"] <= row["bound"] and "passes_with" not in row, (key, row)
+            assert row["over"] == 0 and row["elements"] == 64
 
 
 def test_a_port_error_moves_both_runs_of_its_side_and_still_fails():
     result = judged(1e-3, port_error=0.05)  # 0.05 off in fp32 and bf16 alike: its own noise stays 1e-3
     for key, row in result["tensors"].items():
         assert row["noise"] < 0.01 and not row["within"] and row["abs"] > 0.04, (key, row)
+        assert row["over"] == 64  # every element is off by the port's 0.05, beyond 3x a noise of ~3e-3
 
 
 def test_a_steps_loss_is_bounded_by_the_largest_loss_noise_so_far():
