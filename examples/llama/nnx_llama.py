@@ -6,6 +6,10 @@ layout from the two trees.
 `rope_layout` picks how rotary pairs are formed: "rotate_half" (Hugging Face's, pairs i and i + hd/2,
 what the torch model does) or "interleaved" (Meta's original checkpoints, pairs 2i and 2i + 1). The
 second one is the classic port mistake `twin.py:llama_tiny_misported` makes.
+
+Parameters are float32; `dtype` is the compute dtype (bfloat16 under compare's bf16 policy: the twin's
+`nnx_dtype_arg`); the attention softmax and the rotary tables stay float32, as in `torch_llama.py` (a bf16
+query times float32 tables computes in float32 on both sides).
 """
 from __future__ import annotations
 
@@ -16,8 +20,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 
-def _linear(n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(n_in, n_out, use_bias=False, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+def _linear(n_in: int, n_out: int, rngs: nnx.Rngs, dtype) -> nnx.Linear:
+    return nnx.Linear(n_in, n_out, use_bias=False, kernel_init=nnx.initializers.normal(0.02), dtype=dtype, rngs=rngs)
 
 
 def rotary(x, theta: float, layout: str):  # x (B, T, H, hd)
@@ -34,12 +38,12 @@ def rotary(x, theta: float, layout: str):  # x (B, T, H, hd)
 
 
 class Attention(nnx.Module):
-    def __init__(self, d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs: nnx.Rngs):
+    def __init__(self, d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs: nnx.Rngs, dtype):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
-        self.q_proj = _linear(d_model, n_heads * self.head_dim, rngs)
-        self.k_proj = _linear(d_model, n_kv_heads * self.head_dim, rngs)
-        self.v_proj = _linear(d_model, n_kv_heads * self.head_dim, rngs)
-        self.o_proj = _linear(n_heads * self.head_dim, d_model, rngs)
+        self.q_proj = _linear(d_model, n_heads * self.head_dim, rngs, dtype)
+        self.k_proj = _linear(d_model, n_kv_heads * self.head_dim, rngs, dtype)
+        self.v_proj = _linear(d_model, n_kv_heads * self.head_dim, rngs, dtype)
+        self.o_proj = _linear(n_heads * self.head_dim, d_model, rngs, dtype)
         self.rope_theta, self.rope_layout = rope_theta, rope_layout
 
     def __call__(self, x):  # (B, T, D)
@@ -57,21 +61,22 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    def __init__(self, d_model, d_ff, rngs: nnx.Rngs):
-        self.gate_proj = _linear(d_model, d_ff, rngs)
-        self.up_proj = _linear(d_model, d_ff, rngs)
-        self.down_proj = _linear(d_ff, d_model, rngs)
+    def __init__(self, d_model, d_ff, rngs: nnx.Rngs, dtype):
+        self.gate_proj = _linear(d_model, d_ff, rngs, dtype)
+        self.up_proj = _linear(d_model, d_ff, rngs, dtype)
+        self.down_proj = _linear(d_ff, d_model, rngs, dtype)
 
     def __call__(self, x):
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rope_layout, rngs: nnx.Rngs):
-        self.input_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, rngs=rngs)
-        self.attn = Attention(d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs)
-        self.post_attention_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, rngs=rngs)
-        self.mlp = MLP(d_model, d_ff, rngs)
+    def __init__(self, d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rope_layout, rngs: nnx.Rngs,
+                 dtype):
+        self.input_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
+        self.attn = Attention(d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs, dtype)
+        self.post_attention_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
+        self.mlp = MLP(d_model, d_ff, rngs, dtype)
 
     def __call__(self, x):
         x = x + self.attn(self.input_layernorm(x))
@@ -81,12 +86,13 @@ class DecoderLayer(nnx.Module):
 class Llama(nnx.Module):
     def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
                  d_ff: int, rms_eps: float = 1e-5, rope_theta: float = 10000.0, rope_layout: str = "rotate_half",
-                 *, rngs: nnx.Rngs):
-        self.embed_tokens = nnx.Embed(vocab_size, d_model, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+                 *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.embed_tokens = nnx.Embed(vocab_size, d_model, embedding_init=nnx.initializers.normal(0.02), dtype=dtype,
+                                      rngs=rngs)
         self.layers = nnx.List([DecoderLayer(d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rope_layout,
-                                             rngs) for _ in range(n_layers)])
-        self.norm = nnx.RMSNorm(d_model, epsilon=rms_eps, rngs=rngs)
-        self.lm_head = _linear(d_model, vocab_size, rngs)
+                                             rngs, dtype) for _ in range(n_layers)])
+        self.norm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
+        self.lm_head = _linear(d_model, vocab_size, rngs, dtype)
 
     def __call__(self, tokens):  # (B, T) int -> (B, T, vocab)
         x = self.embed_tokens(tokens)

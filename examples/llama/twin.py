@@ -38,6 +38,7 @@ llama_tiny = Twin(
     rename={r"\.self_attn\.": ".attn."},  # Hugging Face's name on the torch side, the port's own on the NNX side
     partition_rules=PARTITION_RULES,
     hf=HF,
+    nnx_dtype_arg="dtype",  # the port computes in bfloat16 under --dtype bfloat16
     train=TrainSpec(optimizer="adamw", lr=3e-3, weight_decay=0.1, beta2=0.95, schedule="warmup_cosine",
                     schedule_warmup_steps=5, global_batch_size=16, steps=30),
 )
@@ -49,6 +50,7 @@ llama_tiny_misported = Twin(
     hparams=HPARAMS,
     rename={r"\.self_attn\.": ".attn."},
     partition_rules=PARTITION_RULES,
+    nnx_dtype_arg="dtype",
     train=llama_tiny.train,
 )
 
@@ -62,6 +64,7 @@ llama_hf = Twin(
     rename={r"^model\.": "", r"\.self_attn\.": ".attn."},
     partition_rules=PARTITION_RULES,
     hf={**HF, "prefix": ""},
+    nnx_dtype_arg="dtype",
     train=llama_tiny.train,
 )
 
