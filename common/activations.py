@@ -29,6 +29,23 @@ UNKNOWN_REASON = ("its layout is unknown: its output was reshaped or transposed 
                   "last submodule")
 
 
+def replace_first(value, new, is_array):
+    """`value` with its first array (`is_array`: the framework's tensor type) replaced by `new`: the value
+    itself, an item of a tuple or list (a named tuple stays one), or of a mapping (a plain dict is copied; a
+    dict subclass such as Hugging Face's ModelOutput is set in place, keeping its class and fields)."""
+    if is_array(value):
+        return new
+    if isinstance(value, (tuple, list)):
+        i = next(i for i, v in enumerate(value) if is_array(v))
+        items = [*value[:i], new, *value[i + 1:]]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    key = next(k for k, v in value.items() if is_array(v))
+    if type(value) is dict:
+        return {**value, key: new}
+    value[key] = new
+    return value
+
+
 def input_layout(axes: tuple[int, ...] | None) -> str:
     """The layout a side's batch arrives in: channel-last when its transpose moves axis 1 to the end."""
     if axes and len(axes) >= 3 and tuple(axes) == (0, *range(2, len(axes)), 1):

@@ -46,9 +46,9 @@ ACTIVATION_ROWS, ACTIVATION_TOKENS = 2, 64
 
 
 def activation_inputs(spec: RunSpec, inputs: np.ndarray) -> np.ndarray:
-    """The slice of step 0's inputs whose per-module activations are captured, small enough to keep for
-    any model: 2 examples; of a language model 1 sequence's first 64 tokens (it is causal: a prefix is
-    computed as in the whole sequence)."""
+    """The slice of step 0's inputs whose per-module activations are captured (and of its targets, whose loss
+    the capture differentiates), small enough to keep for any model: 2 examples; of a language model 1
+    sequence's first 64 tokens (it is causal: a prefix is computed as in the whole sequence)."""
     if spec.is_language_model:
         return np.ascontiguousarray(inputs[:1, :ACTIVATION_TOKENS])
     return np.ascontiguousarray(inputs[:ACTIVATION_ROWS])

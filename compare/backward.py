@@ -23,9 +23,9 @@ def first_divergent_module_backward(ref: dict, other: dict, order: list[str], bo
     compared module's gradients agree."""
     if not ref or not other:
         return None
-    started = {k.removesuffix(":in"): i for i, k in enumerate(order) if k.endswith(":in")}
+    position = {k: i for i, k in enumerate(order)}
     modules = sorted((k for k in order if not k.endswith(":in") and k in ref and k in other),
-                     key=lambda m: -started.get(m, order.index(m)))  # the order their backward ends
+                     key=lambda m: -position.get(f"{m}:in", position[m]))  # the order their backward ends
 
     def error(key: str) -> dict | None:
         return module_error(ref[key], other[key], bounds, names) if key in ref and key in other else None

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common.activations import CHANNEL_FIRST, CHANNEL_LAST, Capture, LayoutTracker
+from common.activations import CHANNEL_FIRST, CHANNEL_LAST, Capture, LayoutTracker, replace_first
 from common.modules import ROOT_MODULE
 
 # NNX's layers work on the last axis (a BatchNorm on another `axis` is said by `_own_layout`)
@@ -43,15 +43,7 @@ def _own_layout(module: nnx.Module) -> str | None:
 
 
 def _replace_first(value, new):
-    """`value` with its first array (as `_first_array` finds it) replaced by `new`."""
-    if isinstance(value, jax.Array):
-        return new
-    if isinstance(value, (tuple, list)):
-        i = next(i for i, v in enumerate(value) if isinstance(v, jax.Array))
-        items = [*value[:i], new, *value[i + 1:]]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    key = next(k for k, v in value.items() if isinstance(v, jax.Array))
-    return {**value, key: new}
+    return replace_first(value, new, lambda v: isinstance(v, jax.Array))
 
 
 def _recorded(model: nnx.Module) -> tuple[dict, set]:

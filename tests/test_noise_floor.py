@@ -3,6 +3,8 @@ max(FACTOR * the larger of the two runs' own bf16-vs-fp32 distances, its float32
 import numpy as np
 import pytest
 
+from common.presets import load_spec
+from common.record import read_record
 from compare import noise_floor
 from compare.noise_floor import FACTOR, FloorRun, Floors
 from compare.parity import compare_tensors
@@ -62,3 +64,33 @@ def test_a_steps_loss_is_bounded_by_the_largest_loss_noise_so_far():
     assert judged["first_divergent_step"] is None and judged["judged_by"] == "noise-floor"
     drifted = {**loss, "per_step_abs": [0.001, 0.002, 0.02, 0.0]}  # step 2 beyond 3 x 5e-3
     assert noise_floor.judge_losses(drifted, ref, other, floors)["first_divergent_step"] == 2
+
+
+@pytest.mark.parametrize("floor_run_id, judged", [("in-process", True), ("earlier", False)])
+def test_only_this_runs_float32_runs_set_the_floor(tmp_path, floor_run_id, judged):
+    """A noise-floor/ folder another compare run left (another run id) is never read as this run's floor: its
+    pairs are judged by the fixed bounds, and the report says why."""
+    from common.record import write_record
+    from compare.report import ReportInputs
+    from tests.test_report_in_process import NAMES, RUN_ID, build_report, write_run
+
+    runs = {n: write_run(tmp_path / n, n) for n in NAMES}
+    for n in NAMES:  # the float32 runs: the same tensors, under a run id of this run or of an earlier one
+        write_run(tmp_path / "noise-floor" / n, n)
+        record = read_record(tmp_path / "noise-floor" / n)
+        record.run_id = floor_run_id
+        write_record(tmp_path / "noise-floor" / n, record)
+    bf16 = load_spec("mlp-tiny", ["train.steps=3", "train.dtype=bfloat16"])  # the report's spec: judged in bf16
+    inputs = ReportInputs(bf16, load_policy("default", "bfloat16"), NAMES, "jax", tmp_path, RUN_ID,
+                          bf16_tolerance="noise-floor")
+    report = build_report(inputs, runs, False)
+    policy, rows = report["tolerance_policy"], report["parity"]["torch"]["tensors"]
+    assert policy["policy"] == "noise-floor"
+    if judged:
+        assert policy["not_measured"] == {} and rows["grads/layers.0.kernel"]["judged_by"] == "noise-floor"
+        assert rows["grads/layers.0.kernel"]["noise"] == 0.0  # each float32 run equals its own run here
+    else:
+        assert set(policy["not_measured"]) == {"jax", "torch"}
+        assert "belongs to run earlier, not to this run in-process" in policy["not_measured"]["torch"]
+        assert all("judged_by" not in row for row in rows.values())
+    assert report["verdict"] == "pass"

@@ -11,14 +11,12 @@ flowing into each module (at its output) and out of it (at its input), its own b
 custom autograd function or a detach in the wrong place shows there (the NNX side adds the same probes)."""
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 import torch
 from torch import nn
 from torch.nn.modules import batchnorm, conv, instancenorm, pooling
 
-from common.activations import CHANNEL_FIRST, CHANNEL_LAST, Capture, LayoutTracker
+from common.activations import CHANNEL_FIRST, CHANNEL_LAST, Capture, LayoutTracker, replace_first
 
 # layers whose type fixes where their output's channels are (the rest: common/activations.py's rules)
 CHANNEL_FIRST_TYPES = (conv._ConvNd, batchnorm._BatchNorm, instancenorm._InstanceNorm, nn.GroupNorm,
@@ -57,18 +55,7 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 
 def _replace_first(value, new):
-    """`value` with its first tensor (as `_first_tensor` finds it) replaced by `new`."""
-    if isinstance(value, torch.Tensor):
-        return new
-    if isinstance(value, (tuple, list)):
-        i = next(i for i, v in enumerate(value) if isinstance(v, torch.Tensor))
-        items = [*value[:i], new, *value[i + 1:]]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    key = next(k for k, v in value.items() if isinstance(v, torch.Tensor))
-    if isinstance(value, OrderedDict) and hasattr(value, "to_tuple"):  # a Hugging Face ModelOutput
-        value[key] = new
-        return value
-    return {**value, key: new}
+    return replace_first(value, new, lambda v: isinstance(v, torch.Tensor))
 
 
 class _Probes:
