@@ -83,3 +83,43 @@ def test_a_capture_run_trains_nothing_and_computes_every_copy_as_eager_torch(tmp
     assert sorted(captured) == sorted(expected) and "blocks.0.ln1" in captured and len(captured) > 20
     for name, array in expected.items():
         assert np.abs(captured[name] - array).max() < 1e-5, name
+
+
+def test_xlas_dump_goes_to_a_memory_folder_of_its_own_which_every_ending_removes(tmp_path, monkeypatch):
+    """XLA's dump (thousands of small files per compile) is written in memory: removed at the end of the run, a
+    crash included, and by the next run when a killed process left it; never a dump folder the user named."""
+    import subprocess
+    import sys
+
+    from torch_xla_impl import instrument
+
+    memory = tmp_path / "shm"
+    memory.mkdir()
+    monkeypatch.setattr(instrument, "MEMORY_ROOT", memory)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = memory / f"{instrument.MEMORY_PREFIX}{dead.stdout.strip()}"  # a killed run's: its process is gone
+    alive = memory / f"{instrument.MEMORY_PREFIX}{os.getppid()}"  # a running one's
+    for folder in (stale, alive):
+        folder.mkdir()
+        (folder / "module_0000.txt").write_text("HloModule x")
+    user_dump = tmp_path / "my-dump"
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_dump_to={user_dump}")
+    for name in (instrument.DUMP_ENV, "PT_XLA_DEBUG_LEVEL"):  # configure_debug sets them: put back after
+        monkeypatch.delenv(name, raising=False)
+    run_dir = tmp_path / "run"
+
+    instrument.configure_debug(run_dir, hlo=True)
+    ours = instrument.dump_dir(run_dir)
+    assert ours == memory / f"{instrument.MEMORY_PREFIX}{os.getpid()}"
+    assert os.environ["XLA_FLAGS"] == f"--xla_dump_to={user_dump} --xla_dump_to={ours} --xla_dump_hlo_as_text"
+    assert not stale.exists() and alive.exists()
+    ours.mkdir()
+    with pytest.raises(RuntimeError), instrument.removed_at_end(ours):
+        raise RuntimeError("a crash mid-run")
+    assert not ours.exists()
+
+    monkeypatch.setattr(instrument, "MEMORY_MIN_FREE", 1 << 62)  # no room in memory: beside the run
+    instrument.configure_debug(run_dir, hlo=True)
+    assert instrument.dump_dir(run_dir) == run_dir.resolve() / instrument.DUMP_DIR
+    instrument.configure_debug(run_dir, hlo=False)  # no dump: what the run removes is never the user's folder
+    assert instrument.dump_dir(run_dir) == run_dir / instrument.DUMP_DIR

@@ -55,7 +55,7 @@ def train(spec, options, progress):
     from torch_xla_impl.spawn import run_spawn
     from torch_xla_impl.train import make_trainer
 
-    with instrument.stderr_to(out_dir / instrument.DEBUG_LOG):
+    with instrument.stderr_to(out_dir / instrument.DEBUG_LOG), instrument.removed_at_end(instrument.dump_dir(out_dir)):
         cache = instrument.enable_compile_cache(options.compile_cache)
         if options.own["mode"] == "spawn":  # replica 0 writes the record, read back here
             record, tensors = run_spawn(spec, options, progress is not None)

@@ -60,7 +60,7 @@ from torch_impl.train import cross_entropy, eval_logits, untouched_buffers
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
 from torch_xla_impl.batches import StepBatches
-from torch_xla_impl.instrument import DUMP_DIR, NoMonitor, attach_causes, hlo_statistics, step_graphs
+from torch_xla_impl.instrument import NoMonitor, attach_causes, dump_dir, hlo_statistics, step_graphs
 
 SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
 
@@ -216,7 +216,7 @@ class TorchXlaTrainer:
             capture = capture_activations(model, torch.from_numpy(inputs).to(self.device), self.module_names,
                                           sync=torch_xla.sync,
                                           loss_of=lambda out: cross_entropy(logits_of(out, self.which), labels))
-        shutil.rmtree(self.options.out_dir / DUMP_DIR, ignore_errors=True)
+        shutil.rmtree(dump_dir(self.options.out_dir), ignore_errors=True)
         return capture
 
     def host_state(self) -> dict[str, torch.Tensor]:
@@ -278,7 +278,7 @@ class TorchXlaTrainer:
                                                                    self.trace_mode))
         if self.options.parity and record.status == RecordStatus.OK:  # analysis too, after the run's graphs
             tensors["eval"] = {"logits": self.eval_logits(self.trained, held_inputs(self.spec, self.data))}
-            shutil.rmtree(out_dir / DUMP_DIR, ignore_errors=True)
+            shutil.rmtree(dump_dir(out_dir), ignore_errors=True)
 
     def new_record(self) -> RunRecord:
         spec, replicas = self.spec, self.replicas
