@@ -145,6 +145,10 @@ def parse_args(argv):
                              "trains nothing)")
     parser.add_argument("--check-determinism", action="store_true",
                         help="run each backend twice and require bitwise-identical per-step losses")
+    parser.add_argument("--require-same-device", action="store_true",
+                        help="fail as not comparable (exit 1) when the backends ran on different platforms or device "
+                             "kinds; without it their numerics are still judged, and their timings are marked as "
+                             "each one's own (compare/devices.py)")
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
     parser.add_argument("--json", action="store_true", help="print only the JSON report")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
@@ -364,7 +368,7 @@ def main(argv=None) -> int:
     backends_done = time.time()
     inputs = ReportInputs(spec, policy, names, reference, out, args.run_id, args.tolerance_profile,
                           args.compile_cache, {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names},
-                          args.parity_mode, args.debug, args.bf16_tolerance)
+                          args.parity_mode, args.debug, args.bf16_tolerance, args.require_same_device)
     checks = ((("statistical", functools.partial(statistical_check, out, names, reference, seeds)),) if seeds else ()) \
         + ((("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)),)
            if args.check_determinism else ())

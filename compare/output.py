@@ -50,6 +50,9 @@ def show(args, report: dict, runs: dict) -> None:
             sys.stdout.flush()
     except BrokenPipeError:
         _reader_gone()
+    apart = (report.get("devices") or {}).get("note")
+    if apart:  # one line naming the devices, refused (--require-same-device) or not
+        print(f"warning: {apart}", file=sys.stderr)
     for run in runs.values():
         if run.status != BackendStatus.OK:
             print(f"error: {run.name}: {run.status}: {run.message} (logs: {run.run_dir})", file=sys.stderr)

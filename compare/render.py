@@ -134,7 +134,7 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     out = []
     sections = [("statistical", statistical_tables, report.get("statistical")),
                 ("parity", parity_tables, report.get("parity")), ("backends", backend_tables, True),
-                ("compiled step", lambda r: program_tables(r["backends"]), True),
+                ("compiled step", lambda r: program_tables(r["backends"], _apart(r)), True),
                 ("profile", lambda r: profile_tables(r["backends"]), True),
                 ("ratios", lambda r: [("Ratios", ["ratio", "value"], [[k, _fmt(v, ".3f")]
                                                                     for k, v in r["ratios"].items()])],
@@ -150,6 +150,15 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         out.append(("Not built, and why", ["part", "why"], [[p.get("part"), p.get("why")]
                                                           for p in report["not_built"]]))
     return out
+
+
+def _apart(report: dict) -> str:
+    """A side-by-side table's title mark when the backends ran on different devices (compare/devices.py)."""
+    devices = report.get("devices") or {}
+    if devices.get("same", True):
+        return ""
+    return " - NOT COMPARABLE: each backend's own, on its own device (" + ", ".join(
+        f"{n}: {d}" for n, d in devices["devices"].items()) + ")"
 
 
 def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -182,7 +191,8 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
               ["steady-state recompiles"] + [comp(n, "steady_state") for n in names],
               ["of these, persistent-cache hits"] + [comp(n, "cache_hits") for n in names],
               ["compile time (s)"] + [_fmt((b[n].get("compiles") or {}).get("compile_s"), ".2f") for n in names]]
-    out.append(("Compiles", ["", *names], rows + rows_c))
+    apart = _apart(report)
+    out.append(("Compiles" + apart, ["", *names], rows + rows_c))
     causes = [[n, c["step"], c.get("kind", "-"), c["cause"][:300], (c.get("framework") or "")[:160]]
               for n in names for c in (b[n].get("compiles") or {}).get("causes", [])]
     if causes:
@@ -199,7 +209,7 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
               ["matmul Gflop/step (HLO)"] + [_fmt((b[n].get("flops_per_step") or 0) / 1e9 or None, ".4g")
                                             for n in names],
               ["MFU"] + [_fmt(b[n].get("mfu"), ".2%") for n in names]]
-    out.append(("Step time (warm-up steps excluded)", ["", *names], rows_t))
+    out.append(("Step time (warm-up steps excluded)" + apart, ["", *names], rows_t))
     wall = lambda n, k: _fmt((b[n].get("wall_breakdown") or {}).get(k), ".2f")  # noqa: E731
     rows_w = [["trace mode (torch_xla)"] + [_fmt(b[n].get("trace_mode")) for n in names],
               ["interpreter start + imports (s)"] + [wall(n, "start_and_imports_s") for n in names],
@@ -208,17 +218,17 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
               ["other: init, parity tensors, HLO, record (s)"] + [wall(n, "other_s") for n in names],
               ["backend process total (s)"] + [wall(n, "total_s") for n in names],
               ["peak host RSS (MiB)"] + [_fmt(b[n].get("peak_rss_mb"), ".0f") for n in names]]
-    out.append(("Wall time and memory per backend process", ["", *names], rows_w))
+    out.append(("Wall time and memory per backend process" + apart, ["", *names], rows_w))
     return out
 
 
-def program_tables(backends: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+def program_tables(backends: dict, apart: str = "") -> list[tuple[str, list[str], list[list[str]]]]:
     """The compiled steps side by side, most different metric first, and what each backend lacks."""
     programs = {n: b["hlo"] for n, b in backends.items() if (b.get("hlo") or {}).get("available")}
     if not programs:
         return []
     names = list(programs)
-    out = [("Compiled step, per settled step (most different first)", ["", *names],
+    out = [("Compiled step, per settled step (most different first)" + apart, ["", *names],
             [[row[0]] + [_fmt(float(v), ",.0f") if isinstance(v, (int, float)) else _fmt(v) for v in row[1:]]
              for row in metric_rows(programs)])]
     gaps = [[n, what, why] for n, b in backends.items() for what, why in
@@ -252,12 +262,23 @@ def profile_tables(backends: dict) -> list[tuple[str, list[str], list[list[str]]
     return [("Where the step goes (--profile)", ["", *names], rows)]
 
 
+def device_line(report: dict) -> str:
+    """The device(s) the backends ran on, for the report's header."""
+    devices = report.get("devices") or {}
+    named = devices.get("devices") or {}
+    if devices.get("same") and named:
+        return f"Device: {next(iter(named.values()))} (every backend)"
+    return "Devices: " + (", ".join(f"{n} on {d}" for n, d in named.items()) or "unknown") + \
+        (" (different: timings not comparable)" if named else "")
+
+
 def markdown(report: dict) -> str:
     """report.md. Every table renders or says why it could not (`tables`)."""
     lines = [f"# Parity report: {report['spec_name']}", "",
              f"**Verdict: {report['verdict']}** (status `{report['status']}`, exit code {report['exit_code']})", ""]
     if report.get("message"):
         lines += [report["message"], ""]
+    lines += [device_line(report), ""]
     for title, header, rows in tables(report):
         lines += [f"## {title}", "", "| " + " | ".join(h.replace("|", "\\|") for h in header) + " |",
                   "|" + "---|" * len(header)]
@@ -282,4 +303,5 @@ def print_tables(report: dict, console: Console | None = None) -> None:
             table.add_row(*[str(c) for c in row])
         console.print(table)
     style = "bold green" if report["verdict"] == "pass" else "bold red"
+    console.print(device_line(report))
     console.print(f"verdict: {report['verdict']} ({report['status']})  report: {report['run_dir']}", style=style)

@@ -53,7 +53,9 @@ report.json keys (schema_version 2):
   compile_cache           the cache directory compare gave the backends (null with --no-compile-cache)
   wall_time               compare_imports_s, prepare_s (arguments, a twin's preparation), backends_s, report_s,
                           total_s (compare's own process)
-  ratios                  per backend over the reference: median step time, pipelined throughput
+  ratios                  per backend over the reference: median step time, pipelined throughput ({} when the
+                          backends ran on different devices)
+  devices                 {devices {<name>: platform (kind)}, same, timings_comparable, note} (compare/devices.py)
   determinism             with --check-determinism: per backend {bitwise_equal, max_abs, steps}
   parity_mode             deterministic | exact | statistical (--parity-mode)
   statistical             with --parity-mode statistical: {test, alpha, seeds, bands {<name>: {min, mean,
@@ -82,6 +84,7 @@ from common.record import RECORD_FILE, RecordError, read_record, read_tensors
 from common.spec import RunSpec
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.capture import captured_activations
+from compare.devices import devices_check, one_device
 from compare.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors
 from compare.parity import check_parity
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
@@ -147,6 +150,7 @@ class ReportInputs:
     parity_mode: str = ParityMode.DETERMINISTIC.value
     debug: bool = False
     bf16_tolerance: str = "fixed"  # "noise-floor": bfloat16 judged against the reference's float32 run
+    same_device: bool = False  # --require-same-device: backends on different devices are not comparable
 
 
 def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tuple = ()) -> dict:
@@ -162,7 +166,7 @@ def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tu
     parity = _parity(inputs, records, tensors, unjudged, attempt, floors)
     results = [runs_check(backends, runs, interrupted),
                parity_check(parity, unjudged, decides=inputs.parity_mode != ParityMode.STATISTICAL)]
-    for name, check in checks:
+    for name, check in (("devices", functools.partial(devices_check, records, inputs.same_device)), *checks):
         results.append(attempt(name, check) or not_made(name, not_built[-1]["why"]))
     status, code, message = decide(results)
     if not_built:
@@ -177,7 +181,8 @@ def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tu
         "tolerance_profile": inputs.tolerance_profile, "tolerances": inputs.policy,
         "tolerance_policy": tolerance_policy,
         "parity_mode": inputs.parity_mode, "parity": parity,
-        "backends": backends, "ratios": attempt("ratios", ratios, backends, inputs.reference) or {},
+        "backends": backends,
+        "ratios": (attempt("ratios", ratios, backends, inputs.reference) or {}) if one_device(results) else {},
         "pairwise_loss": attempt("pairwise_loss", pairwise_loss, records) or {},
         "compile_cache": str(inputs.compile_cache) if inputs.compile_cache else None,
         "commands": {n: r.command for n, r in runs.items() if r.command},
