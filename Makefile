@@ -9,7 +9,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv constraints clean
+.PHONY: demo demo-cpu demo-tpu test test-fast venv constraints constraints-tpu clean
+
+# PLATFORM=tpu (make demo PLATFORM=tpu, on a TPU VM): jax[tpu] and torch_xla[tpu] pin different libtpu releases,
+# so each gets an environment of its own, pinned like the CPU one; compare runs in the jax one (it imports no
+# framework) and is told which interpreter runs which backend.
+PLATFORM ?= cpu
+TPU_JAX := .venv-tpu-jax
+TPU_TORCH_XLA := .venv-tpu-torch-xla
 
 # pip compiles the packages' bytecode at install (no --no-compile): every backend
 # subprocess imports torch/jax, and without .pyc files (this machine sets
@@ -21,8 +28,25 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: demo-$(PLATFORM)
+
+demo-cpu: $(STAMP)
 	$(PY) -m compare --backend both
+
+$(TPU_JAX)/.installed: pyproject.toml constraints-tpu-jax.txt
+	$(PYTHON) -m venv $(TPU_JAX)
+	$(TPU_JAX)/bin/pip install --quiet -c constraints-tpu-jax.txt -e '.[tpu-jax]'
+	touch $@
+
+$(TPU_TORCH_XLA)/.installed: pyproject.toml constraints-tpu-torch-xla.txt
+	$(PYTHON) -m venv $(TPU_TORCH_XLA)
+	$(TPU_TORCH_XLA)/bin/pip install --quiet -c constraints-tpu-torch-xla.txt -e '.[tpu-torch-xla]'
+	touch $@
+
+# the TPU default: GPT-2 small (124M) in bfloat16, judged against each backend's own float32 run
+demo-tpu: $(TPU_JAX)/.installed $(TPU_TORCH_XLA)/.installed
+	$(TPU_JAX)/bin/python -m compare --backend both --spec gpt2-small --dtype bfloat16 \
+	    --jax-python $(TPU_JAX)/bin/python --torch-xla-python $(TPU_TORCH_XLA)/bin/python
 
 # Three test processes (pytest-xdist: one per core and one more, which fills the cores while a test waits on
 # a timeout or a lock), handed one test at a time in the order tests/conftest.py sets, longest first
@@ -40,5 +64,10 @@ constraints: $(STAMP)
 	  echo "# Regenerate: make constraints (freezes the working .venv)."; \
 	  $(PY) -m pip freeze --exclude-editable | sort -f; } > constraints.txt
 
+# The TPU pins, resolved by pip on any machine (no TPU needed: nothing is installed), e.g. CPU CI's
+constraints-tpu: $(STAMP)
+	$(PY) -m tests.platforms tpu-jax constraints-tpu-jax.txt
+	$(PY) -m tests.platforms tpu-torch-xla constraints-tpu-torch-xla.txt
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(TPU_JAX) $(TPU_TORCH_XLA) runs
