@@ -16,6 +16,17 @@ def group_alive(pgid: int) -> bool:
         return False
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user's counts: it cannot be signalled, but it is there)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def kill_group(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
     """SIGTERM the group, then SIGKILL whatever is left after `grace_s` (grace_s=0: SIGKILL at once); then
     reap `proc`. Also after a normal exit: children it started must not outlive it."""

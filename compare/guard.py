@@ -20,7 +20,7 @@ import time
 GRACE_S = 3.0
 
 
-def _alive(pgid: int) -> bool:
+def _alive(pgid: int) -> bool:  # common.procs.group_alive's twin: this file runs alone (`python -I`)
     try:
         os.killpg(pgid, 0)
         return True

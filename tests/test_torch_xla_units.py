@@ -103,6 +103,8 @@ def test_xlas_dump_goes_to_a_memory_folder_of_its_own_which_every_ending_removes
         folder.mkdir()
         (folder / "module_0000.txt").write_text("HloModule x")
     user_dump = tmp_path / "my-dump"
+    user_dump.mkdir()
+    (user_dump / "module_0000.txt").write_text("the user's own dump")
     monkeypatch.setenv("XLA_FLAGS", f"--xla_dump_to={user_dump}")
     for name in (instrument.DUMP_ENV, "PT_XLA_DEBUG_LEVEL"):  # configure_debug sets them: put back after
         monkeypatch.delenv(name, raising=False)
@@ -116,7 +118,7 @@ def test_xlas_dump_goes_to_a_memory_folder_of_its_own_which_every_ending_removes
     ours.mkdir()
     with pytest.raises(RuntimeError), instrument.removed_at_end(ours):
         raise RuntimeError("a crash mid-run")
-    assert not ours.exists()
+    assert not ours.exists() and (user_dump / "module_0000.txt").read_text() == "the user's own dump"
 
     monkeypatch.setattr(instrument, "MEMORY_MIN_FREE", 1 << 62)  # no room in memory: beside the run
     instrument.configure_debug(run_dir, hlo=True)

@@ -27,6 +27,7 @@ from analysis.hlo import buffer_assignment_memory, op_histogram, reported_ops
 from analysis.recompile import classify_graph_change
 from analysis.recompile import entry as recompile_entry
 from common.fsutil import unusable_cache_dir
+from common.procs import pid_alive
 from common.record import CompileEvent, RunRecord
 from common.vocab import Phase, TraceMode
 
@@ -62,7 +63,8 @@ def _new_dump_dir(run_dir: Path) -> Path:
     """This process's dump folder: in memory where there is room (the stale ones of dead processes removed
     first), else in its run directory."""
     try:
-        stale = [p for p in MEMORY_ROOT.glob(f"{MEMORY_PREFIX}*") if not _alive(p.name.removeprefix(MEMORY_PREFIX))]
+        ours = {p: p.name.removeprefix(MEMORY_PREFIX) for p in MEMORY_ROOT.glob(f"{MEMORY_PREFIX}*")}
+        stale = [p for p, pid in ours.items() if not (pid.isdigit() and pid_alive(int(pid)))]
         for path in stale:
             shutil.rmtree(path, ignore_errors=True)
         if os.access(MEMORY_ROOT, os.W_OK) and shutil.disk_usage(MEMORY_ROOT).free >= MEMORY_MIN_FREE:
@@ -70,16 +72,6 @@ def _new_dump_dir(run_dir: Path) -> Path:
     except OSError:
         pass
     return run_dir.resolve() / DUMP_DIR
-
-
-def _alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def dump_dir(run_dir: Path) -> Path:
