@@ -6,8 +6,9 @@ import numpy as np
 from common.record import RunRecord
 from compare import noise_floor
 from compare.backward import first_divergent_module_backward
+from compare.curves import compare_curves, curves_words
 from compare.noise_floor import Floors
-from compare.tensor_error import module_error, tensor_error
+from compare.tensor_error import module_error, passes_with_words, tensor_error
 from compare.unreached import mark_unreached, unreached_params
 
 # Record fields that must agree before numbers mean anything.
@@ -209,8 +210,12 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     distribution = judge_distribution(ref_tensors, other_tensors, policy["distribution"],
                                       str(ref.numerics.get("dtype")), tensors)
     loss = compare_losses(ref.losses, other.losses, policy["loss"])
+    curves = None
     if floors is not None:
         loss = noise_floor.judge_losses(loss, ref.losses, other.losses, floors)
+        curves = compare_curves(ref.losses, other.losses, floors.ref.losses, floors.policy["loss"])
+        if curves is not None and not curves["within"] and loss["first_divergent_step"] is None:
+            loss = {**loss, "first_divergent_step": curves["parts_at"]}  # the trends part, though no one step did
     comparable = not unexplained
     # step 0's logits, loss and gradients are measured before the first update: when one of them is out of
     # tolerance the runs part at step 0, even if the loss curves stay close for a while
@@ -230,7 +235,7 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
             "intended_differences": [d for d in differences if d not in unexplained], "distribution": distribution,
             "first_divergent_step": first_step, "loss": loss, "tensors": tensors,
             "first_divergent_module": forward, "first_divergent_module_backward": backward,
-            "worst": worst_tensors(tensors), "passed": passed, "unreached": unreached,
+            "worst": worst_tensors(tensors), "passed": passed, "curves": curves, "unreached": unreached,
             "dropout_sites": dropout_sites(ref, other)}
 
 
@@ -241,3 +246,35 @@ def dropout_sites(ref: RunRecord, other: RunRecord) -> dict | None:
     if a is None or b is None:
         return None
     return {"reference": a, "other": b, "equal": a == b}
+
+
+def failure_message(name: str, parity: dict) -> str:
+    """The one line that says where `name`'s parity (check_parity's result) failed, and by how much."""
+    worst = parity["worst"][0] if parity["worst"] else None
+    step = parity["first_divergent_step"]
+    where = f"{name}: parity failed: first divergent step {step if step is not None else 'none'}"
+    module, backward = parity.get("first_divergent_module"), parity.get("first_divergent_module_backward")
+    if module and module["module"]:
+        where += f", first divergent module {module['module']}"
+    elif backward and backward["module"]:  # the forwards agree: where the backward passes part
+        where += f", first divergent module in the backward pass {backward['module']}"
+    failing = [k for k, t in parity["tensors"].items() if not t["within"]]
+    if failing and all(k.startswith(("eval/", "state/")) for k in failing) and step is None:
+        stats = [k.removeprefix("state/") for k in failing if k.startswith("state/")]
+        where += ", though training agrees: " + "; ".join(filter(None, [
+            stats and f"the running statistics differ ({len(stats)}, e.g. {stats[0]}: a momentum or variance "
+                      "convention)",
+            any(k.startswith("eval/") for k in failing) and "the trained model's eval-mode forward differs"]))
+    curves = parity.get("curves")
+    if curves and not curves["within"]:
+        where += ", " + curves_words(curves)
+    sites = parity.get("dropout_sites")
+    if sites and not sites["equal"]:
+        where += (f", dropout calls differ ({len(sites['reference'])} in the reference, {len(sites['other'])} "
+                  f"here: run records' extra.dropout_sites)")
+    if not worst:
+        return where
+    size = worst.get("note") or (f"max abs {worst['abs']:.3g}" if isinstance(worst.get("abs"), (int, float))
+                                 else "not measurable")
+    return where + f"; worst tensor {worst['name']} ({size}, within={worst['within']}" + \
+        (f"; {passes_with_words(worst['passes_with'])}" if worst.get("passes_with") else "") + ")"

@@ -62,7 +62,8 @@ def _step_time_plot(report: dict, path: Path) -> bool:
 
 
 def _loss_diff_plot(report: dict, path: Path) -> bool:
-    """|loss_b - loss_ref| per step for every backend b, against the loss tolerance of the reference's loss."""
+    """|loss_b - loss_ref| per step for every backend b, against the loss tolerance of the reference's loss (in
+    bfloat16 under the noise floor, each pair's own per-step bounds, and the long-run band of its averaged gap)."""
     parity = report.get("parity") or {}
     diffs = {n: _finite((p.get("loss") or {}).get("per_step_abs") or []) for n, p in parity.items()}
     diffs = {n: d for n, d in diffs.items() if d}
@@ -83,10 +84,22 @@ def _loss_diff_plot(report: dict, path: Path) -> bool:
         if exact:  # a log axis has no 0: mark exact agreement along the bottom
             ax.plot(exact, [floor] * len(exact), linestyle="none", marker="o", fillstyle="none",
                     color=line.get_color(), label=f"{name}: exactly equal")
+        floor_bounds = report["parity"][name]["loss"].get("bounds")
+        if floor_bounds:  # judged by the noise floor: this pair's own bound per step, not the fixed tolerance
+            ax.semilogy(range(len(floor_bounds)), floor_bounds, color=line.get_color(), linestyle=":",
+                        label=f"{name}: step bound (noise floor)")
+        curves = report["parity"][name].get("curves")
+        if curves:  # the long-run check (compare/curves.py): the averaged gap against its band
+            steps = range(curves["window"] - 1, curves["window"] - 1 + len(curves["gap"]))
+            ax.semilogy(steps, [abs(g) or float("nan") for g in curves["gap"]], color=line.get_color(),
+                        linestyle="--", label=f"{name}: |mean gap| over {curves['window']} steps")
+            ax.semilogy(steps, curves["band"], color=line.get_color(), linestyle="-.", alpha=0.6,
+                        label=f"{name}: its band ({curves['factor']:g}x {ref_name}'s bf16 noise)")
         first = report["parity"][name].get("first_divergent_step")
         if first is not None:
             ax.axvline(first, color=line.get_color(), alpha=0.4)
-    ax.semilogy(range(len(bound)), bound, color="red", linestyle=":", label="tolerance")
+    if not any(p["loss"].get("bounds") for p in parity.values() if p.get("loss")):
+        ax.semilogy(range(len(bound)), bound, color="red", linestyle=":", label="tolerance")
     ax.set(xlabel="step", ylabel="|Δloss|", title=f"Loss difference per step against {ref_name}")
     ax.legend(loc="upper left", fontsize="small")
     _save(fig, path)

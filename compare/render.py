@@ -62,6 +62,13 @@ def _topk(d: dict | None) -> str:
     return _fmt(d["top1"], ".2%") + (f" / {_fmt(d[k], '.2%')}" if k else "")
 
 
+def _curves(c: dict | None) -> str:
+    if not c:
+        return "-"
+    return (f"{c['final_gap']:+.3g} / {c['final_band']:.3g} ({c['window']} steps), "
+            + (f"parted at step {c['parts_at']}" if c["parts_at"] is not None else f"within ({c['worst_share']:.0%})"))
+
+
 def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """One column per backend judged against the reference, its worst tensors, and every pair's |Δloss|."""
     parity, ref = report["parity"], report["reference"]
@@ -75,6 +82,9 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             + [_backward(parity[n].get("first_divergent_module_backward")) for n in others],
             ["max |Δloss| over steps"] + [_fmt((parity[n].get("loss") or {}).get("max_abs"), ".3e") for n in others],
             ["step-0 logits: mean / max KL (nats)"] + [_kl(parity[n].get("distribution")) for n in others],
+            *([["loss curves (mean over steps): end gap / band, parted at"]
+               + [_curves(parity[n].get("curves")) for n in others]]
+              if any(parity[n].get("curves") for n in others) else []),
             ["step-0 logits: top-1 / top-5 agreement"] + [_topk(parity[n].get("distribution")) for n in others],
             ["tensors within tolerance"] + [f"{sum(t['within'] for t in parity[n]['tensors'].values())}/"
                                             f"{len(parity[n]['tensors'])}" for n in others]]

@@ -34,7 +34,10 @@ report.json keys (schema_version 2):
     .distribution {kl_mean, kl_max, top1, top5, positions, within} (step-0 logits; null without logits),
     .unreached {parameter: {reference, other, threshold}}: parameters whose step-0 gradient is rounding noise on
       both sides; their params/ rows carry judged=false and a note (compare/unreached.py),
-    .dropout_sites {reference, other, equal} (runs fed common's dropout masks; null otherwise)
+    .dropout_sites {reference, other, equal} (runs fed common's dropout masks; null otherwise),
+    .curves {window, factor, steps, parts_at, within, steps_over, worst_share, final_gap, final_band,
+      final_noise, gap, band} (compare/curves.py: bfloat16 runs of 100+ steps under the noise floor, the loss
+      curves averaged over `window` steps against the reference's own bf16-vs-fp32 band; null otherwise)
   pairwise_loss           {"<a> vs <b>": max |Δloss| over the steps} for every pair of backends
   backends.<name>         status (a BackendStatus), message, exit_code, wall_s, record, logs,
     .compiles {setup, loop, steady_state, settle_steps, cache_hits, compile_s, causes},
@@ -86,9 +89,8 @@ from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.capture import captured_activations
 from compare.devices import devices_check, one_device
 from compare.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors
-from compare.parity import check_parity
+from compare.parity import check_parity, failure_message
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
-from compare.tensor_error import passes_with_words
 from compare.tolerances import load_policy
 from compare.verdict import CheckResult, decide, not_made
 
@@ -278,7 +280,7 @@ def parity_check(parity: dict | None, unjudged: list[str], decides: bool = True)
             d for p in parity.values() for d in p["setting_differences"] if d not in p["intended_differences"]))
     if decides and parity is not None and not all(p["passed"] for p in parity.values()):
         return CheckResult("parity", ReportStatus.PARITY_FAILED,
-                           "; ".join(_failure(name, p) for name, p in parity.items() if not p["passed"]))
+                           "; ".join(failure_message(name, p) for name, p in parity.items() if not p["passed"]))
     if unjudged:
         return CheckResult("parity", ReportStatus.INTERNAL_ERROR)
     return CheckResult("parity", ReportStatus.OK)
@@ -344,34 +346,6 @@ def check_belongs(record, path: Path, run_id: str | None) -> None:
     if record.status == BackendStatus.OK and len(record.steps) != steps:
         raise RecordError(f"run record {path} says ok but holds {len(record.steps)} of its {steps} steps "
                           "(truncated or edited)")
-
-
-def _failure(name: str, parity: dict) -> str:
-    worst = parity["worst"][0] if parity["worst"] else None
-    step = parity["first_divergent_step"]
-    where = f"{name}: parity failed: first divergent step {step if step is not None else 'none'}"
-    module, backward = parity.get("first_divergent_module"), parity.get("first_divergent_module_backward")
-    if module and module["module"]:
-        where += f", first divergent module {module['module']}"
-    elif backward and backward["module"]:  # the forwards agree: where the backward passes part
-        where += f", first divergent module in the backward pass {backward['module']}"
-    failing = [k for k, t in parity["tensors"].items() if not t["within"]]
-    if failing and all(k.startswith(("eval/", "state/")) for k in failing) and step is None:
-        stats = [k.removeprefix("state/") for k in failing if k.startswith("state/")]
-        where += ", though training agrees: " + "; ".join(filter(None, [
-            stats and f"the running statistics differ ({len(stats)}, e.g. {stats[0]}: a momentum or variance "
-                      "convention)",
-            any(k.startswith("eval/") for k in failing) and "the trained model's eval-mode forward differs"]))
-    sites = parity.get("dropout_sites")
-    if sites and not sites["equal"]:
-        where += (f", dropout calls differ ({len(sites['reference'])} in the reference, {len(sites['other'])} "
-                  f"here: run records' extra.dropout_sites)")
-    if not worst:
-        return where
-    size = worst.get("note") or (f"max abs {worst['abs']:.3g}" if isinstance(worst.get("abs"), (int, float))
-                                 else "not measurable")
-    return where + f"; worst tensor {worst['name']} ({size}, within={worst['within']}" + \
-        (f"; {passes_with_words(worst['passes_with'])}" if worst.get("passes_with") else "") + ")"
 
 
 def ratios(backends: dict, reference: str) -> dict:

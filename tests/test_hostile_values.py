@@ -14,7 +14,7 @@ from common.record import RunRecord, StepRecord, write_record, write_tensors
 from common.vocab import BackendStatus, ExitCode, ReportStatus
 from common.weights import CheckpointError, init_params, load_checkpoint, save_checkpoint
 from compare import parity
-from compare.report import ReportInputs, _failure, build_report, strict_json, strict_report
+from compare.report import ReportInputs, build_report, strict_json, strict_report
 from compare.tensor_error import tensor_error
 from compare.tolerances import load_policy
 from tests.helpers import run_cli
@@ -236,7 +236,7 @@ def test_a_non_finite_value_on_one_side_fails_its_tensor_and_is_counted():
     verdict = parity.check_parity(a, b, {"outputs": {"logits": ref}}, {"outputs": {"logits": other}}, _policy(), [])
     assert not verdict["passed"] and verdict["first_divergent_step"] == 0 and verdict["distribution"] is None
     assert verdict["worst"][0]["name"] == "outputs/logits"
-    assert _failure("torch", verdict) == (
+    assert parity.failure_message("torch", verdict) == (
         "torch: parity failed: first divergent step 0; worst tensor outputs/logits (1 element is -inf on jax and "
         "finite on torch; 1 element is finite on jax and inf on torch; 1 element is finite on jax and nan on "
         "torch, within=False)")

@@ -1,0 +1,67 @@
+"""Long-run agreement of two bfloat16 loss curves: does the port train as well as the reference?
+
+Step by step, a bfloat16 run wanders from its float32 twin, and the largest wander so far (the per-step rule
+of compare/noise_floor.py) soon bounds every later step loosely: on gpt-tiny over 300 steps of the Python
+reference text the raw noise peaks at 0.2 where the learning rate does, so every later step's bound is 0.6,
+while a port whose lr schedule ends elsewhere trains worse by 0.03 for good and stays under it. Over a long
+run the question is the trend, not one step: both loss curves are averaged over a trailing WINDOW of steps
+(the same batches on both sides, so what the batches add to the loss cancels in the gap), and at every step s
+from WINDOW - 1 on
+
+    |mean(other - ref)|(s) <= FACTOR * max over the SPAN steps up to s of |mean(ref - ref's float32 run)|
+
+(at least the float32 loss bound): the band is the reference's own bfloat16-vs-float32 difference, averaged
+the same way, as large as it was lately (a noise peak at the lr peak is forgotten SPAN steps later). The
+reference's noise alone, not the pair's: a port that trains worse *because of* bfloat16 (master weights kept
+in bfloat16, a softmax in bfloat16) moves its own float32 run away from its bfloat16 one, and would widen a
+band taken from it (measured: the pair's noise let a 10 %-high lr pass at 78 % of its band). The step where
+the gap first leaves the band is where the curves part; the gap at the last step says by how much the port
+trains worse (positive) or better. False alarms and power: docs/findings.md (python -m benchmarks.bf16_policy).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from compare.noise_floor import FACTOR
+
+WINDOW = 25  # steps averaged: the smoothed noise of gpt-tiny's 300 bf16 steps is 1/16 of the raw one
+SPAN = 4 * WINDOW  # the band remembers the noise of the last SPAN steps: the lr peak's noise is forgotten later
+MIN_STEPS = SPAN  # shorter runs are judged step by step alone
+
+
+def _trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """The mean of every `window` consecutive values, ending at steps window-1 .. n-1."""
+    return np.convolve(values, np.ones(window) / window, mode="valid")
+
+
+def compare_curves(ref: list, other: list, ref_floor: list, loss_bounds: dict, window: int = WINDOW,
+                   span: int = SPAN, factor: float = FACTOR) -> dict | None:
+    """The long-run agreement of two bfloat16 loss curves (`ref`, `other`) against the reference's float32
+    run (`ref_floor`), or None where it does not apply: fewer than `span` steps, or a step without a
+    finite loss (the per-step rule names that one). Steps are counted from 0; `gap` and `band` start at
+    step `window - 1`."""
+    n = min(len(ref), len(other), len(ref_floor))
+    losses = [ref[:n], other[:n], ref_floor[:n]]
+    if n < max(span, window) or any(v is None for run in losses for v in run):
+        return None
+    a, b, floor = (np.asarray(run, np.float64) for run in losses)
+    gap = _trailing_mean(b - a, window)
+    noise = np.abs(_trailing_mean(a - floor, window))
+    fp32_bound = loss_bounds["atol"] + loss_bounds["rtol"] * np.abs(_trailing_mean(a, window))
+    recent = sliding_window_view(np.concatenate([np.zeros(span - 1), noise]), span).max(axis=1)
+    band = np.maximum(factor * recent, fp32_bound)
+    over = np.flatnonzero(np.abs(gap) > band)
+    return {"window": window, "span": span, "factor": factor, "steps": n,
+            "parts_at": int(over[0]) + window - 1 if over.size else None, "within": not over.size,
+            "steps_over": int(over.size), "worst_share": float(np.max(np.abs(gap) / band)),
+            "final_gap": float(gap[-1]), "final_band": float(band[-1]), "final_noise": float(noise[-1]),
+            "gap": gap.tolist(), "band": band.tolist()}
+
+
+def curves_words(curves: dict) -> str:
+    """One phrase for a failure message: where the smoothed curves part and how far apart they end."""
+    how = "worse" if curves["final_gap"] > 0 else "better"
+    return (f"loss curves part at step {curves['parts_at']} (mean over {curves['window']} steps; it ends "
+            f"training {how} by {abs(curves['final_gap']):.3g}, against a band of {curves['final_band']:.3g}: "
+            f"{curves['factor']:g}x the reference's own bfloat16-vs-float32 difference)")
