@@ -9,12 +9,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-cpu demo-tpu test test-fast venv constraints constraints-tpu clean
+.PHONY: demo demo-cpu demo-gpu demo-tpu test test-fast venv constraints constraints-gpu constraints-tpu clean
 
 # PLATFORM=tpu (make demo PLATFORM=tpu, on a TPU VM): jax[tpu] and torch_xla[tpu] pin different libtpu releases,
 # so each gets an environment of its own, pinned like the CPU one; compare runs in the jax one (it imports no
 # framework) and is told which interpreter runs which backend.
+# PLATFORM=gpu (an NVIDIA GPU machine): JAX's CUDA wheels and PyPI's CUDA build of torch share one environment;
+# it runs JAX, eager torch and torchax on the GPU (PyPI has no CUDA build of torch_xla).
 PLATFORM ?= cpu
+GPU := .venv-gpu
 TPU_JAX := .venv-tpu-jax
 TPU_TORCH_XLA := .venv-tpu-torch-xla
 
@@ -32,6 +35,15 @@ demo: demo-$(PLATFORM)
 
 demo-cpu: $(STAMP)
 	$(PY) -m compare --backend both
+
+$(GPU)/.installed: pyproject.toml constraints-gpu.txt
+	$(PYTHON) -m venv $(GPU)
+	$(GPU)/bin/pip install --quiet -c constraints-gpu.txt -e '.[gpu]'
+	touch $@
+
+# the GPU default: GPT-2 small (124M) in bfloat16 on one card, every runtime PyPI has a CUDA build of
+demo-gpu: $(GPU)/.installed
+	$(GPU)/bin/python -m compare --backend jax,torch,torchax --spec gpt2-small --dtype bfloat16 --require-same-device
 
 $(TPU_JAX)/.installed: pyproject.toml constraints-tpu-jax.txt
 	$(PYTHON) -m venv $(TPU_JAX)
@@ -64,10 +76,13 @@ constraints: $(STAMP)
 	  echo "# Regenerate: make constraints (freezes the working .venv)."; \
 	  $(PY) -m pip freeze --exclude-editable | sort -f; } > constraints.txt
 
-# The TPU pins, resolved by pip on any machine (no TPU needed: nothing is installed), e.g. CPU CI's
+# The GPU and TPU pins, resolved by pip on any machine (no accelerator needed: nothing is installed), e.g. CPU CI's
+constraints-gpu: $(STAMP)
+	$(PY) -m tests.platforms gpu constraints-gpu.txt
+
 constraints-tpu: $(STAMP)
 	$(PY) -m tests.platforms tpu-jax constraints-tpu-jax.txt
 	$(PY) -m tests.platforms tpu-torch-xla constraints-tpu-torch-xla.txt
 
 clean:
-	rm -rf $(VENV) $(TPU_JAX) $(TPU_TORCH_XLA) runs
+	rm -rf $(VENV) $(GPU) $(TPU_JAX) $(TPU_TORCH_XLA) runs
