@@ -213,7 +213,8 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     curves = None
     if floors is not None:
         loss = noise_floor.judge_losses(loss, ref.losses, other.losses, floors)
-        curves = compare_curves(ref.losses, other.losses, floors.ref.losses, floors.policy["loss"])
+        curves = compare_curves(ref.losses, other.losses, floors.ref.losses, floors.other.losses,
+                                floors.policy["loss"])
         if curves is not None and not curves["within"] and loss["first_divergent_step"] is None:
             loss = {**loss, "first_divergent_step": curves["parts_at"]}  # the trends part, though no one step did
     comparable = not unexplained
