@@ -81,10 +81,10 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             ["first divergent module, backward pass (step 0)"]
             + [_backward(parity[n].get("first_divergent_module_backward")) for n in others],
             ["max |Δloss| over steps"] + [_fmt((parity[n].get("loss") or {}).get("max_abs"), ".3e") for n in others],
-            ["step-0 logits: mean / max KL (nats)"] + [_kl(parity[n].get("distribution")) for n in others],
             *([["loss curves (mean over steps): end gap / band, parted at"]
                + [_curves(parity[n].get("curves")) for n in others]]
               if any(parity[n].get("curves") for n in others) else []),
+            ["step-0 logits: mean / max KL (nats)"] + [_kl(parity[n].get("distribution")) for n in others],
             ["step-0 logits: top-1 / top-5 agreement"] + [_topk(parity[n].get("distribution")) for n in others],
             ["tensors within tolerance"] + [f"{sum(t['within'] for t in parity[n]['tensors'].values())}/"
                                             f"{len(parity[n]['tensors'])}" for n in others]]
