@@ -1,5 +1,6 @@
-"""The GPU and TPU environments `make demo PLATFORM=gpu|tpu` builds resolve from their pins on this CPU machine: pip
-installs nothing (--dry-run), so no accelerator is needed to know that each one's packages install together."""
+"""The GPU and TPU environments `make demo PLATFORM=gpu|tpu` builds resolve from their pins on this CPU machine: the
+resolver installs nothing (tests/platforms.py), so no accelerator is needed to know that each one's packages
+install together."""
 import pytest
 
 from tests.platforms import REPO, read_constraints, resolve
@@ -15,7 +16,7 @@ ENVIRONMENTS = {  # extra: (its pins, what it must hold, what it must not)
 }
 
 
-@pytest.mark.slow  # pip reads the package index (~8 s each); it starts no backend
+@pytest.mark.slow  # reads the package index (uv, ~0.5 s each); it starts no backend
 @pytest.mark.parametrize("extra", ENVIRONMENTS)
 def test_each_platform_environment_resolves_exactly_to_its_pins(extra):
     constraints, holds, lacks = ENVIRONMENTS[extra]
