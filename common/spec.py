@@ -221,6 +221,9 @@ class TrainSpec:
     seed: int = 0  # parameter init
     dropout_seed: int = -1  # dropout's random masks; -1: train.seed
     dropout_masks: str = MaskSource.FRAMEWORK.value  # common.vocab.MaskSource: whose generator draws them
+    # every start weight moved this many units in the last place, up or down as train.seed draws: a float32 noise
+    # floor run measures how training grows a rounding-size difference (compare/noise_floor.py); 0: none
+    start_jitter_ulps: int = 0
 
     def validate(self) -> None:
         _positive("train", self, "lr", "global_batch_size", "steps")
@@ -237,6 +240,8 @@ class TrainSpec:
         _require(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0 (0 turns clipping off)")
         _require(self.timing_warmup_steps >= 0, f"train.timing_warmup_steps={self.timing_warmup_steps} must be >= 0")
         _require(self.seed >= 0, f"train.seed={self.seed} must be >= 0")
+        _require(0 <= self.start_jitter_ulps <= 1000,
+                 f"train.start_jitter_ulps={self.start_jitter_ulps} must be in [0, 1000]")
         _require(self.dropout_seed >= -1, f"train.dropout_seed={self.dropout_seed} must be >= 0 (or -1: train.seed)")
         _require(self.dropout_masks in values(MaskSource),
                  f"train.dropout_masks={self.dropout_masks} must be one of {', '.join(values(MaskSource))}")

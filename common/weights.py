@@ -150,6 +150,29 @@ def start_params(model: ModelSpec, seed: int, checkpoint: str | Path | None = No
     return load_checkpoint(checkpoint, model) if checkpoint else init_params(model, seed)
 
 
+_JITTER_STREAM = 7  # the random stream of common's seeds that draws the jitter's signs
+
+
+def jitter(params: dict[str, np.ndarray], ulps: int, seed: int) -> dict[str, np.ndarray]:
+    """`params` with every floating-point element moved `ulps` units in the last place, up or down as `seed`
+    draws (the same on every backend: names in sorted order, one generator): a perturbation of the size of a
+    rounding, whose growth over a run is the float32 noise floor (train.start_jitter_ulps). 0: `params` itself."""
+    if not ulps:
+        return params
+    rng = np.random.default_rng([seed, _JITTER_STREAM])
+    out = {}
+    for name in sorted(params):
+        value = np.asarray(params[name])
+        if not np.issubdtype(value.dtype, np.floating):
+            out[name] = value
+            continue
+        toward = np.where(rng.random(value.shape) < 0.5, np.inf, -np.inf).astype(value.dtype)
+        for _ in range(ulps):
+            value = np.nextafter(value, toward)
+        out[name] = value
+    return out
+
+
 def start_info(checkpoint: str | Path | None, seconds: float) -> dict:
     """The run record's `extra.start`: where the weights came from, what reading them and converting them to
     the runtime's layout cost, and (`converted`) the dtypes a canonical checkpoint was converted from."""

@@ -8,7 +8,6 @@ import time
 
 STARTED_AT = time.time()  # before the imports below, so the wall-time breakdown counts them
 
-import argparse  # noqa: E402
 import functools  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
@@ -38,18 +37,19 @@ from common.vocab import (  # noqa: E402
     ParityMode,
     values,
 )
+from compare.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
 from compare.cache import default_cache_dir  # noqa: E402
 from compare.capture import capture, parted_at_step0  # noqa: E402
 from compare.determinism import determinism_check  # noqa: E402
 from compare.launch import capture_launch, floor_launch, main_launch, seed_launch, side_spec  # noqa: E402
-from compare.noise_floor import FLOOR_DIR  # noqa: E402
+from compare.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
 from compare.orchestrate import Plan, run_all  # noqa: E402
 from compare.output import show, write_report  # noqa: E402
 from compare.plots import PLOT_FILES  # noqa: E402
 from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start  # noqa: E402
 from compare.progress import LiveProgress  # noqa: E402
 from compare.report import ReportInputs, build_report, check_belongs  # noqa: E402
-from compare.rundir import RunDirError, check_run_id, claim, default_out, new_run_id  # noqa: E402
+from compare.rundir import RunDirError, claim, default_out, new_run_id  # noqa: E402
 from compare.rundir import check as check_out  # noqa: E402
 from compare.statistical import SEEDS_DIR, statistical_check  # noqa: E402
 from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
@@ -57,35 +57,6 @@ from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E4
 START_DIR = "start"  # the prepared common start (a user twin, a torch / hf checkpoint) in the run directory
 REPORT_FILES = ("report.json", "report.md")
 MAX_SEEDS = 100  # each seed is a whole run of every backend
-
-
-def bounded_int(low: int, high: int, what: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what} from {low} to {high}")
-        return value
-    return parse
-
-
-def run_id_arg(text: str) -> str:
-    try:
-        return check_run_id(text)
-    except RunDirError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--run-id {text!r}: ")) from None
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
 
 
 def parse_args(argv):
@@ -134,6 +105,10 @@ def parse_args(argv):
                         help="bfloat16 runs: bound each tensor and step by the reference's own bf16-vs-fp32 "
                              "distance (one float32 run of the reference more; compare/noise_floor.py), or by the "
                              "profile's fixed bf16 atol/rtol")
+    parser.add_argument("--fp32-tolerance", choices=("noise-floor", "fixed"), default="fixed",
+                        help="float32 runs: the profile's fixed bounds, or (for long runs, where training grows "
+                             "rounding until correct ports part) each tensor and step bounded by how far a run from "
+                             "jittered start weights drifts (one more run of each backend; compare/noise_floor.py)")
     parser.add_argument("--parity-mode", choices=values(ParityMode), default=ParityMode.DETERMINISTIC.value,
                         help="; ".join(f"{m.value}: {meaning}" for m, meaning in PARITY_MODE_MEANINGS.items()))
     parser.add_argument("--seeds", type=bounded_int(1, MAX_SEEDS, "seeds"), default=5, metavar="K",
@@ -266,11 +241,11 @@ def locate_divergence(args, plan: Plan, outcome, build) -> dict:
 
 
 def noise_floor_runs(args, spec, plan: Plan, outcome) -> list[str]:
-    """The backends run once more in float32, when bfloat16 is judged by its noise floor
-    (compare/noise_floor.py): every one that ran here (not a reused record) and finished, in the deterministic
-    or exact mode (the statistical test judges its own way)."""
-    if spec.train.dtype != "bfloat16" or args.bf16_tolerance != "noise-floor" or outcome.interrupted \
-            or args.parity_mode == ParityMode.STATISTICAL:
+    """The backends run once more for their noise floor (compare/noise_floor.py: bfloat16 in float32, float32
+    from jittered start weights) when their dtype's policy asks: every one that ran here (not a reused record)
+    and finished, in the deterministic or exact mode (the statistical test judges its own way)."""
+    if floor_policy(spec.train.dtype, args.bf16_tolerance, args.fp32_tolerance) != "noise-floor" \
+            or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
         return []
     return [n for n in plan.launches if n in outcome.runs and outcome.runs[n].status == BackendStatus.OK]
 
@@ -363,12 +338,14 @@ def main(argv=None) -> int:
                                                out / SEEDS_DIR / str(seed), args.timeout, False), live).interrupted
         floored = noise_floor_runs(args, spec, plan, outcome)
         if floored:
-            outcome.interrupted = run_all(Plan(floored, plan.pythons, {n: floor_launch(args, n) for n in floored},
-                                               {}, out / FLOOR_DIR, args.timeout, False), live).interrupted
+            launches = {n: floor_launch(args, n, spec.train.dtype) for n in floored}
+            outcome.interrupted = run_all(Plan(floored, plan.pythons, launches, {}, out / FLOOR_DIR, args.timeout,
+                                               False), live).interrupted
     backends_done = time.time()
     inputs = ReportInputs(spec, policy, names, reference, out, args.run_id, args.tolerance_profile,
                           args.compile_cache, {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names},
-                          args.parity_mode, args.debug, args.bf16_tolerance, args.require_same_device)
+                          args.parity_mode, args.debug, floor_policy(spec.train.dtype, args.bf16_tolerance,
+                                                                     args.fp32_tolerance), args.require_same_device)
     checks = ((("statistical", functools.partial(statistical_check, out, names, reference, seeds)),) if seeds else ()) \
         + ((("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)),)
            if args.check_determinism else ())

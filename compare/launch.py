@@ -16,6 +16,7 @@ from common import backends
 from common.cli import resolve_spec
 from common.spec import RunSpec
 from compare.cache import backend_cache_dir
+from compare.noise_floor import JITTER_ULPS
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ def side_spec(args, name: str, **changes) -> RunSpec:
     """The spec `name` runs: the run's, with every override and its side's (`changes`: run flags such as
     steps or seed, for a capture or a seed run)."""
     side = argparse.Namespace(**{**vars(args), **changes})
-    side.overrides = list(args.overrides) + getattr(args, f"{name}_set")
+    side.overrides = list(side.overrides) + getattr(args, f"{name}_set")
     return resolve_spec(side)
 
 
@@ -62,10 +63,15 @@ def capture_launch(args, name: str) -> Launch:
     return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--activations-only"))
 
 
-def floor_launch(args, name: str) -> Launch:
-    """The reference's float32 run of a bfloat16 comparison (compare/noise_floor.py): the same spec, start and
-    batches in float32, with the parity tensors (no HLO, profile or throughput)."""
-    changes = {"dtype": "float32", "profile": 0, "no_hlo": True, "provoke": []}
+def floor_launch(args, name: str, dtype: str) -> Launch:
+    """A backend's noise-floor run (compare/noise_floor.py), with the parity tensors (no HLO, profile or
+    throughput): of a bfloat16 comparison, the same spec, start and batches in float32; of a float32 one, the
+    same from start weights JITTER_ULPS off (train.start_jitter_ulps)."""
+    changes = {"profile": 0, "no_hlo": True, "provoke": []}
+    if dtype == "bfloat16":
+        changes["dtype"] = "float32"
+    else:
+        changes["overrides"] = [*args.overrides, f"train.start_jitter_ulps={JITTER_ULPS}"]
     side = argparse.Namespace(**{**vars(args), **changes})
     return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--parity", "--throughput-steps", "0"))
 

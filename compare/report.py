@@ -9,8 +9,9 @@ report.json keys (schema_version 2):
   tolerances              {kind: {atol, rtol}} used for this dtype (forward, grad and params also fraction:
                           the share of a tensor's elements allowed over); distribution {kl_mean, top1}
   tolerance_policy        {policy: fixed | noise-floor, ...}: in bfloat16 (--bf16-tolerance noise-floor, the
-                          default) {factor, floor_runs, rule, not_measured {backend: why}}; each tensor row then
-                          has judged_by, noise and bound, and parity.<name>.loss has bounds (per step)
+                          default) and float32 with --fp32-tolerance noise-floor {factor, floor_runs, rule,
+                          not_measured {backend: why}}; each tensor row then has judged_by, noise and bound, and
+                          parity.<name>.loss has bounds (per step)
   backend_names           the backends in the order they ran
   reference               the backend every other one is judged against (--reference)
   parity                  null unless the reference and another backend finished, else per other
@@ -88,7 +89,7 @@ from common.spec import RunSpec
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.capture import captured_activations
 from compare.devices import devices_check, one_device
-from compare.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors
+from compare.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
 from compare.parity import check_parity, failure_message
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
 from compare.tolerances import load_policy
@@ -151,7 +152,7 @@ class ReportInputs:
     intended: dict = field(default_factory=dict)  # {backend: the spec fields its --<name>-set changed on purpose}
     parity_mode: str = ParityMode.DETERMINISTIC.value
     debug: bool = False
-    bf16_tolerance: str = "fixed"  # "noise-floor": bfloat16 judged against the reference's float32 run
+    floor_policy: str = "fixed"  # "noise-floor": each run judged against its noise-floor run (compare/noise_floor.py)
     same_device: bool = False  # --require-same-device: backends on different devices are not comparable
 
 
@@ -216,13 +217,12 @@ def _entries(inputs: ReportInputs, runs: dict, attempt) -> tuple[dict, dict, dic
 
 
 def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
-    """Each backend's float32 run of this compare run, when bfloat16 is judged by its noise floor
-    (compare/noise_floor.py), and what the report says of the policy, with the backends that have none (a
-    pair without both floors is judged by the fixed bounds)."""
-    if inputs.spec.train.dtype != "bfloat16":
-        return {}, {"policy": "fixed"}
-    if inputs.bf16_tolerance != "noise-floor":
-        return {}, {"policy": "fixed", "why": f"--bf16-tolerance {inputs.bf16_tolerance}"}
+    """Each backend's noise-floor run of this compare run (compare/noise_floor.py: a bfloat16 run's float32
+    twin, a float32 run's twin from jittered start weights), when the policy asks, and what the report says of
+    the policy, with the backends that have none (a pair without both floors is judged by the fixed bounds)."""
+    dtype = inputs.spec.train.dtype
+    if inputs.floor_policy != "noise-floor":
+        return {}, {"policy": "fixed", **({"why": "--bf16-tolerance fixed"} if dtype == "bfloat16" else {})}
     floors, missing = {}, {}
     for name in inputs.names:
         path = inputs.out / FLOOR_DIR / name / RECORD_FILE
@@ -233,10 +233,10 @@ def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
                 raise RecordError(f"{record.status}: {record.message}")
             floors[name] = FloorRun(record.losses, read_tensors(path, record))
         except (RecordError, OSError) as e:
-            missing[name] = f"no float32 run ({e}): its pair is judged by the fixed bfloat16 bounds"
+            missing[name] = f"no noise-floor run ({e}): its pair is judged by the fixed {dtype} bounds"
     return floors, {"policy": "noise-floor", "factor": FACTOR, "floor_runs": str(inputs.out / FLOOR_DIR),
                     "rule": "max|other - ref| <= max(factor * max(noise of ref, noise of other), the float32 "
-                            "bound), noise = max|bf16 run - its own fp32 run|", "not_measured": missing}
+                            f"bound), noise = max|run - {FLOOR_TWIN[dtype]}|", "not_measured": missing}
 
 
 def _parity(inputs: ReportInputs, records: dict, tensors: dict, unjudged: list, attempt,

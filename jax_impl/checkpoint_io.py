@@ -83,16 +83,17 @@ def restore_orbax(spec, directory: Path) -> dict:
 
 
 def start_weights(spec, checkpoint) -> dict:
-    """What the JAX twin starts from (canonical arrays): the canonical init or checkpoint, or an orbax one."""
+    """What the JAX twin starts from (canonical arrays): the canonical init or checkpoint, or an orbax one,
+    jittered as the spec says (train.start_jitter_ulps, common.weights.jitter)."""
     from common.checkpoints import parse_checkpoint
     from common.vocab import CheckpointFormat
-    from common.weights import start_params
+    from common.weights import jitter, start_params
 
     fmt, path = parse_checkpoint(checkpoint) if checkpoint else (None, None)
     if fmt in (None, CheckpointFormat.CANONICAL):
-        return start_params(spec.model, spec.train.seed, path)
+        return jitter(start_params(spec.model, spec.train.seed, path), spec.train.start_jitter_ulps, spec.train.seed)
     if fmt == CheckpointFormat.ORBAX:
-        return restore_orbax(spec, path)
+        return jitter(restore_orbax(spec, path), spec.train.start_jitter_ulps, spec.train.seed)
     raise CheckpointError(f"--checkpoint {checkpoint}: the jax backend reads canonical and orbax checkpoints; a "
                           f"{fmt} one is read by torch: pass it to python -m compare --checkpoint (converted once "
                           "for every backend) or convert it with python -m compare.convert")

@@ -114,7 +114,7 @@ def test_the_report_says_where_the_curves_part_and_draws_the_band(tmp_path):
     write_run(tmp_path / FLOOR_DIR / "jax", "jax", CURVES["jax_float32"], "float32")
     write_run(tmp_path / FLOOR_DIR / "torch", "torch", CURVES["torch_min_lr_ratio_0_float32"], "float32")
     inputs = ReportInputs(SPEC, load_policy("default", "bfloat16"), ["jax", "torch"], "jax", tmp_path, "curves",
-                          bf16_tolerance="noise-floor")
+                          floor_policy="noise-floor")
     report = build_report(inputs, runs, False)
     assert report["status"] == ReportStatus.PARITY_FAILED and report["not_built"] == []
     assert report["message"].startswith("torch: parity failed: first divergent step 271, " + curves_words(

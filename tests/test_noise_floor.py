@@ -1,14 +1,19 @@
-"""bfloat16 bounds from measured noise (compare/noise_floor.py), on hand-made runs: a tensor is within
-max(FACTOR * the larger of the two runs' own bf16-vs-fp32 distances, its float32 bound)."""
+"""Bounds from measured noise (compare/noise_floor.py), on hand-made runs: a tensor is within max(FACTOR * the
+larger of the two runs' own distances to their floor runs, its float32 bound); and a long float32 run on real
+text judged by its jittered floor."""
+import json
+
 import numpy as np
 import pytest
 
 from common.presets import load_spec
 from common.record import read_record
+from common.text_data import pydoc_text, write_tokens
 from compare import noise_floor
-from compare.noise_floor import FACTOR, FloorRun, Floors
+from compare.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors
 from compare.parity import compare_tensors
 from compare.tolerances import load_policy
+from tests.helpers import run_cli
 
 FP32 = load_policy("default", "float32")
 
@@ -82,7 +87,7 @@ def test_only_this_runs_float32_runs_set_the_floor(tmp_path, floor_run_id, judge
         write_record(tmp_path / "noise-floor" / n, record)
     bf16 = load_spec("mlp-tiny", ["train.steps=3", "train.dtype=bfloat16"])  # the report's spec: judged in bf16
     inputs = ReportInputs(bf16, load_policy("default", "bfloat16"), NAMES, "jax", tmp_path, RUN_ID,
-                          bf16_tolerance="noise-floor")
+                          floor_policy="noise-floor")
     report = build_report(inputs, runs, False)
     policy, rows = report["tolerance_policy"], report["parity"]["torch"]["tensors"]
     assert policy["policy"] == "noise-floor"
@@ -94,3 +99,34 @@ def test_only_this_runs_float32_runs_set_the_floor(tmp_path, floor_run_id, judge
         assert "belongs to run earlier, not to this run in-process" in policy["not_measured"]["torch"]
         assert all("judged_by" not in row for row in rows.values())
     assert report["verdict"] == "pass"
+
+
+@pytest.mark.slow
+def test_a_float32_run_made_chaotic_by_training_is_judged_by_its_jittered_floor(tmp_path):
+    """gpt-tiny on the Python language reference, seed 3, JAX against eager torch in float32: the loss of step 39
+    is sharp, and the two correct ports' rounding differences become 2.6e-3 there, over the fixed bound
+    (1e-4 + 5e-4 |loss|, 1.8e-3). With --fp32-tolerance noise-floor each backend runs once more from start
+    weights 16 ulps off, and that run's drift bounds every step; step 0 keeps its float32 bounds."""
+    tokens, out = tmp_path / "pydoc.bin", tmp_path / "run"
+    write_tokens(tokens, pydoc_text())
+    proc = run_cli("compare", "--quiet", "--out", str(out), "--backend", "jax,torch", "--set",
+                   "data.dataset=tokens-file", "--set", f"data.path={tokens}", "--set", "train.seed=3", "--set",
+                   "data.seed=3", "--fp32-tolerance", "noise-floor")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["tolerance_policy"]["rule"].endswith("noise = max|run - its own run from start weights 16 ulps off|")
+    floor = json.loads((out / FLOOR_DIR / "torch" / "spec.json").read_text())["train"]
+    main = json.loads((out / "torch" / "spec.json").read_text())["train"]
+    assert (floor.pop("start_jitter_ulps"), main.pop("start_jitter_ulps")) == (16, 0) and floor == main
+    loss, ref = report["parity"]["torch"]["loss"], report["backends"]["jax"]["losses"]
+    fixed = load_policy("default", "float32")["loss"]
+    over = [s for s, d in enumerate(loss["per_step_abs"]) if d > fixed["atol"] + fixed["rtol"] * abs(ref[s])]
+    assert over == [39] and loss["per_step_abs"][39] == pytest.approx(2.62e-3, abs=5e-5)  # the fixed bound fails it
+    losses = {(side, run): [s["loss"] for s in json.loads((out / d / side / "record.json").read_text())["steps"]]
+              for side in ("jax", "torch") for run, d in (("main", "."), ("floor", FLOOR_DIR))}
+    noise = np.maximum.accumulate(np.max([np.abs(np.subtract(losses[side, "floor"], losses[side, "main"]))
+                                          for side in ("jax", "torch")], axis=0))
+    assert loss["bounds"][39] == pytest.approx(max(3 * noise[39], fixed["atol"] + fixed["rtol"] * abs(ref[39])))
+    assert loss["per_step_abs"][39] < loss["bounds"][39] and loss["first_divergent_step"] is None
+    step0 = report["parity"]["torch"]["tensors"]["grads/blocks.0.mlp.fc.kernel"]
+    assert step0["judged_by"] == "noise-floor" and step0["noise"] < step0["bound"] / 10  # its float32 bound

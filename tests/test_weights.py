@@ -2,7 +2,15 @@ import numpy as np
 import pytest
 
 from common.presets import load_spec
-from common.weights import CheckpointError, init_params, load_checkpoint, param_count, param_infos, save_checkpoint
+from common.weights import (
+    CheckpointError,
+    init_params,
+    jitter,
+    load_checkpoint,
+    param_count,
+    param_infos,
+    save_checkpoint,
+)
 
 
 def test_gpt2_small_has_124m_parameters():
@@ -67,3 +75,26 @@ def test_checkpoint_mismatch_names_the_tensor(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="not a readable safetensors file"):
         load_checkpoint(tmp_path / "junk.safetensors", model)
+
+
+def test_jitter_moves_every_start_weight_one_unit_in_the_last_place_alike_on_every_backend():
+    params = init_params(load_spec("gpt-tiny", []).model, seed=0)
+    moved = jitter(params, 1, seed=0)
+    assert jitter(params, 0, seed=0) is params and moved.keys() == params.keys()
+    ups = 0
+    for name, p in params.items():
+        q = moved[name]
+        assert q.dtype == p.dtype == np.float32 and q.shape == p.shape
+        up, down = np.nextafter(p, np.float32(np.inf)), np.nextafter(p, np.float32(-np.inf))
+        assert np.all((q == up) | (q == down)), name  # one ulp, never more: zeros become the smallest subnormal
+        ups += int(np.count_nonzero(q == up))
+    total = sum(p.size for p in params.values())
+    assert abs(ups / total - 0.5) < 0.01  # up or down as the seed draws, half each
+    again = jitter(params, 1, seed=0)
+    assert all(np.array_equal(again[n], moved[n]) for n in params)  # the same draw in every process
+    other = jitter(params, 1, seed=1)
+    assert any(not np.array_equal(other[n], moved[n]) for n in params)
+    two = jitter(params, 2, seed=0)["blocks.0.mlp.fc.kernel"]
+    p = params["blocks.0.mlp.fc.kernel"]
+    assert np.all(np.abs(two.astype(np.float64) - p) <= 2 * np.spacing(np.abs(p)) + 1e-45)
+    assert jitter({"step": np.arange(3)}, 1, seed=0)["step"].tolist() == [0, 1, 2]  # integers stay

@@ -98,16 +98,19 @@ def load_torch_side(ref: str, spec, shapes: dict[str, tuple], buffers: dict[str,
 
 def start_weights(model: torch.nn.Module, spec, checkpoint: str | Path | None) -> dict[str, np.ndarray]:
     """What a torch runtime starts from (canonical arrays): the canonical init or checkpoint, or a torch
-    or hf checkpoint read here and carried through the model's correspondence."""
-    from common.weights import start_params
+    or hf checkpoint read here and carried through the model's correspondence; jittered as the spec says
+    (train.start_jitter_ulps, common.weights.jitter)."""
+    from common.weights import jitter, start_params
     from torch_impl.convert import correspondence
 
     fmt, _ = parse_checkpoint(checkpoint) if checkpoint else (None, None)
     if fmt in (None, CheckpointFormat.CANONICAL):
-        return start_params(spec.model, spec.train.seed, parse_checkpoint(checkpoint)[1] if checkpoint else None)
-    if fmt == CheckpointFormat.ORBAX:
+        params = start_params(spec.model, spec.train.seed, parse_checkpoint(checkpoint)[1] if checkpoint else None)
+    elif fmt == CheckpointFormat.ORBAX:
         raise CheckpointError(f"--checkpoint {checkpoint}: an orbax checkpoint is NNX state, which the torch runtimes "
                               "cannot read; pass it to python -m compare --checkpoint or convert it with python -m "
                               "compare.convert")
-    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    return correspondence(model, spec.model).to_canonical(load_torch_side(str(checkpoint), spec, shapes)[0])
+    else:
+        shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        params = correspondence(model, spec.model).to_canonical(load_torch_side(str(checkpoint), spec, shapes)[0])
+    return jitter(params, spec.train.start_jitter_ulps, spec.train.seed)
