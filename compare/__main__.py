@@ -102,9 +102,9 @@ def parse_args(argv):
     parser.add_argument("--tolerance-profile", default="default",
                         help=f"{' | '.join(PROFILES)} or a JSON file {{dtype: {{kind: {{atol, rtol}}}}}}")
     parser.add_argument("--bf16-tolerance", choices=("noise-floor", "fixed"), default="noise-floor",
-                        help="bfloat16 runs: bound each tensor and step by the reference's own bf16-vs-fp32 "
-                             "distance (one float32 run of the reference more; compare/noise_floor.py), or by the "
-                             "profile's fixed bf16 atol/rtol")
+                        help="bfloat16 runs: bound each tensor and step by the larger of the two runs' own "
+                             "bf16-vs-fp32 distances (one float32 run of each backend more; compare/noise_floor.py), "
+                             "or by the profile's fixed bf16 atol/rtol")
     parser.add_argument("--fp32-tolerance", choices=("noise-floor", "fixed"), default="fixed",
                         help="float32 runs: the profile's fixed bounds, or (for long runs, where training grows "
                              "rounding until correct ports part) each tensor and step bounded by how far a run from "
