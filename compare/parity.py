@@ -13,6 +13,8 @@ from compare.unreached import mark_unreached, unreached_params
 
 # Record fields that must agree before numbers mean anything.
 NUMERICS_FIELDS = ("dtype", "matmul_precision")
+# what measures a dtype's noise floor (compare/noise_floor.py), for a pair judged without one
+FLOOR_FLAGS = {"float32": "--fp32-tolerance noise-floor", "bfloat16": "--bf16-tolerance noise-floor"}
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, object]:
@@ -237,6 +239,9 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
             "first_divergent_step": first_step, "loss": loss, "tensors": tensors,
             "first_divergent_module": forward, "first_divergent_module_backward": backward,
             "worst": worst_tensors(tensors), "passed": passed, "curves": curves, "unreached": unreached,
+            # parted after an agreeing step 0 with no floor measured: training may have grown rounding
+            "unmeasured_noise": FLOOR_FLAGS.get(str(ref.numerics.get("dtype"))) if floors is None and first_step
+            else None,
             "dropout_sites": dropout_sites(ref, other)}
 
 
@@ -273,6 +278,9 @@ def failure_message(name: str, parity: dict) -> str:
     if sites and not sites["equal"]:
         where += (f", dropout calls differ ({len(sites['reference'])} in the reference, {len(sites['other'])} "
                   f"here: run records' extra.dropout_sites)")
+    if parity.get("unmeasured_noise"):
+        where += (f" (step 0 agreed and no noise floor was measured: {parity['unmeasured_noise']} tells rounding "
+                  "that training grew from a port error)")
     if not worst:
         return where
     size = worst.get("note") or (f"max abs {worst['abs']:.3g}" if isinstance(worst.get("abs"), (int, float))

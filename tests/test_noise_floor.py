@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from common.presets import load_spec
-from common.record import read_record
+from common.record import RunRecord, read_record
 from common.text_data import pydoc_text, write_tokens
 from compare import noise_floor
 from compare.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors
-from compare.parity import compare_tensors
+from compare.parity import check_parity, compare_tensors, failure_message
 from compare.tolerances import load_policy
 from tests.helpers import run_cli
 
@@ -130,3 +130,21 @@ def test_a_float32_run_made_chaotic_by_training_is_judged_by_its_jittered_floor(
     assert loss["per_step_abs"][39] < loss["bounds"][39] and loss["first_divergent_step"] is None
     step0 = report["parity"]["torch"]["tensors"]["grads/blocks.0.mlp.fc.kernel"]
     assert step0["judged_by"] == "noise-floor" and step0["noise"] < step0["bound"] / 10  # its float32 bound
+
+
+def test_a_pair_that_parts_after_an_agreeing_step_0_without_a_floor_is_told_how_to_measure_one():
+    spec = load_spec("mlp-tiny", ["train.steps=3"]).to_dict()
+    made = {}
+    for backend, losses in (("jax", [2.3, 2.2, 2.1]), ("torch", [2.3, 2.2, 2.5])):
+        record = RunRecord(backend=backend, spec=spec, numerics={"dtype": "float32", "matmul_precision": "highest"})
+        for step, loss in enumerate(losses):
+            record.add_step(step, loss, 1.0)
+        made[backend] = record
+    parity = check_parity(made["jax"], made["torch"], {}, {}, FP32, [])
+    assert parity["first_divergent_step"] == 2 and parity["unmeasured_noise"] == "--fp32-tolerance noise-floor"
+    assert failure_message("torch", parity) == (
+        "torch: parity failed: first divergent step 2 (step 0 agreed and no noise floor was measured: --fp32-tolerance "
+        "noise-floor tells rounding that training grew from a port error)")
+    floors = Floors(FloorRun([2.3, 2.2, 2.1], {}), FloorRun([2.3, 2.2, 2.5], {}), FP32)
+    judged = check_parity(made["jax"], made["torch"], {}, {}, FP32, [], floors)  # a floor measured: no hint
+    assert judged["unmeasured_noise"] is None and judged["first_divergent_step"] == 2
