@@ -19,7 +19,9 @@ correct pairs, the pair's none (worst 51 % of the band). A mis-port moves a run'
 does not widen its own band; a port that is wrong only in bfloat16 (master weights kept in bfloat16) does,
 which this check shares with the per-step rule. The step where the gap first leaves the band is where the
 curves part; the gap at the last step says by how much the port trains worse (positive) or better.
-Measured false alarms and power: docs/findings.md (python -m benchmarks.bf16_policy).
+Measured false alarms and power: docs/findings.md (python -m benchmarks.bf16_policy). A float32 run judged by
+its jittered floor (--fp32-tolerance noise-floor) gets the same check, its floor runs in place of the float32
+ones (not measured over long runs yet).
 """
 from __future__ import annotations
 
@@ -29,8 +31,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from compare.noise_floor import FACTOR
 
 WINDOW = 25  # steps averaged: the smoothed noise of gpt-tiny's 300 bf16 steps is 1/16 of the raw one
-SPAN = 4 * WINDOW  # the band remembers the noise of the last SPAN steps: the lr peak's noise is forgotten later
-MIN_STEPS = SPAN  # shorter runs are judged step by step alone
+SPAN = 4 * WINDOW  # the band remembers the noise of the last SPAN steps (and shorter runs are judged step by step)
 
 
 def _trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
@@ -40,8 +41,9 @@ def _trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
 
 def compare_curves(ref: list, other: list, ref_floor: list, other_floor: list, loss_bounds: dict,
                    window: int = WINDOW, span: int = SPAN, factor: float = FACTOR) -> dict | None:
-    """The long-run agreement of two bfloat16 loss curves (`ref`, `other`) against their own float32 runs
-    (`ref_floor`, `other_floor`), or None where it does not apply: fewer than `span` steps, or a step without a
+    """The long-run agreement of two loss curves (`ref`, `other`) against their own noise-floor runs
+    (`ref_floor`, `other_floor`: a bfloat16 run's float32 twin, a float32 run's jittered one), or None where it
+    does not apply: fewer than `span` steps, or a step without a
     finite loss (the per-step rule names that one). Steps are counted from 0; `gap` and `band` start at
     step `window - 1`."""
     n = min(map(len, (ref, other, ref_floor, other_floor)))
@@ -67,4 +69,4 @@ def curves_words(curves: dict) -> str:
     how = "worse" if curves["final_gap"] > 0 else "better"
     return (f"loss curves part at step {curves['parts_at']} (mean over {curves['window']} steps; it ends "
             f"training {how} by {abs(curves['final_gap']):.3g}, against a band of {curves['final_band']:.3g}: "
-            f"{curves['factor']:g}x the larger of the two runs' own bfloat16-vs-float32 differences)")
+            f"{curves['factor']:g}x the larger of the two runs' own drifts from their noise-floor runs)")

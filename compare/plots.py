@@ -94,7 +94,7 @@ def _loss_diff_plot(report: dict, path: Path) -> bool:
             ax.semilogy(steps, [abs(g) or float("nan") for g in curves["gap"]], color=line.get_color(),
                         linestyle="--", label=f"{name}: |mean gap| over {curves['window']} steps")
             ax.semilogy(steps, curves["band"], color=line.get_color(), linestyle="-.", alpha=0.6,
-                        label=f"{name}: its band ({curves['factor']:g}x the pair's own bf16 noise)")
+                        label=f"{name}: its band ({curves['factor']:g}x the pair's own noise)")
         first = report["parity"][name].get("first_divergent_step")
         if first is not None:
             ax.axvline(first, color=line.get_color(), alpha=0.4)

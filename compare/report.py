@@ -37,8 +37,8 @@ report.json keys (schema_version 2):
       both sides; their params/ rows carry judged=false and a note (compare/unreached.py),
     .dropout_sites {reference, other, equal} (runs fed common's dropout masks; null otherwise),
     .curves {window, factor, steps, parts_at, within, steps_over, worst_share, final_gap, final_band,
-      final_noise, gap, band} (compare/curves.py: bfloat16 runs of 100+ steps under the noise floor, the loss
-      curves averaged over `window` steps against the pair's own bf16-vs-fp32 wander; null otherwise),
+      final_noise, gap, band} (compare/curves.py: runs of 100+ steps under the noise floor, the loss curves
+      averaged over `window` steps against the pair's own drift from their floor runs; null otherwise),
     .unmeasured_noise (the flag that measures the noise floor, when the pair parted after an agreeing step 0
       with none measured: training may have grown rounding; the message says so; null otherwise)
   pairwise_loss           {"<a> vs <b>": max |Δloss| over the steps} for every pair of backends

@@ -89,7 +89,7 @@ def test_a_schedule_that_ends_elsewhere_parts_late_though_every_step_is_within_i
     assert curves["final_gap"] == pytest.approx(0.02750, abs=1e-5)  # it trains worse by 0.0275 at the end
     assert curves_words(curves) == (
         "loss curves part at step 271 (mean over 25 steps; it ends training worse by 0.0275, against a band of "
-        "0.0152: 3x the larger of the two runs' own bfloat16-vs-float32 differences)")
+        "0.0152: 3x the larger of the two runs' own drifts from their noise-floor runs)")
     # the correct port, judged the same way, passes
     floors = Floors(FloorRun(CURVES["jax_float32"], {}), FloorRun(CURVES["torch_float32"], {}), FP32)
     parity = check_parity(*records("torch_bfloat16"), {}, {}, load_policy("default", "bfloat16"), [], floors)
