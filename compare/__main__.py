@@ -240,12 +240,11 @@ def locate_divergence(args, plan: Plan, outcome, build) -> dict:
     return build(outcome.interrupted)
 
 
-def noise_floor_runs(args, spec, plan: Plan, outcome) -> list[str]:
+def noise_floor_runs(args, policy: str, plan: Plan, outcome) -> list[str]:
     """The backends run once more for their noise floor (compare/noise_floor.py: bfloat16 in float32, float32
     from jittered start weights) when their dtype's policy asks: every one that ran here (not a reused record)
     and finished, in the deterministic or exact mode (the statistical test judges its own way)."""
-    if floor_policy(spec.train.dtype, args.bf16_tolerance, args.fp32_tolerance) != "noise-floor" \
-            or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
+    if policy != "noise-floor" or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
         return []
     return [n for n in plan.launches if n in outcome.runs and outcome.runs[n].status == BackendStatus.OK]
 
@@ -329,6 +328,7 @@ def main(argv=None) -> int:
                 args.check_determinism)
     main_started = time.time()
     seeds = [spec.train.seed + i for i in range(args.seeds)] if args.parity_mode == ParityMode.STATISTICAL else []
+    floors = floor_policy(spec.train.dtype, args.bf16_tolerance, args.fp32_tolerance)  # the spec's dtype's policy
     with LiveProgress(not (args.quiet or args.json), spec.train.steps) as live:
         outcome = run_all(plan, live)
         for seed in seeds[1:]:
@@ -336,7 +336,7 @@ def main(argv=None) -> int:
                 break
             outcome.interrupted = run_all(Plan(names, plan.pythons, {n: seed_launch(args, n, seed) for n in names}, {},
                                                out / SEEDS_DIR / str(seed), args.timeout, False), live).interrupted
-        floored = noise_floor_runs(args, spec, plan, outcome)
+        floored = noise_floor_runs(args, floors, plan, outcome)
         if floored:
             launches = {n: floor_launch(args, n, spec.train.dtype) for n in floored}
             outcome.interrupted = run_all(Plan(floored, plan.pythons, launches, {}, out / FLOOR_DIR, args.timeout,
@@ -344,8 +344,7 @@ def main(argv=None) -> int:
     backends_done = time.time()
     inputs = ReportInputs(spec, policy, names, reference, out, args.run_id, args.tolerance_profile,
                           args.compile_cache, {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names},
-                          args.parity_mode, args.debug, floor_policy(spec.train.dtype, args.bf16_tolerance,
-                                                                     args.fp32_tolerance), args.require_same_device)
+                          args.parity_mode, args.debug, floors, args.require_same_device)
     checks = ((("statistical", functools.partial(statistical_check, out, names, reference, seeds)),) if seeds else ()) \
         + ((("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)),)
            if args.check_determinism else ())

@@ -71,10 +71,11 @@ def test_a_steps_loss_is_bounded_by_the_largest_loss_noise_so_far():
     assert noise_floor.judge_losses(drifted, ref, other, floors)["first_divergent_step"] == 2
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # float32: --fp32-tolerance noise-floor's jittered runs
 @pytest.mark.parametrize("floor_run_id, judged", [("in-process", True), ("earlier", False)])
-def test_only_this_runs_float32_runs_set_the_floor(tmp_path, floor_run_id, judged):
+def test_only_this_runs_float32_runs_set_the_floor(tmp_path, floor_run_id, judged, dtype):
     """A noise-floor/ folder another compare run left (another run id) is never read as this run's floor: its
-    pairs are judged by the fixed bounds, and the report says why."""
+    pairs are judged by the fixed bounds, and the report says why; alike for either dtype's floor runs."""
     from common.record import write_record
     from compare.report import ReportInputs
     from tests.test_report_in_process import NAMES, RUN_ID, build_report, write_run
@@ -85,8 +86,8 @@ def test_only_this_runs_float32_runs_set_the_floor(tmp_path, floor_run_id, judge
         record = read_record(tmp_path / "noise-floor" / n)
         record.run_id = floor_run_id
         write_record(tmp_path / "noise-floor" / n, record)
-    bf16 = load_spec("mlp-tiny", ["train.steps=3", "train.dtype=bfloat16"])  # the report's spec: judged in bf16
-    inputs = ReportInputs(bf16, load_policy("default", "bfloat16"), NAMES, "jax", tmp_path, RUN_ID,
+    spec = load_spec("mlp-tiny", ["train.steps=3", f"train.dtype={dtype}"])  # the report's spec: judged in dtype
+    inputs = ReportInputs(spec, load_policy("default", dtype), NAMES, "jax", tmp_path, RUN_ID,
                           floor_policy="noise-floor")
     report = build_report(inputs, runs, False)
     policy, rows = report["tolerance_policy"], report["parity"]["torch"]["tensors"]
