@@ -8,6 +8,7 @@ numpy guarantees bit-stable across platforms), never from global state.
 
 Batches are `Batch(inputs, targets)`:
   classification  inputs float32 (B, *input_shape), targets int32 (B,)
+  regression      inputs float32 (B, *input_shape), targets float32 (B, num_outputs)
   tokens          inputs int32 (B, T), targets int32 (B, T) (inputs shifted by one)
 """
 from __future__ import annotations
@@ -68,19 +69,59 @@ def input_ndim(spec: RunSpec) -> int:
 class SyntheticClassification:
     """Gaussian inputs labelled by a fixed random two-layer tanh teacher: learnable, endless."""
 
-    def __init__(self, spec: RunSpec):
+    def __init__(self, spec: RunSpec, outputs: int | None = None):
         self.batch_size = spec.train.global_batch_size
         self.shape = _input_shape(spec)
         self.seed = spec.data.seed
         n_in, n_hidden = int(np.prod(self.shape)), 64
         rng = _rng(self.seed, _TEACHER, 0)
         self.w1 = rng.standard_normal((n_in, n_hidden)) / np.sqrt(n_in)
-        self.w2 = rng.standard_normal((n_hidden, spec.model.num_classes))
+        self.w2 = rng.standard_normal((n_hidden, outputs or spec.model.num_classes))
+
+    def teacher(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        x = _rng(self.seed, _EXAMPLES, step).standard_normal((self.batch_size, *self.shape)).astype(np.float32)
+        return x, np.tanh(x.reshape(self.batch_size, -1).astype(np.float64) @ self.w1) @ self.w2
 
     def global_batch(self, step: int) -> Batch:
-        x = _rng(self.seed, _EXAMPLES, step).standard_normal((self.batch_size, *self.shape)).astype(np.float32)
-        logits = np.tanh(x.reshape(self.batch_size, -1).astype(np.float64) @ self.w1) @ self.w2
+        x, logits = self.teacher(step)
         return Batch(x, logits.argmax(axis=1).astype(np.int32))
+
+
+class SyntheticRegression(SyntheticClassification):
+    """The same inputs and teacher, its outputs as the float targets (of unit scale)."""
+
+    def __init__(self, spec: RunSpec):
+        super().__init__(spec, outputs=spec.model.num_outputs)
+
+    def global_batch(self, step: int) -> Batch:
+        x, y = self.teacher(step)
+        return Batch(x, (y / np.sqrt(self.w1.shape[1])).astype(np.float32))
+
+
+def _labels(spec: RunSpec, y: np.ndarray, n: int, source: str) -> np.ndarray:
+    if y.shape != (n,):
+        raise DataError(f"{source}: labels have shape {y.shape}, expected ({n},)")
+    classes = spec.model.num_classes
+    if not np.issubdtype(y.dtype, np.integer) and not (np.isfinite(y).all() and (y == np.round(y)).all()):
+        raise DataError(f"{source}: labels are {y.dtype} with fractions or NaN, a classifier needs integer class ids "
+                        "(float targets are a regression's: a twin with task='regression')")
+    if n and (y.min() < 0 or y.max() >= classes):
+        raise DataError(f"{source}: labels span {y.min()}..{y.max()}, model.num_classes={classes}")
+    return y.astype(np.int32)
+
+
+def _regression_targets(spec: RunSpec, y: np.ndarray, n: int, source: str) -> np.ndarray:
+    outputs = spec.model.num_outputs
+    if y.shape == (n,) and outputs == 1:
+        y = y[:, None]
+    if y.shape != (n, outputs):
+        raise DataError(f"{source}: targets have shape {y.shape}, a regression with model.num_outputs={outputs} "
+                        f"needs ({n}, {outputs})")
+    if not np.issubdtype(y.dtype, np.number) or not np.isfinite(y).all():
+        bad = "are not numbers" if not np.issubdtype(y.dtype, np.number) else \
+            f"hold a NaN or Inf (example {int(np.argwhere(~np.isfinite(y))[0][0])})"
+        raise DataError(f"{source}: targets {bad}; a regression needs finite float targets")
+    return np.ascontiguousarray(y, dtype=np.float32)
 
 
 class ArrayDataset:
@@ -94,17 +135,14 @@ class ArrayDataset:
             x = x.reshape(len(x), -1)  # images for an MLP
         if tuple(x.shape[1:]) != want:
             raise DataError(f"{source}: inputs have shape {tuple(x.shape[1:])} per example, the model needs {want}")
-        if y.shape != (len(x),):
-            raise DataError(f"{source}: labels have shape {y.shape}, expected ({len(x)},)")
-        classes = spec.model.num_classes
-        if len(y) and (y.min() < 0 or y.max() >= classes):
-            raise DataError(f"{source}: labels span {y.min()}..{y.max()}, model.num_classes={classes}")
+        targets = _regression_targets if spec.task == "regression" else _labels
+        y = targets(spec, y, len(x), source)
         if not np.isfinite(x).all():
             bad = int(np.argwhere(~np.isfinite(x.reshape(len(x), -1)))[0][0])
             raise DataError(f"{source}: example {bad} has a NaN or Inf input; clean the data (it would make the "
                             "loss non-finite)")
         self.x = np.ascontiguousarray(x, dtype=np.float32)
-        self.y = y.astype(np.int32)
+        self.y = y
         self.batch_size = spec.train.global_batch_size
         self.seed = spec.data.seed
         self._orders: dict[int, np.ndarray] = {}
@@ -227,6 +265,8 @@ def make_dataset(spec: RunSpec):
     kind = spec.data.dataset
     if kind == "synthetic-classification":
         return SyntheticClassification(spec)
+    if kind == "synthetic-regression":
+        return SyntheticRegression(spec)
     if kind == "digits":
         return _digits(spec)
     if kind == "arrays":

@@ -122,8 +122,12 @@ class TransformerSpec:
         _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
 
 
-TASKS = ("lm", "classification")
-TASK_ROLES = {"lm": ("vocab_size", "seq_len"), "classification": ("input_shape", "num_classes")}
+TASKS = ("lm", "classification", "regression")
+TASK_ROLES = {"lm": ("vocab_size", "seq_len"), "classification": ("input_shape", "num_classes"),
+              "regression": ("input_shape", "num_outputs")}
+# the datasets each kind of task can train on
+TASK_DATASETS = {"lm": ("synthetic-tokens", "tokens-file"), "regression": ("synthetic-regression", "arrays"),
+                 "classification": ("synthetic-classification", "digits", "arrays")}
 
 
 @dataclass(frozen=True)
@@ -133,12 +137,13 @@ class TwinSpec:
     (names and shapes; `python -m compare --twin` fills it in before any backend runs).
 
     `io` names the hyperparameters the data needs: vocab_size and seq_len for a language model,
-    input_shape and num_classes for a classifier (default: hyperparameters of those names).
+    input_shape and num_classes (num_outputs) for a classifier (a regression); default: hyperparameters of
+    those names.
     """
 
     family: Literal["twin"] = "twin"
     twin: str = ""  # FILE_OR_MODULE:NAME
-    task: Literal["lm", "classification"] = "lm"
+    task: Literal["lm", "classification", "regression"] = "lm"
     hparams: dict = field(default_factory=dict)
     io: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)  # canonical name -> shape (list of ints)
@@ -160,6 +165,10 @@ class TwinSpec:
     @property
     def num_classes(self) -> int:
         return self.role("num_classes")
+
+    @property
+    def num_outputs(self) -> int:
+        return self.role("num_outputs")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -312,16 +321,14 @@ class MeshSpec:
         return "x".join(parts) or "single"
 
 
-DATASETS = ("synthetic-classification", "digits", "synthetic-tokens", "arrays", "tokens-file")
-
-
 @dataclass(frozen=True)
 class DataSpec:
-    """Where batches come from. `path` is used by 'arrays' (.npz with x, y) and
+    """Where batches come from. `path` is used by 'arrays' (.npz with x, y: integer labels, or float targets
+    of a regression) and
     'tokens-file' (flat uint16 .bin read with np.memmap, or a 1-D .npy)."""
 
-    dataset: Literal["synthetic-classification", "digits", "synthetic-tokens", "arrays", "tokens-file"] = \
-        "synthetic-classification"
+    dataset: Literal["synthetic-classification", "digits", "synthetic-regression", "synthetic-tokens", "arrays",
+                     "tokens-file"] = "synthetic-classification"
     path: str = ""
     seed: int = 0  # batch order and synthetic data
     seq_len: int = 0  # tokens per training sequence; 0 = model.seq_len
@@ -354,16 +361,13 @@ class RunSpec:
         _require(t.global_batch_size % mesh.batch_replicas == 0,
                  f"train.global_batch_size={t.global_batch_size} is not divisible by the data-parallel size "
                  f"mesh.data*mesh.fsdp={mesh.batch_replicas}")
-        token_data = d.dataset in ("synthetic-tokens", "tokens-file")
         kind = f"model.family={m.family}" if m.family != "twin" else f"model.task={m.task}"
+        fits = TASK_DATASETS[self.task]
+        _require(d.dataset in fits, f"data.dataset={d.dataset} cannot feed {kind}; it needs {' or '.join(fits)}")
         if self.is_language_model:
-            _require(token_data, f"data.dataset={d.dataset} gives no tokens; {kind} needs "
-                                 "synthetic-tokens or tokens-file")
             _require(self.seq_len <= m.seq_len,
                      f"data.seq_len={d.seq_len} is longer than the positional table model.seq_len={m.seq_len}")
         else:
-            _require(not token_data, f"data.dataset={d.dataset} gives tokens; {kind} needs "
-                                     "synthetic-classification, digits or arrays")
             _require(d.seq_len == 0, f"data.seq_len={d.seq_len} only applies to language models")
         if isinstance(m, TransformerSpec):
             _require(m.n_heads % mesh.tensor == 0,
@@ -376,9 +380,14 @@ class RunSpec:
                      f"/ num_classes {m.num_classes} do not match")
 
     @property
-    def is_language_model(self) -> bool:
+    def task(self) -> str:
+        """lm, classification or regression: what the batches hold and which loss trains on them."""
         m = self.model
-        return m.family == "gpt" or (m.family == "twin" and m.task == "lm")
+        return m.task if m.family == "twin" else "lm" if m.family == "gpt" else "classification"
+
+    @property
+    def is_language_model(self) -> bool:
+        return self.task == "lm"
 
     @property
     def seq_len(self) -> int:

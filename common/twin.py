@@ -35,7 +35,7 @@ from typing import Literal
 
 from common.fsutil import require_regular_file
 from common.procs import kill_group
-from common.spec import DataSpec, MeshSpec, ModelSpec, RunSpec, SpecError, TrainSpec, TwinSpec
+from common.spec import TASK_DATASETS, DataSpec, MeshSpec, ModelSpec, RunSpec, SpecError, TrainSpec, TwinSpec
 from common.twin_fields import TwinError, check_fields, plain, unplain
 
 FRAMEWORKS = ("torch", "jax", "flax", "torch_xla", "torchax")
@@ -47,7 +47,12 @@ REPO = Path(__file__).resolve().parents[1]
 class Twin:
     torch: str  # factory of the torch.nn.Module
     nnx: str  # factory of the nnx.Module
-    task: Literal["lm", "classification"] = "lm"
+    task: Literal["lm", "classification", "regression"] = "lm"
+    # the loss each side trains on, when not the task's own (cross-entropy of lm and classification, mean
+    # squared error of regression): {"torch": "losses.py:huber", "nnx": "nnx_losses.py:huber"}, each called as
+    # loss(outputs, batch) -> scalar with the forward's whole output and batch = {"inputs": ..., "targets": ...}
+    # (torch_xla and torchax run the torch one); empty: the task's
+    loss: Mapping = field(default_factory=dict)
     hparams: Mapping = field(default_factory=dict)  # what both factories take; --set model.<name>=... reaches them
     io: Mapping = field(default_factory=dict)  # role -> hyperparameter name (see TwinSpec), when names differ
     # torch module (suffix) -> NNX modules it packs, split along torch's output rows in this order:
@@ -146,6 +151,14 @@ def resolve(ref: str, base_dir: str = "", what: str = "factory"):
             raise TwinError(f"{what} {ref!r}: {target} has no {name!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def user_loss(twin: Twin, side: str):
+    """The twin's own loss function of `side` (torch or nnx), imported in the backend's process."""
+    loss = resolve(twin.loss[side], twin.base_dir, what=f"loss[{side!r}]")
+    if not callable(loss):
+        raise TwinError(f"loss[{side!r}] {twin.loss[side]!r} is a {type(loss).__name__}, not a function")
+    return loss
 
 
 def load_twin(ref: str, *, frameworks_allowed: bool = True, timeout_s: float | None = None) -> Twin:
@@ -275,6 +288,6 @@ def twin_run_spec(ref: str, timeout_s: float | None = None) -> RunSpec:
     is loaded in a subprocess bounded by `timeout_s` (compare's --timeout)."""
     twin = load_twin(ref, frameworks_allowed=False, timeout_s=timeout_s)
     _, name = _split_ref(ref, "twin")
-    default_data = DataSpec(dataset="synthetic-tokens" if twin.task == "lm" else "synthetic-classification")
+    default_data = DataSpec(dataset=TASK_DATASETS[twin.task][0])
     model = TwinSpec(twin=canonical_ref(ref), task=twin.task, hparams=dict(twin.hparams), io=dict(twin.io))
     return RunSpec(model=model, train=twin.train, mesh=MeshSpec(), data=twin.data or default_data, name=name)

@@ -140,6 +140,25 @@ def _check_input_axes(twin, ref: str) -> None:
                         "the batch axis first, e.g. (0, 2, 3, 1) to feed NCHW images to an NHWC port")
 
 
+LOSS_SIDES = ("torch", "nnx")
+
+
+def _check_loss(twin, ref: str) -> None:
+    loss = _check_mapping(twin, "loss", ref, '{"torch": "file.py:loss", "nnx": "file.py:loss"}')
+    if not loss:
+        return
+    missing = [side for side in LOSS_SIDES if side not in loss]
+    extra = [str(k) for k in loss if k not in LOSS_SIDES]
+    if missing or extra:
+        raise TwinError(f"twin {ref!r}: loss names one loss per side, keys torch and nnx; "
+                        + (f"{' and '.join(missing)} missing" if missing else f"{', '.join(extra)} unknown"))
+    for side, target in loss.items():
+        module, sep, name = target.rpartition(":") if isinstance(target, str) else ("", "", "")
+        if not (sep and module and name):
+            raise TwinError(f"twin {ref!r}: loss[{side!r}]={target!r} must name the loss function as "
+                            "path/to/file.py:name or package.module:name")
+
+
 def check_fields(twin, ref: str) -> None:
     """Every declaration of a twin that can be checked without building a model: one TwinError naming the
     field and the fix. (Those that need the models, a `packed` that matches no module, a model without
@@ -153,6 +172,7 @@ def check_fields(twin, ref: str) -> None:
                             "package.module:name")
     if twin.task not in TASKS:
         raise TwinError(f"twin {ref!r}: task={twin.task!r} is not one of {', '.join(TASKS)}")
+    _check_loss(twin, ref)
     if twin.init not in ("torch", "canonical"):
         raise TwinError(f"twin {ref!r}: init={twin.init!r} is not one of torch, canonical")
     for name in ("hparams", "io"):
@@ -177,5 +197,5 @@ def check_fields(twin, ref: str) -> None:
     _check_layouts(twin, ref)
     _check_partition_rules(twin, ref)
     _check_hf(twin, ref)
-    for name in ("packed", "rename", "layouts", "partition_rules", "hf"):
+    for name in ("loss", "packed", "rename", "layouts", "partition_rules", "hf"):
         plain(getattr(twin, name), name, ref)

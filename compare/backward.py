@@ -8,7 +8,9 @@ backward pass a module receives the gradient at its output and passes back the g
 the backward of everything inside it has ended. Walking the modules in the order their backward ends (the
 reverse of the order their forward started: a block's layers before the block, the last layer first), the
 culprit is the first whose output gradient agrees and whose input gradient does not: everything flowing
-into it agreed, what it passed back did not.
+into it agreed, what it passed back did not. When the gradient the loss sends into the model (at the output
+of the module whose backward runs first) already differs while the forwards agree, no module is the culprit:
+the two losses differ (a user loss mis-ported, `in_loss`).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from compare.tensor_error import module_error
 
 def first_divergent_module_backward(ref: dict, other: dict, order: list[str], bounds: dict,
                                     names: tuple[str, str] = ("the reference", "the other side")) -> dict | None:
-    """{step, module, output_grad_agrees, input_grad_error, modules_compared, modules_diverging} from the two
+    """{step, module, in_loss, output_grad_agrees, input_grad_error, modules_compared, modules_diverging} from the two
     sides' step-0 activation gradients (`order`: the reference's activation keys as captured, each module's
     input when it started, its output when it finished); None when a side has none. `module` None when every
     compared module's gradients agree."""
@@ -34,7 +36,9 @@ def first_divergent_module_backward(ref: dict, other: dict, order: list[str], bo
     back = {m: error(f"{m}:in") for m in modules}  # None where a module's input has no gradient (token ids)
     diverging = [m for m in modules if not into[m]["within"] or (back[m] is not None and not back[m]["within"])]
     culprit = next((m for m in diverging if into[m]["within"]), None)
-    module = culprit or (diverging[0] if diverging else None)
-    return {"step": 0, "module": module, "output_grad_agrees": culprit is not None,
-            "input_grad_error": (back[module] if culprit else into[module]) if module else None,
+    in_loss = culprit is None and bool(diverging) and diverging[0] == modules[0] and not into[modules[0]]["within"]
+    module = None if in_loss else culprit or (diverging[0] if diverging else None)
+    return {"step": 0, "module": module, "in_loss": in_loss, "output_grad_agrees": culprit is not None,
+            "input_grad_error": (back[module] if culprit else into[module]) if module else into[modules[0]] if in_loss
+            else None,
             "modules_compared": len(modules), "modules_diverging": len(diverging)}

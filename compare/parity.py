@@ -262,6 +262,9 @@ def failure_message(name: str, parity: dict) -> str:
     module, backward = parity.get("first_divergent_module"), parity.get("first_divergent_module_backward")
     if module and module["module"]:
         where += f", first divergent module {module['module']}"
+    elif backward and backward.get("in_loss"):  # the forwards agree, the gradient the loss sends back does not
+        where += ", first divergent in the loss: every module's forward agrees, the gradient of the loss at the " \
+                 "model's output differs (the two losses compute differently: the twin's loss or task)"
     elif backward and backward["module"]:  # the forwards agree: where the backward passes part
         where += f", first divergent module in the backward pass {backward['module']}"
     failing = [k for k, t in parity["tensors"].items() if not t["within"]]

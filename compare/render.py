@@ -37,13 +37,18 @@ def _module(found: dict | None) -> str:
 def _backward(found: dict | None) -> str:
     if not found:
         return "-"
+    if found.get("in_loss"):
+        return f"the loss (the gradient it sends into the model differs: {_size(found['input_grad_error'])})"
     if not found["module"]:
         return f"none ({found['modules_compared']} modules' gradients agree)"
     why = "the gradient flowing into it agrees, the one it passes back does not" if found["output_grad_agrees"] \
         else "the gradient flowing into it differs already"
-    error = found["input_grad_error"]
-    size = error.get("note") if error.get("abs") is None else f"max abs {_fmt(error['abs'], '.3e')}"
-    return f"{found['module']} ({why}: {size}; {found['modules_diverging']}/{found['modules_compared']} modules differ)"
+    return f"{found['module']} ({why}: {_size(found['input_grad_error'])}; {found['modules_diverging']}/" \
+           f"{found['modules_compared']} modules differ)"
+
+
+def _size(error: dict) -> str:
+    return error.get("note") if error.get("abs") is None else f"max abs {_fmt(error['abs'], '.3e')}"
 
 
 def _over(error: dict) -> str:

@@ -24,7 +24,7 @@ from common.harness import RunOptions
 from common.outputs import logits_of
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
-from common.twin import twin_of
+from common.twin import twin_of, user_loss
 from common.weights import start_info, start_state
 from jax_impl import convert, masks, sharding
 from jax_impl.capture import capture_activations
@@ -43,6 +43,24 @@ def cross_entropy(logits, targets):
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean()
 
 
+def mean_squared_error(predictions, targets):
+    """Mean squared error over every element, in float32."""
+    predictions = predictions.astype(jnp.float32)
+    return jnp.mean((predictions - targets.astype(jnp.float32).reshape(predictions.shape)) ** 2)
+
+
+def task_loss(spec: RunSpec):
+    """`loss(outputs, batch) -> scalar` of the run, on the forward's whole output and batch = {"inputs": ...,
+    "targets": ...}: the twin's own NNX loss, or the task's (cross-entropy or mean squared error of the output
+    the twin's `logits` picks; the twin of torch_impl.train.task_loss)."""
+    twin = twin_of(spec.model)
+    if twin.loss:
+        loss = user_loss(twin, "nnx")
+        return lambda outputs, batch: jnp.asarray(loss(outputs, batch), jnp.float32)
+    built_in = mean_squared_error if spec.task == "regression" else cross_entropy
+    return lambda outputs, batch: built_in(logits_of(outputs, twin.logits), batch["targets"])
+
+
 def in_this_trace(state):
     """`state` with its Variables made anew in the running trace. Dropout advances its RNG count; a
     Variable from an outer level (the jit's, inside value_and_grad) refuses that ("Cannot mutate RngCount
@@ -59,6 +77,7 @@ class JaxTrainer(JittedTrainer):
         compute_dtype = jnp.bfloat16 if spec.train.dtype == "bfloat16" else jnp.float32
         model = build_model(spec.model, compute_dtype, seed=spec.train.seed, dropout_seed=spec.train.mask_seed)
         self.input_axes, self.which = nnx_input_axes(spec), twin_of(spec.model).logits
+        self.loss_fn = task_loss(spec)
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
         started = time.perf_counter()
         canonical = start_weights(spec, checkpoint)
@@ -81,7 +100,8 @@ class JaxTrainer(JittedTrainer):
 
     def _loss_and_state(self, params, state, batch: StepBatch):
         model = nnx.merge(self.graphdef, params, in_this_trace(state))
-        loss = cross_entropy(logits_of(model(nnx_inputs(batch.inputs, self.input_axes)), self.which), batch.targets)
+        loss = self.loss_fn(model(nnx_inputs(batch.inputs, self.input_axes)),
+                            {"inputs": batch.inputs, "targets": batch.targets})
         return loss, nnx.state(model, nnx.Not(nnx.Param))
 
     def canonical_state(self) -> dict[str, np.ndarray]:
@@ -95,7 +115,8 @@ class JaxTrainer(JittedTrainer):
     def _activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         return capture_activations(nnx.merge(self.graphdef, self.params, self.rest),
                                    nnx_inputs(inputs, self.input_axes), input_layout(self.input_axes),
-                                   lambda out: cross_entropy(logits_of(out, self.which), jnp.asarray(targets)))
+                                   lambda out: self.loss_fn(out, {"inputs": jnp.asarray(inputs),
+                                                                  "targets": jnp.asarray(targets)}))
 
     def new_record(self) -> RunRecord:
         spec = self.spec

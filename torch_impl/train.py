@@ -19,7 +19,7 @@ from common.outputs import logits_of
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec
-from common.twin import twin_of
+from common.twin import twin_of, user_loss
 from common.vocab import RecordStatus
 from common.weights import start_info, start_state
 from torch_impl.capture import capture_activations
@@ -40,6 +40,23 @@ from torch_impl.optim import clip_gradients, make_optimizer, set_lr
 def cross_entropy(logits, targets):
     """Mean softmax cross-entropy over every position, in float32."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+
+
+def mean_squared_error(predictions, targets):
+    """Mean squared error over every element, in float32."""
+    return F.mse_loss(predictions.float(), targets.float().reshape(predictions.shape))
+
+
+def task_loss(spec: RunSpec):
+    """`loss(outputs, batch) -> scalar` of the run, on the forward's whole output and batch = {"inputs": ...,
+    "targets": ...}: the twin's own torch loss, or the task's (cross-entropy or mean squared error of the output
+    the twin's `logits` picks); every torch runtime trains on it (the twin of jax_impl.train.task_loss)."""
+    twin = twin_of(spec.model)
+    if twin.loss:
+        loss = user_loss(twin, "torch")
+        return lambda outputs, batch: loss(outputs, batch).float()
+    built_in = mean_squared_error if spec.task == "regression" else cross_entropy
+    return lambda outputs, batch: built_in(logits_of(outputs, twin.logits), batch["targets"])
 
 
 # ---- The eager PyTorch runtime (`python -m torch_impl`): the ground truth of the PyTorch side ----
@@ -78,6 +95,7 @@ class TorchTrainer:
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = correspondence(self.model, spec.model)
         self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
+        self.loss_fn = task_loss(spec)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)
         torch.manual_seed(spec.train.mask_seed)  # dropout draws from here on
@@ -92,8 +110,8 @@ class TorchTrainer:
     def loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss and logits of step 0's batch."""
         with self.autocast(), self.masks(0):
-            logits = logits_of(self.model(inputs), self.which)
-        return cross_entropy(logits, targets), logits
+            outputs = self.model(inputs)
+        return self.loss_fn(outputs, {"inputs": inputs, "targets": targets}), logits_of(outputs, self.which)
 
     def masks(self, step: int):
         """The dropout of `step`: common's masks when the spec asks for them (torch_impl.masks)."""
@@ -103,7 +121,7 @@ class TorchTrainer:
         set_lr(self.optimizer, self.spec.train, step)
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast(), self.masks(step) as feed:  # the logits are not kept: freed once the loss is computed
-            loss = cross_entropy(logits_of(self.model(inputs), self.which), targets)
+            loss = self.loss_fn(self.model(inputs), {"inputs": inputs, "targets": targets})
         if step == 0 and feed:  # the run record's extra.dropout_sites: step 0's dropout calls
             self.dropout_sites = feed.sites
         loss = with_python_value(loss, python_value(step, self.provocations, self.spec.train.steps))
@@ -127,10 +145,11 @@ class TorchTrainer:
     def step0_activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture), and the
         gradient of the loss on `targets` at each."""
-        labels = torch.from_numpy(targets).to(self.device)
+        batch = {name: torch.from_numpy(array).to(self.device) for name, array in (("inputs", inputs),
+                                                                                  ("targets", targets))}
         with self.autocast(), self.masks(0), untouched_buffers(self.model):
-            return capture_activations(self.model, torch.from_numpy(inputs).to(self.device), self.module_names,
-                                       loss_of=lambda out: cross_entropy(logits_of(out, self.which), labels))
+            return capture_activations(self.model, batch["inputs"], self.module_names,
+                                       loss_of=lambda out: self.loss_fn(out, batch))
 
     def eval_logits(self, inputs: np.ndarray) -> np.ndarray:
         """The trained model's eval-mode logits of `inputs` (dropout off, BatchNorm on its running statistics)."""
@@ -193,7 +212,7 @@ class TorchTrainer:
         model = copy.deepcopy(self.model)
         with FlopCounterMode(display=False) as counter:
             with self.autocast():
-                loss = cross_entropy(logits_of(model(inputs), self.which), targets)
+                loss = self.loss_fn(model(inputs), {"inputs": inputs, "targets": targets})
             loss.backward()
         return float(counter.get_total_flops())
 

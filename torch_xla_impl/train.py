@@ -56,7 +56,7 @@ from torch_impl.checkpoint_io import start_weights
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
 from torch_impl.optim import clip_gradients, make_optimizer, set_lr
-from torch_impl.train import cross_entropy, eval_logits, untouched_buffers
+from torch_impl.train import eval_logits, task_loss, untouched_buffers
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
 from torch_xla_impl.batches import StepBatches
@@ -92,6 +92,7 @@ class TorchXlaTrainer:
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = convert.correspondence(model, spec.model)
         self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
+        self.loss_fn, self.user_loss = task_loss(spec), bool(twin_of(spec.model).loss)
         self.model = model.to(self.device)
         if spmd_mesh is not None:
             sharding.shard_model(self.model, spec.model, spec.mesh, spmd_mesh)
@@ -122,12 +123,19 @@ class TorchXlaTrainer:
     def loss(self, batch) -> torch.Tensor:
         """Loss and logits of step 0's batch."""
         with self.autocast(), step_masks(self.spec, 0, self.device):
-            logits = logits_of(self.model(batch["inputs"]), self.which)
-        return cross_entropy(logits, batch["targets"]), logits
+            outputs = self.model(batch["inputs"])
+        return self.loss_fn(outputs, self.loss_batch(batch["inputs"], batch["targets"])), logits_of(outputs, self.which)
+
+    def loss_batch(self, inputs, targets) -> dict:
+        """The batch a loss is given: a classifier's targets as the task makes them, (B,) (the device loader
+        carries them as (B, 1); the built-in loss flattens them itself)."""
+        if self.user_loss and self.spec.task == "classification":
+            targets = targets.reshape(-1)
+        return {"inputs": inputs, "targets": targets}
 
     def _train_loss(self, inputs, targets) -> torch.Tensor:
         with self.autocast():
-            return cross_entropy(logits_of(self.model(inputs), self.which), targets)
+            return self.loss_fn(self.model(inputs), self.loss_batch(inputs, targets))
 
     def step(self, step: int, batch) -> torch.Tensor:
         """One train step; returns the (global) loss. In `lazy` and `dynamo` mode nothing runs until
@@ -212,10 +220,9 @@ class TorchXlaTrainer:
         model = build_model(self.spec.model, self.spec.train.seed)
         model = convert.load_canonical(model, self.start_params, self.spec.model).to(self.device)
         with self.autocast(), step_masks(self.spec, 0, self.device):
-            labels = torch.from_numpy(targets).to(self.device)
-            capture = capture_activations(model, torch.from_numpy(inputs).to(self.device), self.module_names,
-                                          sync=torch_xla.sync,
-                                          loss_of=lambda out: cross_entropy(logits_of(out, self.which), labels))
+            batch = self.loss_batch(torch.from_numpy(inputs).to(self.device), torch.from_numpy(targets).to(self.device))
+            capture = capture_activations(model, batch["inputs"], self.module_names, sync=torch_xla.sync,
+                                          loss_of=lambda out: self.loss_fn(out, batch))
         shutil.rmtree(dump_dir(self.options.out_dir), ignore_errors=True)
         return capture
 

@@ -3,7 +3,7 @@
 `torchax.extract_jax(model)` gives the module's weights as JAX arrays keyed by
 state_dict names and a JAX function that runs its `forward` (torch code,
 traced through torchax's JAX lowering of every aten op). The loss is
-torch_impl's `cross_entropy`, also run through torchax (`interop.call_torch`).
+torch_impl's `task_loss`, run by torchax in the same forward.
 
 Optimizer: optax with torch's semantics (`jax_impl.optim`, the JAX twin's),
 applied to the extracted weights inside the jitted step. This is torchax's
@@ -55,7 +55,7 @@ from torch_impl.convert import (
     to_canonical,
 )
 from torch_impl.models import build_model
-from torch_impl.train import cross_entropy
+from torch_impl.train import task_loss
 from torchax_impl.batch_norm import keep_running_statistics
 from torchax_impl.sharding import param_shardings
 
@@ -82,6 +82,7 @@ class TorchaxTrainer(JittedTrainer):
         self.model, self.module_names = model, modules_to_canonical(model, spec.model)
         load_state(model, start_state(checkpoint), self.module_names)
         self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
+        self.loss_fn = task_loss(spec)  # torch code, run inside the forward's torchax environment
         states, _ = torchax.extract_jax(model)  # parameters and buffers, by state_dict name
         keep_running_statistics(torchax.default_env())
         shardings = param_shardings(model, spec.model, spec.mesh, mesh)
@@ -105,18 +106,21 @@ class TorchaxTrainer(JittedTrainer):
     def fed_dropout(self, feed):
         return masks.fed_dropout(feed)
 
-    def _call(self, states: dict, inputs, running: dict, *, training: bool = True):
+    def _call(self, states: dict, inputs, running: dict, *, training: bool = True, targets=None):
         """The torch module's forward over `states` (jax arrays by state_dict name; torchax.extract_jax's
-        call, in `training` mode), and the running statistics as the forward left them."""
+        call, in `training` mode): its logits, or with `targets` the run's loss (task_loss, in torch on the
+        forward's whole output), and the running statistics as the forward left them."""
         env = torchax.default_env()
         tensors, args = env.j2t_iso(({**states, **running}, (inputs,)))
         self.model.train(training)
         try:
             with env:
                 out = torch.func.functional_call(self.model, tensors, args, tie_weights=False)
+                result = logits_of(out, self.which) if targets is None else \
+                    self.loss_fn(out, {"inputs": args[0], "targets": env.j2t_iso(targets)})
         finally:
             self.model.train()
-        return env.t2j_iso(logits_of(out, self.which)), {k: env.t2j_iso(tensors[k]) for k in running}
+        return env.t2j_iso(result), {k: env.t2j_iso(tensors[k]) for k in running}
 
     def _forward(self, params, inputs):
         states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))
@@ -127,9 +131,9 @@ class TorchaxTrainer(JittedTrainer):
         env = torchax.default_env()
         with env.override_property(prng=state["prng"]):
             states, inputs = self._in_compute_dtype(({**params, **self.buffers}, batch.inputs))
-            logits, running = self._call(states, inputs, state["running"])
+            loss, running = self._call(states, inputs, state["running"], targets=batch.targets)
             key = env.prng_key
-        return interop.call_torch(cross_entropy, logits, batch.targets), {"prng": key, "running": running}
+        return loss, {"prng": key, "running": running}
 
     def canonical_state(self) -> dict[str, np.ndarray]:
         return canonical_state({k: sharding.to_host(v) for k, v in self.state["running"].items()}, self.module_names)
@@ -145,7 +149,9 @@ class TorchaxTrainer(JittedTrainer):
         return jax.tree.map(lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
     def _loss(self, params, batch: StepBatch):
-        return interop.call_torch(cross_entropy, self._forward(params, batch.inputs), batch.targets)
+        states, inputs = self._in_compute_dtype(({**params, **self.buffers}, batch.inputs))
+        with torchax.default_env().override_property(prng=jax.random.key(self.spec.train.mask_seed)):
+            return self._call(states, inputs, self.state["running"], targets=batch.targets)[0]
 
     def _activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         """Module activations from the torch module run eagerly by torchax (forward hooks see torchax
