@@ -47,10 +47,21 @@ def replace_first(value, new, is_array):
 
 
 def input_layout(axes: tuple[int, ...] | None) -> str:
-    """The layout a side's batch arrives in: channel-last when its transpose moves axis 1 to the end."""
+    """The layout a side's batch arrives in: channel-last when its transpose moves axis 1 to the end (of a
+    twin's named inputs, {key: axes}: the first it transposes, the image a model's first layer reads)."""
+    if isinstance(axes, dict):
+        axes = next(iter(axes.values()), ())
     if axes and len(axes) >= 3 and tuple(axes) == (0, *range(2, len(axes)), 1):
         return CHANNEL_LAST
     return CHANNEL_FIRST
+
+
+def torch_output_layout(nnx_output_axes) -> str:
+    """The layout of the torch side's forward output, as the twin's `nnx_output_axes` (the transpose that brings
+    the NNX side's output to torch's) tells it: channel-first when it moves the last axis to 1 (an NHWC port of
+    a model returning NCHW images), else as returned."""
+    axes = tuple(nnx_output_axes or ())
+    return CHANNEL_FIRST if len(axes) >= 3 and axes == (0, len(axes) - 1, *range(1, len(axes) - 1)) else CHANNEL_LAST
 
 
 def to_channel_last(value: np.ndarray, layout: str) -> np.ndarray:

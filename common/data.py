@@ -46,10 +46,12 @@ def _input_shape(spec: RunSpec) -> tuple[int, ...]:
 ACTIVATION_ROWS, ACTIVATION_TOKENS = 2, 64
 
 
-def activation_inputs(spec: RunSpec, inputs: np.ndarray) -> np.ndarray:
+def activation_inputs(spec: RunSpec, inputs):
     """The slice of step 0's inputs whose per-module activations are captured (and of its targets, whose loss
     the capture differentiates), small enough to keep for any model: 2 examples; of a language model 1
     sequence's first 64 tokens (it is causal: a prefix is computed as in the whole sequence)."""
+    if isinstance(inputs, dict):  # a twin's own batch (common/batches.py): each named array's first rows
+        return {k: np.ascontiguousarray(v[:ACTIVATION_ROWS]) for k, v in inputs.items()}
     if spec.is_language_model:
         return np.ascontiguousarray(inputs[:1, :ACTIVATION_TOKENS])
     return np.ascontiguousarray(inputs[:ACTIVATION_ROWS])
@@ -263,6 +265,10 @@ def _token_file(spec: RunSpec) -> TokenDataset:
 def make_dataset(spec: RunSpec):
     """The dataset object for a validated spec; `.global_batch(step)` gives a Batch."""
     kind = spec.data.dataset
+    if kind == "batches" or spec.task == "custom":  # the twin's own named arrays
+        from common.batches import make_batches
+
+        return make_batches(spec)
     if kind == "synthetic-classification":
         return SyntheticClassification(spec)
     if kind == "synthetic-regression":
@@ -280,10 +286,15 @@ def make_dataset(spec: RunSpec):
 
 def process_slice(batch: Batch, process_index: int, process_count: int) -> Batch:
     """This process's contiguous share of a global batch."""
-    n = len(batch.inputs)
+    n = len(next(iter(batch.inputs.values()))) if isinstance(batch.inputs, dict) else len(batch.inputs)
     if n % process_count:
         raise DataError(f"global batch {n} is not divisible by {process_count} processes")
     per = n // process_count
     lo = process_index * per
-    return Batch(batch.inputs[lo:lo + per], batch.targets[lo:lo + per])
+    return Batch(*(rows(part, lo, lo + per) for part in batch))
+
+
+def rows(part, lo: int, hi: int):
+    """Rows lo:hi of an array, or of every array of a twin's named batch."""
+    return {k: v[lo:hi] for k, v in part.items()} if isinstance(part, dict) else part[lo:hi]
 

@@ -54,3 +54,22 @@ def refusal(out, which: str | int | None) -> str:
     keys = f" (entries: {', '.join(map(str, out))})" if isinstance(out, Mapping) else ""
     return (f"returns a {kind}{keys} with no array as itself, as its 'logits' or as its first element; name the "
             "output that holds the logits (the twin's logits field: a key, an attribute or a position)")
+
+
+def own_loss(out):
+    """The loss a forward returned itself (a Hugging Face model given `labels`: `ModelOutput.loss`)."""
+    picked = _pick(out, "loss") if not _is_array(out) else None
+    if not _is_array(picked) or len(picked.shape):
+        raise TypeError(f"returns a {type(out).__name__} with no scalar 'loss' entry or attribute; the twin's "
+                        "loss='model' needs a forward that computes its own loss (give it the labels)")
+    return picked
+
+
+def forward(model, inputs):
+    """The forward on a batch's inputs: one array, or a twin's named arrays passed by name."""
+    return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
+
+
+def loss_batch(inputs, targets) -> dict:
+    """The batch a loss is given: {"inputs", "targets"} of a built-in task, a twin's own named arrays whole."""
+    return {**inputs, **targets} if isinstance(inputs, Mapping) else {"inputs": inputs, "targets": targets}

@@ -46,6 +46,9 @@ def check_provocations(provocations: list[Provocation], spec: RunSpec) -> None:
     for p in provocations:
         if p.step >= spec.train.steps:
             raise SpecError(f"--provoke-recompile {p}: step {p.step} is not before train.steps={spec.train.steps}")
+        if p.cause in (RecompileCause.INPUT_SHAPE, RecompileCause.INPUT_DTYPE) and spec.task == "custom":
+            raise SpecError(f"--provoke-recompile {p}: a twin's own batches (task custom) are fed as its batch "
+                            "source makes them; provoke python-value, or use a built-in task")
         if p.cause == RecompileCause.INPUT_DTYPE and not spec.is_language_model:
             raise SpecError(f"--provoke-recompile {p}: input-dtype changes integer token ids; {spec.name} takes "
                             "float inputs (use a language model such as gpt-tiny)")
@@ -62,6 +65,8 @@ def _active(provocations: list[Provocation], cause: RecompileCause, step: int) -
 def provoked_batch(batch: Batch, step: int, provocations: list[Provocation], int_dtype) -> Batch:
     """The batch of `step` as the active provocations change it (`int_dtype`: the runtime's other width)."""
     inputs, targets = batch.inputs, batch.targets
+    if isinstance(inputs, dict):  # a twin's own named batch: provocations are refused for it (check_provocations)
+        return batch
     if _active(provocations, RecompileCause.INPUT_SHAPE, step):
         half = len(inputs) // 2
         inputs, targets = inputs[:half], targets[:half]

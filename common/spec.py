@@ -122,12 +122,12 @@ class TransformerSpec:
         _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
 
 
-TASKS = ("lm", "classification", "regression")
+TASKS = ("lm", "classification", "regression", "custom")  # custom: the twin's own batches and loss
 TASK_ROLES = {"lm": ("vocab_size", "seq_len"), "classification": ("input_shape", "num_classes"),
-              "regression": ("input_shape", "num_outputs")}
+              "regression": ("input_shape", "num_outputs"), "custom": ()}
 # the datasets each kind of task can train on
 TASK_DATASETS = {"lm": ("synthetic-tokens", "tokens-file"), "regression": ("synthetic-regression", "arrays"),
-                 "classification": ("synthetic-classification", "digits", "arrays")}
+                 "classification": ("synthetic-classification", "digits", "arrays"), "custom": ("batches", "arrays")}
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class TwinSpec:
 
     family: Literal["twin"] = "twin"
     twin: str = ""  # FILE_OR_MODULE:NAME
-    task: Literal["lm", "classification", "regression"] = "lm"
+    task: Literal["lm", "classification", "regression", "custom"] = "lm"
     hparams: dict = field(default_factory=dict)
     io: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)  # canonical name -> shape (list of ints)
@@ -323,12 +323,12 @@ class MeshSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Where batches come from. `path` is used by 'arrays' (.npz with x, y: integer labels, or float targets
-    of a regression) and
+    """Where batches come from. `path` is used by 'arrays' (.npz with x, y, or a custom task's named arrays),
+    'batches' (a custom task's batch function, common/batches.py) and
     'tokens-file' (flat uint16 .bin read with np.memmap, or a 1-D .npy)."""
 
     dataset: Literal["synthetic-classification", "digits", "synthetic-regression", "synthetic-tokens", "arrays",
-                     "tokens-file"] = "synthetic-classification"
+                     "tokens-file", "batches"] = "synthetic-classification"
     path: str = ""
     seed: int = 0  # batch order and synthetic data
     seq_len: int = 0  # tokens per training sequence; 0 = model.seq_len
@@ -336,7 +336,7 @@ class DataSpec:
     def validate(self) -> None:
         _require(self.seed >= 0, f"data.seed={self.seed} must be >= 0")
         _require(self.seq_len >= 0, f"data.seq_len={self.seq_len} must be >= 0 (0 = model.seq_len)")
-        if self.dataset in ("arrays", "tokens-file"):
+        if self.dataset in ("arrays", "tokens-file", "batches"):
             _require(bool(self.path), f"data.dataset={self.dataset} needs data.path")
 
 

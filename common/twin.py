@@ -51,8 +51,14 @@ class Twin:
     # the loss each side trains on, when not the task's own (cross-entropy of lm and classification, mean
     # squared error of regression): {"torch": "losses.py:huber", "nnx": "nnx_losses.py:huber"}, each called as
     # loss(outputs, batch) -> scalar with the forward's whole output and batch = {"inputs": ..., "targets": ...}
-    # (torch_xla and torchax run the torch one); empty: the task's
-    loss: Mapping = field(default_factory=dict)
+    # (torch_xla and torchax run the torch one); "model": the forward's output holds its own loss (a Hugging
+    # Face model given `labels`: its `loss`); empty: the task's
+    loss: Mapping | str = field(default_factory=dict)
+    # task "custom" (common/batches.py): the batch keys only the loss reads (every other key is a keyword of the
+    # forward), and integer keys' declared ranges {key: (low, high)}, high excluded, a bound an int or the
+    # name of a hyperparameter
+    loss_keys: tuple = ()
+    ranges: Mapping = field(default_factory=dict)
     hparams: Mapping = field(default_factory=dict)  # what both factories take; --set model.<name>=... reaches them
     io: Mapping = field(default_factory=dict)  # role -> hyperparameter name (see TwinSpec), when names differ
     # torch module (suffix) -> NNX modules it packs, split along torch's output rows in this order:
@@ -68,7 +74,10 @@ class Twin:
     nnx_dtype_arg: str | None = None  # the NNX factory's keyword for the compute dtype; None: float32 only
     # the transpose the NNX side's inputs take before its forward, e.g. (0, 2, 3, 1): NCHW images fed to
     # an NHWC port; empty: both sides take the batch as the task makes it (README, "What each side is fed")
-    nnx_input_axes: tuple = ()
+    nnx_input_axes: tuple | Mapping = ()  # task custom: {batch key: axes} (the loss's keys too)
+    # the transpose that brings the NNX side's forward output to the torch side's layout, e.g. (0, 3, 1, 2): an
+    # NHWC port of a model that returns NCHW images; empty: both return one layout
+    nnx_output_axes: tuple = ()
     # which of the forward's outputs is the logits, on both sides: a key or attribute ("logits") or a
     # position (0); None: the output itself, its `logits`, or its first element (common/outputs.py)
     logits: str | int | None = None
@@ -154,7 +163,12 @@ def resolve(ref: str, base_dir: str = "", what: str = "factory"):
 
 
 def user_loss(twin: Twin, side: str):
-    """The twin's own loss function of `side` (torch or nnx), imported in the backend's process."""
+    """The twin's own loss function of `side` (torch or nnx), imported in the backend's process; of a twin
+    whose forward returns its own loss, the function that reads it."""
+    if twin.loss == "model":
+        from common.outputs import own_loss
+
+        return lambda outputs, batch: own_loss(outputs)
     loss = resolve(twin.loss[side], twin.base_dir, what=f"loss[{side!r}]")
     if not callable(loss):
         raise TwinError(f"loss[{side!r}] {twin.loss[side]!r} is a {type(loss).__name__}, not a function")

@@ -3,6 +3,7 @@ one line naming the field and the fix. And the plain data a twin crosses process
 reads a twin from the subprocess that imported it, never importing the user's file itself."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 
@@ -134,6 +135,10 @@ def _check_input_axes(twin, ref: str) -> None:
     axes = twin.nnx_input_axes
     if axes == () or axes is None:
         return
+    if isinstance(axes, Mapping) and twin.task == "custom":  # per named input
+        for key, one in axes.items():
+            _check_input_axes(dataclasses.replace(twin, nnx_input_axes=one, task=""), f"{ref}: {key}")
+        return
     if not (isinstance(axes, (tuple, list)) and all(isinstance(a, int) for a in axes)
             and sorted(axes) == list(range(len(axes))) and len(axes) >= 2 and axes[0] == 0):
         raise TwinError(f"twin {ref!r}: nnx_input_axes={axes!r} must be a permutation of the input's axes that keeps "
@@ -144,7 +149,12 @@ LOSS_SIDES = ("torch", "nnx")
 
 
 def _check_loss(twin, ref: str) -> None:
-    loss = _check_mapping(twin, "loss", ref, '{"torch": "file.py:loss", "nnx": "file.py:loss"}')
+    if twin.task == "custom" and not twin.loss:
+        raise TwinError(f"twin {ref!r}: task='custom' trains on the twin's own loss; give loss={{'torch': "
+                        "'file.py:loss', 'nnx': 'file.py:loss'}, or loss='model' when the forward returns its own")
+    if twin.loss == "model":
+        return
+    loss = _check_mapping(twin, "loss", ref, '{"torch": "file.py:loss", "nnx": "file.py:loss"} or "model"')
     if not loss:
         return
     missing = [side for side in LOSS_SIDES if side not in loss]
@@ -157,6 +167,18 @@ def _check_loss(twin, ref: str) -> None:
         if not (sep and module and name):
             raise TwinError(f"twin {ref!r}: loss[{side!r}]={target!r} must name the loss function as "
                             "path/to/file.py:name or package.module:name")
+
+
+def _check_custom(twin, ref: str) -> None:
+    keys = twin.loss_keys
+    if not isinstance(keys, (tuple, list)) or not all(isinstance(k, str) for k in keys):
+        raise TwinError(f"twin {ref!r}: loss_keys={keys!r} must be a tuple of batch keys, e.g. ('noise',)")
+    for key, bounds in _check_mapping(twin, "ranges", ref, "{'input_ids': (0, 'vocab_size')}").items():
+        if not (isinstance(bounds, (tuple, list)) and len(bounds) == 2 and all(
+                isinstance(b, str) and b in twin.hparams or isinstance(b, int) and not isinstance(b, bool)
+                for b in bounds)):
+            raise TwinError(f"twin {ref!r}: ranges[{key!r}]={bounds!r} must be (low, high), each an int or the "
+                            "name of a hyperparameter, e.g. (0, 'vocab_size')")
 
 
 def check_fields(twin, ref: str) -> None:
@@ -185,6 +207,8 @@ def check_fields(twin, ref: str) -> None:
         raise TwinError(f"twin {ref!r}: nnx_dtype_arg={twin.nnx_dtype_arg!r} must be the name of the NNX factory's "
                         "compute-dtype keyword (e.g. 'dtype'), or None")
     _check_input_axes(twin, ref)
+    _check_input_axes(dataclasses.replace(twin, nnx_input_axes=twin.nnx_output_axes, task=""),
+                      f"{ref}: nnx_output_axes")
     if twin.logits is not None and not isinstance(twin.logits, (str, int)) or isinstance(twin.logits, bool):
         raise TwinError(f"twin {ref!r}: logits={twin.logits!r} must name the forward's output that holds the logits: "
                         "a key or attribute ('logits') or a position (0), or None")
@@ -197,5 +221,6 @@ def check_fields(twin, ref: str) -> None:
     _check_layouts(twin, ref)
     _check_partition_rules(twin, ref)
     _check_hf(twin, ref)
-    for name in ("loss", "packed", "rename", "layouts", "partition_rules", "hf"):
+    _check_custom(twin, ref)
+    for name in ("loss", "loss_keys", "ranges", "packed", "rename", "layouts", "partition_rules", "hf"):
         plain(getattr(twin, name), name, ref)

@@ -183,7 +183,9 @@ def check_inputs(args, names: list[str]):
             side_spec(args, name)
         policy = load_policy(args.tolerance_profile, spec.train.dtype)
         check_parity_mode(args, spec)
-        if spec.data.path:  # a user's data file is read and checked once here, before any backend starts
+        # a user's data file is read and checked once here, before any backend starts (a twin's own batches are
+        # its code, run by its describe step, never in this process: common/batches.py)
+        if spec.data.path and spec.task != "custom":
             make_dataset(spec)
     except (*INPUT_ERRORS, ToleranceError) as e:
         fail(str(e), ExitCode.USAGE)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.batches import check_forward_keys
 from common.cli import INPUT_ERRORS, Parser, exit_process, fail
-from common.data import make_dataset
+from common.data import make_dataset, rows
 from common.fsutil import write_json_atomic
-from common.outputs import choose, refusal
+from common.outputs import choose, forward, refusal
 from common.presets import load_spec
 from common.spec import RunSpec
 from common.twin import TwinError, twin_of
@@ -29,12 +30,14 @@ def check_forward(model, spec: RunSpec) -> None:
 
     from jax_impl.models import nnx_input_axes, nnx_inputs
 
-    inputs = nnx_inputs(make_dataset(spec).global_batch(0).inputs[:1], nnx_input_axes(spec))
+    inputs = nnx_inputs(rows(make_dataset(spec).global_batch(0).inputs, 0, 1), nnx_input_axes(spec))
+    if spec.task == "custom":
+        check_forward_keys(spec, model.__call__, "NNX")
     try:
         model.eval()
         graphdef, state = nnx.split(model)
-        out = jax.eval_shape(lambda s, x: nnx.merge(graphdef, s)(x), state,
-                             jax.ShapeDtypeStruct(inputs.shape, inputs.dtype))
+        out = jax.eval_shape(lambda s, x: forward(nnx.merge(graphdef, s), x), state,
+                             jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), inputs))
     except Exception:
         return
     twin = twin_of(spec.model)

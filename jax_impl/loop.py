@@ -88,7 +88,7 @@ class JittedTrainer:
         """Common's masks of `step` for `batch` when the spec asks for them, else none."""
         if self.spec.train.dropout_masks != MaskSource.COMMON:
             return ()
-        key = (batch.inputs.shape, str(batch.inputs.dtype))
+        key = str(jax.tree.map(lambda a: (a.shape, str(a.dtype)), batch.inputs))
         if key not in self._sites:
             with self.fed_dropout(MaskFeed()) as feed:  # records the calls; nothing is computed
                 jax.eval_shape(self._loss_and_state, self.params, self.state, StepBatch(*batch))
@@ -158,7 +158,8 @@ class JittedTrainer:
             return sharding.to_host(jax.jit(self._eval_forward)(self.params, self.state, inputs))
         except UNTRACEABLE as e:
             self.eval_forward = f"op by op: the eval-mode forward cannot be traced ({type(e).__name__})"
-            return sharding.to_host(self._eval_forward(self.params, self.state, jax.numpy.asarray(inputs)))
+            return sharding.to_host(self._eval_forward(self.params, self.state, jax.tree.map(jax.numpy.asarray,
+                                                                                              inputs)))
 
     def step0_tensors(self) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of step 0's batch, and every gradient (canonical)."""

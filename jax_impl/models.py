@@ -193,13 +193,19 @@ def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0, dropo
 
 def nnx_input_axes(spec: RunSpec) -> tuple[int, ...]:
     """The transpose the NNX side's inputs take (the twin's `nnx_input_axes`), checked against the batch."""
-    axes = tuple(twin_of(spec.model).nnx_input_axes or ())
+    axes = twin_of(spec.model).nnx_input_axes or ()
+    if isinstance(axes, dict):  # a twin's named inputs (task custom): checked per input as the batch comes
+        return {k: tuple(v) for k, v in axes.items()}
+    axes = tuple(axes)
     if axes and len(axes) != input_ndim(spec):
         raise TwinError(f"twin {getattr(spec.model, 'twin', spec.model.family)}: nnx_input_axes={axes} has "
                         f"{len(axes)} axes but the inputs have {input_ndim(spec)} (batch first); give one per axis")
     return axes
 
 
-def nnx_inputs(inputs, axes: tuple[int, ...]):
-    """A batch's inputs as the NNX side takes them (numpy, jax or abstract arrays)."""
+def nnx_inputs(inputs, axes):
+    """A batch's inputs as the NNX side takes them (numpy, jax or abstract arrays; a twin's named inputs, each
+    transposed by its own axes)."""
+    if isinstance(inputs, dict):
+        return {k: nnx_inputs(v, axes.get(k, ()) if axes else ()) for k, v in inputs.items()}
     return inputs.transpose(axes) if axes else inputs

@@ -111,12 +111,12 @@ def put_batch(batch: Batch, mesh_spec: MeshSpec, mesh: Mesh, masks: tuple = ()) 
     """A global batch as sharded device arrays; each process supplies only its slice. Dropout masks go
     replicated (every process draws all of them)."""
     masks = tuple(jax.device_put(m, replicated(mesh)) for m in masks)
-    shardings = [batch_sharding(mesh_spec, mesh, a.ndim) for a in batch]
+    shardings = tuple(jax.tree.map(lambda a: batch_sharding(mesh_spec, mesh, a.ndim), part) for part in batch)
     if jax.process_count() == 1:
-        return StepBatch(*(jax.device_put(a, s) for a, s in zip(batch, shardings)), masks)
+        return StepBatch(*jax.tree.map(jax.device_put, tuple(batch), shardings), masks)
     local = process_slice(batch, jax.process_index(), jax.process_count())
-    return StepBatch(*(jax.make_array_from_process_local_data(s, a, a.shape[:0] + g.shape)
-                       for a, s, g in zip(local, shardings, batch)), masks)
+    return StepBatch(*jax.tree.map(lambda a, s, g: jax.make_array_from_process_local_data(s, a, g.shape),
+                                   tuple(local), shardings, tuple(batch)), masks)
 
 
 def to_host(x) -> np.ndarray:

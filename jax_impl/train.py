@@ -21,7 +21,7 @@ from flax import nnx
 
 from common.activations import Capture, input_layout
 from common.harness import RunOptions
-from common.outputs import logits_of
+from common.outputs import forward, logits_of, loss_batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
@@ -77,7 +77,7 @@ class JaxTrainer(JittedTrainer):
         compute_dtype = jnp.bfloat16 if spec.train.dtype == "bfloat16" else jnp.float32
         model = build_model(spec.model, compute_dtype, seed=spec.train.seed, dropout_seed=spec.train.mask_seed)
         self.input_axes, self.which = nnx_input_axes(spec), twin_of(spec.model).logits
-        self.loss_fn = task_loss(spec)
+        self.loss_fn, self.output_axes = task_loss(spec), tuple(twin_of(spec.model).nnx_output_axes)
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
         started = time.perf_counter()
         canonical = start_weights(spec, checkpoint)
@@ -96,13 +96,26 @@ class JaxTrainer(JittedTrainer):
     def _forward(self, params, inputs):
         # the analysis forward runs on a copy of the start state: the run's RNG stream stays as it is
         model = nnx.merge(self.graphdef, params, in_this_trace(self.rest))
-        return logits_of(model(nnx_inputs(inputs, self.input_axes)), self.which)
+        return self.torch_layout(logits_of(forward(model, nnx_inputs(inputs, self.input_axes)), self.which))
+
+    def torch_layout(self, output):
+        """The forward's output in the torch side's layout (the twin's nnx_output_axes), to be compared."""
+        return output.transpose(self.output_axes) if self.output_axes else output
 
     def _loss_and_state(self, params, state, batch: StepBatch):
         model = nnx.merge(self.graphdef, params, in_this_trace(state))
-        loss = self.loss_fn(model(nnx_inputs(batch.inputs, self.input_axes)),
-                            {"inputs": batch.inputs, "targets": batch.targets})
+        fed, seen = self.nnx_batch(batch.inputs, batch.targets)
+        loss = self.loss_fn(forward(model, fed), seen)
         return loss, nnx.state(model, nnx.Not(nnx.Param))
+
+    def nnx_batch(self, inputs, targets) -> tuple:
+        """(what the forward is fed, what the loss sees) as the NNX side takes them: the inputs transposed by the
+        twin's nnx_input_axes; a built-in task's loss sees the batch as the task makes it, a twin's own named
+        arrays are each transposed by the axes it names, the loss's keys too."""
+        fed = nnx_inputs(inputs, self.input_axes)
+        if isinstance(targets, dict):
+            return fed, loss_batch(fed, nnx_inputs(targets, self.input_axes))
+        return fed, loss_batch(inputs, targets)
 
     def canonical_state(self) -> dict[str, np.ndarray]:
         return self.to_canonical(nnx.filter_state(self.state, nnx.BatchStat))
@@ -110,13 +123,12 @@ class JaxTrainer(JittedTrainer):
     def _eval_forward(self, params, state, inputs):
         model = nnx.merge(self.graphdef, params, in_this_trace(state))
         model.eval()
-        return logits_of(model(nnx_inputs(inputs, self.input_axes)), self.which)
+        return self.torch_layout(logits_of(forward(model, nnx_inputs(inputs, self.input_axes)), self.which))
 
     def _activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
-        return capture_activations(nnx.merge(self.graphdef, self.params, self.rest),
-                                   nnx_inputs(inputs, self.input_axes), input_layout(self.input_axes),
-                                   lambda out: self.loss_fn(out, {"inputs": jnp.asarray(inputs),
-                                                                  "targets": jnp.asarray(targets)}))
+        fed, seen = self.nnx_batch(*jax.tree.map(jnp.asarray, (inputs, targets)))
+        return capture_activations(nnx.merge(self.graphdef, self.params, self.rest), fed,
+                                   input_layout(self.input_axes), lambda out: self.loss_fn(out, seen))
 
     def new_record(self) -> RunRecord:
         spec = self.spec

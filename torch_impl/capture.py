@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.modules import batchnorm, conv, instancenorm, pooling
 
 from common.activations import CHANNEL_FIRST, CHANNEL_LAST, Capture, LayoutTracker, replace_first
+from common.outputs import forward
 
 # layers whose type fixes where their output's channels are (the rest: common/activations.py's rules)
 CHANNEL_FIRST_TYPES = (conv._ConvNd, batchnorm._BatchNorm, instancenorm._InstanceNorm, nn.GroupNorm,
@@ -77,7 +78,7 @@ class _Probes:
 
 
 def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], to_numpy=_host,
-                        sync=None, loss_of=None) -> Capture:
+                        sync=None, loss_of=None, output_layout: str = CHANNEL_LAST) -> Capture:
     """{canonical module path: output, path + ':in': first input}, channel-last; `names` maps torch module
     names to NNX module paths (torch_impl.convert.modules_to_canonical); `to_numpy` brings a runtime's
     tensor to the host (torchax's are not CPU tensors); `sync` ends a lazy runtime's graph (torch_xla's), so
@@ -108,7 +109,8 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
         def record(_, args, kwargs, out):
             x, in_layout = entered[id(module)].pop()
             y = _first_tensor(out)
-            own = CHANNEL_LAST if module is model else _own_layout(module)  # the model's output: as returned
+            # the model's output: as returned, or channel-first images (common.activations.torch_output_layout)
+            own = output_layout if module is model else _own_layout(module)
             layout = tracker.leave(own, leaf, in_layout, y, leaf and _permuted_view(x, y))
             if not name or y is None:
                 return None
@@ -125,7 +127,7 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
         handles.append(m.register_forward_hook(after(names.get(n), m, leaf), with_kwargs=True))
     try:
         with torch.enable_grad() if probes else torch.no_grad():
-            output = model(inputs)
+            output = forward(model, inputs)
             if probes:
                 loss_of(output).backward()
     finally:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.batches import check_every_step, check_forward_keys
 from common.checkpoints import TORCH_BUFFERS
 from common.cli import INPUT_ERRORS, Parser, exit_process, fail
-from common.data import make_dataset
+from common.data import make_dataset, rows
 from common.fsutil import write_json_atomic
-from common.outputs import choose, refusal
+from common.outputs import choose, forward, refusal
 from common.presets import load_spec
 from common.spec import RunSpec, TwinSpec
 from common.twin import TwinError, twin_of
@@ -30,11 +31,16 @@ def check_forward(model, spec: RunSpec) -> None:
     reports it the same on every backend."""
     import torch
 
-    inputs = torch.from_numpy(make_dataset(spec).global_batch(0).inputs[:1])
+    if spec.task == "custom":  # every step's batch drawn and checked before anything trains, once (this side)
+        check_every_step(spec)
+        check_forward_keys(spec, model.forward, "torch")
+    inputs = rows(make_dataset(spec).global_batch(0).inputs, 0, 1)
+    inputs = {k: torch.from_numpy(v) for k, v in inputs.items()} if isinstance(inputs, dict) else \
+        torch.from_numpy(inputs)
     training = model.training
     try:
         with torch.no_grad():
-            out = model.eval()(inputs)
+            out = forward(model.eval(), inputs)
     except Exception:
         return
     finally:

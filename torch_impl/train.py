@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from common.activations import Capture
+from common.activations import Capture, torch_output_layout
 from common.data import held_inputs, make_dataset
 from common.harness import RunOptions
-from common.outputs import logits_of
+from common.outputs import forward, logits_of, loss_batch
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec
@@ -105,13 +105,19 @@ class TorchTrainer:
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         batch = provoked_batch(self.data.global_batch(step), step, self.provocations, np.int64)
-        return (torch.from_numpy(batch.inputs).to(self.device), torch.from_numpy(batch.targets).to(self.device))
+        return self.to_device(batch.inputs), self.to_device(batch.targets)
+
+    def to_device(self, part):
+        """An array, or a twin's named arrays, as tensors on this runtime's device."""
+        if isinstance(part, dict):
+            return {k: self.to_device(v) for k, v in part.items()}
+        return torch.from_numpy(np.ascontiguousarray(part)).to(self.device)
 
     def loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss and logits of step 0's batch."""
         with self.autocast(), self.masks(0):
-            outputs = self.model(inputs)
-        return self.loss_fn(outputs, {"inputs": inputs, "targets": targets}), logits_of(outputs, self.which)
+            outputs = forward(self.model, inputs)
+        return self.loss_fn(outputs, loss_batch(inputs, targets)), logits_of(outputs, self.which)
 
     def masks(self, step: int):
         """The dropout of `step`: common's masks when the spec asks for them (torch_impl.masks)."""
@@ -121,7 +127,7 @@ class TorchTrainer:
         set_lr(self.optimizer, self.spec.train, step)
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast(), self.masks(step) as feed:  # the logits are not kept: freed once the loss is computed
-            loss = self.loss_fn(self.model(inputs), {"inputs": inputs, "targets": targets})
+            loss = self.loss_fn(forward(self.model, inputs), loss_batch(inputs, targets))
         if step == 0 and feed:  # the run record's extra.dropout_sites: step 0's dropout calls
             self.dropout_sites = feed.sites
         loss = with_python_value(loss, python_value(step, self.provocations, self.spec.train.steps))
@@ -145,15 +151,15 @@ class TorchTrainer:
     def step0_activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture), and the
         gradient of the loss on `targets` at each."""
-        batch = {name: torch.from_numpy(array).to(self.device) for name, array in (("inputs", inputs),
-                                                                                  ("targets", targets))}
+        inputs, targets = self.to_device(inputs), self.to_device(targets)
         with self.autocast(), self.masks(0), untouched_buffers(self.model):
-            return capture_activations(self.model, batch["inputs"], self.module_names,
-                                       loss_of=lambda out: self.loss_fn(out, batch))
+            return capture_activations(self.model, inputs, self.module_names,
+                                       loss_of=lambda out: self.loss_fn(out, loss_batch(inputs, targets)),
+                                       output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
 
     def eval_logits(self, inputs: np.ndarray) -> np.ndarray:
         """The trained model's eval-mode logits of `inputs` (dropout off, BatchNorm on its running statistics)."""
-        return eval_logits(self.model, torch.from_numpy(inputs).to(self.device), self.which, self.autocast)
+        return eval_logits(self.model, self.to_device(inputs), self.which, self.autocast)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return to_canonical(self.model.state_dict(), self.correspondence)
@@ -212,7 +218,7 @@ class TorchTrainer:
         model = copy.deepcopy(self.model)
         with FlopCounterMode(display=False) as counter:
             with self.autocast():
-                loss = self.loss_fn(model(inputs), {"inputs": inputs, "targets": targets})
+                loss = self.loss_fn(forward(model, inputs), loss_batch(inputs, targets))
             loss.backward()
         return float(counter.get_total_flops())
 
@@ -236,7 +242,7 @@ def eval_logits(model: torch.nn.Module, inputs: torch.Tensor, which, autocast, s
     model.eval()
     try:
         with torch.no_grad(), autocast():
-            logits = logits_of(model(inputs), which)
+            logits = logits_of(forward(model, inputs), which)
         sync()
         return logits.float().cpu().numpy()
     finally:

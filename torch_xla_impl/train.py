@@ -40,10 +40,10 @@ import torch_xla.core.xla_model as xm
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
-from common.activations import Capture
+from common.activations import Capture, torch_output_layout
 from common.data import held_inputs, input_ndim, make_dataset
 from common.harness import RunOptions
-from common.outputs import logits_of
+from common.outputs import forward, logits_of, loss_batch
 from common.provoke import python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec
@@ -102,8 +102,8 @@ class TorchXlaTrainer:
         self.provocations = list(options.provocations)
         self.autocast = (lambda: torch.autocast("xla", dtype=torch.bfloat16)) if spec.train.dtype == "bfloat16" \
             else contextlib.nullcontext
-        ndims = {"inputs": input_ndim(spec), "targets": 2}
-        self.input_sharding = sharding.input_sharding(spec.mesh, spmd_mesh, ndims) if spmd_mesh is not None else None
+        self.input_sharding = None if spmd_mesh is None else \
+            sharding.input_sharding(spec.mesh, spmd_mesh, {"inputs": input_ndim(spec), "targets": 2})
         self.train_loss = torch.compile(self._train_loss, backend="openxla") if trace_mode == TraceMode.DYNAMO \
             else self._train_loss
 
@@ -123,7 +123,7 @@ class TorchXlaTrainer:
     def loss(self, batch) -> torch.Tensor:
         """Loss and logits of step 0's batch."""
         with self.autocast(), step_masks(self.spec, 0, self.device):
-            outputs = self.model(batch["inputs"])
+            outputs = forward(self.model, batch["inputs"])
         return self.loss_fn(outputs, self.loss_batch(batch["inputs"], batch["targets"])), logits_of(outputs, self.which)
 
     def loss_batch(self, inputs, targets) -> dict:
@@ -131,11 +131,11 @@ class TorchXlaTrainer:
         carries them as (B, 1); the built-in loss flattens them itself)."""
         if self.user_loss and self.spec.task == "classification":
             targets = targets.reshape(-1)
-        return {"inputs": inputs, "targets": targets}
+        return loss_batch(inputs, targets)
 
     def _train_loss(self, inputs, targets) -> torch.Tensor:
         with self.autocast():
-            return self.loss_fn(self.model(inputs), self.loss_batch(inputs, targets))
+            return self.loss_fn(forward(self.model, inputs), self.loss_batch(inputs, targets))
 
     def step(self, step: int, batch) -> torch.Tensor:
         """One train step; returns the (global) loss. In `lazy` and `dynamo` mode nothing runs until
@@ -220,9 +220,10 @@ class TorchXlaTrainer:
         model = build_model(self.spec.model, self.spec.train.seed)
         model = convert.load_canonical(model, self.start_params, self.spec.model).to(self.device)
         with self.autocast(), step_masks(self.spec, 0, self.device):
-            batch = self.loss_batch(torch.from_numpy(inputs).to(self.device), torch.from_numpy(targets).to(self.device))
-            capture = capture_activations(model, batch["inputs"], self.module_names, sync=torch_xla.sync,
-                                          loss_of=lambda out: self.loss_fn(out, batch))
+            inputs, targets = on_device(inputs, self.device), on_device(targets, self.device)
+            capture = capture_activations(model, inputs, self.module_names, sync=torch_xla.sync,
+                                          loss_of=lambda out: self.loss_fn(out, self.loss_batch(inputs, targets)),
+                                          output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
         shutil.rmtree(dump_dir(self.options.out_dir), ignore_errors=True)
         return capture
 
@@ -235,7 +236,7 @@ class TorchXlaTrainer:
         runs after the run, whose graphs, compile events and HLO dump it must not join."""
         model = build_model(self.spec.model, self.spec.train.seed)
         model.load_state_dict(state)
-        return eval_logits(model.to(self.device), torch.from_numpy(inputs).to(self.device), self.which,
+        return eval_logits(model.to(self.device), on_device(inputs, self.device), self.which,
                            self.autocast, torch_xla.sync)
 
     # ---- common.harness.Runtime (step0_tensors, step0_activations above) ----
@@ -255,7 +256,8 @@ class TorchXlaTrainer:
         wall_ms = (time.perf_counter() - start) * 1e3
         self.monitor.collect()
         self.trace_ms.append((traced - start) * 1e3)
-        self.fed.append((tuple(batch["inputs"].shape), str(batch["inputs"].dtype).removeprefix("torch.")))
+        first = next(iter(batch["inputs"].values())) if isinstance(batch["inputs"], dict) else batch["inputs"]
+        self.fed.append((tuple(first.shape), str(first.dtype).removeprefix("torch.")))
         return loss.item(), wall_ms
 
     def after_loop(self, record: RunRecord, tensors: dict) -> None:
@@ -308,6 +310,13 @@ class TorchXlaTrainer:
                    "sync_api": "torch_xla.sync" if hasattr(torch_xla, "sync") else "xm.mark_step",
                    "mesh_strategy": spec.mesh.strategy},
         )
+
+
+def on_device(part, device):
+    """A numpy array, or a twin's named arrays, as tensors on `device`."""
+    if isinstance(part, dict):
+        return {k: on_device(v, device) for k, v in part.items()}
+    return torch.from_numpy(part).to(device)
 
 
 def make_trainer(spec: RunSpec, options: RunOptions, monitor, *, mode: str, replica: int = 0,

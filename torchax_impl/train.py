@@ -31,9 +31,9 @@ import torch
 import torchax
 from torchax import interop
 
-from common.activations import Capture
+from common.activations import Capture, torch_output_layout
 from common.harness import RunOptions
-from common.outputs import logits_of
+from common.outputs import logits_of, loss_batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of
@@ -111,13 +111,14 @@ class TorchaxTrainer(JittedTrainer):
         call, in `training` mode): its logits, or with `targets` the run's loss (task_loss, in torch on the
         forward's whole output), and the running statistics as the forward left them."""
         env = torchax.default_env()
-        tensors, args = env.j2t_iso(({**states, **running}, (inputs,)))
+        tensors, inputs = env.j2t_iso(({**states, **running}, inputs))
+        args, kwargs = ((), inputs) if isinstance(inputs, dict) else ((inputs,), None)
         self.model.train(training)
         try:
             with env:
-                out = torch.func.functional_call(self.model, tensors, args, tie_weights=False)
+                out = torch.func.functional_call(self.model, tensors, args, kwargs, tie_weights=False)
                 result = logits_of(out, self.which) if targets is None else \
-                    self.loss_fn(out, {"inputs": args[0], "targets": env.j2t_iso(targets)})
+                    self.loss_fn(out, loss_batch(inputs, env.j2t_iso(targets)))
         finally:
             self.model.train()
         return env.t2j_iso(result), {k: env.t2j_iso(tensors[k]) for k in running}
@@ -163,8 +164,9 @@ class TorchaxTrainer(JittedTrainer):
                 model = model.to(torch.bfloat16)
             # no gradients: torch's autograd does not run on torchax tensors (its probes' .grad stay empty; the
             # step differentiates through JAX, which also never calls a custom autograd.Function's backward)
-            return capture_activations(model, env.j2t_iso(self._in_compute_dtype(jnp.asarray(inputs))),
-                                       self.module_names, to_numpy=lambda t: np.asarray(env.t2j_iso(t), np.float32))
+            return capture_activations(model, env.j2t_iso(self._in_compute_dtype(jax.tree.map(jnp.asarray, inputs))),
+                                       self.module_names, to_numpy=lambda t: np.asarray(env.t2j_iso(t), np.float32),
+                                       output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
 
     def new_record(self) -> RunRecord:
         spec = self.spec
