@@ -76,6 +76,23 @@ def to_canonical(tensors: dict, corr: Correspondence) -> dict[str, np.ndarray]:
     return corr.to_canonical({link.torch: _to_numpy(tensors[link.torch]) for link in corr.links})
 
 
+def moved(model: torch.nn.Module, device) -> torch.nn.Module:
+    """`model.to(device)` with the parameters it shares still shared. Moving to an XLA device makes every module's
+    parameter anew (torch's overwrite-on-conversion, which torch_xla sets), which unties weights a model ties (a
+    Hugging Face BERT's decoder and word embeddings: measured untied after `.to(xla)`); they are tied again here,
+    as Hugging Face's `tie_weights()` after the move would."""
+    owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                owners.setdefault(id(param), []).append((module, name))
+    model = model.to(device)
+    for (module, name), *others in (group for group in owners.values() if len(group) > 1):
+        for other, other_name in others:
+            setattr(other, other_name, getattr(module, name))
+    return model
+
+
 def load_canonical(model: torch.nn.Module, canonical: dict[str, np.ndarray], model_spec) -> torch.nn.Module:
     """Copy canonical arrays into the model's parameters (its buffers stay as its factory made them).
 

@@ -42,6 +42,11 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
 
 
+def torch_ints(array: np.ndarray) -> np.ndarray:
+    """A twin's named integer arrays as int64, torch's index dtype (embedding ids, a loss's labels)."""
+    return array.astype(np.int64) if array.dtype.kind in "iu" else array
+
+
 def mean_squared_error(predictions, targets):
     """Mean squared error over every element, in float32."""
     return F.mse_loss(predictions.float(), targets.float().reshape(predictions.shape))
@@ -109,8 +114,8 @@ class TorchTrainer:
 
     def to_device(self, part):
         """An array, or a twin's named arrays, as tensors on this runtime's device."""
-        if isinstance(part, dict):
-            return {k: self.to_device(v) for k, v in part.items()}
+        if isinstance(part, dict):  # named arrays: integers as torch's index dtype, as a torch data loader gives
+            return {k: self.to_device(torch_ints(v)) for k, v in part.items()}
         return torch.from_numpy(np.ascontiguousarray(part)).to(self.device)
 
     def loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,6 +6,7 @@ import torch
 
 from common.data import process_slice
 from common.provoke import provoked_batch
+from torch_impl.train import torch_ints
 
 
 class StepBatches(torch.utils.data.Dataset):
@@ -49,7 +50,7 @@ class StepBatches(torch.utils.data.Dataset):
         # torch_xla 2.9's MpDeviceLoader fails on 1-D tensors with an input ShardingSpec
         # ("too many indices for tensor of dimension 1"), while mark_sharding works.
         if isinstance(batch.inputs, dict):  # a twin's own named arrays (one device, no input sharding)
-            return {part: {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+            return {part: {k: torch.from_numpy(np.ascontiguousarray(torch_ints(v))) for k, v in arrays.items()}
                     for part, arrays in (("inputs", batch.inputs), ("targets", batch.targets))}
         targets = batch.targets.reshape(len(batch.targets), -1)
         return {"inputs": torch.from_numpy(batch.inputs), "targets": torch.from_numpy(targets)}

@@ -56,7 +56,7 @@ from torch_impl.checkpoint_io import start_weights
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
 from torch_impl.optim import clip_gradients, make_optimizer, set_lr
-from torch_impl.train import eval_logits, task_loss, untouched_buffers
+from torch_impl.train import eval_logits, task_loss, torch_ints, untouched_buffers
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
 from torch_xla_impl.batches import StepBatches
@@ -93,7 +93,7 @@ class TorchXlaTrainer:
         self.correspondence = convert.correspondence(model, spec.model)
         self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
         self.loss_fn, self.user_loss = task_loss(spec), bool(twin_of(spec.model).loss)
-        self.model = model.to(self.device)
+        self.model = convert.moved(model, self.device)
         if spmd_mesh is not None:
             sharding.shard_model(self.model, spec.model, spec.mesh, spmd_mesh)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
@@ -218,7 +218,7 @@ class TorchXlaTrainer:
         if self.replica != 0:
             return Capture()
         model = build_model(self.spec.model, self.spec.train.seed)
-        model = convert.load_canonical(model, self.start_params, self.spec.model).to(self.device)
+        model = convert.moved(convert.load_canonical(model, self.start_params, self.spec.model), self.device)
         with self.autocast(), step_masks(self.spec, 0, self.device):
             inputs, targets = on_device(inputs, self.device), on_device(targets, self.device)
             capture = capture_activations(model, inputs, self.module_names, sync=torch_xla.sync,
@@ -236,7 +236,7 @@ class TorchXlaTrainer:
         runs after the run, whose graphs, compile events and HLO dump it must not join."""
         model = build_model(self.spec.model, self.spec.train.seed)
         model.load_state_dict(state)
-        return eval_logits(model.to(self.device), on_device(inputs, self.device), self.which,
+        return eval_logits(convert.moved(model, self.device), on_device(inputs, self.device), self.which,
                            self.autocast, torch_xla.sync)
 
     # ---- common.harness.Runtime (step0_tensors, step0_activations above) ----
@@ -315,7 +315,7 @@ class TorchXlaTrainer:
 def on_device(part, device):
     """A numpy array, or a twin's named arrays, as tensors on `device`."""
     if isinstance(part, dict):
-        return {k: on_device(v, device) for k, v in part.items()}
+        return {k: on_device(torch_ints(v), device) for k, v in part.items()}
     return torch.from_numpy(part).to(device)
 
 

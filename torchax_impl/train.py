@@ -116,7 +116,7 @@ class TorchaxTrainer(JittedTrainer):
         self.model.train(training)
         try:
             with env:
-                out = torch.func.functional_call(self.model, tensors, args, kwargs, tie_weights=False)
+                out = torch.func.functional_call(self.model, tensors, args, kwargs)  # tied weights stay tied
                 result = logits_of(out, self.which) if targets is None else \
                     self.loss_fn(out, loss_batch(inputs, env.j2t_iso(targets)))
         finally:

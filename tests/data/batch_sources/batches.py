@@ -1,0 +1,33 @@
+"""Batch sources for tests/test_tasks.py: one that is fine, and one for each way a source can go wrong."""
+import numpy as np
+
+
+def good(seed, step, batch_size, features, conditions):
+    rng = np.random.default_rng([seed, step])
+    return {"x": rng.standard_normal((batch_size, features)).astype(np.float32),
+            "c": rng.integers(0, conditions, batch_size).astype(np.int32),
+            "target": rng.standard_normal((batch_size, features)).astype(np.float32)}
+
+
+def shape_changes(seed, step, batch_size, features, conditions):
+    batch = good(seed, step, batch_size, features, conditions)
+    if step == 2:
+        batch["x"] = np.zeros((batch_size, features + 1), np.float32)
+    return batch
+
+
+def nonfinite(seed, step, batch_size, features, conditions):
+    batch = good(seed, step, batch_size, features, conditions)
+    if step == 1:
+        batch["target"][0, 0] = np.nan
+    return batch
+
+
+def out_of_range(seed, step, batch_size, features, conditions):
+    batch = good(seed, step, batch_size, features, conditions)
+    batch["c"][-1] = conditions
+    return batch
+
+
+def extra_key(seed, step, batch_size, features, conditions):
+    return {**good(seed, step, batch_size, features, conditions), "weights": np.ones(batch_size, np.float32)}

@@ -1,0 +1,12 @@
+import dataclasses
+
+from common.spec import DataSpec, TrainSpec
+from common.twin import Twin
+
+good = Twin(torch="models.py:TorchNet", nnx="models.py:NnxNet", task="custom",
+            hparams={"features": 8, "conditions": 4}, data=DataSpec(dataset="batches", path="batches.py:good"),
+            loss={"torch": "models.py:torch_loss", "nnx": "models.py:nnx_loss"}, loss_keys=("target",),
+            ranges={"c": (0, "conditions")}, train=TrainSpec(optimizer="sgd", lr=0.1, global_batch_size=8, steps=4))
+shape_changes, nonfinite, out_of_range, extra_key = (
+    dataclasses.replace(good, data=DataSpec(dataset="batches", path=f"batches.py:{name}"))
+    for name in ("shape_changes", "nonfinite", "out_of_range", "extra_key"))

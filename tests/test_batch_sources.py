@@ -1,0 +1,58 @@
+"""A twin's own batches (task custom, common/batches.py): a numpy function or an .npz of named arrays, fed to the
+forward by name; a source that breaks its contract is one line and exit 2 before any backend trains."""
+import json
+
+import numpy as np
+import pytest
+
+from tests.helpers import run_cli
+
+TWINS = "tests/data/batch_sources/twins.py"
+
+
+def compare(out, twin: str, *args):
+    return run_cli("compare", "--quiet", "--out", str(out), "--twin", f"{TWINS}:{twin}", "--backend", "jax,torch",
+                   *args)
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("data-file-bad")
+@pytest.mark.parametrize("twin, message", [
+    ("shape_changes", r"batches.py:shape_changes: step 2: 'x' is float32 \(8, 9\), at step 0 float32 \(8, 8\); a "
+                      "batch keeps its shapes and dtypes from step to step"),
+    ("nonfinite", "batches.py:nonfinite: step 1: 'target' holds a NaN or Inf; every float array must be finite"),
+    ("out_of_range", r"batches.py:out_of_range: step 0: 'c' spans 0..4, outside its declared range \[0, 4\)"),
+    ("extra_key", "batches.py:extra_key: the forward of the torch side takes no argument 'weights' .*; name the "
+                  "keys only the loss reads in the twin's loss_keys"),
+])
+def test_a_batch_source_that_breaks_its_contract_is_one_line_before_anything_trains(tmp_path, twin, message):
+    out = tmp_path / "run"
+    proc = compare(out, twin)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert __import__("re").search(message, errors[0]), errors[0]
+    assert not out.exists()  # refused in the describe step: no backend started, no run directory
+
+
+@pytest.mark.slow
+def test_named_arrays_from_a_function_or_an_npz_feed_the_forward_by_name(tmp_path):
+    proc = compare(tmp_path / "function", "good")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "function" / "report.json").read_text())
+    losses = report["backends"]["jax"]["losses"]
+    assert len(losses) == 4 and losses == pytest.approx(report["backends"]["torch"]["losses"], abs=1e-6)
+    # the same kind of batch from an .npz: 20 examples visited in a seeded order, every array by the same rows
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.standard_normal((20, 8)).astype(np.float32), "c": rng.integers(0, 4, 20).astype(np.int32),
+              "target": rng.standard_normal((20, 8)).astype(np.float32)}
+    np.savez(tmp_path / "named.npz", **arrays)
+    proc = compare(tmp_path / "npz", "good", "--set", "data.dataset=arrays", "--set",
+                   f"data.path={tmp_path / 'named.npz'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    npz = json.loads((tmp_path / "npz" / "report.json").read_text())["backends"]
+    assert npz["jax"]["losses"] == pytest.approx(npz["torch"]["losses"], abs=1e-6)
+    assert abs(npz["jax"]["losses"][0] - losses[0]) > 1e-3  # other data: other losses
+    np.savez(tmp_path / "ragged.npz", **{**arrays, "c": arrays["c"][:19]})
+    proc = compare(tmp_path / "ragged", "good", "--set", "data.dataset=arrays", "--set",
+                   f"data.path={tmp_path / 'ragged.npz'}")
+    assert proc.returncode == 2 and "must all have the same number of rows (examples), found [19, 20]" in proc.stderr
