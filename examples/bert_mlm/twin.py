@@ -3,7 +3,12 @@ own module names, on padded sentence pairs (attention mask, token types) made by
 side computing its own loss from `labels`.
 
     python -m compare --twin examples/bert_mlm/twin.py:bert_tiny --backend all
-    python -m compare --twin examples/bert_mlm/twin.py:bert_mask_ignored   # attends to padding: fails at layers.0.attn
+    python -m compare --twin examples/bert_mlm/twin.py:bert_mask_ignored   # attends to padding: fails at layers.0
+
+(The attention's math lies between its projections, in no module of its own on either side: the first module
+whose input agrees and output does not is the layer. nnx_bert.py's tanh-GELU mis-port passes from this start:
+at Hugging Face's initialisation, std 0.02, the GELU's inputs are too small for tanh and erf to differ, 1.2e-7;
+docs/findings.md.)
 """
 import dataclasses
 
@@ -36,4 +41,3 @@ bert_tiny = Twin(
 )
 
 bert_mask_ignored = dataclasses.replace(bert_tiny, nnx="nnx_bert.py:bert_mask_ignored")
-bert_tanh_gelu = dataclasses.replace(bert_tiny, nnx="nnx_bert.py:bert_tanh_gelu")
