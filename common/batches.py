@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.data import _EPOCH_ORDER, Batch, DataError, _rng
+from common.batch import EPOCH_ORDER, Batch, DataError, seeded_rng
 from common.fsutil import require_regular_file
 from common.spec import RunSpec
 
@@ -137,7 +137,7 @@ class NamedArrays(_Checked):
         flat = np.arange(step * self.batch_size, (step + 1) * self.batch_size)
         for epoch in {int(i) // self.n for i in flat}:
             if epoch not in self._orders:
-                self._orders[epoch] = _rng(self.seed, _EPOCH_ORDER, epoch).permutation(self.n)
+                self._orders[epoch] = seeded_rng(self.seed, EPOCH_ORDER, epoch).permutation(self.n)
         idx = np.array([self._orders[i // self.n][i % self.n] for i in flat])
         return {k: v[idx] for k, v in self.named.items()}
 

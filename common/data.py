@@ -14,29 +14,12 @@ Batches are `Batch(inputs, targets)`:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
+from common.batch import CHAIN, EPOCH_ORDER, EXAMPLES, OFFSETS, TEACHER, Batch, DataError, seeded_rng
 from common.fsutil import require_regular_file
 from common.spec import MLPSpec, RunSpec
-
-# Independent random streams of one data seed.
-_TEACHER, _EXAMPLES, _EPOCH_ORDER, _OFFSETS, _CHAIN = range(5)
-
-
-class DataError(ValueError):
-    """Data that cannot feed this spec; one line naming the file or field."""
-
-
-class Batch(NamedTuple):
-    inputs: np.ndarray
-    targets: np.ndarray
-
-
-def _rng(seed: int, stream: int, index: int) -> np.random.Generator:
-    return np.random.default_rng([seed, stream, index])
-
 
 def _input_shape(spec: RunSpec) -> tuple[int, ...]:
     m = spec.model
@@ -76,12 +59,12 @@ class SyntheticClassification:
         self.shape = _input_shape(spec)
         self.seed = spec.data.seed
         n_in, n_hidden = int(np.prod(self.shape)), 64
-        rng = _rng(self.seed, _TEACHER, 0)
+        rng = seeded_rng(self.seed, TEACHER, 0)
         self.w1 = rng.standard_normal((n_in, n_hidden)) / np.sqrt(n_in)
         self.w2 = rng.standard_normal((n_hidden, outputs or spec.model.num_classes))
 
     def teacher(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        x = _rng(self.seed, _EXAMPLES, step).standard_normal((self.batch_size, *self.shape)).astype(np.float32)
+        x = seeded_rng(self.seed, EXAMPLES, step).standard_normal((self.batch_size, *self.shape)).astype(np.float32)
         return x, np.tanh(x.reshape(self.batch_size, -1).astype(np.float64) @ self.w1) @ self.w2
 
     def global_batch(self, step: int) -> Batch:
@@ -151,7 +134,7 @@ class ArrayDataset:
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
-            self._orders[epoch] = _rng(self.seed, _EPOCH_ORDER, epoch).permutation(len(self.x))
+            self._orders[epoch] = seeded_rng(self.seed, EPOCH_ORDER, epoch).permutation(len(self.x))
         return self._orders[epoch]
 
     def global_batch(self, step: int) -> Batch:
@@ -210,7 +193,7 @@ class TokenDataset:
                                 "re-tokenize")
 
     def global_batch(self, step: int) -> Batch:
-        starts = _rng(self.seed, _OFFSETS, step).integers(0, len(self.tokens) - self.seq_len - 1, self.batch_size)
+        starts = seeded_rng(self.seed, OFFSETS, step).integers(0, len(self.tokens) - self.seq_len - 1, self.batch_size)
         windows = np.stack([np.asarray(self.tokens[s:s + self.seq_len + 1]) for s in starts]).astype(np.int32)
         return Batch(windows[:, :-1], windows[:, 1:])
 
@@ -227,11 +210,11 @@ class SyntheticTokens:
     def __init__(self, spec: RunSpec):
         self.batch_size, self.seq_len = spec.train.global_batch_size, spec.seq_len
         self.vocab_size, self.seed = spec.model.vocab_size, spec.data.seed
-        rng = _rng(self.seed, _CHAIN, 0)
+        rng = seeded_rng(self.seed, CHAIN, 0)
         self.successors = rng.integers(0, self.vocab_size, size=(self.vocab_size, len(self.SUCCESSOR_PROBS)))
 
     def global_batch(self, step: int) -> Batch:
-        rng = _rng(self.seed, _EXAMPLES, step)
+        rng = seeded_rng(self.seed, EXAMPLES, step)
         b, t = self.batch_size, self.seq_len + 1
         seq = np.empty((b, t), np.int64)
         seq[:, 0] = rng.integers(0, self.vocab_size, b)
