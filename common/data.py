@@ -21,6 +21,7 @@ from common.batch import CHAIN, EPOCH_ORDER, EXAMPLES, OFFSETS, TEACHER, Batch, 
 from common.fsutil import require_regular_file
 from common.spec import MLPSpec, RunSpec
 
+
 def _input_shape(spec: RunSpec) -> tuple[int, ...]:
     m = spec.model
     return (m.input_size,) if isinstance(m, MLPSpec) else tuple(m.input_shape)
