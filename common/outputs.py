@@ -73,3 +73,16 @@ def forward(model, inputs):
 def loss_batch(inputs, targets) -> dict:
     """The batch a loss is given: {"inputs", "targets"} of a built-in task, a twin's own named arrays whole."""
     return {**inputs, **targets} if isinstance(inputs, Mapping) else {"inputs": inputs, "targets": targets}
+
+
+def array_outputs(out, which: str | int | None = None) -> dict:
+    """Every array a forward returned, by name, to be compared at step 0: the logits (as `choose` picks them)
+    as "logits", each other one by its key, attribute or position (a Hugging Face ModelOutput is a dict of
+    its set fields); the loss is compared as the loss."""
+    logits = logits_of(out, which)
+    found = {"logits": logits}
+    items = out.items() if isinstance(out, Mapping) else enumerate(out) if isinstance(out, (tuple, list)) else ()
+    for name, value in items:
+        if _is_array(value) and value is not logits and str(name) not in ("logits", "loss"):
+            found[str(name)] = value
+    return found

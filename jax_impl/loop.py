@@ -162,11 +162,13 @@ class JittedTrainer:
                                                                                               inputs)))
 
     def step0_tensors(self) -> dict[str, dict[str, np.ndarray]]:
-        """Parity tensors before any update: logits and loss of step 0's batch, and every gradient (canonical)."""
+        """Parity tensors before any update: logits, every other array output and the loss of step 0's batch,
+        and every gradient (canonical)."""
         batch = self.put(0)
-        logits = self.forward(self.params, batch)
+        outputs = self.forward(self.params, batch)  # {"logits": ..., every other array output by name}
         (loss, _), grads = self.loss_and_grads(self.params, self.state, batch)  # the run's state stays as it is
-        return {"outputs": {"logits": sharding.to_host(logits), "loss": np.asarray(sharding.to_host(loss))},
+        return {"outputs": {**{k: sharding.to_host(v) for k, v in outputs.items()},
+                            "loss": np.asarray(sharding.to_host(loss))},
                 "grads": self.to_canonical(grads)}
 
     # ---- common.harness.Runtime ----

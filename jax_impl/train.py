@@ -21,7 +21,7 @@ from flax import nnx
 
 from common.activations import Capture, input_layout
 from common.harness import RunOptions
-from common.outputs import forward, logits_of, loss_batch
+from common.outputs import array_outputs, forward, logits_of, loss_batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
@@ -96,7 +96,8 @@ class JaxTrainer(JittedTrainer):
     def _forward(self, params, inputs):
         # the analysis forward runs on a copy of the start state: the run's RNG stream stays as it is
         model = nnx.merge(self.graphdef, params, in_this_trace(self.rest))
-        return self.torch_layout(logits_of(forward(model, nnx_inputs(inputs, self.input_axes)), self.which))
+        outputs = array_outputs(forward(model, nnx_inputs(inputs, self.input_axes)), self.which)
+        return {**outputs, "logits": self.torch_layout(outputs["logits"])}
 
     def torch_layout(self, output):
         """The forward's output in the torch side's layout (the twin's nnx_output_axes), to be compared."""

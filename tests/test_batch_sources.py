@@ -10,9 +10,8 @@ from tests.helpers import run_cli
 TWINS = "tests/data/batch_sources/twins.py"
 
 
-def compare(out, twin: str, *args):
-    return run_cli("compare", "--quiet", "--out", str(out), "--twin", f"{TWINS}:{twin}", "--backend", "jax,torch",
-                   *args)
+def compare(out, twin: str, *args, backends: str = "jax,torch"):
+    return run_cli("compare", "--quiet", "--out", str(out), "--twin", f"{TWINS}:{twin}", "--backend", backends, *args)
 
 
 @pytest.mark.slow
@@ -56,3 +55,20 @@ def test_named_arrays_from_a_function_or_an_npz_feed_the_forward_by_name(tmp_pat
     proc = compare(tmp_path / "ragged", "good", "--set", "data.dataset=arrays", "--set",
                    f"data.path={tmp_path / 'ragged.npz'}")
     assert proc.returncode == 2 and "must all have the same number of rows (examples), found [19, 20]" in proc.stderr
+
+
+@pytest.mark.slow
+def test_every_output_a_forward_returns_is_compared_by_name(tmp_path):
+    proc = compare(tmp_path / "run", "two_outputs", backends="jax,torch,torchax")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    for name in ("torch", "torchax"):
+        tensors = report["parity"][name]["tensors"]
+        assert {"outputs/logits", "outputs/features", "outputs/loss"} <= set(tensors)
+        assert tensors["outputs/features"]["within"] and tensors["outputs/features"]["elements"] == 8 * 8
+    # a second output no loss reads, computed otherwise: training agrees, step 0's outputs do not
+    proc = compare(tmp_path / "misported", "two_outputs_misported")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    parity = json.loads((tmp_path / "misported" / "report.json").read_text())["parity"]["torch"]
+    assert parity["worst"][0]["name"] == "outputs/features" and parity["first_divergent_step"] == 0
+    assert parity["tensors"]["outputs/logits"]["within"] and parity["loss"]["first_divergent_step"] is None

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from common.activations import Capture, torch_output_layout
 from common.data import held_inputs, make_dataset
 from common.harness import RunOptions
-from common.outputs import forward, logits_of, loss_batch
+from common.outputs import array_outputs, forward, logits_of, loss_batch
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec
@@ -119,10 +119,10 @@ class TorchTrainer:
         return torch.from_numpy(np.ascontiguousarray(part)).to(self.device)
 
     def loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:
-        """Loss and logits of step 0's batch."""
+        """Loss and array outputs (common.outputs.array_outputs) of step 0's batch."""
         with self.autocast(), self.masks(0):
             outputs = forward(self.model, inputs)
-        return self.loss_fn(outputs, loss_batch(inputs, targets)), logits_of(outputs, self.which)
+        return self.loss_fn(outputs, loss_batch(inputs, targets)), array_outputs(outputs, self.which)
 
     def masks(self, step: int):
         """The dropout of `step`: common's masks when the spec asks for them (torch_impl.masks)."""
@@ -145,10 +145,11 @@ class TorchTrainer:
         """Parity tensors before any update: logits and loss of step 0's batch, and every gradient (canonical)."""
         inputs, targets = self.batch(0)
         with untouched_buffers(self.model):  # an analysis step: BatchNorm's statistics stay the run's
-            loss, logits = self.loss(inputs, targets)
+            loss, outputs = self.loss(inputs, targets)
             loss.backward()  # (before the statistics are put back: its graph holds them)
         grads = {name: p.grad for name, p in self.model.named_parameters()}
-        out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
+        out = {"outputs": {**{k: v.detach().float().cpu().numpy() for k, v in outputs.items()},
+                           "loss": np.asarray(loss.item())},
                "grads": to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
         return out

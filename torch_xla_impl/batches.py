@@ -54,3 +54,10 @@ class StepBatches(torch.utils.data.Dataset):
                     for part, arrays in (("inputs", batch.inputs), ("targets", batch.targets))}
         targets = batch.targets.reshape(len(batch.targets), -1)
         return {"inputs": torch.from_numpy(batch.inputs), "targets": torch.from_numpy(targets)}
+
+
+def on_device(part, device):
+    """A numpy array, or a twin's named arrays, as tensors on `device`."""
+    if isinstance(part, dict):
+        return {k: on_device(torch_ints(v), device) for k, v in part.items()}
+    return torch.from_numpy(part).to(device)

@@ -43,7 +43,7 @@ import torch_xla.runtime as xr
 from common.activations import Capture, torch_output_layout
 from common.data import held_inputs, input_ndim, make_dataset
 from common.harness import RunOptions
-from common.outputs import forward, logits_of, loss_batch
+from common.outputs import array_outputs, forward, loss_batch
 from common.provoke import python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec
@@ -56,10 +56,10 @@ from torch_impl.checkpoint_io import start_weights
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
 from torch_impl.optim import clip_gradients, make_optimizer, set_lr
-from torch_impl.train import eval_logits, task_loss, torch_ints, untouched_buffers
+from torch_impl.train import eval_logits, task_loss, untouched_buffers
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
-from torch_xla_impl.batches import StepBatches
+from torch_xla_impl.batches import StepBatches, on_device
 from torch_xla_impl.instrument import NoMonitor, attach_causes, dump_dir, hlo_statistics, step_graphs
 
 SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
@@ -121,14 +121,14 @@ class TorchXlaTrainer:
         return batches.checked(pl.MpDeviceLoader(cpu_loader, self.device, input_sharding=self.input_sharding))
 
     def loss(self, batch) -> torch.Tensor:
-        """Loss and logits of step 0's batch."""
+        """Loss and array outputs (common.outputs.array_outputs) of step 0's batch."""
         with self.autocast(), step_masks(self.spec, 0, self.device):
             outputs = forward(self.model, batch["inputs"])
-        return self.loss_fn(outputs, self.loss_batch(batch["inputs"], batch["targets"])), logits_of(outputs, self.which)
+        loss = self.loss_fn(outputs, self.loss_batch(batch["inputs"], batch["targets"]))
+        return loss, array_outputs(outputs, self.which)
 
     def loss_batch(self, inputs, targets) -> dict:
-        """The batch a loss is given: a classifier's targets as the task makes them, (B,) (the device loader
-        carries them as (B, 1); the built-in loss flattens them itself)."""
+        """The batch a loss is given; a classifier's targets (B,) as the task makes them (the loader's are (B, 1))."""
         if self.user_loss and self.spec.task == "classification":
             targets = targets.reshape(-1)
         return loss_batch(inputs, targets)
@@ -201,11 +201,12 @@ class TorchXlaTrainer:
             return {}
         batch = self.global_device_batch(0)
         with untouched_buffers(self.model):  # an analysis step: BatchNorm's statistics stay the run's
-            loss, logits = self.loss(batch)
+            loss, outputs = self.loss(batch)
             loss.backward()  # (before the statistics are put back: its graph holds them)
         torch_xla.sync()
         grads = {name: p.grad for name, p in self.model.named_parameters()}
-        out = {"outputs": {"logits": logits.detach().float().cpu().numpy(), "loss": np.asarray(loss.item())},
+        out = {"outputs": {**{k: v.detach().float().cpu().numpy() for k, v in outputs.items()},
+                           "loss": np.asarray(loss.item())},
                "grads": convert.to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
         self.monitor.collect()
@@ -310,13 +311,6 @@ class TorchXlaTrainer:
                    "sync_api": "torch_xla.sync" if hasattr(torch_xla, "sync") else "xm.mark_step",
                    "mesh_strategy": spec.mesh.strategy},
         )
-
-
-def on_device(part, device):
-    """A numpy array, or a twin's named arrays, as tensors on `device`."""
-    if isinstance(part, dict):
-        return {k: on_device(torch_ints(v), device) for k, v in part.items()}
-    return torch.from_numpy(part).to(device)
 
 
 def make_trainer(spec: RunSpec, options: RunOptions, monitor, *, mode: str, replica: int = 0,

@@ -33,7 +33,7 @@ from torchax import interop
 
 from common.activations import Capture, torch_output_layout
 from common.harness import RunOptions
-from common.outputs import logits_of, loss_batch
+from common.outputs import array_outputs, loss_batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of
@@ -108,8 +108,9 @@ class TorchaxTrainer(JittedTrainer):
 
     def _call(self, states: dict, inputs, running: dict, *, training: bool = True, targets=None):
         """The torch module's forward over `states` (jax arrays by state_dict name; torchax.extract_jax's
-        call, in `training` mode): its logits, or with `targets` the run's loss (task_loss, in torch on the
-        forward's whole output), and the running statistics as the forward left them."""
+        call, in `training` mode): its array outputs by name (common.outputs.array_outputs), or with `targets`
+        the run's loss (task_loss, in torch on the forward's whole output), and the running statistics as the
+        forward left them."""
         env = torchax.default_env()
         tensors, inputs = env.j2t_iso(({**states, **running}, inputs))
         args, kwargs = ((), inputs) if isinstance(inputs, dict) else ((inputs,), None)
@@ -117,7 +118,7 @@ class TorchaxTrainer(JittedTrainer):
         try:
             with env:
                 out = torch.func.functional_call(self.model, tensors, args, kwargs)  # tied weights stay tied
-                result = logits_of(out, self.which) if targets is None else \
+                result = array_outputs(out, self.which) if targets is None else \
                     self.loss_fn(out, loss_batch(inputs, env.j2t_iso(targets)))
         finally:
             self.model.train()
@@ -141,7 +142,7 @@ class TorchaxTrainer(JittedTrainer):
 
     def _eval_forward(self, params, state, inputs):
         states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))
-        return self._call(states, inputs, state["running"], training=False)[0]
+        return self._call(states, inputs, state["running"], training=False)[0]["logits"]
 
     def _in_compute_dtype(self, tree):
         """bfloat16 runs: every float array cast to bfloat16 (gradients flow back to the float32 params)."""

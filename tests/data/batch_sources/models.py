@@ -30,3 +30,26 @@ def torch_loss(outputs, batch):
 
 def nnx_loss(outputs, batch):
     return jnp.mean((outputs - batch["target"]) ** 2)
+
+
+class TorchTwoOutputs(TorchNet):  # a second output no loss reads, as a model's features or its auxiliary head
+    def forward(self, x, c):
+        return {"logits": super().forward(x, c), "features": torch.tanh(self.fc(x))}
+
+
+class NnxTwoOutputs(NnxNet):
+    def __call__(self, x, c):
+        return {"logits": super().__call__(x, c), "features": jnp.tanh(self.fc(x))}
+
+
+class NnxTwoOutputsMisported(NnxNet):  # its features through another nonlinearity: the loss never sees it
+    def __call__(self, x, c):
+        return {"logits": super().__call__(x, c), "features": nnx.sigmoid(self.fc(x))}
+
+
+def torch_logits_loss(outputs, batch):
+    return torch_loss(outputs["logits"], batch)
+
+
+def nnx_logits_loss(outputs, batch):
+    return nnx_loss(outputs["logits"], batch)

@@ -10,3 +10,6 @@ good = Twin(torch="models.py:TorchNet", nnx="models.py:NnxNet", task="custom",
 shape_changes, nonfinite, out_of_range, extra_key = (
     dataclasses.replace(good, data=DataSpec(dataset="batches", path=f"batches.py:{name}"))
     for name in ("shape_changes", "nonfinite", "out_of_range", "extra_key"))
+two_outputs = dataclasses.replace(good, torch="models.py:TorchTwoOutputs", nnx="models.py:NnxTwoOutputs",
+                                  loss={"torch": "models.py:torch_logits_loss", "nnx": "models.py:nnx_logits_loss"})
+two_outputs_misported = dataclasses.replace(two_outputs, nnx="models.py:NnxTwoOutputsMisported")
