@@ -144,7 +144,7 @@ class NamedArrays(_Checked):
 
 def check_forward_keys(spec: RunSpec, forward, side: str) -> None:
     """Every key fed to the forward (all but the twin's loss_keys) must be one of its parameters."""
-    batch = spec_batch(spec)
+    batch = make_batches(spec).global_batch(0)
     params = inspect.signature(forward).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         return
@@ -155,11 +155,8 @@ def check_forward_keys(spec: RunSpec, forward, side: str) -> None:
                         "reads in the twin's loss_keys")
 
 
-def spec_batch(spec: RunSpec) -> Batch:
-    return make_batches(spec).global_batch(0)
-
-
 def make_batches(spec: RunSpec):
+    """The twin's own batches of a custom task: its function (data.dataset=batches) or its .npz of named arrays."""
     return BatchFunction(spec) if spec.data.dataset == "batches" else NamedArrays(spec)
 
 
