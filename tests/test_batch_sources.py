@@ -40,6 +40,11 @@ def test_named_arrays_from_a_function_or_an_npz_feed_the_forward_by_name(tmp_pat
     report = json.loads((tmp_path / "function" / "report.json").read_text())
     losses = report["backends"]["jax"]["losses"]
     assert len(losses) == 4 and losses == pytest.approx(report["backends"]["torch"]["losses"], abs=1e-6)
+    # on a data-parallel mesh each backend slices the named arrays over its devices, as its own data
+    proc = compare(tmp_path / "mesh", "good", "--mesh", "data=2", backends="jax,torch_xla,torchax")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name, backend in json.loads((tmp_path / "mesh" / "report.json").read_text())["backends"].items():
+        assert backend["losses"] == pytest.approx(losses, abs=1e-6), name
     # the same kind of batch from an .npz: 20 examples visited in a seeded order, every array by the same rows
     rng = np.random.default_rng(0)
     arrays = {"x": rng.standard_normal((20, 8)).astype(np.float32), "c": rng.integers(0, 4, 20).astype(np.int32),

@@ -25,9 +25,6 @@ def add_flags(parser) -> None:
 
 def check(spec, options) -> None:
     """What --mode spawn cannot do, refused before the run directory exists."""
-    if spec.task == "custom" and spec.mesh.device_count > 1:  # MpDeviceLoader's input sharding takes two arrays
-        fail("a twin's own batches (task custom) run on one torch_xla device for now; drop --mesh for torch_xla "
-             "or compare the mesh on jax and torchax", ExitCode.USAGE)
     if options.own["mode"] != "spawn":
         return
     from torch_xla_impl import sharding

@@ -8,6 +8,36 @@ from common.data import process_slice
 from common.provoke import provoked_batch
 from torch_impl.train import torch_ints
 
+# A twin's own named arrays go through the loader flat, "inputs/<key>" and "targets/<key>" (its input sharding
+# takes one tensor per key), a 1-D array as (B, 1) under a marked key; `nested` gives the batch back as it was.
+ONE_D = ":1d"
+
+
+def nested(batch: dict) -> dict:
+    """A loader batch as the trainer takes it: {"inputs", "targets"} of a built-in task as they are; a twin's own
+    named arrays nested again, 1-D ones flat again."""
+    if "inputs" in batch:
+        return batch
+    out = {"inputs": {}, "targets": {}}
+    for key, tensor in batch.items():
+        part, _, name = key.partition("/")
+        out[part][name.removesuffix(ONE_D)] = tensor.reshape(-1) if name.endswith(ONE_D) else tensor
+    return out
+
+
+def flat(batch) -> dict[str, np.ndarray]:
+    """A twin's own named batch as the loader carries it: {"inputs/<key>" or "targets/<key>": array, 1-D ones
+    as (B, 1) under a key marked ONE_D}."""
+    return {f"{part}/{k}{ONE_D if v.ndim == 1 else ''}": v.reshape(len(v), -1) if v.ndim == 1 else v
+            for part, arrays in (("inputs", batch.inputs), ("targets", batch.targets)) for k, v in arrays.items()}
+
+
+def flat_ndims(batch) -> dict[str, int]:
+    """{loader key: its dimensions} of a global batch, for the loader's input sharding."""
+    if not isinstance(batch.inputs, dict):
+        return {"inputs": batch.inputs.ndim, "targets": 2}
+    return {key: v.ndim for key, v in flat(batch).items()}
+
 
 class StepBatches(torch.utils.data.Dataset):
     """Item i is this replica's slice of the global batch of step first_step + i."""
@@ -36,7 +66,7 @@ class StepBatches(torch.utils.data.Dataset):
         count = 0
         for batch in loader:
             count += 1
-            yield batch
+            yield nested(batch)
         if self.error is not None:
             raise self.error
         if count < self.n_steps:
@@ -49,9 +79,8 @@ class StepBatches(torch.utils.data.Dataset):
         # Targets go at least 2-D ((B, 1) for classifiers; the loss flattens them):
         # torch_xla 2.9's MpDeviceLoader fails on 1-D tensors with an input ShardingSpec
         # ("too many indices for tensor of dimension 1"), while mark_sharding works.
-        if isinstance(batch.inputs, dict):  # a twin's own named arrays (one device, no input sharding)
-            return {part: {k: torch.from_numpy(np.ascontiguousarray(torch_ints(v))) for k, v in arrays.items()}
-                    for part, arrays in (("inputs", batch.inputs), ("targets", batch.targets))}
+        if isinstance(batch.inputs, dict):  # a twin's own named arrays: flat, each at least 2-D (below)
+            return {key: torch.from_numpy(np.ascontiguousarray(torch_ints(v))) for key, v in flat(batch).items()}
         targets = batch.targets.reshape(len(batch.targets), -1)
         return {"inputs": torch.from_numpy(batch.inputs), "targets": torch.from_numpy(targets)}
 

@@ -41,7 +41,7 @@ import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
 from common.activations import Capture, torch_output_layout
-from common.data import held_inputs, input_ndim, make_dataset
+from common.data import held_inputs, make_dataset
 from common.harness import RunOptions
 from common.outputs import array_outputs, forward, loss_batch
 from common.provoke import python_value, with_python_value
@@ -59,7 +59,7 @@ from torch_impl.optim import clip_gradients, make_optimizer, set_lr
 from torch_impl.train import eval_logits, task_loss, untouched_buffers
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
-from torch_xla_impl.batches import StepBatches, on_device
+from torch_xla_impl.batches import StepBatches, flat_ndims, on_device
 from torch_xla_impl.instrument import NoMonitor, attach_causes, dump_dir, hlo_statistics, step_graphs
 
 SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
@@ -103,7 +103,7 @@ class TorchXlaTrainer:
         self.autocast = (lambda: torch.autocast("xla", dtype=torch.bfloat16)) if spec.train.dtype == "bfloat16" \
             else contextlib.nullcontext
         self.input_sharding = None if spmd_mesh is None else \
-            sharding.input_sharding(spec.mesh, spmd_mesh, {"inputs": input_ndim(spec), "targets": 2})
+            sharding.input_sharding(spec.mesh, spmd_mesh, flat_ndims(self.data.global_batch(0)))
         self.train_loss = torch.compile(self._train_loss, backend="openxla") if trace_mode == TraceMode.DYNAMO \
             else self._train_loss
 
