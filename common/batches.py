@@ -48,6 +48,11 @@ class _Checked:
     def arrays(self, step: int) -> dict:
         raise NotImplementedError
 
+    def arrays_fed(self) -> dict:
+        """{key: {shape, dtype, to}} of the batches drawn (the run record's extra.batch_arrays)."""
+        return {k: {"shape": list(shape), "dtype": str(dtype), "to": "loss" if k in self.loss_keys else "forward"}
+                for k, (shape, dtype) in (self.first or {}).items()}
+
     def global_batch(self, step: int) -> Batch:
         if self.first is None:
             first = self.arrays(0)

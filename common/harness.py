@@ -24,6 +24,7 @@ from common.masks import record_sites
 from common.provoke import Provocation
 from common.record import RunRecord, peak_rss_mb
 from common.spec import RunSpec
+from common.twin import twin_of
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,9 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     if options.activations and runtime.captures_after_run:  # last: its graphs are analysis, never the run's
         _capture(runtime, record, tensors)
     record_sites(record, spec, runtime.dropout_sites)
+    if hasattr(runtime.data, "arrays_fed"):  # a twin's own batches (common/batches.py): what each array was
+        record.extra["batch_arrays"] = runtime.data.arrays_fed()
+    record.extra["loss"] = twin_of(spec.model).loss or f"the task's ({spec.task})"  # what the run trained on
     record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
     return record, tensors
 

@@ -40,6 +40,11 @@ def test_named_arrays_from_a_function_or_an_npz_feed_the_forward_by_name(tmp_pat
     report = json.loads((tmp_path / "function" / "report.json").read_text())
     losses = report["backends"]["jax"]["losses"]
     assert len(losses) == 4 and losses == pytest.approx(report["backends"]["torch"]["losses"], abs=1e-6)
+    record = json.loads((tmp_path / "function" / "jax" / "record.json").read_text())
+    assert record["extra"]["batch_arrays"] == {"x": {"shape": [8, 8], "dtype": "float32", "to": "forward"},
+                                               "c": {"shape": [8], "dtype": "int32", "to": "forward"},
+                                               "target": {"shape": [8, 8], "dtype": "float32", "to": "loss"}}
+    assert record["extra"]["loss"] == {"torch": "models.py:torch_loss", "nnx": "models.py:nnx_loss"}
     # on a data-parallel mesh each backend slices the named arrays over its devices, as its own data
     proc = compare(tmp_path / "mesh", "good", "--mesh", "data=2", backends="jax,torch_xla,torchax")
     assert proc.returncode == 0, proc.stderr[-2000:]
