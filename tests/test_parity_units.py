@@ -184,3 +184,18 @@ def test_a_parameter_gradients_do_not_reach_is_shown_not_judged_by_its_final_val
     verdict = parity.check_parity(a, b, {"grads": ref_g, "params": final}, {"grads": one_side, "params": final},
                                   policy, [])
     assert "attn.v.bias" not in verdict["unreached"] and not verdict["tensors"]["grads/attn.v.bias"]["within"]
+
+
+def test_a_forwards_other_outputs_are_compared_by_name_and_one_of_another_layout_is_shown_not_judged():
+    policy = load_policy("default", "float32")
+    logits, features = np.ones((2, 5)), np.arange(24.0).reshape(2, 3, 2, 2)
+    ref = {"outputs": {"logits": logits, "loss": np.asarray(1.0), "features": features, "hidden": np.ones(4),
+                       "only_here": np.ones(2)}}
+    other = {"outputs": {"logits": logits, "loss": np.asarray(1.0), "features": features.transpose(0, 2, 3, 1),
+                         "hidden": np.ones(4) + 0.1}}
+    errors = parity.compare_tensors(ref, other, policy)
+    assert set(errors) == {"outputs/logits", "outputs/loss", "outputs/features", "outputs/hidden"}  # both sides'
+    assert errors["outputs/hidden"]["within"] is False and errors["outputs/hidden"]["abs"] == pytest.approx(0.1)
+    shown = errors["outputs/features"]
+    assert shown["within"] and shown["judged"] is False and "[2, 3, 2, 2] vs [2, 2, 2, 3]" in shown["note"]
+    assert [t["name"] for t in parity.worst_tensors(errors)][0] == "outputs/hidden"
