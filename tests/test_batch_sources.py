@@ -55,12 +55,15 @@ def test_named_arrays_from_a_function_or_an_npz_feed_the_forward_by_name(tmp_pat
     arrays = {"x": rng.standard_normal((20, 8)).astype(np.float32), "c": rng.integers(0, 4, 20).astype(np.int32),
               "target": rng.standard_normal((20, 8)).astype(np.float32)}
     np.savez(tmp_path / "named.npz", **arrays)
+    users = (tmp_path / "named.npz").read_bytes()
     proc = compare(tmp_path / "npz", "good", "--set", "data.dataset=arrays", "--set",
                    f"data.path={tmp_path / 'named.npz'}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     npz = json.loads((tmp_path / "npz" / "report.json").read_text())["backends"]
     assert npz["jax"]["losses"] == pytest.approx(npz["torch"]["losses"], abs=1e-6)
     assert abs(npz["jax"]["losses"][0] - losses[0]) > 1e-3  # other data: other losses
+    assert (tmp_path / "named.npz").read_bytes() == users  # the user's file is read, never written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["function", "mesh", "named.npz", "npz"]  # nothing beside it
     np.savez(tmp_path / "ragged.npz", **{**arrays, "c": arrays["c"][:19]})
     proc = compare(tmp_path / "ragged", "good", "--set", "data.dataset=arrays", "--set",
                    f"data.path={tmp_path / 'ragged.npz'}")

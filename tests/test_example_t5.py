@@ -10,7 +10,7 @@ import torch
 from common.data import make_dataset
 from common.record import read_record
 from common.spec_parse import run_spec_from_dict
-from tests.test_examples import compare
+from tests.test_examples import compare, losses_of_every_backend
 
 T5 = "examples/t5_seq2seq/twin.py"
 
@@ -19,10 +19,7 @@ T5 = "examples/t5_seq2seq/twin.py"
 def test_hugging_faces_t5_passes_on_every_backend_with_teacher_forcing(tmp_path):
     proc, report = compare(tmp_path / "run", "--twin", f"{T5}:t5_tiny", "--backend", "all")
     assert proc.returncode == 0, report["message"]
-    losses = {name: backend["losses"] for name, backend in report["backends"].items()}
-    assert set(losses) == {"jax", "torch", "torch_xla", "torchax"}
-    for values in losses.values():  # measured: 5.05710 at step 0 on each
-        assert len(values) == 6 and max(abs(a - b) for a, b in zip(values, losses["jax"])) < 1e-4
+    losses = losses_of_every_backend(report, steps=6)  # measured: 5.05710 at step 0 on each
     # step 0's loss is Hugging Face's own, from the start weights, on the batch the source made
     from safetensors.torch import load_file
 

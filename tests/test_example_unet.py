@@ -9,7 +9,7 @@ import pytest
 from common.data import make_dataset
 from common.record import read_record
 from common.spec_parse import run_spec_from_dict
-from tests.test_examples import compare
+from tests.test_examples import compare, losses_of_every_backend
 
 UNET = "examples/unet_denoiser/twin.py"
 
@@ -18,11 +18,8 @@ UNET = "examples/unet_denoiser/twin.py"
 def test_the_unet_denoiser_passes_on_every_backend_fed_its_own_batches(tmp_path):
     proc, report = compare(tmp_path / "run", "--twin", f"{UNET}:unet_tiny", "--backend", "all")
     assert proc.returncode == 0, report["message"]
-    losses = {name: backend["losses"] for name, backend in report["backends"].items()}
-    assert set(losses) == {"jax", "torch", "torch_xla", "torchax"}  # measured: 1.08878 -> 0.80590 on each
+    losses = losses_of_every_backend(report, steps=6)  # measured: 1.08878 -> 0.80590 on each
     assert losses["jax"][0] == pytest.approx(1.08878, abs=1e-4) and losses["jax"][-1] < losses["jax"][0] - 0.2
-    for values in losses.values():
-        assert max(abs(a - b) for a, b in zip(values, losses["jax"])) < 1e-4
     # the loss each trained on is the twin's mean squared error against the batch's noise, made again here
     run = tmp_path / "run" / "torch"
     spec = run_spec_from_dict(json.loads((run / "spec.json").read_text()))
