@@ -61,12 +61,13 @@ class StepBatches(torch.utils.data.Dataset):
             raise
 
     def checked(self, loader):
-        """Iterate a device loader of these batches; an exception a loader thread met building one is
-        raised here, as itself (a bad input stays a usage error, not `StopIteration`)."""
+        """Iterate a device loader of these batches, as the loader carries them (`nested` makes them the
+        trainer's); an exception a loader thread met building one is raised here, as itself (a bad input stays
+        a usage error, not `StopIteration`)."""
         count = 0
         for batch in loader:
             count += 1
-            yield nested(batch)
+            yield batch
         if self.error is not None:
             raise self.error
         if count < self.n_steps:

@@ -59,7 +59,7 @@ from torch_impl.optim import clip_gradients, make_optimizer, set_lr
 from torch_impl.train import eval_logits, task_loss, untouched_buffers
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
-from torch_xla_impl.batches import StepBatches, flat_ndims, on_device
+from torch_xla_impl.batches import StepBatches, flat_ndims, nested, on_device
 from torch_xla_impl.instrument import NoMonitor, attach_causes, dump_dir, hlo_statistics, step_graphs
 
 SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
@@ -108,13 +108,16 @@ class TorchXlaTrainer:
             else self._train_loss
 
     def loader(self, first_step: int, n_steps: int):
-        """This replica's batches of n_steps steps on the device, through MpDeviceLoader."""
+        """This replica's batches of n_steps steps on the device, through MpDeviceLoader, as the loader carries
+        them: `nested` (in the step, so that its view ops trace into the step's graph wherever the batch came
+        from: nested as they are fetched, a batch's 1-D reshape ran alone at the loader's next sync, and the
+        pipelined steps, whose batches are fetched first, compiled a third program; measured on the UNet)."""
         batches = StepBatches(self.data, first_step, n_steps, self.replica, self.replicas, self.provocations)
         return self._device_batches(batches)
 
     def global_device_batch(self, step: int) -> dict[str, torch.Tensor]:
-        """The whole global batch of a step on this device (step-0 parity tensors, any mode)."""
-        return next(self._device_batches(StepBatches(self.data, step, 1, provocations=self.provocations)))
+        """The whole global batch of a step on this device (step-0 parity tensors, any mode), nested."""
+        return nested(next(self._device_batches(StepBatches(self.data, step, 1, provocations=self.provocations))))
 
     def _device_batches(self, batches: StepBatches):
         cpu_loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False, num_workers=0)
@@ -138,9 +141,10 @@ class TorchXlaTrainer:
             return self.loss_fn(forward(self.model, inputs), self.loss_batch(inputs, targets))
 
     def step(self, step: int, batch) -> torch.Tensor:
-        """One train step; returns the (global) loss. In `lazy` and `dynamo` mode nothing runs until
-        `sync()`; in `compile` mode the step runs on leaving `torch_xla.compile`."""
+        """One train step of a loader batch; returns the (global) loss. In `lazy` and `dynamo` mode nothing runs
+        until `sync()`; in `compile` mode the step runs on leaving `torch_xla.compile`."""
         set_lr(self.optimizer, self.spec.train, step)
+        batch = nested(batch)
         if self.trace_mode == TraceMode.COMPILE:
             with torch_xla.compile(full_graph=True, name="train_step"):
                 return self._update(step, batch)
@@ -257,7 +261,8 @@ class TorchXlaTrainer:
         wall_ms = (time.perf_counter() - start) * 1e3
         self.monitor.collect()
         self.trace_ms.append((traced - start) * 1e3)
-        first = next(iter(batch["inputs"].values())) if isinstance(batch["inputs"], dict) else batch["inputs"]
+        inputs = nested(batch)["inputs"]
+        first = next(iter(inputs.values())) if isinstance(inputs, dict) else inputs
         self.fed.append((tuple(first.shape), str(first.dtype).removeprefix("torch.")))
         return loss.item(), wall_ms
 
