@@ -101,7 +101,7 @@ class JittedTrainer:
         return next(iter(self._sites.values()), [])
 
     def capture_masks(self):
-        """The context of the step-0 activation capture (eager): common's masks of step 0, when asked for."""
+        """The context of the step-0 activation capture: common's masks of step 0 (drawn afresh), when asked for."""
         if self.spec.train.dropout_masks != MaskSource.COMMON:
             return contextlib.nullcontext()
         return self.fed_dropout(drawing_feed(self.spec.train.mask_seed, 0,
@@ -196,11 +196,11 @@ class JittedTrainer:
         return sharding.scalar_to_host(loss), wall_ms
 
     def step0_activations(self, inputs, targets) -> Capture:
-        """Analysis, not training: its eager per-op compiles are not counted (nor are the HLO statistics')."""
+        """Analysis, not training: its compiles are not counted (nor are the HLO statistics'). `_activations`
+        runs its forward in `capture_masks()`."""
         self.monitor.paused = True
         try:
-            with self.capture_masks():
-                return self._activations(inputs, targets)
+            return self._activations(inputs, targets)
         finally:
             self.monitor.paused = False
 

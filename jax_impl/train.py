@@ -129,7 +129,8 @@ class JaxTrainer(JittedTrainer):
     def _activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         fed, seen = self.nnx_batch(*jax.tree.map(jnp.asarray, (inputs, targets)))
         return capture_activations(nnx.merge(self.graphdef, self.params, self.rest), fed,
-                                   input_layout(self.input_axes), lambda out: self.loss_fn(out, seen))
+                                   input_layout(self.input_axes), lambda out: self.loss_fn(out, seen),
+                                   masks=self.capture_masks)
 
     def new_record(self) -> RunRecord:
         spec = self.spec

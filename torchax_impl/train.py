@@ -159,7 +159,7 @@ class TorchaxTrainer(JittedTrainer):
         """Module activations from the torch module run eagerly by torchax (forward hooks see torchax
         tensors); called before any update, when the module still holds the starting weights."""
         env = torchax.default_env()
-        with env:
+        with env, self.capture_masks():
             model = self.model.to("jax")
             if self.spec.train.dtype == "bfloat16":  # the step's policy: float weights and inputs in bf16
                 model = model.to(torch.bfloat16)
