@@ -17,11 +17,12 @@ def compare(out, *args, timeout=900, env=None):
     return proc, json.loads((out / "report.json").read_text())
 
 
-def losses_of_every_backend(report: dict, steps: int, atol: float = 1e-4) -> dict[str, list]:
-    """Each backend's losses from a `--backend all` report, checked: all four ran `steps` steps, each within
-    `atol` of jax's at every step."""
+def losses_of_every_backend(report: dict, steps: int, atol: float = 1e-4,
+                            names=("jax", "torch", "torch_xla", "torchax")) -> dict[str, list]:
+    """Each backend's losses from a report of `names` (`--backend all`), checked: all ran `steps` steps, each
+    within `atol` of jax's at every step."""
     losses = {name: backend["losses"] for name, backend in report["backends"].items()}
-    assert set(losses) == {"jax", "torch", "torch_xla", "torchax"}
+    assert set(losses) == set(names)
     for name, values in losses.items():
         assert len(values) == steps and max(abs(a - b) for a, b in zip(values, losses["jax"])) < atol, name
     return losses
