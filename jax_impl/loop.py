@@ -40,17 +40,18 @@ def jitted_mesh(spec: RunSpec):
 
 class JittedTrainer:
     """What every one-jitted-step trainer shares: optimizer state placed like its parameters, the jitted
-    step with donation, forward and loss-and-grads, the step-0 parity tensors, and common.harness.Runtime. A
-    runtime calls `bind(spec, options, monitor, mesh)` first, sets `params` (placed on `mesh`), `tx` and
-    `start` (common.weights.start_info), calls `compile_functions(mesh)`, and defines `_forward`, `_loss`,
+    step with donation, loss-and-grads, the step-0 parity tensors, and common.harness.Runtime. A runtime calls
+    `bind(spec, options, monitor, mesh)` first, sets `params` (placed on `mesh`), `state`, `tx` and `start`
+    (common.weights.start_info), calls `compile_functions(mesh)`, and defines `_loss_and_aux(params, state,
+    batch) -> (loss, (state, outputs))` (the forward's array outputs by name, logits in torch's layout),
     `to_canonical` (its gradient or parameter tree -> {canonical name: numpy array}), `_activations` (inputs
-    -> a common.activations.Capture, named like the NNX twin's modules) and `new_record`. A runtime whose
-    model holds mutable state besides its parameters (the NNX twin's dropout RNG counts) sets `state` and
-    defines `_loss_and_state`: the state goes through the jitted step as an argument and comes back updated
-    (a Variable closed over would be mutated inside a trace: "Cannot mutate RngCount from a different trace
-    level")."""
+    -> a common.activations.Capture, named like the NNX twin's modules) and `new_record`. The model's mutable
+    state besides its parameters (dropout RNG counts, running statistics) goes through the jitted step as an
+    argument and comes back updated (a Variable closed over would be mutated inside a trace: "Cannot mutate
+    RngCount from a different trace level"). The step-0 outputs come from the loss's own forward: one program
+    gives them and the gradients (a forward of its own compiled a program more)."""
 
-    state = None  # mutable non-parameter state threaded through the step; None when there is none
+    state = None  # mutable non-parameter state threaded through the step
     eval_forward = ""  # how the eval-mode forward ran when not jitted (eval_logits)
     captures_after_run = False  # step-0 activations are taken before the first update, from the start weights
 
@@ -59,9 +60,6 @@ class JittedTrainer:
         self.spec, self.options, self.monitor, self.mesh = spec, options, monitor, mesh
         self.provocations = list(options.provocations)
         self.data = make_dataset(spec)
-
-    def _loss_and_state(self, params, state, batch: StepBatch):
-        return self._loss(params, batch), state
 
     # ---- common's dropout masks (train.dropout_masks=common): a runtime defines `fed_dropout(feed)`, the
     # context in which its model's dropout takes the feed's masks, and `mask_array` (a JAX array as that
@@ -76,13 +74,9 @@ class JittedTrainer:
     def _fed(self, masks):
         return self.fed_dropout(given_feed(masks, self.mask_array)) if masks else contextlib.nullcontext()
 
-    def _fed_loss_and_state(self, params, state, batch: StepBatch):
+    def _fed_loss_and_aux(self, params, state, batch: StepBatch):
         with self._fed(batch.masks):
-            return self._loss_and_state(params, state, batch)
-
-    def _fed_forward(self, params, batch: StepBatch):
-        with self._fed(batch.masks):
-            return self._forward(params, batch.inputs)
+            return self._loss_and_aux(params, state, batch)
 
     def masks_for(self, batch: Batch, step: int) -> tuple:
         """Common's masks of `step` for `batch` when the spec asks for them, else none."""
@@ -91,7 +85,7 @@ class JittedTrainer:
         key = str(jax.tree.map(lambda a: (a.shape, str(a.dtype)), batch.inputs))
         if key not in self._sites:
             with self.fed_dropout(MaskFeed()) as feed:  # records the calls; nothing is computed
-                jax.eval_shape(self._loss_and_state, self.params, self.state, StepBatch(*batch))
+                jax.eval_shape(self._loss_and_aux, self.params, self.state, StepBatch(*batch))
             self._sites[key] = feed.sites
         return draw_masks(self.spec.train.mask_seed, step, self._sites[key])
 
@@ -120,13 +114,12 @@ class JittedTrainer:
         self.train_step = jax.jit(self._train_step, donate_argnums=(0, 1), static_argnames=("python_value",),
                                   out_shardings=(param_placement, opt_placement, state_placement,
                                                  sharding.replicated(mesh)))
-        self.forward = jax.jit(self._fed_forward)
-        self.loss_and_grads = jax.jit(jax.value_and_grad(self._fed_loss_and_state, has_aux=True))
+        self.loss_and_grads = jax.jit(jax.value_and_grad(self._fed_loss_and_aux, has_aux=True))
         self._sites = {}  # (input shape, dtype) -> the step's dropout calls (common's masks only)
 
     def _train_step(self, params, opt_state, state, batch: StepBatch, python_value: float | None = None):
         def loss_fn(p, b):
-            loss, new_state = self._fed_loss_and_state(p, state, b)
+            loss, (new_state, _) = self._fed_loss_and_aux(p, state, b)  # the outputs: dead code to XLA
             return with_python_value(loss, python_value), new_state
 
         (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
@@ -164,9 +157,8 @@ class JittedTrainer:
     def step0_tensors(self) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits, every other array output and the loss of step 0's batch,
         and every gradient (canonical)."""
-        batch = self.put(0)
-        outputs = self.forward(self.params, batch)  # {"logits": ..., every other array output by name}
-        (loss, _), grads = self.loss_and_grads(self.params, self.state, batch)  # the run's state stays as it is
+        # {"logits": ..., every other array output by name}; the run's state stays as it is
+        (loss, (_, outputs)), grads = self.loss_and_grads(self.params, self.state, self.put(0))
         return {"outputs": {**{k: sharding.to_host(v) for k, v in outputs.items()},
                             "loss": np.asarray(sharding.to_host(loss))},
                 "grads": self.to_canonical(grads)}

@@ -93,21 +93,17 @@ class JaxTrainer(JittedTrainer):
     def fed_dropout(self, feed):
         return masks.fed_dropout(feed)
 
-    def _forward(self, params, inputs):
-        # the analysis forward runs on a copy of the start state: the run's RNG stream stays as it is
-        model = nnx.merge(self.graphdef, params, in_this_trace(self.rest))
-        outputs = array_outputs(forward(model, nnx_inputs(inputs, self.input_axes)), self.which)
-        return {**outputs, "logits": self.torch_layout(outputs["logits"])}
-
     def torch_layout(self, output):
         """The forward's output in the torch side's layout (the twin's nnx_output_axes), to be compared."""
         return output.transpose(self.output_axes) if self.output_axes else output
 
-    def _loss_and_state(self, params, state, batch: StepBatch):
+    def _loss_and_aux(self, params, state, batch: StepBatch):
         model = nnx.merge(self.graphdef, params, in_this_trace(state))
         fed, seen = self.nnx_batch(batch.inputs, batch.targets)
-        loss = self.loss_fn(forward(model, fed), seen)
-        return loss, nnx.state(model, nnx.Not(nnx.Param))
+        out = forward(model, fed)
+        outputs = array_outputs(out, self.which)
+        return self.loss_fn(out, seen), (nnx.state(model, nnx.Not(nnx.Param)),
+                                         {**outputs, "logits": self.torch_layout(outputs["logits"])})
 
     def nnx_batch(self, inputs, targets) -> tuple:
         """(what the forward is fed, what the loss sees) as the NNX side takes them: the inputs transposed by the

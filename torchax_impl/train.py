@@ -108,9 +108,9 @@ class TorchaxTrainer(JittedTrainer):
 
     def _call(self, states: dict, inputs, running: dict, *, training: bool = True, targets=None):
         """The torch module's forward over `states` (jax arrays by state_dict name; torchax.extract_jax's
-        call, in `training` mode): its array outputs by name (common.outputs.array_outputs), or with `targets`
-        the run's loss (task_loss, in torch on the forward's whole output), and the running statistics as the
-        forward left them."""
+        call, in `training` mode): its array outputs by name (common.outputs.array_outputs), with `targets`
+        after the run's loss (task_loss, in torch on the forward's whole output), and the running statistics as
+        the forward left them."""
         env = torchax.default_env()
         tensors, inputs = env.j2t_iso(({**states, **running}, inputs))
         args, kwargs = ((), inputs) if isinstance(inputs, dict) else ((inputs,), None)
@@ -119,23 +119,18 @@ class TorchaxTrainer(JittedTrainer):
             with env:
                 out = torch.func.functional_call(self.model, tensors, args, kwargs)  # tied weights stay tied
                 result = array_outputs(out, self.which) if targets is None else \
-                    self.loss_fn(out, loss_batch(inputs, env.j2t_iso(targets)))
+                    (self.loss_fn(out, loss_batch(inputs, env.j2t_iso(targets))), array_outputs(out, self.which))
         finally:
             self.model.train()
         return env.t2j_iso(result), {k: env.t2j_iso(tensors[k]) for k in running}
 
-    def _forward(self, params, inputs):
-        states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))
-        with torchax.default_env().override_property(prng=jax.random.key(self.spec.train.mask_seed)):
-            return self._call(states, inputs, self.state["running"])[0]
-
-    def _loss_and_state(self, params, state, batch: StepBatch):
+    def _loss_and_aux(self, params, state, batch: StepBatch):
         env = torchax.default_env()
         with env.override_property(prng=state["prng"]):
             states, inputs = self._in_compute_dtype(({**params, **self.buffers}, batch.inputs))
-            loss, running = self._call(states, inputs, state["running"], targets=batch.targets)
+            (loss, outputs), running = self._call(states, inputs, state["running"], targets=batch.targets)
             key = env.prng_key
-        return loss, {"prng": key, "running": running}
+        return loss, ({"prng": key, "running": running}, outputs)
 
     def canonical_state(self) -> dict[str, np.ndarray]:
         return canonical_state({k: sharding.to_host(v) for k, v in self.state["running"].items()}, self.module_names)
@@ -149,11 +144,6 @@ class TorchaxTrainer(JittedTrainer):
         if self.spec.train.dtype != "bfloat16":
             return tree
         return jax.tree.map(lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
-
-    def _loss(self, params, batch: StepBatch):
-        states, inputs = self._in_compute_dtype(({**params, **self.buffers}, batch.inputs))
-        with torchax.default_env().override_property(prng=jax.random.key(self.spec.train.mask_seed)):
-            return self._call(states, inputs, self.state["running"], targets=batch.targets)[0]
 
     def _activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         """Module activations from the torch module run eagerly by torchax (forward hooks see torchax
