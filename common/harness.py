@@ -33,6 +33,7 @@ class RunOptions:
     apart (one spec file)."""
 
     parity: bool = False  # step-0 tensors, final parameters and state, eval-mode logits
+    tensors: str = "full"  # common.record.TENSOR_MODES: the parameter-sized groups whole, or as summaries
     activations: bool = False  # step 0's per-module inputs and outputs
     train: bool = True  # False: step 0's activations from the start weights, and nothing trained (a capture run)
     checkpoint: str | None = None  # the start weights, FORMAT:PATH; None: the spec's own initialisation
@@ -84,6 +85,8 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     spec = runtime.spec
     tensors = runtime.step0_tensors() if options.parity else {}
     record = runtime.new_record()
+    if options.parity:  # how the tensor file keeps the parameter-sized groups (common.record.SUMMARIZED_GROUPS)
+        record.extra["tensors"] = options.tensors
     if options.activations and not (runtime.captures_after_run and options.train):
         _capture(runtime, record, tensors)
     record.extra["start"], record.extra["provoked"] = runtime.start, [str(p) for p in options.provocations]

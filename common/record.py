@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common import summary
 from common.fsutil import atomic_path, require_regular_file, write_json_atomic
 from common.vocab import Phase, RecordStatus, values
 
@@ -36,6 +37,10 @@ TENSORS_FILE = "tensors.npz"
 LOG_FILES = ("stdout.log", "stderr.log")  # compare's logs of a backend it runs, beside the record
 SPEC_FILE = "spec.json"  # the spec compare resolved for a backend, written beside them before it starts
 TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations", "activation_grads")
+# --tensors: the groups that grow with the model (parameter-sized) whole, or as summaries (common/summary.py); the
+# others grow with the batch and stay whole (the logits' distributions need every row)
+TENSOR_MODES = ("full", "summary")
+SUMMARIZED_GROUPS = ("grads", "params", "state")
 
 # Environment variables that change numerics, devices or compilation.
 NUMERICS_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION",
@@ -232,8 +237,10 @@ def read_record(path: str | Path) -> RunRecord:
     return record
 
 
-def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]]) -> str:
-    """Save canonical tensors as `<group>/<name>` in one npz; returns its relative path."""
+def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]], mode: str = "full") -> str:
+    """Save canonical tensors as `<group>/<name>` in one npz, those of SUMMARIZED_GROUPS as summaries
+    (`<group>/<name>@stats`, ...) in mode "summary", one at a time, where larger than the sample; returns its
+    relative path."""
     arrays = {}
     for group, tensors in groups.items():
         if group not in TENSOR_GROUPS:
@@ -242,31 +249,46 @@ def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]])
             value = np.asarray(value)
             if value.dtype.kind not in "biuf":  # e.g. ml_dtypes' bfloat16, which npz cannot round-trip
                 value = value.astype(np.float32)
-            arrays[f"{group}/{name}"] = value
+            key = f"{group}/{name}"
+            if mode == "summary" and group in SUMMARIZED_GROUPS and value.size > summary.SAMPLE_SIZE:
+                arrays.update(summary.to_arrays(key, summary.summarize(key, value)))
+            else:
+                arrays[key] = value
     with atomic_path(Path(run_dir) / TENSORS_FILE) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
     return TENSORS_FILE
 
 
-def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, dict[str, np.ndarray]]:
-    """The tensor file a record points to, as {group: {name: array}}."""
+def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, dict]:
+    """The tensor file a record points to, as {group: {name: array, or common.summary.TensorSummary}}."""
     if not record.tensors:
         raise RecordError(f"run record {record_path} has no tensor file (run the backend with --parity)")
     base = Path(record_path)
     path = (base if base.is_dir() else base.parent) / record.tensors
-    groups: dict[str, dict[str, np.ndarray]] = {g: {} for g in TENSOR_GROUPS}
+    groups: dict[str, dict] = {g: {} for g in TENSOR_GROUPS}
+    summaries: dict[tuple[str, str], dict] = {}
     require_regular_file(path, "tensor file", RecordError)
     try:
         with np.load(path) as f:
             for key in f.files:
                 group, _, name = key.partition("/")
+                name, at, part = name.rpartition("@") if "@" in name else (name, "", "")
                 if group not in groups or not name:
                     raise RecordError(f"tensor file {path} has an unexpected entry {key!r}")
-                groups[group][name] = f[key]
-                if groups[group][name].dtype.kind not in "biuf":  # what write_tensors writes: numbers only
-                    raise RecordError(f"tensor file {path}: entry {key!r} holds {groups[group][name].dtype} "
+                value = f[key]
+                if value.dtype.kind not in "biuf":  # what write_tensors writes: numbers only
+                    raise RecordError(f"tensor file {path}: entry {key!r} holds {value.dtype} "
                                       "values, not numbers (a tensor file this toolkit did not write)")
+                if at:
+                    summaries.setdefault((group, name), {})[part] = value
+                else:
+                    groups[group][name] = value
+        for (group, name), parts in summaries.items():
+            try:
+                groups[group][name] = summary.from_arrays(parts)
+            except ValueError as e:
+                raise RecordError(f"tensor file {path}: the summary of {group}/{name} is malformed: {e}") from None
     except FileNotFoundError:
         raise RecordError(f"tensor file {path} does not exist") from None
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:

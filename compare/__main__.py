@@ -25,7 +25,7 @@ from common.cli import (  # noqa: E402
     resolve_spec,
 )
 from common.data import make_dataset  # noqa: E402
-from common.record import RecordError, read_record, read_tensors  # noqa: E402
+from common.record import TENSOR_MODES, RecordError, read_record, read_tensors  # noqa: E402
 from common.spec import SpecError  # noqa: E402
 from common.vocab import (  # noqa: E402
     CHECKPOINT_FORMAT_MEANINGS,
@@ -114,6 +114,10 @@ def parse_args(argv):
     parser.add_argument("--seeds", type=bounded_int(1, MAX_SEEDS, "seeds"), default=5, metavar="K",
                         help="seeds per backend in the statistical parity mode (default 5, at least 3; each is a "
                              "whole run of every backend)")
+    parser.add_argument("--tensors", choices=TENSOR_MODES, default="full",
+                        help="full: every backend keeps its gradients and final parameters whole and they are judged "
+                             "element by element; summary: as statistics and a fixed sample of values, judged on the "
+                             "sample and by norms (common/summary.py), for models too large to keep whole")
     parser.add_argument("--activations", action="store_true",
                         help="compare every module's step-0 activations on every backend, even when parity passes "
                              "(each run captures them; by default only where step 0 parts, by one more run that "

@@ -47,7 +47,7 @@ def _flags(args, name: str) -> list[str]:
         flags += ["--profile", str(args.profile)]
     if args.no_hlo:
         flags.append("--no-hlo")
-    return flags + ["--run-id", args.run_id]
+    return flags + ["--tensors", args.tensors, "--run-id", args.run_id]
 
 
 def main_launch(args, name: str) -> Launch:

@@ -54,11 +54,14 @@ def _max_abs(a, b) -> float | None:
 def judge_tensors(tensors: dict, ref: dict, other: dict, floors: Floors, factor: float = FACTOR) -> None:
     """Each tensor row of `tensors` (compare/parity.py's compare_tensors) judged again against the noise
     floor of the two runs. Rows that are unmeasurable (a non-finite mismatch, shapes that differ), not judged
-    (compare/unreached.py) or the logits (judged as distributions) keep their verdict."""
+    (compare/unreached.py), judged by a summary (--tensors summary) or the logits (judged as distributions)
+    keep their verdict."""
     for key, entry in tensors.items():
         group, _, name = key.partition("/")
         if key == "outputs/logits" or entry.get("abs") is None or entry.get("tolerance_used") is None \
                 or entry.get("judged") is False:
+            continue
+        if entry.get("judged_by") == "summary":  # --tensors summary: judged by its sample and statistics alone
             continue
         noises = [_max_abs(run[group][name], floor[group][name])
                   for run, floor in ((ref, floors.ref.tensors), (other, floors.other.tensors))

@@ -4,11 +4,12 @@ from __future__ import annotations
 import numpy as np
 
 from common.record import RunRecord
+from common.summary import TensorSummary
 from compare import noise_floor
 from compare.backward import first_divergent_module_backward
 from compare.curves import compare_curves, curves_words
 from compare.noise_floor import Floors
-from compare.tensor_error import module_error, passes_with_words, tensor_error
+from compare.tensor_error import module_error, passes_with_words, summary_error, tensor_error
 from compare.unreached import mark_unreached, unreached_params
 
 # Record fields that must agree before numbers mean anything.
@@ -59,6 +60,10 @@ def compare_tensors(ref: dict, other: dict, policy: dict,
             if name not in a or name not in b:
                 out[key] = {"abs": None, "rel": None, "tolerance_used": None, "within": False, "kind": kind,
                             "note": f"missing on the {'reference' if name not in a else 'other'} side"}
+                continue
+            if isinstance(a[name], TensorSummary) or isinstance(b[name], TensorSummary):  # --tensors summary
+                out[key] = {**summary_error(key, a[name], b[name], bounds["atol"], bounds["rtol"], names,
+                                            bounds.get("fraction", 0.0)), "kind": kind}
                 continue
             if group == "outputs" and name not in ("logits", "loss") and a[name].shape != b[name].shape:
                 # another output of one name in two layouts (an NHWC port's feature map): shown, not judged

@@ -23,7 +23,9 @@ report.json keys (schema_version 2):
       module's step-0 activation agrees), .loss {max_abs, per_step_abs, steps_compared},
     .tensors {"<group>/<name>": {abs, rel, tolerance_used, within, over, elements, kind, nonfinite {equal,
       mismatched}, note, passes_with {atol, rtol, fraction} (a tensor out of tolerance: the smallest of each,
-      changed alone, that would pass it)}}, .worst
+      changed alone, that would pass it); with --tensors summary, a row kept as a summary has judged_by
+      "summary", sampled and summary_checks {max_abs, l2_norm, sum, nonfinite: {ref, other, allowed, within}}
+      (compare/tensor_error.py summary_error)}}, .worst
       [10 worst], .passed (non-finite values by rule, compare/parity.py tensor_error: the same infinity or
       NaN at the same position on both sides is equal; one facing another value fails the tensor and the
       note counts each kind, "3 elements are -inf on jax and finite on torch"; abs and rel over the finite

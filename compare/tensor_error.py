@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from common.summary import TensorSummary, summarize, summary_checks
+
 
 def _value_kind(x: np.ndarray) -> np.ndarray:
     """Per element: 'finite', 'nan', 'inf' or '-inf'."""
@@ -71,7 +73,8 @@ def passes_with_words(found: dict) -> str:
 
 
 def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float,
-                 names: tuple[str, str] = ("the reference", "the other side"), fraction: float = 0.0) -> dict:
+                 names: tuple[str, str] = ("the reference", "the other side"), fraction: float = 0.0,
+                 scale: float | None = None) -> dict:
     """Max abs / rel error of `other` against `ref`, and whether it is within atol + rtol * max|ref|.
 
     `fraction` lets that share of the elements (rounded down) exceed the bound: the tensor is within when
@@ -83,7 +86,8 @@ def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float,
     sides is equal, and so is NaN against NaN (the same computation gave no number on either side; a
     masked class or vocabulary entry is -inf on both); they add 0 error. A NaN or an infinity facing a
     finite number, another infinity or NaN fails the tensor, and `nonfinite` names each kind with its
-    count: no tolerance passes it. abs and rel are computed over the finite pairs only."""
+    count: no tolerance passes it. abs and rel are computed over the finite pairs only. `scale`: max|ref| when
+    `ref` is a sample of the tensor the bound is for (summary_error)."""
     ref, other = np.asarray(ref, np.float64), np.asarray(other, np.float64)
     if ref.shape != other.shape:
         return {"abs": None, "rel": None, "tolerance_used": None, "within": False,
@@ -99,7 +103,8 @@ def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float,
         ref, other = ref[finite], other[finite]
     diffs = np.abs(ref - other).ravel()
     diff = float(diffs.max()) if diffs.size else 0.0
-    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    if scale is None:
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
     bound, allowed = atol + rtol * scale, allowed_over(fraction, diffs.size)
     # the error the bound must cover: the largest with no fraction, else the largest beyond the allowed ones
     needed = 0.0 if allowed >= diffs.size else float(np.partition(diffs, diffs.size - 1 - allowed)[-1 - allowed])
@@ -122,3 +127,37 @@ def module_error(a: np.ndarray, b: np.ndarray, bounds: dict, names: tuple[str, s
         return tensor_error(a, b, bounds["atol"], bounds["rtol"], names, bounds.get("fraction", 0.0))
     return {"abs": None, "rel": None, "tolerance_used": None, "within": False,
             "note": f"output shapes differ: {names[0]} {list(a.shape)}, {names[1]} {list(b.shape)} (both channel-last)"}
+
+
+def summary_error(key: str, ref, other, atol: float, rtol: float, names: tuple[str, str],
+                  fraction: float = 0.0) -> dict:
+    """A tensor judged by its summary (common/summary.py), either side kept whole or summarized: element by
+    element on the sample, against the bound the whole tensor sets (atol + rtol * max|ref|, from its
+    statistics), and by the checks its statistics allow (summary_checks: each a necessary condition of
+    element-wise agreement, so a failed one fails the tensor). `abs` is the larger of the sample's error and
+    what the largest magnitudes prove (|max|ref| - max|other|| <= max|ref - other|): a lower bound of the
+    whole tensor's error."""
+    ref_s, other_s = (x if isinstance(x, TensorSummary) else summarize(key, x) for x in (ref, other))
+    if ref_s.shape != other_s.shape or not np.array_equal(ref_s.indices, other_s.indices):
+        why = f"shapes differ: {ref_s.shape} vs {other_s.shape}" if ref_s.shape != other_s.shape else \
+            "the two summaries sampled other elements (a tensor file of another toolkit version?)"
+        return {"abs": None, "rel": None, "tolerance_used": None, "within": False, "note": why}
+    scale = ref_s.stats["max_abs"]
+    sample = tensor_error(ref_s.values, other_s.values, atol, rtol, names, fraction, scale=scale)
+    bound = atol + rtol * scale
+    checks = summary_checks(ref_s, other_s, bound)
+    failed = {name: c for name, c in checks.items() if not c["within"]}
+    entry = {**sample, "judged_by": "summary", "sampled": f"{ref_s.values.size} of {ref_s.size} elements",
+             "summary_checks": checks}
+    if failed:
+        lower = abs(checks["max_abs"]["ref"] - checks["max_abs"]["other"])
+        used = [abs(c["ref"] - c["other"]) / c["allowed"] for c in failed.values() if c["allowed"] > 0]
+        entry.pop("passes_with", None)
+        entry.update(within=False, abs=max(sample["abs"] or 0.0, lower),
+                     tolerance_used=max([sample["tolerance_used"] or 0.0, *used]) if "nonfinite" not in failed
+                     else None,
+                     note=f"its whole-tensor statistics leave the bound: {', '.join(failed)} "
+                          + "; ".join(f"{name} {c['ref']:.6g} vs {c['other']:.6g} (allowed difference "
+                                      f"{c['allowed']:.3g})" for name, c in failed.items()))
+        entry["rel"] = entry["abs"] / scale if scale > 0 else None
+    return entry

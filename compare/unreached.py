@@ -20,13 +20,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.summary import TensorSummary
+
 EPSILON = {"float32": float(np.finfo(np.float32).eps), "bfloat16": 2.0 ** -7}
 SHARE_OF_EPSILON = 0.25
 
 
 def _max_abs(tree: dict) -> dict[str, float]:
-    return {name: float(np.max(np.abs(np.asarray(g, np.float64)))) if np.size(g) else 0.0
-            for name, g in tree.items() if np.all(np.isfinite(g))}
+    """{parameter: max|gradient|} of every all-finite gradient, kept whole or as a summary (common/summary.py)."""
+    out = {}
+    for name, g in tree.items():
+        if isinstance(g, TensorSummary):
+            if not g.stats["nonfinite"]:
+                out[name] = g.stats["max_abs"]
+        elif np.all(np.isfinite(g)):
+            out[name] = float(np.max(np.abs(np.asarray(g, np.float64)))) if np.size(g) else 0.0
+    return out
 
 
 def unreached_params(ref_grads: dict, other_grads: dict, dtype: str) -> dict[str, dict]:

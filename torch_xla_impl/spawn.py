@@ -58,7 +58,7 @@ def _replica(index: int, spec_dict: dict, options: RunOptions, progress: bool) -
         progress_printer(progress and ordinal == 0))
     if ordinal == 0:
         if tensors:
-            record.tensors = write_tensors(options.out_dir, tensors)
+            record.tensors = write_tensors(options.out_dir, tensors, options.tensors)
         write_record(options.out_dir, record)
 
 

@@ -1,0 +1,104 @@
+"""`--tensors summary`: the parameter-sized tensors kept as statistics and a fixed sample (common/summary.py),
+judged on the sample and by what the statistics prove; a correct pair passes and a perturbed parameter fails,
+even where the perturbed element is not in the sample."""
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from common.record import read_record, read_tensors, write_tensors
+from common.summary import SAMPLE_SIZE, TensorSummary, sample_indices, summarize
+from compare.parity import compare_tensors
+from compare.tolerances import load_policy
+from tests.helpers import run_cli
+
+POLICY = load_policy("default", "float32")
+
+
+def _tensor_file(tmp_path, name: str, params: dict, mode: str) -> dict:
+    """`params` written as a backend writes them in `mode`, and read back as compare reads them."""
+    folder = tmp_path / name
+    folder.mkdir()
+    record = SimpleNamespace(tensors=write_tensors(folder, {"params": params}, mode))
+    return read_tensors(folder, record)
+
+
+def test_a_summary_keeps_the_statistics_and_the_same_sample_on_every_side(tmp_path):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((128, 96)).astype(np.float32)
+    w[3, 5] = np.inf
+    s = summarize("params/w", w)
+    finite = w[np.isfinite(w)].astype(np.float64)
+    assert s.shape == (128, 96) and s.values.size == SAMPLE_SIZE and s.stats["count"] == w.size
+    assert s.stats["nonfinite"] == 1 and s.stats["sum"] == pytest.approx(finite.sum(), rel=1e-12)
+    assert s.stats["sum_sq"] == pytest.approx(np.dot(finite, finite), rel=1e-12)
+    assert s.stats["max_abs"] == float(np.abs(finite).max())
+    assert np.array_equal(s.indices, sample_indices("params/w", w.size))  # the name decides, not the values
+    assert np.array_equal(s.values, w.reshape(-1)[s.indices])
+    assert not np.array_equal(sample_indices("params/v", w.size), s.indices)
+    # through the tensor file: a tensor no larger than the sample stays whole; a larger one is its summary
+    small = np.arange(SAMPLE_SIZE, dtype=np.float32)
+    read = _tensor_file(tmp_path, "run", {"w": w, "small": small}, "summary")["params"]
+    assert isinstance(read["w"], TensorSummary) and read["w"].stats == s.stats
+    assert np.array_equal(read["w"].indices, s.indices) and np.array_equal(read["small"], small)
+    big = np.zeros((1024, 512), np.float32)  # 2 MiB kept as 4,096 values and indices: 32 KiB and its headers
+    _tensor_file(tmp_path, "big", {"big": big}, "summary")
+    assert (tmp_path / "big" / "tensors.npz").stat().st_size < 0.02 * big.nbytes
+
+
+@pytest.mark.parametrize("mode", ["summary", "full"])  # the other side kept whole: summarized to compare
+def test_a_correct_pair_passes_and_a_perturbed_parameter_fails(tmp_path, mode):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((256, 64)).astype(np.float32)  # 16,384 elements; fp32's params bound: 5e-3 + 1e-2 max|w|
+    ref = _tensor_file(tmp_path, "ref", {"w": w}, "summary")
+    unsampled = np.setdiff1d(np.arange(w.size), sample_indices("params/w", w.size))[17]
+    outlier = w.copy()
+    outlier.reshape(-1)[unsampled] = 9.0  # one element, not in the sample, beyond every other magnitude
+    cases = {"close": (w + rng.uniform(-1e-6, 1e-6, w.shape).astype(np.float32), True),
+             "noisy": (w + rng.normal(0, 0.1, w.shape).astype(np.float32), False),  # a whole tensor off
+             "outlier": (outlier, False)}
+    found = {}
+    for name, (other, within) in cases.items():
+        entry = compare_tensors(ref, _tensor_file(tmp_path, f"{name}-{mode}", {"w": other}, mode), POLICY,
+                                ("jax", "torch"))["params/w"]
+        assert entry["judged_by"] == "summary" and entry["sampled"] == f"{SAMPLE_SIZE} of 16384 elements"
+        assert entry["within"] is within, (name, entry)
+        found[name] = entry
+    # the noisy tensor fails on its sample; the outlier only by the largest magnitude,
+    # which is also the lower bound the entry gives of the whole tensor's error
+    assert found["noisy"]["over"] > 2000
+    assert found["outlier"]["over"] == 0 and not found["outlier"]["summary_checks"]["max_abs"]["within"]
+    assert "its whole-tensor statistics leave the bound: max_abs" in found["outlier"]["note"]
+    true_error = abs(9.0 - w.reshape(-1)[unsampled])
+    assert found["outlier"]["abs"] == pytest.approx(9.0 - np.abs(w).max(), rel=1e-6)
+    assert found["outlier"]["abs"] <= true_error
+
+
+def test_a_summary_that_sampled_other_elements_is_never_judged_equal(tmp_path):
+    w = np.ones((100, 100), np.float32)
+    a, b = summarize("params/w", w), summarize("params/w", w)
+    b = TensorSummary(b.shape, b.stats, b.indices[::-1].copy(), b.values)
+    entry = compare_tensors({"params": {"w": a}}, {"params": {"w": b}}, POLICY)["params/w"]
+    assert entry["within"] is False and "sampled other elements" in entry["note"]
+
+
+@pytest.mark.slow
+def test_compare_with_summaries_passes_gpt_tiny_and_says_what_was_judged_by_summary(tmp_path):
+    proc = run_cli("compare", "--quiet", "--out", str(tmp_path), "--backend", "jax,torch", "--steps", "3",
+                   "--tensors", "summary")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    tensors = report["parity"]["torch"]["tensors"]
+    summarized = {k for k, v in tensors.items() if v.get("judged_by") == "summary"}
+    assert summarized and summarized <= {k for k in tensors if k.startswith(("grads/", "params/"))}
+    assert all(tensors[k]["within"] and tensors[k]["summary_checks"]["l2_norm"]["within"] for k in summarized)
+    assert "outputs/logits" in tensors and "judged_by" not in tensors["outputs/logits"]  # batch-sized: whole
+    for name in ("jax", "torch"):
+        record = read_record(tmp_path / name)
+        assert record.extra["tensors"] == "summary"
+        kept = read_tensors(tmp_path / name, record)
+        assert {f"{g}/{k}" for g in ("grads", "params") for k, v in kept[g].items()
+                if isinstance(v, TensorSummary)} == summarized
+        assert all(v.size > SAMPLE_SIZE for g in ("grads", "params") for v in kept[g].values()
+                   if isinstance(v, TensorSummary))
