@@ -19,6 +19,7 @@ import os
 import platform
 import sys
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -260,35 +261,68 @@ def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]],
     return TENSORS_FILE
 
 
-def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, dict]:
-    """The tensor file a record points to, as {group: {name: array, or common.summary.TensorSummary}}."""
+class LazyTensors(Mapping):
+    """One group of a tensor file, {name: array or summary}: each array read from the file when asked for and
+    not kept, so that compare holds the tensors it is comparing, not every backend's whole file (the entries
+    were checked when the file was opened: read_tensors); the summaries, small, are held."""
+
+    def __init__(self, npz, keys: dict[str, str], summaries: dict):
+        self._npz, self._keys, self._summaries = npz, keys, summaries
+
+    def __getitem__(self, name: str):
+        return self._summaries[name] if name in self._summaries else self._npz[self._keys[name]]
+
+    def __iter__(self):
+        return iter([*self._keys, *self._summaries])
+
+    def __len__(self) -> int:
+        return len(self._keys) + len(self._summaries)
+
+
+def _entry_dtype(npz, key: str) -> np.dtype:
+    """An npz entry's dtype, from its header (nothing else of it read)."""
+    with npz.zip.open(f"{key}.npy") as member:
+        version = np.lib.format.read_magic(member)
+        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        return header(member)[2]
+
+
+def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, Mapping]:
+    """The tensor file a record points to, as {group: {name: array (read when asked for: LazyTensors), or a
+    common.summary.TensorSummary}}. The whole file is checked first, streamed (every entry's CRC and dtype):
+    a corrupt or foreign file is one RecordError here, not a failure in the middle of a report."""
     if not record.tensors:
         raise RecordError(f"run record {record_path} has no tensor file (run the backend with --parity)")
     base = Path(record_path)
     path = (base if base.is_dir() else base.parent) / record.tensors
-    groups: dict[str, dict] = {g: {} for g in TENSOR_GROUPS}
+    keys: dict[str, dict[str, str]] = {g: {} for g in TENSOR_GROUPS}
     summaries: dict[tuple[str, str], dict] = {}
     require_regular_file(path, "tensor file", RecordError)
     try:
-        with np.load(path) as f:
-            for key in f.files:
-                group, _, name = key.partition("/")
-                name, at, part = name.rpartition("@") if "@" in name else (name, "", "")
-                if group not in groups or not name:
-                    raise RecordError(f"tensor file {path} has an unexpected entry {key!r}")
-                value = f[key]
-                if value.dtype.kind not in "biuf":  # what write_tensors writes: numbers only
-                    raise RecordError(f"tensor file {path}: entry {key!r} holds {value.dtype} "
-                                      "values, not numbers (a tensor file this toolkit did not write)")
-                if at:
-                    summaries.setdefault((group, name), {})[part] = value
-                else:
-                    groups[group][name] = value
+        npz = np.load(path)
+        bad = npz.zip.testzip()
+        if bad is not None:
+            raise RecordError(f"tensor file {path} is corrupt or truncated: entry {bad!r} fails its checksum")
+        for key in npz.files:
+            group, _, name = key.partition("/")
+            name, at, part = name.rpartition("@") if "@" in name else (name, "", "")
+            if group not in keys or not name:
+                raise RecordError(f"tensor file {path} has an unexpected entry {key!r}")
+            dtype = _entry_dtype(npz, key)
+            if dtype.kind not in "biuf":  # what write_tensors writes: numbers only
+                raise RecordError(f"tensor file {path}: entry {key!r} holds {dtype} "
+                                  "values, not numbers (a tensor file this toolkit did not write)")
+            if at:
+                summaries.setdefault((group, name), {})[part] = npz[key]  # small: read now
+            else:
+                keys[group][name] = key
+        kept: dict[str, dict] = {g: {} for g in TENSOR_GROUPS}
         for (group, name), parts in summaries.items():
             try:
-                groups[group][name] = summary.from_arrays(parts)
+                kept[group][name] = summary.from_arrays(parts)
             except ValueError as e:
                 raise RecordError(f"tensor file {path}: the summary of {group}/{name} is malformed: {e}") from None
+        groups: dict[str, Mapping] = {g: LazyTensors(npz, keys[g], kept[g]) for g in TENSOR_GROUPS}
     except FileNotFoundError:
         raise RecordError(f"tensor file {path} does not exist") from None
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
