@@ -102,3 +102,17 @@ def test_compare_with_summaries_passes_gpt_tiny_and_says_what_was_judged_by_summ
                 if isinstance(v, TensorSummary)} == summarized
         assert all(v.size > SAMPLE_SIZE for g in ("grads", "params") for v in kept[g].values()
                    if isinstance(v, TensorSummary))
+
+
+def test_a_tensor_file_read_lazily_gives_what_was_checked_even_if_another_run_replaces_it(tmp_path):
+    """compare reads each array when it asks for it (common.record.LazyTensors): a run that replaces the file
+    meanwhile (written atomically, as every backend writes) cannot slip its values into this judgement, since
+    the open file is the one that was checked."""
+    first = {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    folder = tmp_path / "run"
+    folder.mkdir()
+    record = SimpleNamespace(tensors=write_tensors(folder, {"params": first}))
+    opened = read_tensors(folder, record)
+    write_tensors(folder, {"params": {"w": -np.ones((3, 4), np.float32)}})  # another run's, same name
+    assert np.array_equal(opened["params"]["w"], first["w"])
+    assert np.array_equal(read_tensors(folder, record)["params"]["w"], -np.ones((3, 4)))  # a new read: the new file
