@@ -89,7 +89,8 @@ def refuse_foreign_out(out_dir: Path, logs: tuple[str, ...] = ()) -> None:
 
 def run_options(args: argparse.Namespace, own: list[str], out_dir: Path) -> RunOptions:
     """The options of this run, read once; `own`: the dests of the backend's own flags."""
-    return RunOptions(parity=args.parity, tensors=args.tensors, activations=args.activations or args.activations_only,
+    return RunOptions(parity=args.parity, tensors=args.tensors, whole_tensors=args.whole_tensors,
+                      activations=args.activations or args.activations_only,
                       train=not args.activations_only, checkpoint=args.checkpoint,
                       throughput_steps=args.throughput_steps, provocations=tuple(args.provoke),
                       profile_steps=args.profile, hlo=not args.no_hlo, compile_cache=args.compile_cache,
@@ -142,7 +143,7 @@ def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...]
     if is_writer:
         try:
             if tensors:
-                record.tensors = write_tensors(out_dir, tensors, options.tensors)
+                record.tensors = write_tensors(out_dir, tensors, options.tensors, frozenset(options.whole_tensors))
             write_record(out_dir, record)
         except OSError as e:  # atomic writes: nothing half-written is left behind
             io_failure(out_dir, e, args.debug)

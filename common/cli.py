@@ -16,7 +16,7 @@ from common.checkpoints import parse_checkpoint
 from common.data import DataError
 from common.presets import load_spec
 from common.provoke import Provocation, check_provocations, parse_provocation
-from common.record import TENSOR_MODES, RecordError
+from common.record import BACKEND_TENSOR_MODES, RecordError
 from common.spec import RunSpec, SpecError
 from common.vocab import PROVOKABLE, ExitCode
 from common.weights import CheckpointError
@@ -105,10 +105,13 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="run directory (default runs/<backend>-<time>)")
     parser.add_argument("--parity", action="store_true",
                         help="also save step-0 outputs and gradients and the final parameters (canonical layout)")
-    parser.add_argument("--tensors", choices=TENSOR_MODES, default="full",
+    parser.add_argument("--tensors", choices=BACKEND_TENSOR_MODES, default="full",
                         help="with --parity: keep the parameter-sized tensors (gradients, final parameters and "
                              "state) whole (full), or as summaries: statistics and a fixed sample of their values "
                              "(common/summary.py), for models too large to keep twice on disk")
+    parser.add_argument("--whole-tensors", type=lambda text: tuple(filter(None, text.split(","))), default=(),
+                        metavar="KEY,...", help="with --tensors summary: keep these (e.g. grads/wte.embedding) whole "
+                                                "(compare's second pass of --tensors auto)")
     parser.add_argument("--activations", action="store_true",
                         help="also save step 0's per-module inputs and outputs, which locate where two ports part "
                              "(compare asks for them when step 0 disagrees or with its own --activations)")

@@ -33,7 +33,8 @@ class RunOptions:
     apart (one spec file)."""
 
     parity: bool = False  # step-0 tensors, final parameters and state, eval-mode logits
-    tensors: str = "full"  # common.record.TENSOR_MODES: the parameter-sized groups whole, or as summaries
+    tensors: str = "full"  # common.record.BACKEND_TENSOR_MODES: the parameter-sized groups whole, or as summaries
+    whole_tensors: tuple[str, ...] = ()  # keys kept whole in the summary mode (compare/second_pass.py)
     activations: bool = False  # step 0's per-module inputs and outputs
     train: bool = True  # False: step 0's activations from the start weights, and nothing trained (a capture run)
     checkpoint: str | None = None  # the start weights, FORMAT:PATH; None: the spec's own initialisation

@@ -38,10 +38,15 @@ TENSORS_FILE = "tensors.npz"
 LOG_FILES = ("stdout.log", "stderr.log")  # compare's logs of a backend it runs, beside the record
 SPEC_FILE = "spec.json"  # the spec compare resolved for a backend, written beside them before it starts
 TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations", "activation_grads")
-# --tensors: the groups that grow with the model (parameter-sized) whole, or as summaries (common/summary.py); the
-# others grow with the batch and stay whole (the logits' distributions need every row)
-TENSOR_MODES = ("full", "summary")
-SUMMARIZED_GROUPS = ("grads", "params", "state")
+# --tensors: the tensors kept whole, or as summaries (common/summary.py): in the summary mode, those of the groups
+# that grow with the model (parameter-sized) where larger than the sample, those that grow with the batch (outputs,
+# eval logits) where larger than 4 MiB; the activations, captured where a divergence needs locating,
+# stay whole. "auto" is compare's: its backends keep summaries, and a second pass keeps whole those that leave
+# tolerance (compare/second_pass.py)
+BACKEND_TENSOR_MODES = ("full", "summary")
+TENSOR_MODES = (*BACKEND_TENSOR_MODES, "auto")
+SUMMARIZED_GROUPS = {"grads": summary.SAMPLE_SIZE, "params": summary.SAMPLE_SIZE, "state": summary.SAMPLE_SIZE,
+                     "outputs": 2 ** 20, "eval": 2 ** 20}  # group: elements kept whole up to (4 MiB of float32)
 
 # Environment variables that change numerics, devices or compilation.
 NUMERICS_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION",
@@ -238,10 +243,11 @@ def read_record(path: str | Path) -> RunRecord:
     return record
 
 
-def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]], mode: str = "full") -> str:
-    """Save canonical tensors as `<group>/<name>` in one npz, those of SUMMARIZED_GROUPS as summaries
-    (`<group>/<name>@stats`, ...) in mode "summary", one at a time, where larger than the sample; returns its
-    relative path."""
+def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]], mode: str = "full",
+                  whole: frozenset[str] = frozenset()) -> str:
+    """Save canonical tensors as `<group>/<name>` in one npz, in mode "summary" those of SUMMARIZED_GROUPS larger
+    than their group's size as summaries (`<group>/<name>@stats`, ...), one at a time, except the keys in `whole`
+    (compare's second pass); returns its relative path."""
     arrays = {}
     for group, tensors in groups.items():
         if group not in TENSOR_GROUPS:
@@ -251,7 +257,7 @@ def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]],
             if value.dtype.kind not in "biuf":  # e.g. ml_dtypes' bfloat16, which npz cannot round-trip
                 value = value.astype(np.float32)
             key = f"{group}/{name}"
-            if mode == "summary" and group in SUMMARIZED_GROUPS and value.size > summary.SAMPLE_SIZE:
+            if mode == "summary" and value.size > SUMMARIZED_GROUPS.get(group, value.size) and key not in whole:
                 arrays.update(summary.to_arrays(key, summary.summarize(key, value)))
             else:
                 arrays[key] = value
@@ -319,7 +325,7 @@ def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, Mappin
         kept: dict[str, dict] = {g: {} for g in TENSOR_GROUPS}
         for (group, name), parts in summaries.items():
             try:
-                kept[group][name] = summary.from_arrays(parts)
+                kept[group][name] = summary.from_arrays(f"{group}/{name}", parts)
             except ValueError as e:
                 raise RecordError(f"tensor file {path}: the summary of {group}/{name} is malformed: {e}") from None
         groups: dict[str, Mapping] = {g: LazyTensors(npz, keys[g], kept[g]) for g in TENSOR_GROUPS}

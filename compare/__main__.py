@@ -37,11 +37,12 @@ from common.vocab import (  # noqa: E402
     ParityMode,
     values,
 )
+from common.weights import param_count  # noqa: E402
 from compare.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
 from compare.cache import default_cache_dir  # noqa: E402
-from compare.capture import capture, parted_at_step0  # noqa: E402
 from compare.determinism import determinism_check  # noqa: E402
-from compare.launch import capture_launch, floor_launch, main_launch, seed_launch, side_spec  # noqa: E402
+from compare.extra_runs import keep_whole, locate_divergence, noise_floor_runs  # noqa: E402
+from compare.launch import floor_launch, main_launch, seed_launch, side_spec  # noqa: E402
 from compare.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
 from compare.orchestrate import Plan, run_all  # noqa: E402
 from compare.output import show, write_report  # noqa: E402
@@ -51,6 +52,7 @@ from compare.progress import LiveProgress  # noqa: E402
 from compare.report import ReportInputs, build_report, check_belongs  # noqa: E402
 from compare.rundir import RunDirError, claim, default_out, new_run_id  # noqa: E402
 from compare.rundir import check as check_out  # noqa: E402
+from compare.second_pass import default_mode  # noqa: E402
 from compare.statistical import SEEDS_DIR, statistical_check  # noqa: E402
 from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
 
@@ -114,10 +116,12 @@ def parse_args(argv):
     parser.add_argument("--seeds", type=bounded_int(1, MAX_SEEDS, "seeds"), default=5, metavar="K",
                         help="seeds per backend in the statistical parity mode (default 5, at least 3; each is a "
                              "whole run of every backend)")
-    parser.add_argument("--tensors", choices=TENSOR_MODES, default="full",
+    parser.add_argument("--tensors", choices=TENSOR_MODES,
                         help="full: every backend keeps its gradients and final parameters whole and they are judged "
                              "element by element; summary: as statistics and a fixed sample of values, judged on the "
-                             "sample and by norms (common/summary.py), for models too large to keep whole")
+                             "sample and by norms (common/summary.py), for models too large to keep whole; auto: "
+                             "summaries, and those that leave tolerance kept whole by a second run (default: auto "
+                             "above 20M parameters, else full)")
     parser.add_argument("--activations", action="store_true",
                         help="compare every module's step-0 activations on every backend, even when parity passes "
                              "(each run captures them; by default only where step 0 parts, by one more run that "
@@ -228,33 +232,6 @@ def check_parity_mode(args, spec) -> None:
                         f"--{reused[0].flag}-record (run that backend here instead)")
 
 
-def locate_divergence(args, plan: Plan, outcome, build) -> dict:
-    """The report (`build(interrupted)`), built again with the activations of the backends that part at step
-    0 when there are any, captured now. Not with --activations (the runs captured theirs) nor in the
-    statistical mode: each framework draws its own dropout masks, so step 0 parts by design and its
-    activations locate nothing."""
-    report = build(outcome.interrupted)
-    if args.activations or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
-        return report
-    parted = [n for n in parted_at_step0(report) if n in plan.launches]
-    if not parted:
-        return report
-    try:
-        capture(parted, plan.pythons, {n: capture_launch(args, n) for n in parted}, plan.out, args.timeout)
-    except KeyboardInterrupt:
-        outcome.interrupted = True
-    return build(outcome.interrupted)
-
-
-def noise_floor_runs(args, policy: str, plan: Plan, outcome) -> list[str]:
-    """The backends run once more for their noise floor (compare/noise_floor.py: bfloat16 in float32, float32
-    from jittered start weights) when their dtype's policy asks: every one that ran here (not a reused record)
-    and finished, in the deterministic or exact mode (the statistical test judges its own way)."""
-    if policy != "noise-floor" or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
-        return []
-    return [n for n in plan.launches if n in outcome.runs and outcome.runs[n].status == BackendStatus.OK]
-
-
 def run_entries(names: list[str]) -> list[str]:
     """Every top-level entry a compare run may write in its directory (what replacing it may remove)."""
     return [*names, *(f"{n}-repeat" for n in names), START_DIR, SEEDS_DIR, FLOOR_DIR, *REPORT_FILES, *PLOT_FILES]
@@ -314,6 +291,16 @@ def claim_run_dir(args, names: list[str], prepared: Path | None):
     return run_dir
 
 
+def tensor_mode(args, names: list[str]) -> dict:
+    """How the backends keep their parameter-sized tensors ({mode, why}): --tensors, else by the model's size
+    (the prepared spec's: a twin's parameters are known once it is described); sets args.tensors."""
+    if args.tensors:
+        return {"mode": args.tensors, "why": "--tensors"}
+    mode, why = default_mode(param_count(side_spec(args, names[0]).model))
+    args.tensors = mode
+    return {"mode": mode, "why": why}
+
+
 def main(argv=None) -> int:
     install_signal_handlers()
     entered = time.time()
@@ -328,6 +315,7 @@ def main(argv=None) -> int:
     except RunDirError as e:
         fail(str(e), ExitCode.USAGE)
     run_dir = claim_run_dir(args, names, prepare(args, spec, names))
+    tensors = tensor_mode(args, names)
     out = args.out
     plan = Plan(names, {n: getattr(args, f"{n}_python") for n in names},
                 {n: main_launch(args, n) for n in names if n not in reuse}, reuse, out, args.timeout,
@@ -350,12 +338,13 @@ def main(argv=None) -> int:
     backends_done = time.time()
     inputs = ReportInputs(spec, policy, names, reference, out, args.run_id, args.tolerance_profile,
                           args.compile_cache, {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names},
-                          args.parity_mode, args.debug, floors, args.require_same_device)
+                          args.parity_mode, args.debug, floors, args.require_same_device, tensors)
     checks = ((("statistical", functools.partial(statistical_check, out, names, reference, seeds)),) if seeds else ()) \
         + ((("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)),)
            if args.check_determinism else ())
-    report = locate_divergence(args, plan, outcome,
-                               lambda interrupted: build_report(inputs, outcome.runs, interrupted, checks))
+    build = functools.partial(build_report, inputs, outcome.runs, checks=checks)
+    report = keep_whole(args, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build)
+    report = locate_divergence(args, plan, outcome, report, build)
     report["run_id"], report["replaced_run"] = args.run_id, run_dir.replaced
     report["wall_time"] = {"compare_imports_s": entered - STARTED_AT, "prepare_s": main_started - entered,
                            "backends_s": backends_done - main_started,

@@ -47,7 +47,8 @@ def _flags(args, name: str) -> list[str]:
         flags += ["--profile", str(args.profile)]
     if args.no_hlo:
         flags.append("--no-hlo")
-    return flags + ["--tensors", args.tensors, "--run-id", args.run_id]
+    # --tensors auto: the backends keep summaries, compare's second pass what it needs whole (compare/second_pass.py)
+    return flags + ["--tensors", "summary" if args.tensors == "auto" else args.tensors, "--run-id", args.run_id]
 
 
 def main_launch(args, name: str) -> Launch:
@@ -74,6 +75,18 @@ def floor_launch(args, name: str, dtype: str) -> Launch:
         changes["overrides"] = [*args.overrides, f"train.start_jitter_ulps={JITTER_ULPS}"]
     side = argparse.Namespace(**{**vars(args), **changes})
     return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--parity", "--throughput-steps", "0"))
+
+
+def whole_launch(args, name: str, keys: list[str], floor_dtype: str | None = None) -> Launch:
+    """--tensors auto's second pass (compare/second_pass.py) of a main run, or of a noise-floor run of
+    `floor_dtype`: the same spec, start and batches, so the same values, keeping `keys` whole (no HLO, profile,
+    throughput or activations, which change no value)."""
+    if floor_dtype:
+        base = floor_launch(args, name, floor_dtype)
+    else:
+        quiet = argparse.Namespace(**{**vars(args), "profile": 0, "no_hlo": True})
+        base = Launch(side_spec(args, name), (*_flags(quiet, name), "--parity", "--throughput-steps", "0"))
+    return Launch(base.spec, (*base.flags, "--whole-tensors", ",".join(keys)))
 
 
 def seed_launch(args, name: str, seed: int) -> Launch:

@@ -4,11 +4,12 @@ from __future__ import annotations
 import numpy as np
 
 from common.record import RunRecord
-from common.summary import TensorSummary
+from common.summary import TensorSummary, summarize
 from compare import noise_floor
 from compare.backward import first_divergent_module_backward
 from compare.curves import compare_curves, curves_words
 from compare.noise_floor import Floors
+from compare.second_pass import mark_second_pass
 from compare.tensor_error import module_error, passes_with_words, summary_error, tensor_error
 from compare.unreached import mark_unreached, unreached_params
 
@@ -137,14 +138,32 @@ def logit_agreement(ref: np.ndarray, other: np.ndarray, chunk: int = 4096) -> di
             "positions": len(a)}
 
 
+def _sampled_rows(ref, other) -> tuple:
+    """The logit rows two summaries kept (common/summary.py: the same rows on both sides; a side kept whole is
+    summarized alike), and how many of how many positions; (None, None, None) when they sampled other rows."""
+    ref_s, other_s = (x if isinstance(x, TensorSummary) else summarize("outputs/logits", x) for x in (ref, other))
+    if ref_s.shape != other_s.shape or not np.array_equal(ref_s.indices, other_s.indices):
+        return None, None, None
+    width = ref_s.shape[-1]
+    rows = ref_s.values.reshape(-1, width), other_s.values.reshape(-1, width)
+    return (*rows, f"{len(rows[0])} of {ref_s.size // width} positions")
+
+
 def judge_distribution(ref: dict, other: dict, bounds: dict, dtype: str, tensors: dict) -> dict | None:
     """Logit agreement with its verdict; in bfloat16 it also decides whether the logits are within."""
     logits_ref, logits_other = ref.get("outputs", {}).get("logits"), other.get("outputs", {}).get("logits")
     if logits_ref is None or logits_other is None:
         return None
+    sampled = None
+    if isinstance(logits_ref, TensorSummary) or isinstance(logits_other, TensorSummary):  # judged on its rows
+        logits_ref, logits_other, sampled = _sampled_rows(logits_ref, logits_other)
+        if sampled is None:
+            return None
     agreement = logit_agreement(logits_ref, logits_other)  # None unless both define the same distributions
     if agreement is None:
         return None
+    if sampled:
+        agreement["sampled"] = sampled
     agreement["within"] = agreement["kl_mean"] <= bounds["kl_mean"] and agreement["top1"] >= bounds["top1"]
     entry = tensors.get("outputs/logits")
     if dtype == "bfloat16" and entry is not None:
@@ -220,6 +239,7 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     unreached = unreached_params(ref_tensors.get("grads", {}), other_tensors.get("grads", {}),
                                  str(ref.numerics.get("dtype")))
     mark_unreached(tensors, unreached)
+    mark_second_pass(tensors, ref_tensors, other_tensors)
     if floors is not None:
         noise_floor.judge_tensors(tensors, ref_tensors, other_tensors, floors)
     distribution = judge_distribution(ref_tensors, other_tensors, policy["distribution"],

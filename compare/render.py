@@ -8,6 +8,9 @@ from common.modules import ROOT_MODULE
 from compare.program import metric_rows
 from compare.tensor_error import passes_with_words
 
+# how a tensor row was judged when not element by element in full (its kind column says it)
+JUDGED_BY = {"noise-floor": ", noise floor", "summary": ", by summary"}
+
 
 def _fmt(value, spec: str = ".3g") -> str:
     """A number as `spec`; None as '-'; anything else (report.json's "nan", "inf", "-inf") as it is."""
@@ -101,7 +104,8 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         out.append((f"Worst tensors of {name} ({ref} is the reference)",
                     ["tensor", "kind", "max abs", "max rel", "of tolerance", "elements over", "within",
                      "smallest passing tolerance"],
-                    [[w["name"], w["kind"] + (", noise floor" if w.get("judged_by") == "noise-floor" else ""),
+                    [[w["name"], w["kind"] + JUDGED_BY.get(w.get("judged_by"), "")
+                      + (", whole by a 2nd pass" if w.get("second_pass") else ""),
                       _fmt(w["abs"], ".3e"), _fmt(w["rel"], ".3e"),
                       _fmt(w["tolerance_used"], ".1%"), _over(w), "yes" if w["within"] else "NO",
                       passes_with_words(w["passes_with"]).removeprefix("would pass with ") if w.get("passes_with")

@@ -96,6 +96,7 @@ from compare.capture import captured_activations
 from compare.devices import devices_check, one_device
 from compare.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
 from compare.parity import check_parity, failure_message
+from compare.second_pass import with_second_pass
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
 from compare.tolerances import load_policy
 from compare.verdict import CheckResult, decide, not_made
@@ -159,6 +160,7 @@ class ReportInputs:
     debug: bool = False
     floor_policy: str = "fixed"  # "noise-floor": each run judged against its noise-floor run (compare/noise_floor.py)
     same_device: bool = False  # --require-same-device: backends on different devices are not comparable
+    tensors: dict = field(default_factory=lambda: {"mode": "full"})  # --tensors: {mode, why}
 
 
 def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tuple = ()) -> dict:
@@ -189,6 +191,8 @@ def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tu
         "tolerance_profile": inputs.tolerance_profile, "tolerances": inputs.policy,
         "tolerance_policy": tolerance_policy,
         "parity_mode": inputs.parity_mode, "parity": parity,
+        "tensors": {**inputs.tensors, "second_pass": {n: t["second_pass"] for n, t in tensors.items()
+                                                      if "second_pass" in t}},
         "backends": backends,
         "ratios": (attempt("ratios", ratios, backends, inputs.reference) or {}) if one_device(results) else {},
         "pairwise_loss": attempt("pairwise_loss", pairwise_loss, records) or {},
@@ -236,7 +240,8 @@ def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
             check_belongs(record, path, inputs.run_id)
             if record.status != BackendStatus.OK:
                 raise RecordError(f"{record.status}: {record.message}")
-            floors[name] = FloorRun(record.losses, read_tensors(path, record))
+            floors[name] = FloorRun(record.losses, with_second_pass(read_tensors(path, record), path.parent,
+                                                                    record.run_id, name))
         except (RecordError, OSError) as e:
             missing[name] = f"no noise-floor run ({e}): its pair is judged by the fixed {dtype} bounds"
     return floors, {"policy": "noise-floor", "factor": FACTOR, "floor_runs": str(inputs.out / FLOOR_DIR),
@@ -329,7 +334,7 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
                                               run.started_at, run.wall_s)
             entry["status"] = run.status if run.status != BackendStatus.OK else BackendStatus(record.status)
             if record.status == BackendStatus.OK and want_tensors:
-                tensors = read_tensors(record_path, record)
+                tensors = with_second_pass(read_tensors(record_path, record), run_dir, record.run_id, name)
                 tensors["activations_skipped"] = record.extra.get("activations_skipped", {})
                 if not tensors["activations"]:  # captured apart, when step 0 parted (compare/capture.py)
                     tensors["activations"], tensors["activations_skipped"], tensors["activation_grads"] = \

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from common.record import read_record, read_tensors, write_tensors
-from common.summary import SAMPLE_SIZE, TensorSummary, sample_indices, summarize
+from common.record import RecordError, read_record, read_tensors, write_tensors
+from common.summary import LOGIT_ROWS, SAMPLE_SIZE, TensorSummary, sample_indices, summarize
 from compare.parity import compare_tensors
 from compare.tolerances import load_policy
 from tests.helpers import run_cli
@@ -16,12 +16,15 @@ from tests.helpers import run_cli
 POLICY = load_policy("default", "float32")
 
 
-def _tensor_file(tmp_path, name: str, params: dict, mode: str) -> dict:
-    """`params` written as a backend writes them in `mode`, and read back as compare reads them."""
+def _groups(tmp_path, name: str, groups: dict, mode: str = "summary") -> dict:
+    """`groups` written as a backend writes them in `mode`, and read back as compare reads them."""
     folder = tmp_path / name
     folder.mkdir()
-    record = SimpleNamespace(tensors=write_tensors(folder, {"params": params}, mode))
-    return read_tensors(folder, record)
+    return read_tensors(folder, SimpleNamespace(tensors=write_tensors(folder, groups, mode)))
+
+
+def _tensor_file(tmp_path, name: str, params: dict, mode: str) -> dict:
+    return _groups(tmp_path, name, {"params": params}, mode)
 
 
 def test_a_summary_keeps_the_statistics_and_the_same_sample_on_every_side(tmp_path):
@@ -34,9 +37,9 @@ def test_a_summary_keeps_the_statistics_and_the_same_sample_on_every_side(tmp_pa
     assert s.stats["nonfinite"] == 1 and s.stats["sum"] == pytest.approx(finite.sum(), rel=1e-12)
     assert s.stats["sum_sq"] == pytest.approx(np.dot(finite, finite), rel=1e-12)
     assert s.stats["max_abs"] == float(np.abs(finite).max())
-    assert np.array_equal(s.indices, sample_indices("params/w", w.size))  # the name decides, not the values
+    assert np.array_equal(s.indices, sample_indices("params/w", w.shape))  # the name decides, not the values
     assert np.array_equal(s.values, w.reshape(-1)[s.indices])
-    assert not np.array_equal(sample_indices("params/v", w.size), s.indices)
+    assert not np.array_equal(sample_indices("params/v", w.shape), s.indices)
     # through the tensor file: a tensor no larger than the sample stays whole; a larger one is its summary
     small = np.arange(SAMPLE_SIZE, dtype=np.float32)
     read = _tensor_file(tmp_path, "run", {"w": w, "small": small}, "summary")["params"]
@@ -52,7 +55,7 @@ def test_a_correct_pair_passes_and_a_perturbed_parameter_fails(tmp_path, mode):
     rng = np.random.default_rng(1)
     w = rng.standard_normal((256, 64)).astype(np.float32)  # 16,384 elements; fp32's params bound: 5e-3 + 1e-2 max|w|
     ref = _tensor_file(tmp_path, "ref", {"w": w}, "summary")
-    unsampled = np.setdiff1d(np.arange(w.size), sample_indices("params/w", w.size))[17]
+    unsampled = np.setdiff1d(np.arange(w.size), sample_indices("params/w", w.shape))[17]
     outlier = w.copy()
     outlier.reshape(-1)[unsampled] = 9.0  # one element, not in the sample, beyond every other magnitude
     cases = {"close": (w + rng.uniform(-1e-6, 1e-6, w.shape).astype(np.float32), True),
@@ -81,6 +84,16 @@ def test_a_summary_that_sampled_other_elements_is_never_judged_equal(tmp_path):
     b = TensorSummary(b.shape, b.stats, b.indices[::-1].copy(), b.values)
     entry = compare_tensors({"params": {"w": a}}, {"params": {"w": b}}, POLICY)["params/w"]
     assert entry["within"] is False and "sampled other elements" in entry["note"]
+    # a tensor file whose sample another sampler drew (its indices' checksum) is refused as it is read
+    _tensor_file(tmp_path, "run", {"w": w}, "summary")
+    with np.load(tmp_path / "run" / "tensors.npz") as npz:
+        entries = dict(npz)
+    assert entries["params/w@indices"].tolist()[0] == SAMPLE_SIZE  # the count and checksum, not 4,096 indices
+    entries["params/w@indices"] = entries["params/w@indices"] + np.array([0, 1])
+    np.savez(tmp_path / "run" / "tensors.npz", **entries)
+    with pytest.raises(RecordError, match=r"the summary of params/w is malformed: its sample is not the one this "
+                                          r"toolkit draws for it"):
+        read_tensors(tmp_path / "run", SimpleNamespace(tensors="tensors.npz"))
 
 
 @pytest.mark.slow
@@ -116,3 +129,44 @@ def test_a_tensor_file_read_lazily_gives_what_was_checked_even_if_another_run_re
     write_tensors(folder, {"params": {"w": -np.ones((3, 4), np.float32)}})  # another run's, same name
     assert np.array_equal(opened["params"]["w"], first["w"])
     assert np.array_equal(read_tensors(folder, record)["params"]["w"], -np.ones((3, 4)))  # a new read: the new file
+
+
+@pytest.mark.parametrize("argv, mode", [(["--spec", "gpt2-small"], "auto"), (["--spec", "gpt-tiny"], "full"),
+                                        (["--spec", "gpt2-small", "--tensors", "full"], "full")])
+def test_the_tensor_mode_defaults_to_auto_above_its_size_and_says_why(argv, mode):
+    from compare.__main__ import parse_args, tensor_mode
+    from compare.second_pass import AUTO_ABOVE_PARAMS
+
+    args = parse_args(argv)
+    chosen = tensor_mode(args, ["jax", "torch"])
+    assert chosen["mode"] == args.tensors == mode
+    if "--tensors" in argv:
+        assert chosen["why"] == "--tensors"
+    else:  # gpt2-small: 124,439,808 parameters (GPT-2's 124M, its lm_head tied)
+        assert chosen["why"].startswith(f"the default {'above' if mode == 'auto' else 'up to'} {AUTO_ABOVE_PARAMS:,} ")
+        assert ("124,439,808" in chosen["why"]) == (mode == "auto")
+
+
+def test_large_logits_keep_whole_rows_and_their_distributions_are_judged_on_them(tmp_path):
+    """Logits larger than 4 MiB are kept as LOGIT_ROWS whole rows (each a distribution over the classes) and
+    their statistics; smaller ones whole. KL and top-1 are judged on the kept rows, the same on both sides."""
+    from compare.parity import judge_distribution, logit_agreement
+
+    rng = np.random.default_rng(2)
+    logits = rng.standard_normal((8, 256, 600)).astype(np.float32)  # 1,228,800 elements: over 2**20
+    shifted = logits + rng.normal(0, 1e-4, logits.shape).astype(np.float32)
+    ref, other = (_groups(tmp_path, name, {"outputs": {"logits": x}}) for name, x in (("a", logits), ("b", shifted)))
+    kept = ref["outputs"]["logits"]
+    assert isinstance(kept, TensorSummary) and kept.values.size == LOGIT_ROWS * 600
+    rows = np.unique(kept.indices // 600)
+    assert rows.size == LOGIT_ROWS and np.array_equal(kept.values.reshape(LOGIT_ROWS, 600),
+                                                      logits.reshape(-1, 600)[rows])
+    assert (tmp_path / "a" / "tensors.npz").stat().st_size < 0.01 * logits.nbytes
+    rows_table = compare_tensors(ref, other, POLICY)
+    assert rows_table["outputs/logits"]["judged_by"] == "summary" and rows_table["outputs/logits"]["within"]
+    agreement = judge_distribution(ref, other, POLICY["distribution"], "float32", rows_table)
+    assert agreement["sampled"] == f"{LOGIT_ROWS} of 2048 positions" and agreement["positions"] == LOGIT_ROWS
+    assert agreement == {**logit_agreement(logits.reshape(-1, 600)[rows], shifted.reshape(-1, 600)[rows]),
+                         "sampled": agreement["sampled"], "within": True}
+    small = _groups(tmp_path, "c", {"outputs": {"logits": logits[:1]}})  # 153,600 elements: kept whole
+    assert isinstance(small["outputs"]["logits"], np.ndarray)

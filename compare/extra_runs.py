@@ -1,0 +1,58 @@
+"""The runs compare makes after the backends' own, each only when the report needs it: a noise-floor run per
+backend (its dtype's policy), whole tensors where a summary left tolerance (`--tensors auto`), and step 0's
+activations where a pair parts at step 0 with no module found yet."""
+from __future__ import annotations
+
+from common.vocab import BackendStatus, ParityMode
+from compare.capture import capture, parted_at_step0
+from compare.launch import capture_launch, whole_launch
+from compare.noise_floor import FLOOR_DIR
+from compare.orchestrate import Plan, run_backend
+from compare.second_pass import WHOLE_DIR, needs_whole
+
+
+def noise_floor_runs(args, policy: str, plan: Plan, outcome) -> list[str]:
+    """The backends run once more for their noise floor (compare/noise_floor.py: bfloat16 in float32, float32
+    from jittered start weights) when their dtype's policy asks: every one that ran here (not a reused record)
+    and finished, in the deterministic or exact mode (the statistical test judges its own way)."""
+    if policy != "noise-floor" or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
+        return []
+    return [n for n in plan.launches if n in outcome.runs and outcome.runs[n].status == BackendStatus.OK]
+
+
+def keep_whole(args, plan: Plan, outcome, floored: list[str], dtype: str, report: dict, build) -> dict:
+    """The report (`report`, built from the runs), built again (`build(interrupted)`) after a second pass of
+    the backends whose summarized tensors left tolerance (compare/second_pass.py), and of their noise-floor
+    runs when they have one; unchanged when none did or the tensors were not summarized by `auto`. A reused
+    record is not run again: its tensors are judged as it kept them."""
+    if args.tensors != "auto" or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
+        return report
+    wanted = {n: keys for n, keys in needs_whole(report).items() if n in plan.launches}
+    if not wanted:
+        return report
+    try:
+        for name, keys in wanted.items():
+            run_backend(name, plan.pythons[name], whole_launch(args, name, keys), plan.out / name / WHOLE_DIR,
+                        plan.timeout_s)
+            if name in floored:
+                run_backend(name, plan.pythons[name], whole_launch(args, name, keys, dtype),
+                            plan.out / FLOOR_DIR / name / WHOLE_DIR, plan.timeout_s)
+    except KeyboardInterrupt:  # run_backend has taken the running one's process group down
+        outcome.interrupted = True
+    return build(outcome.interrupted)
+
+
+def locate_divergence(args, plan: Plan, outcome, report: dict, build) -> dict:
+    """The report, built again with the activations of the backends that part at step 0 when there are any,
+    captured now. Not with --activations (the runs captured theirs) nor in the statistical mode: each
+    framework draws its own dropout masks, so step 0 parts by design and its activations locate nothing."""
+    if args.activations or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
+        return report
+    parted = [n for n in parted_at_step0(report) if n in plan.launches]
+    if not parted:
+        return report
+    try:
+        capture(parted, plan.pythons, {n: capture_launch(args, n) for n in parted}, plan.out, plan.timeout_s)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    return build(outcome.interrupted)

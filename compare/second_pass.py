@@ -1,0 +1,123 @@
+"""`--tensors auto`: summaries everywhere, whole tensors only where a summary leaves tolerance.
+
+Every backend keeps its parameter-sized tensors as summaries (common/summary.py). When a tensor judged by its
+summary leaves tolerance, compare runs the reference and that backend once more (the same spec, start,
+batches and provoked recompiles, so the same values; no HLO, profile or throughput, which change none), keeping
+those tensors whole (`--whole-tensors`), into `<run>/<backend>/whole-tensors/` (a noise-floor run's beside it,
+when the pair is judged by one). The report then judges them element by element with their real error.
+
+A second pass is taken only where it reproduced the first run: the summary of each tensor it kept whole must
+equal, bit for bit, the first run's summary of that tensor (count, sum, sum of squares, largest magnitude,
+the sampled values). A backend that computes other bits when run again (a nondeterministic kernel) leaves that
+tensor judged by its summary, and the report says why: two runs' values are never mixed in one verdict.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from common.record import RECORD_FILE, SUMMARIZED_GROUPS, RecordError, read_record, read_tensors
+from common.summary import TensorSummary, summarize
+
+WHOLE_DIR = "whole-tensors"
+AUTO_ABOVE_PARAMS = 20_000_000  # `--tensors` defaults to auto above this (80 MB of float32 parameters)
+
+
+def default_mode(params: int) -> tuple[str, str]:
+    """(the tensor mode, why) of a run that did not choose one, from the model's parameter count."""
+    if params > AUTO_ABOVE_PARAMS:
+        return "auto", f"the default above {AUTO_ABOVE_PARAMS:,} parameters (this model: {params:,})"
+    return "full", f"the default up to {AUTO_ABOVE_PARAMS:,} parameters (this model: {params:,})"
+
+
+def needs_whole(report: dict) -> dict[str, list[str]]:
+    """{backend: tensor keys} a second pass keeps whole: every tensor judged by its summary that left tolerance,
+    on the backend that left it and on the reference."""
+    wanted: dict[str, set[str]] = {}
+    for name, parity in (report.get("parity") or {}).items():
+        failing = {key for key, row in (parity.get("tensors") or {}).items()
+                   if row.get("judged_by") == "summary" and not row["within"]}
+        if failing:
+            wanted.setdefault(report["reference"], set()).update(failing)
+            wanted.setdefault(name, set()).update(failing)
+    return {name: sorted(keys) for name, keys in wanted.items()}
+
+
+class _Overlaid(Mapping):
+    """A tensor group with some of its summaries replaced by the second pass's whole arrays (read when asked)."""
+
+    def __init__(self, first: Mapping, whole: Mapping, replaced: set[str]):
+        self._first, self._whole, self._replaced = first, whole, replaced
+
+    def __getitem__(self, name: str):
+        return self._whole[name] if name in self._replaced else self._first[name]
+
+    def __iter__(self):
+        return iter(self._first)
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+
+def _differs(first: TensorSummary, again: TensorSummary) -> str | None:
+    """What differs between a run's summary of a tensor and the summary of its second pass's whole tensor."""
+    if first.shape != again.shape:
+        return f"shape {list(again.shape)} instead of {list(first.shape)}"
+    changed = [s for s in first.stats if first.stats[s] != again.stats[s]]
+    if changed:
+        return ", ".join(f"{s} {again.stats[s]:.9g} instead of {first.stats[s]:.9g}" for s in changed)
+    if not np.array_equal(first.values, again.values, equal_nan=True):
+        return "sampled values that differ"
+    return None
+
+
+def with_second_pass(tensors: dict, run_dir: Path, run_id: str | None, name: str) -> dict:
+    """`tensors` (read_tensors' groups of the run in `run_dir`, a run of backend `name` in compare run `run_id`:
+    its second pass must be of the same) with the whole arrays
+    of its second pass in place of the summaries they reproduce, and `tensors["second_pass"]`: {"whole": keys
+    judged whole, "not_reproduced": {key: why}}. Unchanged when this run has no second pass."""
+    path = run_dir / WHOLE_DIR / RECORD_FILE
+    if not path.exists():
+        return tensors
+    try:
+        record = read_record(path)
+        if run_id is not None and record.run_id != run_id:
+            raise RecordError(f"{path} belongs to run {record.run_id}, not to this run {run_id}")
+        again = read_tensors(path, record)
+    except RecordError as e:
+        tensors["second_pass"] = {"whole": [], "not_reproduced": {}, "failed": str(e)}
+        return tensors
+    whole, not_reproduced = [], {}
+    for group in SUMMARIZED_GROUPS:
+        replaced = set()
+        for tensor, first in tensors[group].items():
+            if not isinstance(first, TensorSummary) or tensor not in again[group]:
+                continue
+            key, kept = f"{group}/{tensor}", again[group][tensor]
+            if isinstance(kept, TensorSummary):
+                continue
+            why = _differs(first, summarize(key, kept))
+            if why:
+                not_reproduced[key] = (f"{name}'s second pass did not reproduce its run ({why}): judged by its "
+                                       "summary, since its values change from one run to the next")
+            else:
+                replaced.add(tensor)
+                whole.append(key)
+        if replaced:
+            tensors[group] = _Overlaid(tensors[group], again[group], replaced)
+    tensors["second_pass"] = {"whole": sorted(whole), "not_reproduced": not_reproduced}
+    return tensors
+
+
+def mark_second_pass(rows: dict[str, dict], ref: dict, other: dict) -> None:
+    """Parity's tensor rows (compare/parity.py) marked: `second_pass` where both sides' whole tensors were judged,
+    and a note where a side's second pass did not reproduce its run."""
+    a, b = ref.get("second_pass", {}), other.get("second_pass", {})
+    for key in set(a.get("whole", ())) & set(b.get("whole", ())):
+        if key in rows:
+            rows[key]["second_pass"] = True
+    for key, why in {**b.get("not_reproduced", {}), **a.get("not_reproduced", {})}.items():
+        if key in rows:
+            rows[key]["note"] = "; ".join(filter(None, [rows[key].get("note"), why]))
