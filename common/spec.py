@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -154,21 +155,11 @@ class TwinSpec:
     def role(self, name: str):
         return self.hparams[self.io.get(name, name)]
 
-    @property
-    def vocab_size(self) -> int:
-        return self.role("vocab_size")
-
-    @property
-    def seq_len(self) -> int:
-        return self.role("seq_len")
-
-    @property
-    def num_classes(self) -> int:
-        return self.role("num_classes")
-
-    @property
-    def num_outputs(self) -> int:
-        return self.role("num_outputs")
+    # the data's hyperparameters, under the twin's own names (`io`)
+    vocab_size = property(lambda self: self.role("vocab_size"))
+    seq_len = property(lambda self: self.role("seq_len"))
+    num_classes = property(lambda self: self.role("num_classes"))
+    num_outputs = property(lambda self: self.role("num_outputs"))
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -233,6 +224,8 @@ class TrainSpec:
     # every start weight moved this many units in the last place, up or down as train.seed draws: a float32 noise
     # floor run measures how training grows a rounding-size difference (compare/noise_floor.py); 0: none
     start_jitter_ulps: int = 0
+    # "NAME*FACTOR": one start tensor scaled (one side's --torch-set: what difference compare catches); "": none
+    start_scale: str = ""
 
     def validate(self) -> None:
         _positive("train", self, "lr", "global_batch_size", "steps")
@@ -251,6 +244,8 @@ class TrainSpec:
         _require(self.seed >= 0, f"train.seed={self.seed} must be >= 0")
         _require(0 <= self.start_jitter_ulps <= 1000,
                  f"train.start_jitter_ulps={self.start_jitter_ulps} must be in [0, 1000]")
+        _require(not self.start_scale or re.fullmatch(r"[^*\s]+\*[0-9.]+(e[-+]?\d+)?", self.start_scale) is not None,
+                 f"train.start_scale={self.start_scale} must read NAME*FACTOR, e.g. blocks.0.mlp.fc.kernel*1.001")
         _require(self.dropout_seed >= -1, f"train.dropout_seed={self.dropout_seed} must be >= 0 (or -1: train.seed)")
         _require(self.dropout_masks in values(MaskSource),
                  f"train.dropout_masks={self.dropout_masks} must be one of {', '.join(values(MaskSource))}")

@@ -173,6 +173,20 @@ def jitter(params: dict[str, np.ndarray], ulps: int, seed: int) -> dict[str, np.
     return out
 
 
+def adjusted_start(params: dict[str, np.ndarray], train) -> dict[str, np.ndarray]:
+    """`params` moved as the spec's train section says, the same on every backend: jittered
+    (train.start_jitter_ulps), then one tensor scaled (train.start_scale: a deliberate difference)."""
+    params = jitter(params, train.start_jitter_ulps, train.seed)
+    if not train.start_scale:
+        return params
+    name, _, factor = train.start_scale.rpartition("*")
+    if name not in params:
+        raise CheckpointError(f"train.start_scale={train.start_scale}: {name} is not a parameter of this model "
+                              f"(its parameters: {', '.join(list(params)[:3])}, ...)")
+    value = np.asarray(params[name])
+    return {**params, name: (value * float(factor)).astype(value.dtype)}
+
+
 def start_info(checkpoint: str | Path | None, seconds: float) -> dict:
     """The run record's `extra.start`: where the weights came from, what reading them and converting them to
     the runtime's layout cost, and (`converted`) the dtypes a canonical checkpoint was converted from."""

@@ -84,16 +84,16 @@ def restore_orbax(spec, directory: Path) -> dict:
 
 def start_weights(spec, checkpoint) -> dict:
     """What the JAX twin starts from (canonical arrays): the canonical init or checkpoint, or an orbax one,
-    jittered as the spec says (train.start_jitter_ulps, common.weights.jitter)."""
+    moved as the spec says (common.weights.adjusted_start)."""
     from common.checkpoints import parse_checkpoint
     from common.vocab import CheckpointFormat
-    from common.weights import jitter, start_params
+    from common.weights import adjusted_start, start_params
 
     fmt, path = parse_checkpoint(checkpoint) if checkpoint else (None, None)
     if fmt in (None, CheckpointFormat.CANONICAL):
-        return jitter(start_params(spec.model, spec.train.seed, path), spec.train.start_jitter_ulps, spec.train.seed)
+        return adjusted_start(start_params(spec.model, spec.train.seed, path), spec.train)
     if fmt == CheckpointFormat.ORBAX:
-        return jitter(restore_orbax(spec, path), spec.train.start_jitter_ulps, spec.train.seed)
+        return adjusted_start(restore_orbax(spec, path), spec.train)
     raise CheckpointError(f"--checkpoint {checkpoint}: the jax backend reads canonical and orbax checkpoints; a "
                           f"{fmt} one is read by torch: pass it to python -m compare --checkpoint (converted once "
                           "for every backend) or convert it with python -m compare.convert")

@@ -133,23 +133,27 @@ def test_torch_xla_trace_modes_keep_parity_and_settle(mode, tmp_path):
     assert torch["flops_per_step"] == report["backends"]["jax"]["flops_per_step"] > 0
 
 
+SCALED = "blocks.1.mlp.fc.kernel*1.05"
+
+
 @pytest.mark.error_case("second-pass-not-reproduced")
 def test_a_deliberate_difference_on_one_side_fails_parity(tmp_path):
-    # --tensors auto: the tensors are judged as the full mode judges them (check_second_pass below)
-    proc = compare(tmp_path, "--backend", "jax,torch", "--steps", "8", "--torch-set", "model.layernorm_eps=1e-3",
+    # one start tensor 5% larger on torch (train.start_scale); --tensors auto: the tensors are judged as the full
+    # mode judges them (check_second_pass below)
+    proc = compare(tmp_path, "--backend", "jax,torch", "--steps", "8", "--torch-set", f"train.start_scale={SCALED}",
                    "--tensors", "auto")
     assert proc.returncode == 1, proc.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["verdict"] == "fail" and report["status"] == "parity_failed"
     assert report["parity"]["torch"]["first_divergent_step"] == 0  # the forward pass already differs
     # located by the capture runs compare made for the pair (compare/capture.py: step 0's activations, no step
-    # trained): the first LayerNorm the eps changes is the culprit, fed inputs that agree
+    # trained): the layer of the scaled kernel is the culprit, fed inputs that agree
     found = report["parity"]["torch"]["first_divergent_module"]
-    assert found["module"] == "blocks.0.ln1" and found["input_agrees"], found
+    assert found["module"] == "blocks.1.mlp.fc" and found["input_agrees"], found
     for name in ("jax", "torch"):
         capture = json.loads((tmp_path / name / "activations" / "record.json").read_text())
         assert capture["run_id"] == report["run_id"] and capture["steps"] == [] and capture["compile_events"] == []
-    assert report["parity"]["torch"]["intended_differences"] == ["model.layernorm_eps: jax=1e-05 torch=0.001"]
+    assert report["parity"]["torch"]["intended_differences"] == [f"train.start_scale: jax='' torch='{SCALED}'"]
     worst = report["parity"]["torch"]["worst"][0]
     assert not worst["within"]
     # the smallest tolerance that would pass it, recomputed from the two tensor files: each typed back passes
@@ -200,7 +204,7 @@ def check_second_pass(out: Path, report: dict) -> None:
     write_tensors(out / "torch" / "whole-tensors", tampered)
     proc = run_cli("compare", "--quiet", "--out", str(out / "again"), "--tensors", "auto", "--backend", "jax,torch",
                    "--jax-record", str(out / "jax"), "--torch-record", str(out / "torch"), "--steps", "8",
-                   "--torch-set", "model.layernorm_eps=1e-3")
+                   "--torch-set", f"train.start_scale={SCALED}")
     assert proc.returncode == 1, proc.stderr
     judged = json.loads((out / "again" / "report.json").read_text())
     row = judged["parity"]["torch"]["tensors"][key]

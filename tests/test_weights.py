@@ -98,3 +98,19 @@ def test_jitter_moves_every_start_weight_one_unit_in_the_last_place_alike_on_eve
     p = params["blocks.0.mlp.fc.kernel"]
     assert np.all(np.abs(two.astype(np.float64) - p) <= 2 * np.spacing(np.abs(p)) + 1e-45)
     assert jitter({"step": np.arange(3)}, 1, seed=0)["step"].tolist() == [0, 1, 2]  # integers stay
+
+
+def test_start_scale_moves_one_tensor_on_its_side_and_names_an_unknown_one():
+    """train.start_scale: a deliberate difference of a chosen size (tests/test_compare.py finds it end to end)."""
+    from common.presets import load_spec
+    from common.weights import CheckpointError, adjusted_start
+
+    params = init_params(load_spec("gpt-tiny").model, 0)
+    moved = adjusted_start(params, load_spec("gpt-tiny", ["train.start_scale=blocks.0.mlp.fc.kernel*1.5"]).train)
+    assert np.array_equal(moved["blocks.0.mlp.fc.kernel"], params["blocks.0.mlp.fc.kernel"] * np.float32(1.5))
+    assert moved["blocks.0.mlp.fc.kernel"].dtype == np.float32
+    assert all(moved[k] is params[k] for k in params if k != "blocks.0.mlp.fc.kernel")
+    with pytest.raises(CheckpointError, match=r"train.start_scale=nope\*2: nope is not a parameter of this model"):
+        adjusted_start(params, load_spec("gpt-tiny", ["train.start_scale=nope*2"]).train)
+    with pytest.raises(ValueError, match=r"train.start_scale=nope must read NAME\*FACTOR"):
+        load_spec("gpt-tiny", ["train.start_scale=nope"])

@@ -98,9 +98,9 @@ def load_torch_side(ref: str, spec, shapes: dict[str, tuple], buffers: dict[str,
 
 def start_weights(model: torch.nn.Module, spec, checkpoint: str | Path | None) -> dict[str, np.ndarray]:
     """What a torch runtime starts from (canonical arrays): the canonical init or checkpoint, or a torch
-    or hf checkpoint read here and carried through the model's correspondence; jittered as the spec says
-    (train.start_jitter_ulps, common.weights.jitter)."""
-    from common.weights import jitter, start_params
+    or hf checkpoint read here and carried through the model's correspondence; moved as the spec says
+    (common.weights.adjusted_start)."""
+    from common.weights import adjusted_start, start_params
     from torch_impl.convert import correspondence
 
     fmt, _ = parse_checkpoint(checkpoint) if checkpoint else (None, None)
@@ -113,4 +113,4 @@ def start_weights(model: torch.nn.Module, spec, checkpoint: str | Path | None) -
     else:
         shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
         params = correspondence(model, spec.model).to_canonical(load_torch_side(str(checkpoint), spec, shapes)[0])
-    return jitter(params, spec.train.start_jitter_ulps, spec.train.seed)
+    return adjusted_start(params, spec.train)
