@@ -23,9 +23,9 @@ report.json keys (schema_version 2):
       module's step-0 activation agrees), .loss {max_abs, per_step_abs, steps_compared},
     .tensors {"<group>/<name>": {abs, rel, tolerance_used, within, over, elements, kind, nonfinite {equal,
       mismatched}, note, passes_with {atol, rtol, fraction} (a tensor out of tolerance: the smallest of each,
-      changed alone, that would pass it); with --tensors summary, a row kept as a summary has judged_by
+      changed alone, that would pass it); with --tensors summary|auto, a row kept as a summary has judged_by
       "summary", sampled and summary_checks {max_abs, l2_norm, sum, nonfinite: {ref, other, allowed, within}}
-      (compare/tensor_error.py summary_error)}}, .worst
+      (compare/tensor_error.py summary_error), a row kept whole by auto's second pass second_pass: true}}, .worst
       [10 worst], .passed (non-finite values by rule, compare/parity.py tensor_error: the same infinity or
       NaN at the same position on both sides is equal; one facing another value fails the tensor and the
       note counts each kind, "3 elements are -inf on jax and finite on torch"; abs and rel over the finite
@@ -67,6 +67,8 @@ report.json keys (schema_version 2):
   devices                 {devices {<name>: platform (kind)}, same, timings_comparable, note} (compare/devices.py)
   determinism             with --check-determinism: per backend {bitwise_equal, max_abs, steps}
   parity_mode             deterministic | exact | statistical (--parity-mode)
+  tensors                 {mode: full | summary | auto, why, second_pass {<name>: {whole [keys], not_reproduced
+                          {key: why}}}} (--tensors; compare/second_pass.py)
   statistical             with --parity-mode statistical: {test, alpha, seeds, bands {<name>: {min, mean,
                           max} per step}, backends {<name>: {passed, p, t, mean_difference, differences}}}; it
                           decides the numbers' verdict (compare/statistical.py)

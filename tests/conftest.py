@@ -109,6 +109,18 @@ def shared_runs(tmp_path_factory):
     return run_once
 
 
+@pytest.fixture
+def jax_single(shared_runs):
+    """`jax_single(preset)`: the folder of a preset's single-device jax run (5 steps, with its parity tensors),
+    made once in the session: what the mesh, multi-process, parity-tensor and HLO tests read."""
+    from tests.helpers import train
+
+    def run(preset: str) -> Path:
+        return shared_runs(f"jax-{preset}", lambda out: train("jax_impl", out / "run", "--spec", preset, "--steps",
+                                                              "5", "--parity")) / "run"
+    return run
+
+
 def pytest_sessionfinish(session, exitstatus):
     log = getattr(session.config, "backend_guard_log", None)
     if log is None:

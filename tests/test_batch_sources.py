@@ -83,7 +83,7 @@ def test_every_output_a_forward_returns_is_compared_by_name(tmp_path):
         assert {"outputs/logits", "outputs/features", "outputs/loss"} <= set(tensors)
         assert tensors["outputs/features"]["within"] and tensors["outputs/features"]["elements"] == 8 * 8
     # a second output no loss reads, computed otherwise: training agrees, step 0's outputs do not
-    proc = compare(tmp_path / "misported", "two_outputs_misported")
+    proc = compare(tmp_path / "misported", "two_outputs_misported", "--activations")  # no capture run
     assert proc.returncode == 1, proc.stderr[-2000:]
     parity = json.loads((tmp_path / "misported" / "report.json").read_text())["parity"]["torch"]
     assert parity["worst"][0]["name"] == "outputs/features" and parity["first_divergent_step"] == 0

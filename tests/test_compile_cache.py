@@ -40,11 +40,14 @@ def test_compare_uses_the_cache_by_default_and_says_what_torch_xla_did(tmp_path)
     cache = tmp_path / "cache"
     flags = ("--backend", "both", "--spec", "mlp-tiny", "--steps", "6", "--quiet", "--compile-cache", str(cache))
     reports = []
-    for name in ("cold", "warm"):
-        proc = run_cli("compare", "--out", str(tmp_path / name), *flags)
+    for name, more in (("cold", ["--check-determinism"]), ("warm", [])):  # cold: each backend also run again
+        proc = run_cli("compare", "--out", str(tmp_path / name), *flags, *more)
         assert proc.returncode == 0, proc.stderr
         reports.append(json.loads((tmp_path / name / "report.json").read_text()))
     cold, warm = reports
+    for name in ("jax", "torch_xla"):  # the second run of each gives the same bits (its report entry: the first)
+        assert cold["determinism"][name] == {"bitwise_equal": True, "max_abs": 0.0, "steps": 6}
+        assert (tmp_path / "cold" / f"{name}-repeat" / "record.json").exists()
     assert warm["compile_cache"] == str(cache)
     jax_cold, jax_warm = cold["backends"]["jax"], warm["backends"]["jax"]
     assert jax_cold["compiles"]["cache_hits"] == 0

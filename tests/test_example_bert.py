@@ -63,7 +63,8 @@ def test_hugging_faces_bert_passes_on_every_backend_and_its_padding_is_honoured(
 
 @pytest.mark.slow
 def test_a_bert_port_that_attends_to_padding_is_named_at_its_layer(tmp_path):
-    proc, report = compare(tmp_path / "run", "--twin", f"{BERT}:bert_mask_ignored", "--backend", "jax,torch")
+    proc, report = compare(tmp_path / "run", "--twin", f"{BERT}:bert_mask_ignored", "--backend", "jax,torch",
+                           "--activations")  # captured by the runs themselves: no capture run
     assert proc.returncode == 1, report["message"]
     parity = report["parity"]["torch"]
     assert parity["first_divergent_step"] == 0 and parity["first_divergent_module"]["module"] == "layers.0"

@@ -66,7 +66,8 @@ def test_hugging_faces_qwen2_passes_on_every_backend_from_save_pretrained(tmp_pa
 def test_the_qwen2_misports_are_named_where_they_differ(tmp_path, twin, module):
     """Llama's rotary base and RMSNorm epsilon copied into the Qwen2 port: each named at its first module,
     whose input agrees."""
-    proc, report = compare(tmp_path / "run", "--twin", f"{QWEN2}:{twin}", "--backend", "jax,torch", "--steps", "2")
+    proc, report = compare(tmp_path / "run", "--twin", f"{QWEN2}:{twin}", "--backend", "jax,torch", "--steps", "2",
+                           "--activations")  # captured by the runs themselves: no capture run
     assert proc.returncode == 1, report["message"]
     found = report["parity"]["torch"]["first_divergent_module"]
     assert found["module"] == module and found["input_agrees"], found

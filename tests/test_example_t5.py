@@ -43,6 +43,6 @@ def test_hugging_faces_t5_passes_with_teacher_forcing(tmp_path):
 @pytest.mark.slow
 def test_a_t5_decoder_that_buckets_offsets_both_ways_is_named_at_its_self_attention(tmp_path):
     proc, report = compare(tmp_path / "run", "--twin", f"{T5}:t5_bidirectional_decoder_buckets", "--backend",
-                           "jax,torch")
+                           "jax,torch", "--activations")  # captured by the runs themselves: no capture run
     assert proc.returncode == 1, report["message"]
     assert report["parity"]["torch"]["first_divergent_module"]["module"] == "decoder.layers.0.self_attn"

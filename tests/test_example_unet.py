@@ -42,6 +42,7 @@ def test_the_unet_denoiser_passes_on_every_backend_fed_its_own_batches(tmp_path)
 @pytest.mark.parametrize("twin, module", [("unet_same_padding_down", "encoder.0.resample"),
                                           ("unet_groupnorm_eps", "decoder.1.res.gn_a")])
 def test_the_unet_misports_are_named_at_their_module(tmp_path, twin, module):
-    proc, report = compare(tmp_path / "run", "--twin", f"{UNET}:{twin}", "--backend", "jax,torch")
+    proc, report = compare(tmp_path / "run", "--twin", f"{UNET}:{twin}", "--backend", "jax,torch",
+                           "--activations")  # captured by the runs themselves: no capture run
     assert proc.returncode == 1, report["message"]
     assert report["parity"]["torch"]["first_divergent_module"]["module"] == module, report["message"]

@@ -84,7 +84,7 @@ def test_the_resnet_passes_on_every_backend_and_every_module_agrees(resnet_run):
 @pytest.mark.slow
 def test_the_resnet_padding_misport_is_named_at_its_convolution(tmp_path):
     proc, report = compare(tmp_path / "run", "--twin", f"{RESNET}:resnet_tiny_same_padding", "--backend", "jax,torch",
-                           "--steps", "2")  # step 0 locates it
+                           "--steps", "2", "--activations")  # step 0 locates it, captured by the runs themselves
     assert proc.returncode == 1
     found = report["parity"]["torch"]["first_divergent_module"]
     assert found["module"] == "layer2.layers.0.conv1" and found["input_agrees"], found
@@ -163,7 +163,7 @@ def test_the_vit_passes_on_every_backend_with_stock_attention_on_both_sides(tmp_
 def test_the_vit_gelu_misport_is_named_at_its_mlp(tmp_path):
     """Flax's default GELU (tanh) where torch's is exact: named at the first MLP, whose input agrees."""
     proc, report = compare(tmp_path / "run", "--twin", f"{VIT}:vit_tiny_tanh_gelu", "--backend", "jax,torch", "--steps",
-                           "2")  # step 0 locates it
+                           "2", "--activations")  # step 0 locates it, captured by the runs themselves
     assert proc.returncode == 1
     found = report["parity"]["torch"]["first_divergent_module"]
     assert found["module"] == "encoder.layers.0.mlp" and found["input_agrees"], found
@@ -199,7 +199,7 @@ def test_a_rotary_misport_against_hugging_faces_class_is_named_at_its_attention(
     """Hugging Face calls its attention with keyword arguments only: captured, so the interleaved-rotary
     port is named at layers.0.attn (it was blamed on the whole decoder layer)."""
     proc, report = compare(tmp_path / "run", "--twin", f"{LLAMA}:llama_hf_misported", "--backend", "jax,torch",
-                           "--steps", "2")  # step 0 locates it
+                           "--steps", "2", "--activations")  # step 0 locates it, captured by the runs themselves
     assert proc.returncode == 1
     found = report["parity"]["torch"]["first_divergent_module"]
     assert found["module"] == "layers.0.attn" and found["input_agrees"], found

@@ -90,7 +90,7 @@ def _independent_all_reduce(text: str) -> tuple[int, int]:
 
 @pytest.mark.slow
 @pytest.mark.error_case("hlo-torch-xla-bytes")
-def test_report_sets_both_compiled_programs_side_by_side_under_data_parallelism(tmp_path):
+def test_report_sets_both_compiled_programs_side_by_side_under_data_parallelism(jax_single, tmp_path):
     out = tmp_path / "dp2"
     proc = run_cli("compare", "--out", str(out), "--quiet", "--spec", "gpt-tiny", "--steps", "3", "--mesh", "data=2")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -113,9 +113,7 @@ def test_report_sets_both_compiled_programs_side_by_side_under_data_parallelism(
     md = (out / "report.md").read_text()
     assert "## Compiled step, per settled step (most different first)" in md and "| all-reduce count |" in md
 
-    single = tmp_path / "single"
-    train("jax_impl", single, "--spec", "gpt-tiny", "--steps", "2")
-    diff = run_cli("compare.hlo", str(single), str(out), "--backend", "jax")
+    diff = run_cli("compare.hlo", str(jax_single("gpt-tiny")), str(out), "--backend", "jax")
     assert diff.returncode == 0, diff.stderr
     assert re.search(r"ops only in B: .*all-reduce", diff.stdout) and "ops only in A: none" in diff.stdout
     assert re.search(r"all-reduce count\s+│\s+-\s+│\s+1\s+│", diff.stdout)

@@ -131,7 +131,7 @@ def test_a_mesh_larger_than_the_platform_is_refused(backend, env, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, extra", [("torch_xla", "torch-xla"), ("torchax", "torchax"), ("torch", "torch-xla")])
 @pytest.mark.error_case("framework-missing")
-def test_a_framework_missing_from_the_given_interpreter(backend, extra, tmp_path):
+def test_a_framework_missing_from_the_given_interpreter(backend, extra, finished_run, tmp_path):
     base = Path(sys.base_prefix) / "bin" / "python3"
     probe = subprocess.run([str(base), "-c", "import numpy, importlib.util as u; "
                             "print(u.find_spec('torch') is None and u.find_spec('jax') is None)"],
@@ -141,14 +141,14 @@ def test_a_framework_missing_from_the_given_interpreter(backend, extra, tmp_path
     out = tmp_path / "run"
     flag = backend.replace("_", "-")
     proc = compare("--out", str(out), "--spec", "mlp-tiny", "--steps", "3", "--backend", f"jax,{backend}",
-                   f"--{flag}-python", str(base))
+                   f"--{flag}-python", str(base), "--jax-record", str(finished_run / "jax"))
     assert proc.returncode == 2
     report = report_of(out)
     entry = report["backends"][backend]
     assert entry["status"] == "usage_error"
     assert f"the {backend} backend needs torch, which is not installed in" in entry["message"]
     assert f"pip install -e '.[{extra}]'" in entry["message"] and f"--{flag}-python" in entry["message"]
-    assert report["backends"]["jax"]["status"] == "ok"  # the other side still ran and is reported
+    assert report["backends"]["jax"]["status"] == "ok"  # the other side is still judged and reported
 
 
 # 5: corrupt inputs handed to compare ------------------------------------------------------------------
@@ -217,12 +217,13 @@ def test_a_checkpoint_that_does_not_fit_names_the_tensor(tmp_path):
 @pytest.mark.error_case("nonfinite")
 def test_a_nan_loss_stops_the_backend_and_is_reported_with_its_step(tmp_path):
     out = tmp_path / "run"
-    proc = compare("--out", str(out), "--spec", "mlp-tiny", "--steps", "8", "--set", "train.lr=1e6",
-                   "--set", "train.grad_clip=0")
+    # the stop and its cause are common code (common/record.py, common/backend_main.py): two runtimes show it
+    proc = compare("--out", str(out), "--backend", "jax,torch", "--spec", "mlp-tiny", "--steps", "8", "--set",
+                   "train.lr=1e6", "--set", "train.grad_clip=0")
     assert proc.returncode == 3
     report = report_of(out)
     assert report["status"] == "backend_failed"
-    for name in ("jax", "torch_xla"):
+    for name in ("jax", "torch"):
         entry = report["backends"][name]
         match = re.search(r"loss is (nan|inf|-inf) at step (\d+)", entry["message"])
         assert entry["status"] == "nonfinite" and match, entry["message"]
@@ -314,15 +315,7 @@ def test_a_finished_run_is_not_overwritten_without_asking(finished_run):
 
 # determinism ----------------------------------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_identical_runs_give_bitwise_identical_losses(tmp_path):
-    out = tmp_path / "run"
-    proc = compare("--out", str(out), "--spec", "mlp-tiny", "--steps", "6", "--check-determinism")
-    assert proc.returncode == 0, proc.stderr
-    report = report_of(out)
-    for name in ("jax", "torch_xla"):
-        assert report["determinism"][name] == {"bitwise_equal": True, "max_abs": 0.0, "steps": 6}
-    assert (out / "jax-repeat" / "record.json").exists() and (out / "torch_xla-repeat" / "record.json").exists()
+# --check-determinism on both backends: tests/test_compile_cache.py's cold run
 
 
 # 9: faults: a backend killed from outside, a disk that fills -----------------------------------------------

@@ -40,11 +40,12 @@ def smooth_l1(predictions, targets):
 
 
 @pytest.mark.slow
-def test_a_regression_twin_trains_on_its_own_loss_per_framework_on_every_backend(tmp_path):
-    proc, report = compare(tmp_path / "run", "regressor", "all")
+def test_a_regression_twin_trains_on_its_own_loss_per_framework(tmp_path):
+    # torch_xla runs a twin's own loss in tests/test_example_unet.py and tests/test_example_bert.py
+    proc, report = compare(tmp_path / "run", "regressor", "jax,torch,torchax")
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = {name: backend["losses"] for name, backend in report["backends"].items()}
-    assert set(losses) == {"jax", "torch", "torch_xla", "torchax"}
+    assert set(losses) == {"jax", "torch", "torchax"}
     for name, values in losses.items():
         assert len(values) == 6 and max(abs(a - b) for a, b in zip(values, losses["jax"])) < 1e-5, name
         predictions, targets, loss = step0(tmp_path / "run" / name)
@@ -52,7 +53,7 @@ def test_a_regression_twin_trains_on_its_own_loss_per_framework_on_every_backend
         # the loss each side trained on is the twin's smooth L1, not the task's mean squared error
         assert loss == pytest.approx(smooth_l1(predictions, targets), rel=1e-5), name
         assert abs(loss - float(np.mean((predictions - targets) ** 2))) > 1e-3
-    assert all(report["parity"][name]["passed"] for name in ("torch", "torch_xla", "torchax"))
+    assert all(report["parity"][name]["passed"] for name in ("torch", "torchax"))
 
 
 @pytest.mark.slow
