@@ -19,7 +19,16 @@ from common.cli import INPUT_ERRORS, backend_parser, fail, resolve_spec
 from common.fsutil import dangerous_dir
 from common.harness import RunOptions
 from common.nonfinite import input_problem, likely_cause
-from common.record import LOG_FILES, RECORD_FILE, SPEC_FILE, RunRecord, timed_from, write_record, write_tensors
+from common.record import (
+    LOG_FILES,
+    PROCESS_LOGS,
+    RECORD_FILE,
+    SPEC_FILE,
+    RunRecord,
+    timed_from,
+    write_record,
+    write_tensors,
+)
 from common.vocab import IO_ERRNOS, ExitCode, Phase, RecordStatus
 
 
@@ -81,7 +90,7 @@ def refuse_foreign_out(out_dir: Path, logs: tuple[str, ...] = ()) -> None:
     why = dangerous_dir(out_dir)
     if why:
         fail(f"--out {out_dir}: {why}; give the run a directory of its own, e.g. --out runs/my-run", ExitCode.USAGE)
-    ours = {*LOG_FILES, SPEC_FILE, *logs}
+    ours = {*LOG_FILES, SPEC_FILE, PROCESS_LOGS, *logs}
     if out_dir.is_dir() and set(os.listdir(out_dir)) - ours and not (out_dir / RECORD_FILE).exists():
         fail(f"--out {out_dir} holds files this toolkit did not write (no {RECORD_FILE}); pass a new or empty "
              "directory", ExitCode.USAGE)

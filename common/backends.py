@@ -45,6 +45,9 @@ class BackendInfo:
     frameworks: frozenset[str]  # what its package may import besides common (tests/test_house_rules.py)
     in_both: bool = False  # part of `--backend both`, the default pair
     passthrough: tuple[Passthrough, ...] = ()
+    # runs as several cooperating processes (compare --processes N): it takes --coordinator, --num-processes
+    # and --process-id, and the process with id 0 writes the record
+    processes: bool = False
 
     @property
     def flag(self) -> str:
@@ -72,7 +75,7 @@ TRACE_MODE = Passthrough(
 
 BUILT_IN = (
     BackendInfo("jax", "jax_impl", "nnx", True, "jax", "the Flax NNX twin on JAX (jax_impl)",
-                frozenset({"jax", "jaxlib", "flax", "optax"}), in_both=True),
+                frozenset({"jax", "jaxlib", "flax", "optax"}), in_both=True, processes=True),
     BackendInfo("torch", "torch_impl", "torch", False, "torch-xla",
                 "the torch.nn twin in eager PyTorch, CPU or CUDA: the ground truth of the PyTorch side (torch_impl)",
                 frozenset({"torch"})),
@@ -82,7 +85,7 @@ BUILT_IN = (
     # torchax runs torch_impl's models on JAX, sharing the JAX twin's plain-JAX modules
     BackendInfo("torchax", "torchax_impl", "torch", True, "torchax",
                 "the same torch.nn twin on JAX through torchax (torchax_impl)",
-                frozenset({"torch_impl", "jax_impl", "torch", "jax", "optax", "torchax"})),
+                frozenset({"torch_impl", "jax_impl", "torch", "jax", "optax", "torchax"}), processes=True),
 )
 
 

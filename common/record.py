@@ -36,6 +36,7 @@ SCHEMA_VERSION = 2
 RECORD_FILE = "record.json"
 TENSORS_FILE = "tensors.npz"
 LOG_FILES = ("stdout.log", "stderr.log")  # compare's logs of a backend it runs, beside the record
+PROCESS_LOGS = "processes"  # compare --processes: the other processes' logs (compare/processes.py), beside them
 SPEC_FILE = "spec.json"  # the spec compare resolved for a backend, written beside them before it starts
 TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations", "activation_grads")
 # --tensors: the tensors kept whole, or as summaries (common/summary.py): in the summary mode, those of the groups

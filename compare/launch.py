@@ -25,6 +25,7 @@ class Launch:
 
     spec: RunSpec
     flags: tuple[str, ...]
+    processes: int = 1  # compare --processes: run as this many cooperating processes (compare/processes.py)
 
 
 def side_spec(args, name: str, **changes) -> RunSpec:
@@ -53,12 +54,13 @@ def _flags(args, name: str) -> list[str]:
 
 def main_launch(args, name: str) -> Launch:
     """The run itself: every step, with the parity tensors (and step 0's activations with --activations)."""
-    return Launch(side_spec(args, name), (*_flags(args, name), "--parity", *(["--activations"] * args.activations)))
+    return Launch(side_spec(args, name), (*_flags(args, name), "--parity", *(["--activations"] * args.activations)),
+                  args.processes)
 
 
 def capture_launch(args, name: str) -> Launch:
     """Step 0's activations from the start weights, nothing trained (compare/capture.py): no parity tensors,
-    provoked recompiles, HLO, profile or throughput."""
+    provoked recompiles, HLO, profile or throughput; one process (its slice of step 0 is one example)."""
     changes = {"steps": 1, "provoke": [], "profile": 0, "no_hlo": True}
     side = argparse.Namespace(**{**vars(args), **changes})
     return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--activations-only"))
@@ -74,7 +76,8 @@ def floor_launch(args, name: str, dtype: str) -> Launch:
     else:
         changes["overrides"] = [*args.overrides, f"train.start_jitter_ulps={JITTER_ULPS}"]
     side = argparse.Namespace(**{**vars(args), **changes})
-    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--parity", "--throughput-steps", "0"))
+    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--parity", "--throughput-steps", "0"),
+                  args.processes)
 
 
 def whole_launch(args, name: str, keys: list[str], floor_dtype: str | None = None) -> Launch:
@@ -85,12 +88,13 @@ def whole_launch(args, name: str, keys: list[str], floor_dtype: str | None = Non
         base = floor_launch(args, name, floor_dtype)
     else:
         quiet = argparse.Namespace(**{**vars(args), "profile": 0, "no_hlo": True})
-        base = Launch(side_spec(args, name), (*_flags(quiet, name), "--parity", "--throughput-steps", "0"))
-    return Launch(base.spec, (*base.flags, "--whole-tensors", ",".join(keys)))
+        base = Launch(side_spec(args, name), (*_flags(quiet, name), "--parity", "--throughput-steps", "0"),
+                      args.processes)
+    return Launch(base.spec, (*base.flags, "--whole-tensors", ",".join(keys)), base.processes)
 
 
 def seed_launch(args, name: str, seed: int) -> Launch:
     """A statistical mode's extra seed run: the losses only (no parity tensors, HLO, profile, throughput)."""
     changes = {"seed": seed, "profile": 0, "no_hlo": True}
     side = argparse.Namespace(**{**vars(args), **changes})
-    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--throughput-steps", "0"))
+    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--throughput-steps", "0"), args.processes)

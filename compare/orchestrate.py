@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from pathlib import Path
 from common import backends
 from common.fsutil import write_json_atomic
 from common.procs import group_alive, kill_group
-from common.record import LOG_FILES, SPEC_FILE
+from common.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
 from common.vocab import BackendStatus, ExitCode
 from compare.guard import GUARD
 from compare.launch import Launch
@@ -48,6 +50,13 @@ def backend_env() -> dict[str, str]:
     return env
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now: a multi-process run's coordinator."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def error_line(stderr: str) -> str:
     """The line a failed backend said it failed with (its last `error:` line, else its last line)."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
@@ -74,6 +83,10 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
     write_json_atomic(run_dir / SPEC_FILE, launch.spec.to_dict())
     command = [python, "-m", backends.info(name).package, "--spec", str(run_dir / SPEC_FILE), *launch.flags,
                "--out", str(run_dir), "--progress"]
+    if launch.processes > 1:  # cooperating processes, started and watched by compare/processes.py in this group
+        (run_dir / PROCESS_LOGS).mkdir(exist_ok=True)
+        command = [sys.executable, "-m", "compare.processes", "--processes", str(launch.processes), "--coordinator",
+                   f"127.0.0.1:{free_port()}", "--logs", str(run_dir / PROCESS_LOGS), "--", *command]
     env = backend_env()
     start, started_at = time.perf_counter(), time.time()
     with open(run_dir / STDOUT_LOG, "w") as out_log, open(run_dir / STDERR_LOG, "w") as err_log:

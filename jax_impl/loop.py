@@ -110,7 +110,7 @@ class JittedTrainer:
             transform_non_params=lambda _: sharding.replicated(mesh))
         self.opt_state = jax.jit(self.tx.init, out_shardings=opt_placement)(self.params)
         state_placement = jax.tree.map(lambda _: sharding.replicated(mesh), self.state)
-        self.state = jax.device_put(self.state, state_placement)  # committed as the step returns it: no recompile
+        self.state = jax.tree.map(sharding.place, self.state, state_placement)  # committed as the step returns it
         self.train_step = jax.jit(self._train_step, donate_argnums=(0, 1), static_argnames=("python_value",),
                                   out_shardings=(param_placement, opt_placement, state_placement,
                                                  sharding.replicated(mesh)))

@@ -69,6 +69,27 @@ def _platforms_without_the_variable() -> str:
     return out.stdout.strip() or "unknown"
 
 
+def add_process_flags(parser) -> None:
+    """The flags of a multi-process run (common.backends' `processes`: what compare --processes passes)."""
+    group = parser.add_argument_group("multi-process (jax.distributed)")
+    group.add_argument("--coordinator", help="host:port of process 0, e.g. 127.0.0.1:12355")
+    group.add_argument("--num-processes", type=int, default=1)
+    group.add_argument("--process-id", type=int, default=0)
+
+
+def join(spec, options) -> bool:
+    """This process's fake CPU devices and its place in a multi-process run (each process holds an equal share
+    of the mesh's devices), before JAX initialises; returns whether it writes the record (process 0)."""
+    processes = options.own["num_processes"]
+    if processes < 1 or spec.mesh.device_count % processes:
+        raise SpecError(f"--num-processes {processes}: a mesh of {spec.mesh.device_count} devices cannot be split "
+                        "evenly over the processes; give a mesh whose device count they divide")
+    set_cpu_device_count(spec.mesh.device_count // processes)
+    initialize_distributed(options.own["coordinator"], processes, options.own["process_id"])
+    check_platform()  # a JAX_PLATFORMS this machine lacks: one line and exit 2, not a crash
+    return jax.process_index() == 0
+
+
 def initialize_distributed(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
     """Join a multi-process run: explicit coordinator flags, or automatic on a TPU pod slice."""
     if coordinator:
@@ -117,6 +138,16 @@ def put_batch(batch: Batch, mesh_spec: MeshSpec, mesh: Mesh, masks: tuple = ()) 
     local = process_slice(batch, jax.process_index(), jax.process_count())
     return StepBatch(*jax.tree.map(lambda a, s, g: jax.make_array_from_process_local_data(s, a, g.shape),
                                    tuple(local), shardings, tuple(batch)), masks)
+
+
+def place(x, target: NamedSharding):
+    """`x` committed to `target`. In a multi-process run a value this process holds whole (host or one device)
+    goes from the host, each process putting its own shards (a PRNG key by its key data)."""
+    if jax.process_count() == 1 or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+        return jax.device_put(x, target)
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(place(jax.random.key_data(x), target), impl=jax.random.key_impl(x))
+    return jax.device_put(np.asarray(x), target)
 
 
 def to_host(x) -> np.ndarray:

@@ -39,24 +39,23 @@ def test_fixed_shapes_compile_the_loop_once(jax_single):
 
 
 def test_two_processes_match_one_process(jax_single, tmp_path):
-    import socket
-    import subprocess
-    import sys
+    """compare --processes 2: jax and torchax each run as two cooperating processes (jax.distributed, the
+    coordinator on 127.0.0.1; compare/processes.py), two of the mesh's four devices each: the same losses as one
+    process on one device, parity between them, and only process 0 writes."""
+    import json
 
-    from tests.helpers import REPO
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    args = ["--spec", "gpt-tiny", "--steps", "5", "--mesh", "data=4", "--throughput-steps", "0",
-            "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--out", str(tmp_path / "multi")]
-    procs = [subprocess.Popen([sys.executable, "-m", "jax_impl", *args, "--process-id", str(i)], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    multi = read_record(tmp_path / "multi")
-    assert multi.platform["process_count"] == 2 and multi.platform["device_count"] == 4
-    assert max_loss_diff(read_record(jax_single("gpt-tiny")), multi) < 1e-5
+    out = tmp_path / "multi"
+    proc = run_cli("compare", "--quiet", "--out", str(out), "--backend", "jax,torchax", "--spec", "gpt-tiny",
+                   "--steps", "5", "--mesh", "data=4", "--processes", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "pass" and report["parity"]["torchax"]["loss"]["max_abs"] < 1e-5
+    single = read_record(jax_single("gpt-tiny"))
+    for name in ("jax", "torchax"):
+        multi = read_record(out / name)
+        assert multi.platform["process_count"] == 2 and multi.platform["device_count"] == 4, name
+        assert max_loss_diff(single, multi) < 1e-5, (name, single.losses, multi.losses)
+        assert [p.name for p in (out / name / "processes").iterdir()] == ["process-1.log"]
 
 
 def test_parity_tensors_are_canonical(jax_single):

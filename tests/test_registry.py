@@ -94,3 +94,4 @@ def test_compare_runs_and_judges_a_registered_copy_with_no_other_edit(tmp_path):
     bad_report = json.loads((tmp_path / "bad" / "report.json").read_text())
     assert bad_report["parity"][COPY]["passed"] is False
     assert bad_report["parity"][COPY]["intended_differences"] == [f"train.lr: torch=0.001 {COPY}=0.5"]
+

@@ -14,24 +14,21 @@ for _module in ("torch", "jax", "optax", "torchax"):
              "extra (pip install -e '.[torchax]') or pass compare --torchax-python", ExitCode.USAGE)
 
 
-def add_flags(parser) -> None:
-    pass
-
-
 def train(spec, options, progress):
     from common import harness
     from jax_impl import sharding
     from jax_impl.instrument import CompileMonitor, enable_compile_cache
     from torchax_impl.train import make_trainer
 
-    sharding.set_cpu_device_count(spec.mesh.device_count)
-    sharding.check_platform()  # torchax runs on JAX: a JAX_PLATFORMS this machine lacks is one line and exit 2
+    writer = sharding.join(spec, options)  # torchax runs on JAX: its devices and multi-process run are JAX's
     cache = enable_compile_cache(options.compile_cache)
     monitor = CompileMonitor()
     record, tensors = harness.run(lambda: make_trainer(spec, options, monitor), options, progress)
     record.compile_cache = monitor.cache_summary(cache)
-    return record, tensors, True
+    return record, tensors, writer
 
 
 if __name__ == "__main__":
-    exit_process(backend_main.main("torchax_impl", sys.argv[1:], add_flags, train))
+    from jax_impl.sharding import add_process_flags
+
+    exit_process(backend_main.main("torchax_impl", sys.argv[1:], add_process_flags, train))

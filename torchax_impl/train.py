@@ -86,11 +86,11 @@ class TorchaxTrainer(JittedTrainer):
         states, _ = torchax.extract_jax(model)  # parameters and buffers, by state_dict name
         keep_running_statistics(torchax.default_env())
         shardings = param_shardings(model, spec.model, spec.mesh, mesh)
-        self.params = {k: jax.device_put(v, shardings[k]) for k, v in states.items() if k in shardings}
+        self.params = {k: sharding.place(v, shardings[k]) for k, v in states.items() if k in shardings}
         # buffers (a rotary table, say) are inputs of the forward, never trained; BatchNorm's running
         # statistics change with every train-mode forward and go through the step as its state
         running = batch_norm_buffers(model)
-        self.buffers = {k: jax.device_put(v, sharding.replicated(mesh)) for k, v in states.items()
+        self.buffers = {k: sharding.place(v, sharding.replicated(mesh)) for k, v in states.items()
                         if k not in shardings and k not in running}
         start_statistics = {k: v for k, v in states.items() if k in running}
         jax.block_until_ready(self.params)

@@ -1,0 +1,92 @@
+"""python -m compare.processes: one backend run as N cooperating processes on this machine (`compare --processes N`).
+
+compare runs this launcher where it would run the backend, in the backend's own process group: it starts N
+copies of the backend command, each told its place in the run (`--coordinator 127.0.0.1:PORT --num-processes N
+--process-id I`: JAX's multi-controller runtime, `jax.distributed`), and waits for them. Process 0 speaks for the
+run: its stdout (progress lines) and stderr are the launcher's, and it writes the record; the others' output goes
+to `process-<I>.log` in the run directory. When one process fails the others are stopped (they would wait on
+it in a collective until their timeout) and the launcher exits with the failed one's code, its error line said
+on stderr. Framework-free, like compare.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from compare.orchestrate import error_line
+
+POLL_S = 0.1
+GRACE_S = 5.0
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m compare.processes", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, required=True, help="how many processes this launcher starts")
+    parser.add_argument("--coordinator", required=True, help="host:port of process 0")
+    parser.add_argument("--logs", type=Path, required=True, help="where processes 1.. write process-<I>.log")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the backend command")
+    args = parser.parse_args(argv)
+    args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.processes < 1 or not args.command:
+        parser.error("needs --processes >= 1 and a backend command after --")
+    return args
+
+
+def start(args) -> list[tuple[subprocess.Popen, Path | None]]:
+    procs = []
+    for i in range(args.processes):
+        command = [*args.command, "--coordinator", args.coordinator, "--num-processes", str(args.processes),
+                   "--process-id", str(i)]
+        if i == 0:
+            procs.append((subprocess.Popen(command), None))
+            continue
+        log = args.logs / f"process-{i}.log"
+        with open(log, "w") as out:
+            procs.append((subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL), log))
+    return procs
+
+
+def stop(procs) -> None:
+    """SIGTERM to every process still running, SIGKILL to any left after the grace period."""
+    for proc, _ in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    for proc, _ in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    procs = start(args)
+    try:
+        while True:
+            codes = [proc.poll() for proc, _ in procs]
+            failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+            if failed is not None:
+                stop(procs)
+                log = procs[failed][1]
+                if log is not None:  # process 0 said its own error on this stderr
+                    line = error_line(log.read_text(errors="replace"))
+                    print(f"error: process {failed} of {args.processes} exited with code {codes[failed]}"
+                          + (f": {line}" if line else f" (see {log})"), file=sys.stderr, flush=True)
+                return codes[failed] if codes[failed] > 0 else 128 - codes[failed]
+            if all(code == 0 for code in codes):
+                return 0
+            time.sleep(POLL_S)
+    except BaseException:
+        stop(procs)
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""compare --processes N (compare/processes.py): which backends and meshes it runs, and a launcher that never
+leaves a process waiting on a failed one. The run itself: tests/test_jax_backend.py (jax and torchax as two
+processes)."""
+import sys
+import textwrap
+import time
+
+import pytest
+
+from common import backends
+from tests.helpers import run_cli
+
+
+@pytest.mark.error_case("processes-one-process", "processes-mesh")
+def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path):
+    """--processes N: only backends whose row says they run as several processes, on a mesh N divides; refused
+    before anything runs (tests/test_jax_backend.py runs jax and torchax as two processes)."""
+    assert [n for n in backends.names() if backends.info(n).processes] == ["jax", "torchax"]
+    for processes, args, message in (
+            ("2", ["--backend", "jax,torch", "--mesh", "data=2"], (
+                "error: --processes 2: the torch backend runs as one process (runs as several: jax, torchax); drop "
+                "--processes or leave torch out of --backend")),
+            ("4", ["--backend", "jax", "--mesh", "data=2"], (
+                "error: --processes 4: the mesh's 2 device(s) cannot be split evenly over 4 processes; give a --mesh "
+                "whose device count they divide, e.g. --mesh data=8"))):
+        proc = run_cli("compare", "--processes", processes, *args, "--out", str(tmp_path / "x"))
+        assert proc.returncode == 2 and proc.stderr.strip() == message, proc.stderr
+        assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.error_case("processes-one-fails")
+def test_a_process_that_fails_stops_the_others_and_says_why(tmp_path):
+    """Process 1 fails while process 0 would wait on it (in a collective, on a real run) for a minute: the
+    launcher stops process 0, exits with process 1's code and says its error line."""
+    fake = tmp_path / "backend.py"
+    fake.write_text(textwrap.dedent("""
+        import sys, time
+        rank = int(sys.argv[sys.argv.index("--process-id") + 1])
+        if rank == 1:
+            sys.exit("error: shard 1 is missing")
+        time.sleep(60)
+    """))
+    (tmp_path / "logs").mkdir()
+    start = time.monotonic()
+    proc = run_cli("compare.processes", "--processes", "2", "--coordinator", "127.0.0.1:1", "--logs",
+                   str(tmp_path / "logs"), "--", sys.executable, str(fake))
+    assert proc.returncode == 1 and time.monotonic() - start < 30
+    assert proc.stderr.strip() == "error: process 1 of 2 exited with code 1: shard 1 is missing"
+    assert (tmp_path / "logs" / "process-1.log").read_text().strip() == "error: shard 1 is missing"
