@@ -25,7 +25,7 @@ from common.cli import (  # noqa: E402
     resolve_spec,
 )
 from common.data import make_dataset  # noqa: E402
-from common.record import TENSOR_MODES, RecordError, read_record, read_tensors  # noqa: E402
+from common.record import TENSOR_MODES, RecordError, peak_rss_mb, read_record, read_tensors  # noqa: E402
 from common.spec import SpecError  # noqa: E402
 from common.vocab import (  # noqa: E402
     CHECKPOINT_FORMAT_MEANINGS,
@@ -366,6 +366,7 @@ def main(argv=None) -> int:
     report = keep_whole(args, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build)
     report = locate_divergence(args, plan, outcome, report, build)
     report["run_id"], report["replaced_run"] = args.run_id, run_dir.replaced
+    report["compare_peak_rss_mb"] = peak_rss_mb()  # compare's own process, its backends apart
     report["wall_time"] = {"compare_imports_s": entered - STARTED_AT, "prepare_s": main_started - entered,
                            "backends_s": backends_done - main_started,
                            "report_s": time.time() - backends_done, "total_s": time.time() - STARTED_AT,

@@ -69,6 +69,7 @@ report.json keys (schema_version 2):
   parity_mode             deterministic | exact | statistical (--parity-mode)
   tensors                 {mode: full | summary | auto, why, second_pass {<name>: {whole [keys], not_reproduced
                           {key: why}}}} (--tensors; compare/second_pass.py)
+  compare_peak_rss_mb      compare's own peak resident memory (its backends apart)
   statistical             with --parity-mode statistical: {test, alpha, seeds, bands {<name>: {min, mean,
                           max} per step}, backends {<name>: {passed, p, t, mean_difference, differences}}}; it
                           decides the numbers' verdict (compare/statistical.py)
