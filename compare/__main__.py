@@ -38,6 +38,7 @@ from common.vocab import (  # noqa: E402
     values,
 )
 from common.weights import param_count  # noqa: E402
+from compare import hosts  # noqa: E402
 from compare.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
 from compare.cache import default_cache_dir  # noqa: E402
 from compare.determinism import determinism_check  # noqa: E402
@@ -116,10 +117,7 @@ def parse_args(argv):
     parser.add_argument("--seeds", type=bounded_int(1, MAX_SEEDS, "seeds"), default=5, metavar="K",
                         help="seeds per backend in the statistical parity mode (default 5, at least 3; each is a "
                              "whole run of every backend)")
-    parser.add_argument("--processes", type=bounded_int(1, 64, "processes"), default=1, metavar="N",
-                        help="run every backend as N cooperating processes on this machine, the mesh's devices split "
-                             "evenly over them (jax.distributed, coordinator on 127.0.0.1): a multi-host run, tried "
-                             "on one machine (jax and torchax)")
+    hosts.add_flags(parser)
     parser.add_argument("--tensors", choices=TENSOR_MODES,
                         help="full: every backend keeps its gradients and final parameters whole and they are judged "
                              "element by element; summary: as statistics and a fixed sample of values, judged on the "
@@ -195,7 +193,7 @@ def check_inputs(args, names: list[str]):
             side_spec(args, name)
         policy = load_policy(args.tolerance_profile, spec.train.dtype)
         check_parity_mode(args, spec)
-        check_processes(args, names, spec)
+        hosts.check(args, names, spec)
         # a user's data file is read and checked once here, before any backend starts (a twin's own batches are
         # its code, run by its describe step, never in this process: common/batches.py)
         if spec.data.path and spec.task != "custom":
@@ -216,21 +214,6 @@ def check_inputs(args, names: list[str]):
             fail(f"{flag} {path} holds a {record.backend} run, not a {name} one; pass a {name} run directory "
                  f"(or give it as --{record.backend.replace('_', '-')}-record)", ExitCode.USAGE)
     return spec, policy, reuse
-
-
-def check_processes(args, names: list[str], spec) -> None:
-    """--processes N: every backend this run starts can run as N processes, on a mesh they divide."""
-    if args.processes == 1:
-        return
-    single = [n for n in names if not backends.info(n).processes and not getattr(args, f"{n}_record")]
-    if single:
-        several = [n for n in backends.names() if backends.info(n).processes]
-        raise SpecError(f"--processes {args.processes}: the {single[0]} backend runs as one process (runs as several: "
-                        f"{', '.join(several)}); drop --processes or leave {single[0]} out of --backend")
-    if spec.mesh.device_count % args.processes:
-        raise SpecError(f"--processes {args.processes}: the mesh's {spec.mesh.device_count} device(s) cannot be "
-                        f"split evenly over {args.processes} processes; give a --mesh whose device count they divide, "
-                        f"e.g. --mesh data={args.processes * 2}")
 
 
 def check_parity_mode(args, spec) -> None:
@@ -356,6 +339,9 @@ def main(argv=None) -> int:
             outcome.interrupted = run_all(Plan(floored, plan.pythons, launches, {}, out / FLOOR_DIR, args.timeout,
                                                False), live).interrupted
     backends_done = time.time()
+    if hosts.follows(args):  # a host other than 0 of a multi-host run: host 0 writes the report
+        run_dir.finish("interrupted" if outcome.interrupted else "followed")
+        return ExitCode.INTERRUPTED if outcome.interrupted else hosts.followed(args, outcome.runs)
     inputs = ReportInputs(spec, policy, names, reference, out, args.run_id, args.tolerance_profile,
                           args.compile_cache, {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names},
                           args.parity_mode, args.debug, floors, args.require_same_device, tensors)

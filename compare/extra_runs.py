@@ -25,7 +25,8 @@ def keep_whole(args, plan: Plan, outcome, floored: list[str], dtype: str, report
     the backends whose summarized tensors left tolerance (compare/second_pass.py), and of their noise-floor
     runs when they have one; unchanged when none did or the tensors were not summarized by `auto`. A reused
     record is not run again: its tensors are judged as it kept them."""
-    if args.tensors != "auto" or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
+    if args.tensors != "auto" or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL \
+            or args.num_hosts > 1:  # every host would have to run it: compare/hosts.py
         return report
     wanted = {n: keys for n, keys in needs_whole(report).items() if n in plan.launches}
     if not wanted:
@@ -46,7 +47,8 @@ def locate_divergence(args, plan: Plan, outcome, report: dict, build) -> dict:
     """The report, built again with the activations of the backends that part at step 0 when there are any,
     captured now. Not with --activations (the runs captured theirs) nor in the statistical mode: each
     framework draws its own dropout masks, so step 0 parts by design and its activations locate nothing."""
-    if args.activations or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
+    if args.activations or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL \
+            or args.num_hosts > 1:  # every host would have to run it: compare/hosts.py
         return report
     parted = [n for n in parted_at_step0(report) if n in plan.launches]
     if not parted:

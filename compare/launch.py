@@ -20,12 +20,32 @@ from compare.noise_floor import JITTER_ULPS
 
 
 @dataclass(frozen=True)
+class Group:
+    """The cooperating processes that run a backend (compare/processes.py): `processes` on this host, of
+    `hosts` hosts (this one is number `host`), joined through `coordinator` (None: one on 127.0.0.1)."""
+
+    processes: int = 1
+    hosts: int = 1
+    host: int = 0
+    coordinator: str | None = None
+
+    @property
+    def total(self) -> int:
+        return self.processes * self.hosts
+
+
+@dataclass(frozen=True)
 class Launch:
-    """One backend process: the spec it runs and its flags."""
+    """One backend run: the spec it runs, its flags and the processes that run it."""
 
     spec: RunSpec
     flags: tuple[str, ...]
-    processes: int = 1  # compare --processes: run as this many cooperating processes (compare/processes.py)
+    group: Group = Group()
+
+
+def group_of(args) -> Group:
+    """--processes, --num-hosts, --host-id and --coordinator: every launch of a run but its capture runs."""
+    return Group(args.processes, args.num_hosts, args.host_id, args.coordinator)
 
 
 def side_spec(args, name: str, **changes) -> RunSpec:
@@ -55,7 +75,7 @@ def _flags(args, name: str) -> list[str]:
 def main_launch(args, name: str) -> Launch:
     """The run itself: every step, with the parity tensors (and step 0's activations with --activations)."""
     return Launch(side_spec(args, name), (*_flags(args, name), "--parity", *(["--activations"] * args.activations)),
-                  args.processes)
+                  group_of(args))
 
 
 def capture_launch(args, name: str) -> Launch:
@@ -77,7 +97,7 @@ def floor_launch(args, name: str, dtype: str) -> Launch:
         changes["overrides"] = [*args.overrides, f"train.start_jitter_ulps={JITTER_ULPS}"]
     side = argparse.Namespace(**{**vars(args), **changes})
     return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--parity", "--throughput-steps", "0"),
-                  args.processes)
+                  group_of(args))
 
 
 def whole_launch(args, name: str, keys: list[str], floor_dtype: str | None = None) -> Launch:
@@ -89,12 +109,12 @@ def whole_launch(args, name: str, keys: list[str], floor_dtype: str | None = Non
     else:
         quiet = argparse.Namespace(**{**vars(args), "profile": 0, "no_hlo": True})
         base = Launch(side_spec(args, name), (*_flags(quiet, name), "--parity", "--throughput-steps", "0"),
-                      args.processes)
-    return Launch(base.spec, (*base.flags, "--whole-tensors", ",".join(keys)), base.processes)
+                      group_of(args))
+    return Launch(base.spec, (*base.flags, "--whole-tensors", ",".join(keys)), base.group)
 
 
 def seed_launch(args, name: str, seed: int) -> Launch:
     """A statistical mode's extra seed run: the losses only (no parity tensors, HLO, profile, throughput)."""
     changes = {"seed": seed, "profile": 0, "no_hlo": True}
     side = argparse.Namespace(**{**vars(args), **changes})
-    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--throughput-steps", "0"), args.processes)
+    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--throughput-steps", "0"), group_of(args))

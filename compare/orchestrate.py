@@ -7,6 +7,7 @@ backend may live in its own virtual environment (`--jax-python`,
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -50,11 +51,19 @@ def backend_env() -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now: a multi-process run's coordinator."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_LAUNCHES = itertools.count()  # the multi-host launches of this compare, in the order every host makes them
+
+
+def coordinator_of(group) -> str:
+    """host:port of a multi-process launch's coordinator: on one host a port free on 127.0.0.1 now; across
+    hosts the given --coordinator's port plus the launch's number (every host makes the same launches in the
+    same order, so each agrees on every port, and a port is never asked to serve two runs)."""
+    if group.coordinator is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return f"127.0.0.1:{s.getsockname()[1]}"
+    host, _, port = group.coordinator.rpartition(":")
+    return f"{host}:{int(port) + next(_LAUNCHES)}"
 
 
 def error_line(stderr: str) -> str:
@@ -83,10 +92,12 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
     write_json_atomic(run_dir / SPEC_FILE, launch.spec.to_dict())
     command = [python, "-m", backends.info(name).package, "--spec", str(run_dir / SPEC_FILE), *launch.flags,
                "--out", str(run_dir), "--progress"]
-    if launch.processes > 1:  # cooperating processes, started and watched by compare/processes.py in this group
+    group = launch.group
+    if group.total > 1:  # cooperating processes, started and watched by compare/processes.py in this group
         (run_dir / PROCESS_LOGS).mkdir(exist_ok=True)
-        command = [sys.executable, "-m", "compare.processes", "--processes", str(launch.processes), "--coordinator",
-                   f"127.0.0.1:{free_port()}", "--logs", str(run_dir / PROCESS_LOGS), "--", *command]
+        command = [sys.executable, "-m", "compare.processes", "--processes", str(group.processes), "--first-id",
+                   str(group.host * group.processes), "--total", str(group.total), "--coordinator",
+                   coordinator_of(group), "--logs", str(run_dir / PROCESS_LOGS), "--", *command]
     env = backend_env()
     start, started_at = time.perf_counter(), time.time()
     with open(run_dir / STDOUT_LOG, "w") as out_log, open(run_dir / STDERR_LOG, "w") as err_log:

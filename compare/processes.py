@@ -1,10 +1,11 @@
 """python -m compare.processes: one backend run as N cooperating processes on this machine (`compare --processes N`).
 
 compare runs this launcher where it would run the backend, in the backend's own process group: it starts N
-copies of the backend command, each told its place in the run (`--coordinator 127.0.0.1:PORT --num-processes N
---process-id I`: JAX's multi-controller runtime, `jax.distributed`), and waits for them. Process 0 speaks for the
-run: its stdout (progress lines) and stderr are the launcher's, and it writes the record; the others' output goes
-to `process-<I>.log` in the run directory. When one process fails the others are stopped (they would wait on
+copies of the backend command, each told its place in the run (`--coordinator HOST:PORT --num-processes TOTAL
+--process-id I`: JAX's multi-controller runtime, `jax.distributed`; on host H of a multi-host run the ids from
+H x N), and waits for them. This host's first process speaks for it: its stdout (progress lines) and stderr are
+the launcher's; process 0 of the run writes the record. The others' output goes to `process-<I>.log` in the run
+directory. When one process fails the others are stopped (they would wait on
 it in a collective until their timeout) and the launcher exits with the failed one's code, its error line said
 on stderr. Framework-free, like compare.
 """
@@ -26,25 +27,29 @@ GRACE_S = 5.0
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m compare.processes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, required=True, help="how many processes this launcher starts")
+    parser.add_argument("--first-id", type=int, default=0, help="the process id of the first (host I of a "
+                                                                    "multi-host run: I x --processes)")
+    parser.add_argument("--total", type=int, help="the processes of the whole run, every host's (default: --processes)")
     parser.add_argument("--coordinator", required=True, help="host:port of process 0")
     parser.add_argument("--logs", type=Path, required=True, help="where processes 1.. write process-<I>.log")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the backend command")
     args = parser.parse_args(argv)
     args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.processes < 1 or not args.command:
-        parser.error("needs --processes >= 1 and a backend command after --")
+    args.total = args.total or args.processes
+    if args.processes < 1 or not args.command or not 0 <= args.first_id <= args.total - args.processes:
+        parser.error("needs --processes >= 1, ids within --total and a backend command after --")
     return args
 
 
 def start(args) -> list[tuple[subprocess.Popen, Path | None]]:
     procs = []
     for i in range(args.processes):
-        command = [*args.command, "--coordinator", args.coordinator, "--num-processes", str(args.processes),
-                   "--process-id", str(i)]
-        if i == 0:
+        command = [*args.command, "--coordinator", args.coordinator, "--num-processes", str(args.total),
+                   "--process-id", str(args.first_id + i)]
+        if i == 0:  # this host's first process speaks on the launcher's output
             procs.append((subprocess.Popen(command), None))
             continue
-        log = args.logs / f"process-{i}.log"
+        log = args.logs / f"process-{args.first_id + i}.log"
         with open(log, "w") as out:
             procs.append((subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL), log))
@@ -77,7 +82,7 @@ def main(argv=None) -> int:
                 log = procs[failed][1]
                 if log is not None:  # process 0 said its own error on this stderr
                     line = error_line(log.read_text(errors="replace"))
-                    print(f"error: process {failed} of {args.processes} exited with code {codes[failed]}"
+                    print(f"error: process {args.first_id + failed} of {args.total} exited with code {codes[failed]}"
                           + (f": {line}" if line else f" (see {log})"), file=sys.stderr, flush=True)
                 return codes[failed] if codes[failed] > 0 else 128 - codes[failed]
             if all(code == 0 for code in codes):

@@ -58,6 +58,37 @@ def test_two_processes_match_one_process(jax_single, tmp_path):
         assert [p.name for p in (out / name / "processes").iterdir()] == ["process-1.log"]
 
 
+def test_two_hosts_simulated_on_this_machine_write_one_report(jax_single, tmp_path):
+    """The same command on two "hosts" (two compares, --host-id 0 and 1, their coordinator on 127.0.0.1), one
+    jax process each (compare/hosts.py): one run of two processes; host 0 writes the one report, host 1 none."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, process_env
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "compare", "--quiet", "--backend", "jax", "--spec", "gpt-tiny", "--steps", "5",
+               "--mesh", "data=2", "--num-hosts", "2", "--coordinator", f"127.0.0.1:{port}"]
+    hosts = [subprocess.Popen([*command, "--host-id", str(i), "--out", str(tmp_path / f"host{i}")], cwd=REPO,
+                              env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outputs = [host.communicate(timeout=300) for host in hosts]
+    assert [host.returncode for host in hosts] == [0, 0], outputs
+    report = json.loads((tmp_path / "host0" / "report.json").read_text())
+    record = read_record(tmp_path / "host0" / "jax")
+    assert report["verdict"] == "pass" and report["backends"]["jax"]["losses"] == record.losses
+    assert record.platform["process_count"] == 2 and record.platform["device_count"] == 2
+    assert max_loss_diff(read_record(jax_single("gpt-tiny")), record) < 1e-5
+    follower = tmp_path / "host1"
+    assert not (follower / "report.json").exists() and not (follower / "jax" / "record.json").exists()
+    assert outputs[1][0].strip() == "host 1 of 2: ran jax; host 0 writes the report"
+    assert "progress step=4" in (follower / "jax" / "stdout.log").read_text()  # its process ran every step
+
+
 def test_parity_tensors_are_canonical(jax_single):
     from common.presets import load_spec
     from common.record import read_tensors

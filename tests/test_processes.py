@@ -28,6 +28,22 @@ def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path
         assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.error_case("hosts-bad")
+@pytest.mark.parametrize("args, message", [
+    (["--num-hosts", "2"], "--num-hosts 2: give every host --coordinator HOST:PORT, host 0's address"),
+    (["--num-hosts", "2", "--host-id", "2", "--coordinator", "127.0.0.1:1"],
+     "--host-id 2: a run of --num-hosts 2 has hosts 0 to 1"),
+    (["--coordinator", "nope"], "--coordinator nope: give it as HOST:PORT, e.g. 10.0.0.2:12355"),
+    (["--num-hosts", "2", "--coordinator", "127.0.0.1:1", "--backend", "jax"],  # the default mesh: one device
+     "--processes 1 on 2 hosts: the mesh's 1 device(s) cannot be split evenly over 2 processes; give a --mesh "
+     "whose device count they divide, e.g. --mesh data=4"),
+])
+def test_a_multi_host_run_is_refused_when_its_hosts_cannot_meet(args, message, tmp_path):
+    proc = run_cli("compare", *args, "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: {message}", proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.error_case("processes-one-fails")
 def test_a_process_that_fails_stops_the_others_and_says_why(tmp_path):
     """Process 1 fails while process 0 would wait on it (in a collective, on a real run) for a minute: the

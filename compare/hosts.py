@@ -1,0 +1,66 @@
+"""compare across processes and hosts: every backend run as cooperating processes (compare/processes.py).
+
+`--processes N` runs each backend as N processes on this machine. A multi-host run is the same command on every
+host with `--num-hosts H --host-id I --coordinator HOST:PORT` (host 0's address): each host starts its N
+processes, with ids from I x N, and all H x N join one JAX multi-controller run. Process 0, on host 0, writes
+each record, and host 0 alone writes the report; the other hosts write their processes' logs and exit with
+their backends' status. Every host makes the same launches in the same order (each on its own port, from
+PORT up), so the extra runs whose need only the report shows (step 0's activation capture, auto's second pass)
+are not made across hosts: rerun the pair on one host to locate a divergence.
+"""
+from __future__ import annotations
+
+from common import backends
+from common.spec import SpecError
+from common.vocab import BackendStatus, ExitCode
+from compare.arg_types import bounded_int
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--processes", type=bounded_int(1, 64, "processes"), default=1, metavar="N",
+                        help="run every backend as N cooperating processes on this machine (per host), the mesh's "
+                             "devices split evenly over them (jax.distributed): what a pod slice runs, tried on "
+                             "one machine (jax and torchax)")
+    parser.add_argument("--num-hosts", type=bounded_int(1, 4096, "hosts"), default=1, metavar="H",
+                        help="a multi-host run: the same command on every host, with --host-id and --coordinator")
+    parser.add_argument("--host-id", type=int, default=0, metavar="I", help="this host's number, 0 .. H-1 (host 0 "
+                                                                            "writes the report)")
+    parser.add_argument("--coordinator", metavar="HOST:PORT", help="host 0's address, where every backend's "
+                                                                   "processes meet (ports from PORT up)")
+
+
+def check(args, names: list[str], spec) -> None:
+    """The processes and hosts asked for: backends that run as several processes, a mesh they divide."""
+    total = args.processes * args.num_hosts
+    if not 0 <= args.host_id < args.num_hosts:
+        raise SpecError(f"--host-id {args.host_id}: a run of --num-hosts {args.num_hosts} has hosts 0 to "
+                        f"{args.num_hosts - 1}")
+    if args.num_hosts > 1 and not args.coordinator:
+        raise SpecError(f"--num-hosts {args.num_hosts}: give every host --coordinator HOST:PORT, host 0's address")
+    if args.coordinator and not args.coordinator.rpartition(":")[2].isdigit():
+        raise SpecError(f"--coordinator {args.coordinator}: give it as HOST:PORT, e.g. 10.0.0.2:12355")
+    if total == 1:
+        return
+    what = f"--processes {args.processes}" + (f" on {args.num_hosts} hosts" if args.num_hosts > 1 else "")
+    single = [n for n in names if not backends.info(n).processes and not getattr(args, f"{n}_record")]
+    if single:
+        several = [n for n in backends.names() if backends.info(n).processes]
+        raise SpecError(f"{what}: the {single[0]} backend runs as one process (runs as several: "
+                        f"{', '.join(several)}); drop --processes or leave {single[0]} out of --backend")
+    if spec.mesh.device_count % total:
+        raise SpecError(f"{what}: the mesh's {spec.mesh.device_count} device(s) cannot be split evenly over {total} "
+                        f"processes; give a --mesh whose device count they divide, e.g. --mesh data={total * 2}")
+
+
+def follows(args) -> bool:
+    """Whether this compare is a host other than 0 of a multi-host run: it runs its processes, no report."""
+    return args.host_id != 0
+
+
+def followed(args, runs: dict) -> int:
+    """A host other than 0, its processes done: one line, and the exit code of its backends' status."""
+    failed = [n for n, run in runs.items() if run.status != BackendStatus.OK]
+    print(f"host {args.host_id} of {args.num_hosts}: ran {', '.join(runs) or 'nothing'}"
+          + (f"; failed: {', '.join(f'{n} ({runs[n].message})' for n in failed)}" if failed else "")
+          + "; host 0 writes the report", flush=True)
+    return ExitCode.BACKEND if failed else ExitCode.OK
