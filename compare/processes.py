@@ -1,13 +1,13 @@
-"""python -m compare.processes: one backend run as N cooperating processes on this machine (`compare --processes N`).
+"""python -m compare.processes: a backend run as cooperating processes (`compare --processes N`, compare/hosts.py).
 
 compare runs this launcher where it would run the backend, in the backend's own process group: it starts N
 copies of the backend command, each told its place in the run (`--coordinator HOST:PORT --num-processes TOTAL
 --process-id I`: JAX's multi-controller runtime, `jax.distributed`; on host H of a multi-host run the ids from
 H x N), and waits for them. This host's first process speaks for it: its stdout (progress lines) and stderr are
 the launcher's; process 0 of the run writes the record. The others' output goes to `process-<I>.log` in the run
-directory. When one process fails the others are stopped (they would wait on
-it in a collective until their timeout) and the launcher exits with the failed one's code, its error line said
-on stderr. Framework-free, like compare.
+directory. When one process fails the others are stopped (they would wait on it in a collective until their
+timeout), and the launcher exits with the failed one's code, its error line said on stderr. Framework-free,
+like compare.
 """
 from __future__ import annotations
 
