@@ -68,8 +68,9 @@ demo-tpu: $(TPU_JAX)/.installed $(TPU_TORCH_XLA)/.installed
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n 3 --maxschedchunk 1 --durations=25
 
+# Two test processes: no backend runs (tests/conftest.py's guard fails the session if one starts, in either)
 test-fast: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider -m 'not slow'
+	$(PY) -m pytest -p no:cacheprovider -n 2 -m 'not slow'
 
 constraints: $(STAMP)
 	{ echo "# Exact versions CI installs (pip install -c constraints.txt ...)."; \
