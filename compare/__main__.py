@@ -353,6 +353,7 @@ def main(argv=None) -> int:
     report = locate_divergence(args, plan, outcome, report, build)
     report["run_id"], report["replaced_run"] = args.run_id, run_dir.replaced
     report["compare_peak_rss_mb"] = peak_rss_mb()  # compare's own process, its backends apart
+    report["hosts"] = hosts.section(args)
     report["wall_time"] = {"compare_imports_s": entered - STARTED_AT, "prepare_s": main_started - entered,
                            "backends_s": backends_done - main_started,
                            "report_s": time.time() - backends_done, "total_s": time.time() - STARTED_AT,

@@ -52,6 +52,15 @@ def check(args, names: list[str], spec) -> None:
                         f"processes; give a --mesh whose device count they divide, e.g. --mesh data={total * 2}")
 
 
+def section(args) -> dict | None:
+    """report.json's `hosts` of a multi-host run (None on one host): its layout, and what it did not run."""
+    if args.num_hosts == 1:
+        return None
+    return {"hosts": args.num_hosts, "processes_per_host": args.processes, "coordinator": args.coordinator,
+            "not_made": "step 0's activation capture and --tensors auto's second pass need every host: a pair that "
+                        "parts at step 0 is not located here; rerun it on one host (--processes) to locate it"}
+
+
 def follows(args) -> bool:
     """Whether this compare is a host other than 0 of a multi-host run: it runs its processes, no report."""
     return args.host_id != 0

@@ -70,6 +70,8 @@ report.json keys (schema_version 2):
   tensors                 {mode: full | summary | auto, why, second_pass {<name>: {whole [keys], not_reproduced
                           {key: why}}}} (--tensors; compare/second_pass.py)
   compare_peak_rss_mb      compare's own peak resident memory (its backends apart)
+  hosts                   a multi-host run's {hosts, processes_per_host, coordinator, not_made} (compare/hosts.py;
+                          null on one host)
   statistical             with --parity-mode statistical: {test, alpha, seeds, bands {<name>: {min, mean,
                           max} per step}, backends {<name>: {passed, p, t, mean_difference, differences}}}; it
                           decides the numbers' verdict (compare/statistical.py)

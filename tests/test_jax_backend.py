@@ -81,6 +81,7 @@ def test_two_hosts_simulated_on_this_machine_write_one_report(jax_single, tmp_pa
     report = json.loads((tmp_path / "host0" / "report.json").read_text())
     record = read_record(tmp_path / "host0" / "jax")
     assert report["verdict"] == "pass" and report["backends"]["jax"]["losses"] == record.losses
+    assert report["hosts"]["hosts"] == 2 and "rerun it on one host" in report["hosts"]["not_made"]
     assert record.platform["process_count"] == 2 and record.platform["device_count"] == 2
     assert max_loss_diff(read_record(jax_single("gpt-tiny")), record) < 1e-5
     follower = tmp_path / "host1"
