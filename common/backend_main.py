@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -90,7 +91,10 @@ def refuse_foreign_out(out_dir: Path, logs: tuple[str, ...] = ()) -> None:
     why = dangerous_dir(out_dir)
     if why:
         fail(f"--out {out_dir}: {why}; give the run a directory of its own, e.g. --out runs/my-run", ExitCode.USAGE)
-    ours = {*LOG_FILES, SPEC_FILE, PROCESS_LOGS, *logs}
+    ours = {*LOG_FILES, SPEC_FILE, *logs}
+    process_logs = out_dir / PROCESS_LOGS  # compare --processes' logs: its own only while it holds nothing else
+    if process_logs.is_dir() and all(re.fullmatch(r"process-\d+\.log", n) for n in os.listdir(process_logs)):
+        ours.add(PROCESS_LOGS)
     if out_dir.is_dir() and set(os.listdir(out_dir)) - ours and not (out_dir / RECORD_FILE).exists():
         fail(f"--out {out_dir} holds files this toolkit did not write (no {RECORD_FILE}); pass a new or empty "
              "directory", ExitCode.USAGE)

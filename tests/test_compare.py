@@ -202,6 +202,9 @@ def check_second_pass(out: Path, report: dict) -> None:
     tampered[group][name] = tampered[group][name].copy()
     tampered[group][name].flat[0] = np.nextafter(tampered[group][name].flat[0], np.float32(np.inf))
     write_tensors(out / "torch" / "whole-tensors", tampered)
+    # and jax's second pass is made another run's: never judged in place of this run's tensors
+    stale = out / "jax" / "whole-tensors" / "record.json"
+    stale.write_text(json.dumps({**json.loads(stale.read_text()), "run_id": "0123456789ab"}))
     proc = run_cli("compare", "--quiet", "--out", str(out / "again"), "--tensors", "auto", "--backend", "jax,torch",
                    "--jax-record", str(out / "jax"), "--torch-record", str(out / "torch"), "--steps", "8",
                    "--torch-set", f"train.start_scale={SCALED}")
@@ -211,6 +214,9 @@ def check_second_pass(out: Path, report: dict) -> None:
     assert row["judged_by"] == "summary" and not row["within"] and "second_pass" not in row
     assert "torch's second pass did not reproduce its run (" in row["note"]
     assert key in judged["tensors"]["second_pass"]["torch"]["not_reproduced"]
+    jax_pass = judged["tensors"]["second_pass"]["jax"]
+    assert jax_pass["whole"] == [] and "belongs to run 0123456789ab, not to this run" in jax_pass["failed"]
+    assert not any(r.get("second_pass") for r in judged["parity"]["torch"]["tensors"].values())
     assert not list((out / "again").glob("*/whole-tensors"))  # a reused record is never run again
 
 

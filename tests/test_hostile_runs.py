@@ -328,6 +328,14 @@ def test_a_directory_a_failed_run_left_is_the_backends_own(tmp_path):
     assert (out / "notes.txt").read_text() == "the user's own\n"
     assert (out / "xla_debug.log").read_text() == "a crashed run's log\n"
     (out / "notes.txt").unlink()
+    # compare --processes' logs folder is the backend's own only while it holds nothing but process logs
+    (out / "processes").mkdir()
+    (out / "processes" / "process-1.log").write_text("a crashed run's log\n")
+    (out / "processes" / "thesis.tex").write_text("the user's own\n")
+    refused = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--steps", "1", "--out", str(out))
+    assert refused.returncode == 2 and "holds files this toolkit did not write" in one_line_error(refused)
+    assert (out / "processes" / "thesis.tex").read_text() == "the user's own\n"
+    (out / "processes" / "thesis.tex").unlink()
     proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--steps", "1", "--throughput-steps", "0", "--out",
                    str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
