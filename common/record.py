@@ -279,6 +279,14 @@ class LazyTensors(Mapping):
     def __getitem__(self, name: str):
         return self._summaries[name] if name in self._summaries else self._npz[self._keys[name]]
 
+    def __contains__(self, name) -> bool:  # by name, no array read
+        return name in self._keys or name in self._summaries
+
+    @property
+    def summaries(self) -> dict:
+        """{name: summary} of the tensors kept as summaries (no array read)."""
+        return dict(self._summaries)
+
     def __iter__(self):
         return iter([*self._keys, *self._summaries])
 

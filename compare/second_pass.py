@@ -92,8 +92,8 @@ def with_second_pass(tensors: dict, run_dir: Path, run_id: str | None, name: str
     whole, not_reproduced = [], {}
     for group in SUMMARIZED_GROUPS:
         replaced = set()
-        for tensor, first in tensors[group].items():
-            if not isinstance(first, TensorSummary) or tensor not in again[group]:
+        for tensor, first in tensors[group].summaries.items():  # read_tensors' LazyTensors: no array read
+            if tensor not in again[group]:
                 continue
             key, kept = f"{group}/{tensor}", again[group][tensor]
             if isinstance(kept, TensorSummary):
