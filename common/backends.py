@@ -46,7 +46,7 @@ class BackendInfo:
     in_both: bool = False  # part of `--backend both`, the default pair
     passthrough: tuple[Passthrough, ...] = ()
     # runs as several cooperating processes (compare --processes N): it takes --coordinator, --num-processes
-    # and --process-id, and the process with id 0 writes the record
+    # and --process-id (common.cli.add_process_flags), and the process with id 0 writes the record
     processes: bool = False
 
     @property
@@ -78,7 +78,7 @@ BUILT_IN = (
                 frozenset({"jax", "jaxlib", "flax", "optax"}), in_both=True, processes=True),
     BackendInfo("torch", "torch_impl", "torch", False, "torch-xla",
                 "the torch.nn twin in eager PyTorch, CPU or CUDA: the ground truth of the PyTorch side (torch_impl)",
-                frozenset({"torch"})),
+                frozenset({"torch"}), processes=True),
     BackendInfo("torch_xla", "torch_xla_impl", "torch", True, "torch-xla",
                 "the same torch.nn twin on PyTorch/XLA (torch_xla_impl)",
                 frozenset({"torch_impl", "torch", "torch_xla"}), in_both=True, passthrough=(TRACE_MODE,)),

@@ -134,6 +134,15 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     return parser
 
 
+def add_process_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of a multi-process run, the same on every backend whose row says `processes` (compare
+    --processes passes them): jax.distributed's for jax and torchax, torch.distributed's for eager torch."""
+    group = parser.add_argument_group("multi-process")
+    group.add_argument("--coordinator", help="host:port of process 0, e.g. 127.0.0.1:12355")
+    group.add_argument("--num-processes", type=int, default=1)
+    group.add_argument("--process-id", type=int, default=0)
+
+
 def spec_overrides(args: argparse.Namespace) -> list[str]:
     """--set first, then the dedicated flags (which win)."""
     out = list(args.overrides)

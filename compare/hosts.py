@@ -19,8 +19,9 @@ from compare.arg_types import bounded_int
 def add_flags(parser) -> None:
     parser.add_argument("--processes", type=bounded_int(1, 64, "processes"), default=1, metavar="N",
                         help="run every backend as N cooperating processes on this machine (per host), the mesh's "
-                             "devices split evenly over them (jax.distributed): what a pod slice runs, tried on "
-                             "one machine (jax and torchax)")
+                             "devices split evenly over them: what a pod slice runs, tried on one machine (jax and "
+                             "torchax by jax.distributed, eager torch data parallel by torch.distributed; runs as "
+                             f"several: {', '.join(n for n in backends.names() if backends.info(n).processes)})")
     parser.add_argument("--num-hosts", type=bounded_int(1, 4096, "hosts"), default=1, metavar="H",
                         help="a multi-host run: the same command on every host, with --host-id and --coordinator")
     parser.add_argument("--host-id", type=int, default=0, metavar="I", help="this host's number, 0 .. H-1 (host 0 "

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from common import backend_main
-from common.cli import exit_process, fail
+from common.cli import add_process_flags, exit_process, fail
 from common.vocab import ExitCode
 
 try:  # a missing framework is a usage error with a one-line fix, not a traceback
@@ -31,6 +31,4 @@ def train(spec, options, progress):
 
 
 if __name__ == "__main__":
-    from jax_impl.sharding import add_process_flags
-
     exit_process(backend_main.main("jax_impl", sys.argv[1:], add_process_flags, train))

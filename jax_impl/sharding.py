@@ -69,14 +69,6 @@ def _platforms_without_the_variable() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def add_process_flags(parser) -> None:
-    """The flags of a multi-process run (common.backends' `processes`: what compare --processes passes)."""
-    group = parser.add_argument_group("multi-process (jax.distributed)")
-    group.add_argument("--coordinator", help="host:port of process 0, e.g. 127.0.0.1:12355")
-    group.add_argument("--num-processes", type=int, default=1)
-    group.add_argument("--process-id", type=int, default=0)
-
-
 def join(spec, options) -> bool:
     """This process's fake CPU devices and its place in a multi-process run (each process holds an equal share
     of the mesh's devices), before JAX initialises; returns whether it writes the record (process 0)."""

@@ -38,24 +38,29 @@ def test_fixed_shapes_compile_the_loop_once(jax_single):
     assert len(rec.steps) == 5 and all(s.wall_ms > 0 for s in rec.steps)
 
 
-def test_two_processes_match_one_process(jax_single, tmp_path):
+@pytest.mark.parametrize("mesh", ["data=4", "data=2,tensor=2"])
+def test_two_processes_match_one_process(mesh, jax_single, tmp_path):
     """compare --processes 2: jax and torchax each run as two cooperating processes (jax.distributed, the
-    coordinator on 127.0.0.1; compare/processes.py), two of the mesh's four devices each: the same losses as one
-    process on one device, parity between them, and only process 0 writes."""
+    coordinator on 127.0.0.1; compare/processes.py), two of the mesh's four devices each, and eager torch as two
+    data-parallel processes (torch.distributed, gloo): the same losses as one process on one device, parity
+    between them, and only process 0 writes."""
     import json
 
     out = tmp_path / "multi"
-    proc = run_cli("compare", "--quiet", "--out", str(out), "--backend", "jax,torchax", "--spec", "gpt-tiny",
-                   "--steps", "5", "--mesh", "data=4", "--processes", "2")
+    proc = run_cli("compare", "--quiet", "--out", str(out), "--backend", "jax,torch,torchax", "--spec", "gpt-tiny",
+                   "--steps", "5", "--mesh", mesh, "--processes", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
-    assert report["verdict"] == "pass" and report["parity"]["torchax"]["loss"]["max_abs"] < 1e-5
+    assert report["verdict"] == "pass", report["verdict"]
+    assert all(report["parity"][name]["loss"]["max_abs"] < 1e-5 for name in ("torch", "torchax"))
     single = read_record(jax_single("gpt-tiny"))
-    for name in ("jax", "torchax"):
+    for name, devices in (("jax", 4), ("torch", 2), ("torchax", 4)):
         multi = read_record(out / name)
-        assert multi.platform["process_count"] == 2 and multi.platform["device_count"] == 4, name
+        assert multi.platform["process_count"] == 2 and multi.platform["device_count"] == devices, name
         assert max_loss_diff(single, multi) < 1e-5, (name, single.losses, multi.losses)
         assert [p.name for p in (out / name / "processes").iterdir()] == ["process-1.log"]
+        assert "progress step=4" in (out / name / "processes" / "process-1.log").read_text()  # it ran every step
+    assert read_record(out / "torch").extra["mesh_strategy"].startswith("data parallel over 2 processes")
 
 
 def test_two_hosts_simulated_on_this_machine_write_one_report(jax_single, tmp_path):

@@ -1,6 +1,6 @@
 """compare --processes N (compare/processes.py): which backends and meshes it runs, and a launcher that never
-leaves a process waiting on a failed one. The run itself: tests/test_jax_backend.py (jax and torchax as two
-processes)."""
+leaves a process waiting on a failed one. The run itself: tests/test_jax_backend.py (jax, eager torch and torchax
+as two processes)."""
 import sys
 import textwrap
 import time
@@ -8,18 +8,18 @@ import time
 import pytest
 
 from common import backends
-from tests.helpers import run_cli
+from tests.helpers import REPO, run_cli
 
 
 @pytest.mark.error_case("processes-one-process", "processes-mesh")
 def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path):
     """--processes N: only backends whose row says they run as several processes, on a mesh N divides; refused
     before anything runs (tests/test_jax_backend.py runs jax and torchax as two processes)."""
-    assert [n for n in backends.names() if backends.info(n).processes] == ["jax", "torchax"]
+    assert [n for n in backends.names() if backends.info(n).processes] == ["jax", "torch", "torchax"]
     for processes, args, message in (
-            ("2", ["--backend", "jax,torch", "--mesh", "data=2"], (
-                "error: --processes 2: the torch backend runs as one process (runs as several: jax, torchax); drop "
-                "--processes or leave torch out of --backend")),
+            ("2", ["--backend", "jax,torch_xla", "--mesh", "data=2"], (
+                "error: --processes 2: the torch_xla backend runs as one process (runs as several: jax, torch, "
+                "torchax); drop --processes or leave torch_xla out of --backend")),
             ("4", ["--backend", "jax", "--mesh", "data=2"], (
                 "error: --processes 4: the mesh's 2 device(s) cannot be split evenly over 4 processes; give a --mesh "
                 "whose device count they divide, e.g. --mesh data=8"))):
@@ -63,3 +63,36 @@ def test_a_process_that_fails_stops_the_others_and_says_why(tmp_path):
     assert proc.returncode == 1 and time.monotonic() - start < 30
     assert proc.stderr.strip() == "error: process 1 of 2 exited with code 1: shard 1 is missing"
     assert (tmp_path / "logs" / "process-1.log").read_text().strip() == "error: shard 1 is missing"
+
+
+@pytest.mark.error_case("processes-torch-inexact")
+def test_eager_torch_refuses_processes_where_averaged_gradients_are_not_the_batchs():
+    """Eager torch as several processes averages each process's gradient over its rows (torch_impl/distributed.py):
+    the whole batch's gradient only for a mean loss over rows on a model that mixes no rows; anything else is
+    refused in one line before the process group starts."""
+    from collections import OrderedDict
+
+    import torch
+
+    from common.presets import load_spec
+    from common.spec import SpecError
+    from torch_impl.distributed import refuse_batch_norm, refuse_inexact
+
+    refuse_inexact(load_spec("gpt-tiny"), 2)  # the task's cross-entropy, torch's own dropout: accepted
+    regressor = load_spec("", twin=f"{REPO}/tests/data/regression/twins.py:regressor")
+    for spec, message in (
+            (regressor, "eager torch on 2 processes averages each process's gradient over its share of the batch, "
+                        "which equals the whole batch's only for a mean over rows; the twin's own loss (torch: "
+                        "torch_regressor.py:smooth_l1"),
+            (load_spec("gpt-tiny", ["train.dropout=0.1", "train.dropout_masks=common"]),
+             "common's exact dropout masks are drawn for the whole batch"),
+            (load_spec("gpt-tiny", ["train.global_batch_size=6"]),
+             "train.global_batch_size=6 does not split evenly over 4 processes")):
+        with pytest.raises(SpecError) as caught:
+            refuse_inexact(spec, 4 if "global_batch_size=6" in message else 2)
+        assert message in str(caught.value), str(caught.value)
+    stem = torch.nn.Sequential(OrderedDict(conv1=torch.nn.Conv2d(3, 4, 3), bn1=torch.nn.BatchNorm2d(4)))
+    refuse_batch_norm(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)), 2)
+    with pytest.raises(SpecError, match=r"^eager torch on 2 processes: module bn1 is BatchNorm2d, whose train-mode "
+                                        r"statistics would be each process's rows, not the whole batch's"):
+        refuse_batch_norm(stem, 2)

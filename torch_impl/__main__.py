@@ -5,7 +5,7 @@ import importlib.util
 import sys
 
 from common import backend_main
-from common.cli import exit_process, fail
+from common.cli import add_process_flags, exit_process, fail
 from common.spec import SpecError
 from common.vocab import ExitCode
 
@@ -14,25 +14,26 @@ if importlib.util.find_spec("torch") is None:
          "(pip install -e '.[torch-xla]') or pass compare --torch-python", ExitCode.USAGE)
 
 
-def add_flags(parser) -> None:
-    pass
-
-
 def train(spec, options, progress):
     from common import harness
+    from torch_impl import distributed
     from torch_impl.train import make_trainer
 
-    if spec.mesh.device_count > 1:
+    if spec.mesh.device_count > 1 and options.own["num_processes"] <= 1:
         raise SpecError(f"the torch backend runs eagerly on one device; mesh {spec.mesh.strategy} needs "
-                        f"{spec.mesh.device_count}: drop --mesh for it, or compare the mesh on jax, torch_xla "
-                        "or torchax")
-    record, tensors = harness.run(lambda: make_trainer(spec, options), options, progress)
+                        f"{spec.mesh.device_count}: drop --mesh for it, run it data parallel as processes (compare "
+                        "--processes N), or compare the mesh on jax, torch_xla or torchax")
+    group = distributed.join(spec, options)  # its place among several processes (compare --processes N)
+    try:
+        record, tensors = harness.run(lambda: make_trainer(spec, options, group), options, progress)
+    finally:
+        distributed.leave(group)
     record.compile_cache = {"enabled": False, "note": "eager PyTorch compiles nothing (--compile-cache is ignored)"}
     if options.profile_steps:
         record.profile = {"steps": 0, "why": "eager torch writes no XProf trace (torch.profiler writes Chrome "
                                              "traces); --profile is ignored"}
-    return record, tensors, True
+    return record, tensors, group is None or group.rank == 0
 
 
 if __name__ == "__main__":
-    exit_process(backend_main.main("torch_impl", sys.argv[1:], add_flags, train))
+    exit_process(backend_main.main("torch_impl", sys.argv[1:], add_process_flags, train))

@@ -32,6 +32,14 @@ from torch_impl.convert import (
     modules_to_canonical,
     to_canonical,
 )
+from torch_impl.distributed import (
+    Group,
+    average_gradients,
+    gather_rows,
+    local_rows,
+    mean_value,
+    refuse_batch_norm,
+)
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
 from torch_impl.optim import clip_gradients, make_optimizer, set_lr
@@ -87,9 +95,11 @@ class TorchTrainer:
     dropout_sites = ()  # step 0's dropout calls, when fed common's masks
     captures_after_run = False  # step-0 activations are taken before the first update, from the start weights
 
-    def __init__(self, spec: RunSpec, options: RunOptions | None = None, device: torch.device | None = None):
+    def __init__(self, spec: RunSpec, options: RunOptions | None = None, device: torch.device | None = None,
+                 group: Group | None = None):
         options = options or RunOptions()
         self.spec, self.options, self.device = spec, options, device or device_for_this_machine()
+        self.group = group  # one of several processes, data parallel (torch_impl/distributed.py); None: alone
         self.provocations, checkpoint = list(options.provocations), options.checkpoint
         model = build_model(spec.model, spec.train.seed)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
@@ -97,19 +107,22 @@ class TorchTrainer:
         self.module_names = modules_to_canonical(self.model, spec.model)
         load_state(self.model, start_state(checkpoint), self.module_names)
         self.model = self.model.to(self.device)
+        if group is not None:
+            refuse_batch_norm(self.model, group.size)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = correspondence(self.model, spec.model)
         self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
         self.loss_fn = task_loss(spec)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)
-        torch.manual_seed(spec.train.mask_seed)  # dropout draws from here on
+        torch.manual_seed(spec.train.mask_seed + (group.rank if group else 0))  # dropout draws from here on: each
+        # process its own masks for its own rows, as one process draws different masks for different rows
         bf16 = spec.train.dtype == "bfloat16"
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 \
             else contextlib.nullcontext
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = provoked_batch(self.data.global_batch(step), step, self.provocations, np.int64)
+        batch = local_rows(provoked_batch(self.data.global_batch(step), step, self.provocations, np.int64), self.group)
         return self.to_device(batch.inputs), self.to_device(batch.targets)
 
     def to_device(self, part):
@@ -137,6 +150,7 @@ class TorchTrainer:
             self.dropout_sites = feed.sites
         loss = with_python_value(loss, python_value(step, self.provocations, self.spec.train.steps))
         loss.backward()
+        average_gradients(self.model.parameters(), self.group)
         clip_gradients(self.model.parameters(), self.spec.train)
         self.optimizer.step()
         return loss
@@ -147,9 +161,10 @@ class TorchTrainer:
         with untouched_buffers(self.model):  # an analysis step: BatchNorm's statistics stay the run's
             loss, outputs = self.loss(inputs, targets)
             loss.backward()  # (before the statistics are put back: its graph holds them)
+        average_gradients(self.model.parameters(), self.group)
         grads = {name: p.grad for name, p in self.model.named_parameters()}
-        out = {"outputs": {**{k: v.detach().float().cpu().numpy() for k, v in outputs.items()},
-                           "loss": np.asarray(loss.item())},
+        out = {"outputs": {**{k: gather_rows(v.detach().float().cpu().numpy(), self.group) for k, v in outputs.items()},
+                           "loss": np.asarray(mean_value(loss, self.group).item())},
                "grads": to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
         return out
@@ -182,7 +197,7 @@ class TorchTrainer:
         """One loop step: (loss on the host, synced wall ms). The benchmark times this too."""
         start = time.perf_counter()
         loss = self.step(step, *batch)
-        value = loss.item()  # waits for the device
+        value = mean_value(loss, self.group).item()  # waits for the device
         wait(self.device)
         return value, (time.perf_counter() - start) * 1e3
 
@@ -196,16 +211,21 @@ class TorchTrainer:
 
     def analyse(self, record: RunRecord, tensors: dict) -> None:
         if record.status == RecordStatus.OK:
-            record.flops_per_step = self.matmul_flops(*self.batch(0))
+            # every process runs the same matmuls on an equal share of the rows
+            record.flops_per_step = self.matmul_flops(*self.batch(0)) * (self.group.size if self.group else 1)
             record.flops_source = "torch.utils.flop_counter.FlopCounterMode over one forward + backward"
 
     def new_record(self) -> RunRecord:
         spec, device = self.spec, self.device
         kind = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        processes = self.group.size if self.group else 1
+        strategy = spec.mesh.strategy if processes == 1 else (
+            f"data parallel over {processes} processes (torch.distributed, gloo), each its share of the rows; "
+            f"the mesh's other axes ({spec.mesh.strategy}) run replicated")
         return RunRecord(
             backend="torch", spec=spec.to_dict(), versions=package_versions("torch"),
-            platform={**host_platform(), "device_platform": device.type, "device_kind": kind, "device_count": 1,
-                      "process_count": 1},
+            platform={**host_platform(), "device_platform": device.type, "device_kind": kind, "device_count": processes,
+                      "process_count": processes},
             numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
                       "torch_float32_matmul_precision": torch.get_float32_matmul_precision(),
                       "bf16_policy": BF16_POLICY,
@@ -215,7 +235,7 @@ class TorchTrainer:
             extra={"compiles": "none: eager PyTorch runs op by op and compiles nothing, so it has no compile "
                                "counts or recompile causes",
                    "step_api": "loss.backward(), clip_grad_norm_, optimizer.step()",
-                   "mesh_strategy": spec.mesh.strategy},
+                   "mesh_strategy": strategy},
         )
 
     def matmul_flops(self, inputs, targets) -> float:
@@ -255,13 +275,13 @@ def eval_logits(model: torch.nn.Module, inputs: torch.Tensor, which, autocast, s
         model.train()
 
 
-def make_trainer(spec: RunSpec, options: RunOptions) -> TorchTrainer:
+def make_trainer(spec: RunSpec, options: RunOptions, group: Group | None = None) -> TorchTrainer:
     """The run's trainer (common.harness.run builds it after the process is ready): torch's float32 matmul
     precision from the spec first."""
     precision = MATMUL_PRECISION[spec.train.matmul_precision]
     if torch.get_float32_matmul_precision() != precision:  # (the call warns even when it changes nothing)
         torch.set_float32_matmul_precision(precision)
-    return TorchTrainer(spec, options)
+    return TorchTrainer(spec, options, group=group)
 
 
 def _pipelined_throughput(trainer: TorchTrainer, steps: int | None) -> dict:

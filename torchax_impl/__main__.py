@@ -5,7 +5,7 @@ import importlib.util
 import sys
 
 from common import backend_main
-from common.cli import exit_process, fail
+from common.cli import add_process_flags, exit_process, fail
 from common.vocab import ExitCode
 
 for _module in ("torch", "jax", "optax", "torchax"):
@@ -29,6 +29,4 @@ def train(spec, options, progress):
 
 
 if __name__ == "__main__":
-    from jax_impl.sharding import add_process_flags
-
     exit_process(backend_main.main("torchax_impl", sys.argv[1:], add_process_flags, train))

@@ -1,0 +1,116 @@
+"""Eager PyTorch as several cooperating processes (compare --processes N): torch.distributed with gloo, data
+parallel over the same global batch.
+
+Each process trains a whole replica on its contiguous share of every global batch (common.data.process_slice,
+the rows JAX gives the same process) and the gradients are averaged over the processes before clipping and the
+update, so every replica takes the same step. That is the global batch's gradient exactly when the loss is a mean
+over equal shares of rows and nothing in the forward mixes rows: the task's built-in losses (cross-entropy and
+mean squared error are means over every position) on a model without BatchNorm. A twin's own loss, BatchNorm
+(its train-mode statistics would be each process's rows; torch.nn.SyncBatchNorm runs only on GPUs) and common's
+exact dropout masks (drawn for the whole batch's shape) are refused in one line rather than compared wrongly.
+A mesh's axes other than data are not split: eager torch computes the same numbers replicated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from common.data import Batch, process_slice
+from common.spec import RunSpec, SpecError
+from common.twin import twin_of
+from common.vocab import MaskSource
+
+TIMEOUT_S = 300  # a process waiting on one that died: the launcher stops them all long before
+
+
+@dataclass(frozen=True)
+class Group:
+    """This process's place among the run's processes."""
+
+    rank: int
+    size: int
+
+
+def join(spec: RunSpec, options) -> Group | None:
+    """Join the run's process group (`--coordinator HOST:PORT --num-processes N --process-id I`, what compare
+    --processes passes), after refusing what data parallelism would compute differently; None when alone."""
+    size, rank, coordinator = (options.own[k] for k in ("num_processes", "process_id", "coordinator"))
+    if size <= 1:
+        return None
+    if not coordinator:
+        raise SpecError(f"--num-processes {size}: give --coordinator HOST:PORT, process 0's address")
+    refuse_inexact(spec, size)
+    import datetime
+
+    dist.init_process_group("gloo", init_method=f"tcp://{coordinator}", world_size=size, rank=rank,
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    return Group(rank, size)
+
+
+def refuse_inexact(spec: RunSpec, size: int) -> None:
+    """What averaging the processes' gradients would not make the global batch's gradient."""
+    why = f"eager torch on {size} processes averages each process's gradient over its share of the batch"
+    if twin_of(spec.model).loss:
+        raise SpecError(f"{why}, which equals the whole batch's only for a mean over rows; the twin's own loss "
+                        f"({twin_of(spec.model).loss}) may not be one: run torch on one process (leave it out of "
+                        "--backend with --processes)")
+    if spec.train.dropout_masks == MaskSource.COMMON:
+        raise SpecError(f"{why}; common's exact dropout masks are drawn for the whole batch: use --parity-mode "
+                        "statistical with --processes, or run torch on one process")
+    if spec.train.global_batch_size % size:
+        raise SpecError(f"{why}: train.global_batch_size={spec.train.global_batch_size} does not split evenly over "
+                        f"{size} processes; give a batch size they divide")
+
+
+def refuse_batch_norm(model: torch.nn.Module, size: int) -> None:
+    """BatchNorm in train mode normalizes by the statistics of the rows it sees: each process's, not the batch's."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            raise SpecError(f"eager torch on {size} processes: module {name} is {type(module).__name__}, whose "
+                            "train-mode statistics would be each process's rows, not the whole batch's "
+                            "(torch.nn.SyncBatchNorm runs only on GPUs); run torch on one process")
+
+
+def local_rows(batch: Batch, group: Group | None) -> Batch:
+    """This process's share of a global batch (the whole batch when alone)."""
+    return batch if group is None else process_slice(batch, group.rank, group.size)
+
+
+def average_gradients(parameters, group: Group | None) -> None:
+    """Every parameter's gradient averaged over the processes, in one all-reduce of a flat buffer."""
+    if group is None:
+        return
+    grads = [p.grad for p in parameters if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= group.size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def mean_value(value: torch.Tensor, group: Group | None) -> torch.Tensor:
+    """A scalar (the loss) averaged over the processes: the whole batch's mean over equal shares."""
+    if group is None:
+        return value
+    total = value.detach().float().clone()
+    dist.all_reduce(total)
+    return total / group.size
+
+
+def gather_rows(array: np.ndarray, group: Group | None) -> np.ndarray:
+    """Every process's rows of an output, in process order: the whole batch's."""
+    if group is None:
+        return array
+    parts = [None] * group.size
+    dist.all_gather_object(parts, array)
+    return np.concatenate(parts)
+
+
+def leave(group: Group | None) -> None:
+    if group is not None and dist.is_initialized():
+        dist.destroy_process_group()
