@@ -47,6 +47,7 @@ TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations", "
 BACKEND_TENSOR_MODES = ("full", "summary")
 TENSOR_MODES = (*BACKEND_TENSOR_MODES, "auto")
 SUMMARIZED_GROUPS = {"grads": summary.SAMPLE_SIZE, "params": summary.SAMPLE_SIZE, "state": summary.SAMPLE_SIZE,
+                     "activations": summary.SAMPLE_SIZE, "activation_grads": summary.SAMPLE_SIZE,
                      "outputs": 2 ** 20, "eval": 2 ** 20}  # group: elements kept whole up to (4 MiB of float32)
 
 # Environment variables that change numerics, devices or compilation.

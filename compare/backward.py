@@ -14,7 +14,7 @@ the two losses differ (a user loss mis-ported, `in_loss`).
 """
 from __future__ import annotations
 
-from compare.tensor_error import module_error
+from compare.tensor_error import by_summary, module_error
 
 
 def first_divergent_module_backward(ref: dict, other: dict, order: list[str], bounds: dict,
@@ -30,7 +30,8 @@ def first_divergent_module_backward(ref: dict, other: dict, order: list[str], bo
                      key=lambda m: -position.get(f"{m}:in", position[m]))  # the order their backward ends
 
     def error(key: str) -> dict | None:
-        return module_error(ref[key], other[key], bounds, names) if key in ref and key in other else None
+        return module_error(ref[key], other[key], bounds, names, f"activation_grads/{key}") \
+            if key in ref and key in other else None
 
     into = {m: error(m) for m in modules}
     back = {m: error(f"{m}:in") for m in modules}  # None where a module's input has no gradient (token ids)
@@ -41,4 +42,5 @@ def first_divergent_module_backward(ref: dict, other: dict, order: list[str], bo
     return {"step": 0, "module": module, "in_loss": in_loss, "output_grad_agrees": culprit is not None,
             "input_grad_error": (back[module] if culprit else into[module]) if module else into[modules[0]] if in_loss
             else None,
-            "modules_compared": len(modules), "modules_diverging": len(diverging)}
+            "modules_compared": len(modules), "modules_diverging": len(diverging),
+            **by_summary([*into.values(), *back.values()])}

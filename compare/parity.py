@@ -10,7 +10,7 @@ from compare.backward import first_divergent_module_backward
 from compare.curves import compare_curves, curves_words
 from compare.noise_floor import Floors
 from compare.second_pass import mark_second_pass
-from compare.tensor_error import module_error, passes_with_words, summary_error, tensor_error
+from compare.tensor_error import by_summary, module_error, passes_with_words, summary_error, tensor_error
 from compare.unreached import mark_unreached, unreached_params
 
 # Record fields that must agree before numbers mean anything.
@@ -213,19 +213,24 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
     outputs = [k for k in ref if not k.endswith(":in") and k not in not_compared]
     if not outputs and not not_compared:
         return None
-    errors = {k: module_error(ref[k], other[k], bounds, names) for k in outputs}
+    errors = {k: module_error(ref[k], other[k], bounds, names, f"activations/{k}") for k in outputs}
     diverging = [k for k in outputs if not errors[k]["within"]]
 
-    def input_agrees(k: str) -> bool:
+    def input_error(k: str) -> dict | None:
         a, b = ref.get(f"{k}:in"), other.get(f"{k}:in")
-        return a is not None and b is not None and a.shape == b.shape and \
-            tensor_error(a, b, bounds["atol"], bounds["rtol"], fraction=bounds.get("fraction", 0.0))["within"]
+        return None if a is None or b is None else module_error(a, b, bounds, names, f"activations/{k}:in")
 
-    culprit = next((k for k in diverging if input_agrees(k)), None)
+    inputs = {}
+    for k in diverging:  # up to the first whose input agrees: the culprit
+        inputs[k] = input_error(k)
+        if inputs[k] is not None and inputs[k]["within"]:
+            break
+    culprit = next((k for k, e in inputs.items() if e is not None and e["within"]), None)
     module = culprit or (diverging[0] if diverging else None)
     return {"step": 0, "module": module, "input_agrees": culprit is not None,
             "output_error": errors[module] if module else None, "modules_compared": len(outputs),
-            "modules_diverging": len(diverging), "not_compared": not_compared}
+            "modules_diverging": len(diverging), "not_compared": not_compared,
+            **by_summary([*errors.values(), *inputs.values()])}
 
 
 def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, policy, intended: list[str],

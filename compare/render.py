@@ -34,7 +34,7 @@ def _module(found: dict | None) -> str:
     error = found["output_error"]
     size = error.get("note") if error.get("abs") is None else f"max abs {_fmt(error['abs'], '.3e')}"
     return (f"{found['module']} ({why}: {size}; "
-            f"{found['modules_diverging']}/{found['modules_compared']} modules differ{left_out})")
+            f"{found['modules_diverging']}/{found['modules_compared']} modules differ{left_out}{_summaries(found)})")
 
 
 def _backward(found: dict | None) -> str:
@@ -47,7 +47,12 @@ def _backward(found: dict | None) -> str:
     why = "the gradient flowing into it agrees, the one it passes back does not" if found["output_grad_agrees"] \
         else "the gradient flowing into it differs already"
     return f"{found['module']} ({why}: {_size(found['input_grad_error'])}; {found['modules_diverging']}/" \
-           f"{found['modules_compared']} modules differ)"
+           f"{found['modules_compared']} modules differ{_summaries(found)})"
+
+
+def _summaries(found: dict) -> str:
+    """A location judged on summaries of the activations says so (compare/tensor_error.py by_summary)."""
+    return "; by summaries: a difference in unsampled elements can hide" if found.get("judged_by") else ""
 
 
 def _size(error: dict) -> str:

@@ -19,7 +19,8 @@ report.json keys (schema_version 2):
     .<name>.checked, .comparable, .setting_differences, .intended_differences,
     .first_divergent_step (null when none; 0 when a step-0 tensor is out of tolerance),
     .first_divergent_module {step, module, input_agrees, output_error, modules_compared, modules_diverging,
-      not_compared {module: why}} (null when no activations were captured; module null when every compared
+      not_compared {module: why}, judged_by "summary" and note where the capture kept summaries (--tensors
+      summary|auto)} (null when no activations were captured; module null when every compared
       module's step-0 activation agrees), .loss {max_abs, per_step_abs, steps_compared},
     .tensors {"<group>/<name>": {abs, rel, tolerance_used, within, over, elements, kind, nonfinite {equal,
       mismatched}, note, passes_with {atol, rtol, fraction} (a tensor out of tolerance: the smallest of each,
@@ -31,7 +32,7 @@ report.json keys (schema_version 2):
       note counts each kind, "3 elements are -inf on jax and finite on torch"; abs and rel over the finite
       pairs only),
     .first_divergent_module_backward {step, module, in_loss, output_grad_agrees, input_grad_error,
-      modules_compared, modules_diverging} (compare/backward.py: the first module, in the order the backward pass
+      modules_compared, modules_diverging, judged_by, note} (compare/backward.py: the first module, in the order the backward pass
       ends them, whose input gradient leaves the grad tolerance while its output gradient agrees; in_loss where
       the gradient the loss sends into the model differs already (module null: the losses differ); null where
       the forward already names a module, and without captured gradients: torchax captures none),

@@ -119,14 +119,18 @@ def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float,
             "elements": int(diffs.size), **extra}
 
 
-def module_error(a: np.ndarray, b: np.ndarray, bounds: dict, names: tuple[str, str]) -> dict:
-    """A module's step-0 output error. Both sides store activations channel-last, each in the layout its module
-    fixes (common/activations.py): shapes that still differ are a difference of the ports (a padding that
-    changes a size), which diverges, said as such, never transposed into agreement."""
-    if a.shape == b.shape:
-        return tensor_error(a, b, bounds["atol"], bounds["rtol"], names, bounds.get("fraction", 0.0))
-    return {"abs": None, "rel": None, "tolerance_used": None, "within": False,
-            "note": f"output shapes differ: {names[0]} {list(a.shape)}, {names[1]} {list(b.shape)} (both channel-last)"}
+def module_error(a, b, bounds: dict, names: tuple[str, str], key: str) -> dict:
+    """A module's step-0 activation (or its gradient, `key` its tensor-file key) against the reference's, whole
+    or by summary (a capture under --tensors summary|auto). Both sides store activations channel-last, each in
+    the layout its module fixes (common/activations.py): shapes that still differ are a difference of the ports
+    (a padding that changes a size), which diverges, said as such, never transposed into agreement."""
+    if tuple(a.shape) != tuple(b.shape):
+        return {"abs": None, "rel": None, "tolerance_used": None, "within": False,
+                "note": f"output shapes differ: {names[0]} {list(a.shape)}, {names[1]} {list(b.shape)} "
+                        "(both channel-last)"}
+    if isinstance(a, TensorSummary) or isinstance(b, TensorSummary):
+        return summary_error(key, a, b, bounds["atol"], bounds["rtol"], names, bounds.get("fraction", 0.0))
+    return tensor_error(a, b, bounds["atol"], bounds["rtol"], names, bounds.get("fraction", 0.0))
 
 
 def summary_error(key: str, ref, other, atol: float, rtol: float, names: tuple[str, str],
@@ -161,3 +165,13 @@ def summary_error(key: str, ref, other, atol: float, rtol: float, names: tuple[s
                                       f"{c['allowed']:.3g})" for name, c in failed.items()))
         entry["rel"] = entry["abs"] / scale if scale > 0 else None
     return entry
+
+
+def by_summary(errors) -> dict:
+    """A location's note when any activation it was judged on was a summary (a capture under --tensors summary
+    or auto): a difference confined to elements the sample missed, within the statistics' checks, can hide."""
+    if not any(e is not None and e.get("judged_by") == "summary" for e in errors):
+        return {}
+    return {"judged_by": "summary", "note": "located by summaries of the activations (statistics and a fixed "
+                                            "sample of each): a difference confined to unsampled elements can "
+                                            "hide; --tensors full captures them whole"}

@@ -66,6 +66,33 @@ def test_a_padding_misport_is_named_at_its_convolution():
     assert found["output_error"]["abs"] > 0.1
 
 
+def _summarized(arrays: dict) -> dict:
+    """What a capture under --tensors summary|auto keeps: activations larger than a sample as summaries."""
+    from common.record import SUMMARIZED_GROUPS
+    from common.summary import summarize
+
+    limit = SUMMARIZED_GROUPS["activations"]
+    return {k: summarize(f"activations/{k}", v) if v.size > limit else v for k, v in arrays.items()}
+
+
+def test_summarized_activations_name_the_same_module_and_say_they_are_summaries():
+    """A capture under --tensors auto keeps summaries of the activations (statistics and a fixed sample): the
+    correct port still names nothing, the padding mis-port (a difference at the borders only) the same
+    convolution, and the location says it was judged on summaries."""
+    from compare.render import _module
+
+    ours, theirs = _captures(*_pair())
+    found = first_divergent_module(_summarized(ours.arrays), _summarized(theirs.arrays), BOUNDS, NAMES)
+    assert found["module"] is None and found["modules_compared"] == 28
+    ours, theirs = _captures(*_pair("resnet_same_padding"))
+    summarized = _summarized(theirs.arrays)
+    assert sum(not isinstance(v, np.ndarray) for v in summarized.values()) > 10
+    found = first_divergent_module(_summarized(ours.arrays), summarized, BOUNDS, NAMES)
+    assert found["module"] == "layer2.layers.0.conv1" and found["input_agrees"] and found["judged_by"] == "summary"
+    assert found["output_error"]["abs"] > 0.1
+    assert _module(found).endswith("; by summaries: a difference in unsampled elements can hide)")
+
+
 class PatchEmbed(torch.nn.Module):
     """A ViT's patch embedding: its output is its convolution's, flattened and transposed by its own code."""
 
