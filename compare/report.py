@@ -32,10 +32,11 @@ report.json keys (schema_version 2):
       note counts each kind, "3 elements are -inf on jax and finite on torch"; abs and rel over the finite
       pairs only),
     .first_divergent_module_backward {step, module, in_loss, output_grad_agrees, input_grad_error,
-      modules_compared, modules_diverging, judged_by, note} (compare/backward.py: the first module, in the order the backward pass
-      ends them, whose input gradient leaves the grad tolerance while its output gradient agrees; in_loss where
-      the gradient the loss sends into the model differs already (module null: the losses differ); null where
-      the forward already names a module, and without captured gradients: torchax captures none),
+      modules_compared, modules_diverging, judged_by, note} (compare/backward.py: the first module, in the order
+      the backward pass ends them, whose input gradient leaves the grad tolerance while its output gradient
+      agrees; in_loss where the gradient the loss sends into the model differs already (module null: the losses
+      differ); null where the forward already names a module, and without captured gradients: torchax captures
+      none),
     .distribution {kl_mean, kl_max, top1, top5, positions, within} (step-0 logits; null without logits),
     .unreached {parameter: {reference, other, threshold}}: parameters whose step-0 gradient is rounding noise on
       both sides; their params/ rows carry judged=false and a note (compare/unreached.py),
