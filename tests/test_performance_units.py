@@ -57,12 +57,15 @@ def test_conv_flops_count_useful_work_only():
 def test_step_graphs_lazy_takes_the_settled_graph_and_dynamo_adds_forward_and_backward():
     from torch_xla_impl.instrument import step_graphs
 
-    # lazy: parity graph in setup, step 0 (with optimizer state creation), step 1 (the settled step)
+    # lazy: parity graph in setup, step 0 (the optimizer state made before it: the settled step)
+    assert step_graphs(_events(-1, -1, 0), 1, "lazy") == [2]
+    # a step 1 that compiled again (state created by step 0): the graph it settled on
     assert step_graphs(_events(-1, 0, 1), 2, "lazy") == [2]
     assert step_graphs(_events(0, 1), 2, "compile") == [1]
     # dynamo: forward, a tiny graph, backward, first optimizer step at step 0; settled optimizer at step 1
     assert step_graphs(_events(-1, 0, 0, 0, 0, 1), 2, "dynamo") == [1, 2, 3, 5]
     assert step_graphs(_events(0, 0, 0), 2, "dynamo") == [0, 1, 2]  # no state to create: nothing at step 1
+    assert step_graphs(_events(-1, 0, 0, 0, 0), 1, "dynamo") == [1, 2, 3, 4]  # every graph of the settled step 0
 
 
 def test_wall_breakdown_parts_add_up_to_the_process_wall_time():

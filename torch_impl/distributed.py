@@ -12,6 +12,7 @@ A mesh's axes other than data are not split: eager torch computes the same numbe
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,10 +54,12 @@ def join(spec: RunSpec, options) -> Group | None:
 def refuse_inexact(spec: RunSpec, size: int) -> None:
     """What averaging the processes' gradients would not make the global batch's gradient."""
     why = f"eager torch on {size} processes averages each process's gradient over its share of the batch"
-    if twin_of(spec.model).loss:
+    loss = twin_of(spec.model).loss
+    if loss:
+        shown = loss.get("torch", loss) if isinstance(loss, Mapping) else loss
         raise SpecError(f"{why}, which equals the whole batch's only for a mean over rows; the twin's own loss "
-                        f"({twin_of(spec.model).loss}) may not be one: run torch on one process (leave it out of "
-                        "--backend with --processes)")
+                        f"({shown}) may not be one: run torch on one process (leave it out of --backend with "
+                        "--processes)")
     if spec.train.dropout_masks == MaskSource.COMMON:
         raise SpecError(f"{why}; common's exact dropout masks are drawn for the whole batch: use --parity-mode "
                         "statistical with --processes, or run torch on one process")

@@ -21,6 +21,28 @@ def make_optimizer(params, train: TrainSpec) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=train.lr, momentum=train.momentum, dampening=0.0, nesterov=train.nesterov)
 
 
+def create_state(optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer's per-parameter state created now, with the values its first step would create (AdamW's
+    moments and step count as torch.optim.adam's `_init_group` makes them, SGD's momentum buffers as zeros,
+    which the first step turns into the gradient exactly: 0 * momentum + grad). A lazy or compiling runtime then
+    traces one step graph from step 0 on, instead of one that creates the state and a second that reads it (a
+    whole compile; torch_xla). Eager torch leaves it to the first step, as its users do."""
+    scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state:
+                continue
+            if isinstance(optimizer, torch.optim.Adam):  # AdamW is an Adam
+                on_device = group["capturable"] or group["fused"]
+                state["step"] = torch.zeros((), dtype=scalar, device=p.device) if on_device \
+                    else torch.tensor(0.0, dtype=scalar)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif isinstance(optimizer, torch.optim.SGD) and group["momentum"] != 0:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, train: TrainSpec, step: int) -> None:
     """The spec's lr of `step` on every param group, as nanoGPT does (`TrainSpec.lr_at`)."""
     for group in optimizer.param_groups:

@@ -201,8 +201,8 @@ def compilation_causes(path: Path) -> list[str]:
 
 def step_graphs(events: list[CompileEvent], settle_steps: int, trace_mode: TraceMode) -> list[int]:
     """Compile ordinals of the graphs a settled step runs: the last graph compiled while settling (lazy,
-    compile); under dynamo also the forward/backward graphs of step 0 (its last graph was the first
-    optimizer step, which also created the optimizer state)."""
+    compile); under dynamo every graph of step 0, its last (the optimizer step) replaced by a later settling
+    step's when one compiled again (an optimizer whose first step created its state)."""
     settling = [i for i, e in enumerate(events) if e.phase == Phase.LOOP and e.step < settle_steps]
     first = [i for i in settling if events[i].step == 0]
     later = [i for i in settling if events[i].step > 0]

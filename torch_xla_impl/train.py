@@ -1,12 +1,10 @@
 """The PyTorch/XLA train loop as its users write it.
 
-Model on `torch_xla.device()`; a `DataLoader` over `common.data` wrapped in
-`MpDeviceLoader` (which moves batches to the device in background threads,
-and under SPMD shards them); forward, backward, `clip_grad_norm_`,
-`xm.optimizer_step(optimizer)` (all-reduces gradients across replicas, then
-steps), and `torch_xla.sync()` (the 2.9 name of `xm.mark_step()`), which cuts
-the lazily traced graph and runs it. The learning rate of each step is set on
-the param groups from `TrainSpec.lr_at`, as nanoGPT does.
+Model on `torch_xla.device()`; a `DataLoader` over `common.data` wrapped in `MpDeviceLoader` (which moves
+batches to the device in background threads, and under SPMD shards them); forward, backward, `clip_grad_norm_`,
+`xm.optimizer_step(optimizer)` (all-reduces gradients across replicas, then steps), and `torch_xla.sync()` (the
+2.9 name of `xm.mark_step()`), which cuts the lazily traced graph and runs it. The learning rate of each step is
+set on the param groups from `TrainSpec.lr_at`, as nanoGPT does; the optimizer's state is made before step 0.
 
 Timing: a step's clock starts when its batch is on the device and stops
 after `torch_xla.sync()` and `xm.wait_device_ops()`; the tracing part (Python
@@ -55,14 +53,14 @@ from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
-from torch_impl.optim import clip_gradients, make_optimizer, set_lr
+from torch_impl.optim import clip_gradients, create_state, make_optimizer, set_lr
 from torch_impl.train import eval_logits, task_loss, untouched_buffers
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
 from torch_xla_impl.batches import StepBatches, flat_ndims, nested, on_device
 from torch_xla_impl.instrument import NoMonitor, attach_causes, dump_dir, hlo_statistics, step_graphs
 
-SETTLE_STEPS = 2  # the first step also creates optimizer state: a second graph, then it settles
+SETTLE_STEPS = 1  # one step graph from step 0 on: the optimizer state exists before it (create_state)
 
 
 class TorchXlaTrainer:
@@ -97,6 +95,9 @@ class TorchXlaTrainer:
         if spmd_mesh is not None:
             sharding.shard_model(self.model, spec.model, spec.mesh, spmd_mesh)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
+        create_state(self.optimizer)  # step 0 then traces the same graph as every later step: one compile
+        torch_xla.sync()
+        self.monitor.collect()  # the state's zeros: a setup graph
         self.data = make_dataset(spec)
         xm.set_rng_state(spec.train.mask_seed, device=self.device)  # the device generator dropout draws from
         self.provocations = list(options.provocations)
