@@ -274,8 +274,8 @@ class LazyTensors(Mapping):
     not kept, so that compare holds the tensors it is comparing, not every backend's whole file (the entries
     were checked when the file was opened: read_tensors); the summaries, small, are held."""
 
-    def __init__(self, npz, keys: dict[str, str], summaries: dict):
-        self._npz, self._keys, self._summaries = npz, keys, summaries
+    def __init__(self, npz, keys: dict[str, str], summaries: dict, order: list[str]):
+        self._npz, self._keys, self._summaries, self._order = npz, keys, summaries, order  # order: as written
 
     def __getitem__(self, name: str):
         return self._summaries[name] if name in self._summaries else self._npz[self._keys[name]]
@@ -288,8 +288,8 @@ class LazyTensors(Mapping):
         """{name: summary} of the tensors kept as summaries (no array read)."""
         return dict(self._summaries)
 
-    def __iter__(self):
-        return iter([*self._keys, *self._summaries])
+    def __iter__(self):  # in the order written, whole or summarized (step 0's activations: the modules' order)
+        return iter(self._order)
 
     def __len__(self) -> int:
         return len(self._keys) + len(self._summaries)
@@ -312,6 +312,7 @@ def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, Mappin
     base = Path(record_path)
     path = (base if base.is_dir() else base.parent) / record.tensors
     keys: dict[str, dict[str, str]] = {g: {} for g in TENSOR_GROUPS}
+    order: dict[str, dict[str, None]] = {g: {} for g in TENSOR_GROUPS}  # names as written, whole or summarized
     summaries: dict[tuple[str, str], dict] = {}
     require_regular_file(path, "tensor file", RecordError)
     try:
@@ -328,6 +329,7 @@ def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, Mappin
             if dtype.kind not in "biuf":  # what write_tensors writes: numbers only
                 raise RecordError(f"tensor file {path}: entry {key!r} holds {dtype} "
                                   "values, not numbers (a tensor file this toolkit did not write)")
+            order[group][name] = None
             if at:
                 summaries.setdefault((group, name), {})[part] = npz[key]  # small: read now
             else:
@@ -338,7 +340,7 @@ def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, Mappin
                 kept[group][name] = summary.from_arrays(f"{group}/{name}", parts)
             except ValueError as e:
                 raise RecordError(f"tensor file {path}: the summary of {group}/{name} is malformed: {e}") from None
-        groups: dict[str, Mapping] = {g: LazyTensors(npz, keys[g], kept[g]) for g in TENSOR_GROUPS}
+        groups: dict[str, Mapping] = {g: LazyTensors(npz, keys[g], kept[g], list(order[g])) for g in TENSOR_GROUPS}
     except FileNotFoundError:
         raise RecordError(f"tensor file {path} does not exist") from None
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:

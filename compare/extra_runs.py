@@ -1,14 +1,17 @@
 """The runs compare makes after the backends' own, each only when the report needs it: a noise-floor run per
-backend (its dtype's policy), whole tensors where a summary left tolerance (`--tensors auto`), and step 0's
-activations where a pair parts at step 0 with no module found yet."""
+backend (its dtype's policy), whole tensors where a summary left tolerance (`--tensors auto`), step 0's
+activations where a pair parts at step 0 with no module found yet, and whole activations where a location was
+found on their summaries."""
 from __future__ import annotations
 
 from common.vocab import BackendStatus, ParityMode
-from compare.capture import capture, parted_at_step0
+from compare.capture import CAPTURE_DIR, capture, parted_at_step0
 from compare.launch import capture_launch, whole_launch
 from compare.noise_floor import FLOOR_DIR
 from compare.orchestrate import Plan, run_backend
-from compare.second_pass import WHOLE_DIR, needs_whole
+from compare.second_pass import WHOLE_DIR, activations_to_confirm, needs_whole
+
+CONFIRM_PASSES = 3  # captures confirming a location found on summaries, at most
 
 
 def noise_floor_runs(args, policy: str, plan: Plan, outcome) -> list[str]:
@@ -45,16 +48,37 @@ def keep_whole(args, plan: Plan, outcome, floored: list[str], dtype: str, report
 
 def locate_divergence(args, plan: Plan, outcome, report: dict, build) -> dict:
     """The report, built again with the activations of the backends that part at step 0 when there are any,
-    captured now. Not with --activations (the runs captured theirs) nor in the statistical mode: each
-    framework draws its own dropout masks, so step 0 parts by design and its activations locate nothing."""
-    if args.activations or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL \
+    captured now (not with --activations: the runs captured theirs), and with a location found on summaries
+    confirmed whole. Not in the statistical mode: each framework draws its own dropout masks, so step 0 parts
+    by design and its activations locate nothing."""
+    if outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL \
             or args.num_hosts > 1:  # every host would have to run it: compare/hosts.py
         return report
-    parted = [n for n in parted_at_step0(report) if n in plan.launches]
-    if not parted:
-        return report
+    parted = [] if args.activations else [n for n in parted_at_step0(report) if n in plan.launches]
     try:
-        capture(parted, plan.pythons, {n: capture_launch(args, n) for n in parted}, plan.out, plan.timeout_s)
-    except KeyboardInterrupt:
+        if parted:
+            capture(parted, plan.pythons, {n: capture_launch(args, n) for n in parted}, plan.out, plan.timeout_s)
+            report = build(outcome.interrupted)
+        return confirm_locations(args, plan, report, build)
+    except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
-    return build(outcome.interrupted)
+        return build(True)
+
+
+def confirm_locations(args, plan: Plan, report: dict, build) -> dict:
+    """A location found on summaries of the activations (a capture under --tensors summary|auto) confirmed by a
+    capture that keeps its module's input and output whole on both sides (compare/second_pass.py
+    activations_to_confirm), into `<backend>/activations/whole-tensors/`. Whole, the input may turn out to
+    differ in elements no summary sampled: the search then moves on, and the next location is confirmed in turn,
+    up to CONFIRM_PASSES captures (each keeping every key asked so far); one left unconfirmed says so."""
+    kept: dict[str, set[str]] = {}
+    for _ in range(CONFIRM_PASSES):
+        wanted = {n: keys for n, keys in activations_to_confirm(report).items() if n in plan.launches}
+        if not wanted:
+            break
+        for name, keys in wanted.items():
+            kept.setdefault(name, set()).update(keys)
+            run_backend(name, plan.pythons[name], capture_launch(args, name, tuple(sorted(kept[name]))),
+                        plan.out / name / CAPTURE_DIR / WHOLE_DIR, plan.timeout_s)
+        report = build(False)
+    return report

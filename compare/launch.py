@@ -78,12 +78,14 @@ def main_launch(args, name: str) -> Launch:
                   group_of(args))
 
 
-def capture_launch(args, name: str) -> Launch:
+def capture_launch(args, name: str, whole: tuple[str, ...] = ()) -> Launch:
     """Step 0's activations from the start weights, nothing trained (compare/capture.py): no parity tensors,
-    provoked recompiles, HLO, profile or throughput; one process (its slice of step 0 is one example)."""
+    provoked recompiles, HLO, profile or throughput; one process (its slice of step 0 is one example). `whole`:
+    activation keys kept whole under summaries (a location's confirming capture, compare/extra_runs.py)."""
     changes = {"steps": 1, "provoke": [], "profile": 0, "no_hlo": True}
     side = argparse.Namespace(**{**vars(args), **changes})
-    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--activations-only"))
+    kept = ("--whole-tensors", ",".join(whole)) if whole else ()
+    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--activations-only", *kept))
 
 
 def floor_launch(args, name: str, dtype: str) -> Launch:

@@ -9,7 +9,7 @@ from compare import noise_floor
 from compare.backward import first_divergent_module_backward
 from compare.curves import compare_curves, curves_words
 from compare.noise_floor import Floors
-from compare.second_pass import mark_second_pass
+from compare.second_pass import location_keys, mark_second_pass
 from compare.tensor_error import by_summary, module_error, passes_with_words, summary_error, tensor_error
 from compare.unreached import mark_unreached, unreached_params
 
@@ -272,15 +272,44 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     backward = None if forward and forward["module"] else first_divergent_module_backward(
         ref_tensors.get("activation_grads", {}), other_tensors.get("activation_grads", {}),
         list(ref_tensors.get("activations", {})), policy["grad"], names)
+    activation_pass = confirm_locations(forward, backward, ref_tensors, other_tensors)
     return {"checked": True, "comparable": comparable, "setting_differences": differences,
             "intended_differences": [d for d in differences if d not in unexplained], "distribution": distribution,
             "first_divergent_step": first_step, "loss": loss, "tensors": tensors,
             "first_divergent_module": forward, "first_divergent_module_backward": backward,
             "worst": worst_tensors(tensors), "passed": passed, "curves": curves, "unreached": unreached,
+            "activation_pass": activation_pass,
             # parted after an agreeing step 0 with no floor measured: training may have grown rounding
             "unmeasured_noise": FLOOR_FLAGS.get(str(ref.numerics.get("dtype"))) if floors is None and first_step
             else None,
             "dropout_sites": dropout_sites(ref, other)}
+
+
+def confirm_locations(forward: dict | None, backward: dict | None, ref: dict, other: dict) -> dict | None:
+    """A location found on summaries of the activations, marked `confirmed_whole` where its module's input and
+    output (or their gradients) are compared whole on both sides (kept whole, or captured whole again by
+    compare/extra_runs.py confirm_locations and reproduced), else `to_confirm`: the keys still summarized.
+    Returns what the confirming captures kept whole, or None when there were none."""
+    for found, group in ((forward, "activations"), (backward, "activation_grads")):
+        keys = location_keys(found, group)
+        summarized = {k for k in keys for side in (ref, other) if _summarized(side, k)}
+        if keys and not summarized:
+            found["confirmed_whole"] = sorted(keys)
+            found["note"] = ("found on summaries of the activations (statistics and a fixed sample of each); its "
+                             "module's input and output compared whole on both sides confirm it")
+        elif summarized:
+            found["to_confirm"] = sorted(summarized)
+    a, b = ref.get("activation_pass"), other.get("activation_pass")
+    if a is None and b is None:
+        return None
+    return {"whole": sorted(set((a or {}).get("whole", ())) & set((b or {}).get("whole", ()))),
+            "not_reproduced": {**(b or {}).get("not_reproduced", {}), **(a or {}).get("not_reproduced", {})},
+            "failed": "; ".join(filter(None, [(a or {}).get("failed"), (b or {}).get("failed")])) or None}
+
+
+def _summarized(tensors: dict, key: str) -> bool:
+    group, _, name = key.partition("/")
+    return name in getattr(tensors.get(group), "summaries", {})
 
 
 def dropout_sites(ref: RunRecord, other: RunRecord) -> dict | None:

@@ -52,7 +52,10 @@ def _backward(found: dict | None) -> str:
 
 def _summaries(found: dict) -> str:
     """A location judged on summaries of the activations says so (compare/tensor_error.py by_summary)."""
-    return "; by summaries: a difference in unsampled elements can hide" if found.get("judged_by") else ""
+    if not found.get("judged_by"):
+        return ""
+    return "; found on summaries, confirmed whole" if found.get("confirmed_whole") else \
+        "; by summaries: a difference in unsampled elements can hide"
 
 
 def _size(error: dict) -> str:

@@ -20,8 +20,10 @@ report.json keys (schema_version 2):
     .first_divergent_step (null when none; 0 when a step-0 tensor is out of tolerance),
     .first_divergent_module {step, module, input_agrees, output_error, modules_compared, modules_diverging,
       not_compared {module: why}, judged_by "summary" and note where the capture kept summaries (--tensors
-      summary|auto)} (null when no activations were captured; module null when every compared
-      module's step-0 activation agrees), .loss {max_abs, per_step_abs, steps_compared},
+      summary|auto), then confirmed_whole [its input and output keys, compared whole] or to_confirm [those still
+      summarized]} (null when no activations were captured; module null when every compared module's step-0
+      activation agrees), .activation_pass {whole, not_reproduced, failed} (the confirming captures: null
+      without), .loss {max_abs, per_step_abs, steps_compared},
     .tensors {"<group>/<name>": {abs, rel, tolerance_used, within, over, elements, kind, nonfinite {equal,
       mismatched}, note, passes_with {atol, rtol, fraction} (a tensor out of tolerance: the smallest of each,
       changed alone, that would pass it); with --tensors summary|auto, a row kept as a summary has judged_by
@@ -99,11 +101,11 @@ import numpy as np
 from common.record import RECORD_FILE, RecordError, read_record, read_tensors
 from common.spec import RunSpec
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
-from compare.capture import captured_activations
+from compare.capture import CAPTURE_DIR, captured_activations
 from compare.devices import devices_check, one_device
 from compare.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
 from compare.parity import check_parity, failure_message
-from compare.second_pass import with_second_pass
+from compare.second_pass import ACTIVATION_GROUPS, with_second_pass
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
 from compare.tolerances import load_policy
 from compare.verdict import CheckResult, decide, not_made
@@ -346,6 +348,8 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
                 if not tensors["activations"]:  # captured apart, when step 0 parted (compare/capture.py)
                     tensors["activations"], tensors["activations_skipped"], tensors["activation_grads"] = \
                         captured_activations(run_dir, run_id)
+                tensors = with_second_pass(tensors, run_dir / CAPTURE_DIR, record.run_id, name, "activation_pass",
+                                           ACTIVATION_GROUPS)  # a location on summaries, confirmed whole
         except RecordError as e:
             entry.update(status=BackendStatus.FAILED, message=str(e))
     elif run is not None and run.status == BackendStatus.OK:

@@ -60,6 +60,11 @@ class _Overlaid(Mapping):
     def __len__(self) -> int:
         return len(self._first)
 
+    @property
+    def summaries(self) -> dict:
+        """{name: summary} of the tensors still kept as summaries."""
+        return {k: v for k, v in getattr(self._first, "summaries", {}).items() if k not in self._replaced}
+
 
 def _differs(first: TensorSummary, again: TensorSummary) -> str | None:
     """What differs between a run's summary of a tensor and the summary of its second pass's whole tensor."""
@@ -73,11 +78,16 @@ def _differs(first: TensorSummary, again: TensorSummary) -> str | None:
     return None
 
 
-def with_second_pass(tensors: dict, run_dir: Path, run_id: str | None, name: str) -> dict:
+ACTIVATION_GROUPS = ("activations", "activation_grads")
+
+
+def with_second_pass(tensors: dict, run_dir: Path, run_id: str | None, name: str, section: str = "second_pass",
+                     groups=tuple(SUMMARIZED_GROUPS)) -> dict:
     """`tensors` (read_tensors' groups of the run in `run_dir`, a run of backend `name` in compare run `run_id`:
-    its second pass must be of the same) with the whole arrays
-    of its second pass in place of the summaries they reproduce, and `tensors["second_pass"]`: {"whole": keys
-    judged whole, "not_reproduced": {key: why}}. Unchanged when this run has no second pass."""
+    its second pass must be of the same) with the whole arrays of its second pass in place of the summaries they
+    reproduce, in `groups`, and `tensors[section]`: {"whole": keys judged whole, "not_reproduced": {key: why}}.
+    Unchanged when this run has no second pass. (`section` "activation_pass", `groups` ACTIVATION_GROUPS: the
+    confirming capture of a location found on summaries, compare/extra_runs.py.)"""
     path = run_dir / WHOLE_DIR / RECORD_FILE
     if not path.exists():
         return tensors
@@ -87,10 +97,12 @@ def with_second_pass(tensors: dict, run_dir: Path, run_id: str | None, name: str
             raise RecordError(f"{path} belongs to run {record.run_id}, not to this run {run_id}")
         again = read_tensors(path, record)
     except RecordError as e:
-        tensors["second_pass"] = {"whole": [], "not_reproduced": {}, "failed": str(e)}
+        tensors[section] = {"whole": [], "not_reproduced": {}, "failed": str(e)}
         return tensors
     whole, not_reproduced = [], {}
-    for group in SUMMARIZED_GROUPS:
+    for group in groups:
+        if not hasattr(tensors.get(group), "summaries"):  # nothing of it read from a file: nothing summarized
+            continue
         replaced = set()
         for tensor, first in tensors[group].summaries.items():  # read_tensors' LazyTensors: no array read
             if tensor not in again[group]:
@@ -107,8 +119,34 @@ def with_second_pass(tensors: dict, run_dir: Path, run_id: str | None, name: str
                 whole.append(key)
         if replaced:
             tensors[group] = _Overlaid(tensors[group], again[group], replaced)
-    tensors["second_pass"] = {"whole": sorted(whole), "not_reproduced": not_reproduced}
+    tensors[section] = {"whole": sorted(whole), "not_reproduced": not_reproduced}
     return tensors
+
+
+def location_keys(found: dict | None, group: str) -> set[str]:
+    """The tensors a location found on summaries is confirmed by: its module's input and output (or their
+    gradients), in the group its search read."""
+    if not found or not found.get("module") or found.get("judged_by") != "summary":
+        return set()
+    return {f"{group}/{found['module']}", f"{group}/{found['module']}:in"}
+
+
+def activations_to_confirm(report: dict) -> dict[str, list[str]]:
+    """{backend: activation keys} a confirming capture keeps whole: for every location found on summaries, the
+    input and output (forward) or their gradients (backward) of its module still summarized (compare/parity.py
+    confirm_locations' `to_confirm`), on that backend and the reference; none once every one is whole or
+    could not be reproduced."""
+    wanted: dict[str, set[str]] = {}
+    for name, parity in (report.get("parity") or {}).items():
+        done = parity.get("activation_pass") or {}
+        if done.get("failed"):  # a confirming capture that cannot be read is not asked for again
+            continue
+        keys = {k for found in (parity.get("first_divergent_module"), parity.get("first_divergent_module_backward"))
+                for k in (found or {}).get("to_confirm", ())} - set(done.get("not_reproduced", {}))
+        if keys:
+            wanted.setdefault(report["reference"], set()).update(keys)
+            wanted.setdefault(name, set()).update(keys)
+    return {name: sorted(keys) for name, keys in wanted.items()}
 
 
 def mark_second_pass(rows: dict[str, dict], ref: dict, other: dict) -> None:

@@ -153,6 +153,19 @@ def test_a_deliberate_difference_on_one_side_fails_parity(tmp_path):
     for name in ("jax", "torch"):
         capture = json.loads((tmp_path / name / "activations" / "record.json").read_text())
         assert capture["run_id"] == report["run_id"] and capture["steps"] == [] and capture["compile_events"] == []
+    # the capture kept summaries (--tensors auto); the location found on them was confirmed by a capture that
+    # kept its module's output whole on both sides (its input, 4,096 values, was whole already)
+    keys = ["activations/blocks.1.mlp.fc", "activations/blocks.1.mlp.fc:in"]
+    assert found["judged_by"] == "summary" and found["confirmed_whole"] == keys and "to_confirm" not in found
+    assert report["parity"]["torch"]["activation_pass"]["whole"] == keys[:1]
+    captured = tmp_path / "torch" / "activations"
+    first, again = (read_tensors(d, read_record(d))["activations"] for d in (captured, captured / "whole-tensors"))
+    assert isinstance(first["blocks.1.mlp.fc"], TensorSummary) and again["blocks.1.mlp.fc"].shape == (1, 64, 256)
+    assert found["output_error"]["abs"] == tensor_error(
+        read_tensors(tmp_path / "jax" / "activations" / "whole-tensors", read_record(
+            tmp_path / "jax" / "activations" / "whole-tensors"))["activations"]["blocks.1.mlp.fc"],
+        again["blocks.1.mlp.fc"], **report["tolerances"]["forward"])["abs"]
+    assert "found on summaries, confirmed whole" in (tmp_path / "report.md").read_text()
     assert report["parity"]["torch"]["intended_differences"] == [f"train.start_scale: jax='' torch='{SCALED}'"]
     worst = report["parity"]["torch"]["worst"][0]
     assert not worst["within"]

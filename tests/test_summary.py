@@ -170,3 +170,14 @@ def test_large_logits_keep_whole_rows_and_their_distributions_are_judged_on_them
                          "sampled": agreement["sampled"], "within": True}
     small = _groups(tmp_path, "c", {"outputs": {"logits": logits[:1]}})  # 153,600 elements: kept whole
     assert isinstance(small["outputs"]["logits"], np.ndarray)
+
+
+def test_a_tensor_file_lists_its_tensors_in_the_order_written_whole_or_summarized(tmp_path):
+    """Step 0's activations are searched in the order the modules finished: a summary keeps its place among the
+    whole tensors (a parent module listed before its summarized child would be blamed for the child)."""
+    rng = np.random.default_rng(0)
+    small, big = rng.normal(size=(4, 8)).astype(np.float32), rng.normal(size=(64, 256)).astype(np.float32)
+    arrays = {"mlp.fc:in": small, "mlp.fc": big, "mlp.proj": small, "mlp": small, "head": big}
+    write_tensors(tmp_path, {"activations": arrays}, "summary")
+    read = read_tensors(tmp_path, SimpleNamespace(tensors="tensors.npz"))["activations"]
+    assert list(read) == list(arrays) and sorted(read.summaries) == ["head", "mlp.fc"]
