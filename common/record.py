@@ -245,6 +245,12 @@ def read_record(path: str | Path) -> RunRecord:
     return record
 
 
+def summarized(key: str, size: int, mode: str, whole=frozenset()) -> bool:
+    """Whether tensor `key` (`<group>/<name>`) of `size` elements is kept as a summary in tensor mode `mode`."""
+    group = key.partition("/")[0]
+    return mode == "summary" and size > SUMMARIZED_GROUPS.get(group, size) and key not in whole
+
+
 def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]], mode: str = "full",
                   whole: frozenset[str] = frozenset()) -> str:
     """Save canonical tensors as `<group>/<name>` in one npz, in mode "summary" those of SUMMARIZED_GROUPS larger
@@ -255,11 +261,14 @@ def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]],
         if group not in TENSOR_GROUPS:
             raise ValueError(f"unknown tensor group {group!r}")
         for name, value in tensors.items():
+            key = f"{group}/{name}"
+            if isinstance(value, summary.TensorSummary):  # summarized where it lives (jax_impl/summary.py)
+                arrays.update(summary.to_arrays(key, value))
+                continue
             value = np.asarray(value)
             if value.dtype.kind not in "biuf":  # e.g. ml_dtypes' bfloat16, which npz cannot round-trip
                 value = value.astype(np.float32)
-            key = f"{group}/{name}"
-            if mode == "summary" and value.size > SUMMARIZED_GROUPS.get(group, value.size) and key not in whole:
+            if summarized(key, value.size, mode, whole):
                 arrays.update(summary.to_arrays(key, summary.summarize(key, value)))
             else:
                 arrays[key] = value

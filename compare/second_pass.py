@@ -66,11 +66,20 @@ class _Overlaid(Mapping):
         return {k: v for k, v in getattr(self._first, "summaries", {}).items() if k not in self._replaced}
 
 
+ROUNDING = 1e-5  # a sum reduced in float32 on the devices (jax_impl/summary.py) against float64 on the host
+
+
 def _differs(first: TensorSummary, again: TensorSummary) -> str | None:
-    """What differs between a run's summary of a tensor and the summary of its second pass's whole tensor."""
+    """What differs between a run's summary of a tensor and the summary of its second pass's whole tensor: the
+    sampled values, largest magnitude and counts exactly; the sum and sum of squares beyond the rounding of
+    their reduction (a summary made on the devices adds in float32, the host in float64), against the largest
+    each could be (sqrt(n * sum of squares) bounds the sum of magnitudes)."""
     if first.shape != again.shape:
         return f"shape {list(again.shape)} instead of {list(first.shape)}"
-    changed = [s for s in first.stats if first.stats[s] != again.stats[s]]
+    squares = max(first.stats["sum_sq"], again.stats["sum_sq"])
+    allowed = {"sum": ROUNDING * np.sqrt(first.stats["count"] * squares), "sum_sq": ROUNDING * squares}
+    changed = [s for s in first.stats if abs(first.stats[s] - again.stats[s]) > allowed.get(s, 0.0)
+               or np.isnan(first.stats[s]) != np.isnan(again.stats[s])]
     if changed:
         return ", ".join(f"{s} {again.stats[s]:.9g} instead of {first.stats[s]:.9g}" for s in changed)
     if not np.array_equal(first.values, again.values, equal_nan=True):

@@ -39,16 +39,16 @@ def jitted_mesh(spec: RunSpec):
 
 
 class JittedTrainer:
-    """What every one-jitted-step trainer shares: optimizer state placed like its parameters, the jitted
-    step with donation, loss-and-grads, the step-0 parity tensors, and common.harness.Runtime. A runtime calls
-    `bind(spec, options, monitor, mesh)` first, sets `params` (placed on `mesh`), `state`, `tx` and `start`
-    (common.weights.start_info), calls `compile_functions(mesh)`, and defines `_loss_and_aux(params, state,
-    batch) -> (loss, (state, outputs))` (the forward's array outputs by name, logits in torch's layout),
-    `to_canonical` (its gradient or parameter tree -> {canonical name: numpy array}), `_activations` (inputs
-    -> a common.activations.Capture, named like the NNX twin's modules) and `new_record`. The model's mutable
-    state besides its parameters (dropout RNG counts, running statistics) goes through the jitted step as an
-    argument and comes back updated (a Variable closed over would be mutated inside a trace: "Cannot mutate
-    RngCount from a different trace level"). The step-0 outputs come from the loss's own forward: one program
+    """What every one-jitted-step trainer shares: optimizer state placed like its parameters, the jitted step with
+    donation, loss-and-grads, the step-0 parity tensors, and common.harness.Runtime. A runtime calls `bind(spec,
+    options, monitor, mesh)` first, sets `params` (placed on `mesh`), `state`, `tx` and `start`
+    (common.weights.start_info), calls `compile_functions(mesh)`, and defines `_loss_and_aux(params, state, batch)
+    -> (loss, (state, outputs))` (the forward's array outputs by name, logits in torch's layout),
+    `to_canonical(tree, group)` (its gradient or parameter tree -> {canonical name: numpy array or summary}),
+    `_activations` (inputs -> a common.activations.Capture, named like the NNX twin's modules) and `new_record`. The
+    model's mutable state besides its parameters (dropout RNG counts, running statistics) goes through the jitted
+    step as an argument and comes back updated (a Variable closed over would be mutated inside a trace: "Cannot
+    mutate RngCount from a different trace level"). The step-0 outputs come from the loss's own forward: one program
     gives them and the gradients (a forward of its own compiled a program more)."""
 
     state = None  # mutable non-parameter state threaded through the step
@@ -132,7 +132,7 @@ class JittedTrainer:
         return loss
 
     def canonical_params(self) -> dict[str, np.ndarray]:
-        return self.to_canonical(self.params)
+        return self.to_canonical(self.params, "params")
 
     def canonical_state(self) -> dict[str, np.ndarray]:
         """BatchNorm's running statistics by canonical name (`<module>.mean`, `.var`); {} without any."""
@@ -161,7 +161,7 @@ class JittedTrainer:
         (loss, (_, outputs)), grads = self.loss_and_grads(self.params, self.state, self.put(0))
         return {"outputs": {**{k: sharding.to_host(v) for k, v in outputs.items()},
                             "loss": np.asarray(sharding.to_host(loss))},
-                "grads": self.to_canonical(grads)}
+                "grads": self.to_canonical(grads, "grads")}
 
     # ---- common.harness.Runtime ----
 

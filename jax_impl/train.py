@@ -22,7 +22,7 @@ from flax import nnx
 from common.activations import Capture, input_layout
 from common.harness import RunOptions
 from common.outputs import array_outputs, forward, logits_of, loss_batch
-from common.record import RunRecord, host_platform, numerics_env, package_versions
+from common.record import RunRecord, host_platform, numerics_env, package_versions, summarized
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
 from common.weights import start_info, start_state
@@ -34,6 +34,7 @@ from jax_impl.loop import JittedTrainer, jitted_mesh
 from jax_impl.models import build_model, nnx_input_axes, nnx_inputs
 from jax_impl.optim import make_optimizer
 from jax_impl.sharding import StepBatch
+from jax_impl.summary import device_summary
 
 SETTLE_STEPS = 1  # a fixed-shape jitted loop compiles once, at its first step
 
@@ -115,7 +116,7 @@ class JaxTrainer(JittedTrainer):
         return fed, loss_batch(inputs, targets)
 
     def canonical_state(self) -> dict[str, np.ndarray]:
-        return self.to_canonical(nnx.filter_state(self.state, nnx.BatchStat))
+        return self.to_canonical(nnx.filter_state(self.state, nnx.BatchStat), "state")
 
     def _eval_forward(self, params, state, inputs):
         model = nnx.merge(self.graphdef, params, in_this_trace(state))
@@ -148,8 +149,18 @@ class JaxTrainer(JittedTrainer):
                    "mesh_strategy": spec.mesh.strategy, "nnx_input_axes": list(nnx_input_axes(spec))},
         )
 
-    def to_canonical(self, tree) -> dict[str, np.ndarray]:
-        return {k: sharding.to_host(v) for k, v in convert.to_canonical(tree).items()}
+    def to_canonical(self, tree, group: str = "") -> dict:
+        """{canonical name: host array}; of a parity group (`group`) under --tensors summary, a tensor it keeps as
+        a summary is summarized on the devices (jax_impl/summary.py: analysis, no compile of it is the run's)."""
+        canonical, mode, whole = convert.to_canonical(tree), self.options.tensors, set(self.options.whole_tensors)
+        if not any(summarized(f"{group}/{k}", v.size, mode, whole) for k, v in canonical.items()):
+            return {k: sharding.to_host(v) for k, v in canonical.items()}
+        paused, self.monitor.paused = self.monitor.paused, True
+        try:
+            return {k: device_summary(f"{group}/{k}", v) if summarized(f"{group}/{k}", v.size, mode, whole)
+                    else sharding.to_host(v) for k, v in canonical.items()}
+        finally:
+            self.monitor.paused = paused
 
 
 def make_trainer(spec: RunSpec, options: RunOptions, monitor: CompileMonitor) -> JaxTrainer:

@@ -43,15 +43,19 @@ def test_two_processes_match_one_process(mesh, jax_single, tmp_path):
     """compare --processes 2: jax and torchax each run as two cooperating processes (jax.distributed, the
     coordinator on 127.0.0.1; compare/processes.py), two of the mesh's four devices each, and eager torch as two
     data-parallel processes (torch.distributed, gloo): the same losses as one process on one device, parity
-    between them, and only process 0 writes."""
+    between them, and only process 0 writes. Under --tensors auto jax summarizes its sharded tensors on the
+    devices (jax_impl/summary.py), never gathering one to a process."""
     import json
 
     out = tmp_path / "multi"
+    tensors = "auto" if "tensor" in mesh else "full"  # auto: jax's summaries reduced over both processes' shards
     proc = run_cli("compare", "--quiet", "--out", str(out), "--backend", "jax,torch,torchax", "--spec", "gpt-tiny",
-                   "--steps", "5", "--mesh", mesh, "--processes", "2")
+                   "--steps", "5", "--mesh", mesh, "--processes", "2", "--tensors", tensors)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "pass", report["verdict"]
+    rows = report["parity"]["torch"]["tensors"]
+    assert any(row.get("judged_by") == "summary" for row in rows.values()) == (tensors == "auto")
     assert all(report["parity"][name]["loss"]["max_abs"] < 1e-5 for name in ("torch", "torchax"))
     single = read_record(jax_single("gpt-tiny"))
     for name, devices in (("jax", 4), ("torch", 2), ("torchax", 4)):

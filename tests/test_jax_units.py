@@ -41,3 +41,38 @@ def test_bfloat16_on_a_twin_whose_nnx_factory_takes_no_dtype_is_refused():
         build_model(spec.model, jnp.bfloat16)
     assert str(err.value).endswith("names no nnx_dtype_arg, so its NNX side cannot compute in bfloat16; add one "
                                    "to the Twin or run float32")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_summary_made_on_the_device_is_the_hosts_but_for_rounding_and_passes_as_its_second_pass(dtype):
+    """--tensors summary on jax (jax_impl/summary.py): the statistics reduced on the device, the sampled values
+    gathered there. Shape, sample, largest magnitude and counts equal the host's summary of the same values; the
+    sums differ by float32 rounding only, which a second pass's reproduction check allows (and nothing more)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    from common.summary import summarize
+    from compare.second_pass import _differs
+    from jax_impl.summary import device_summary
+
+    rng = np.random.default_rng(0)
+    host = rng.normal(size=(96, 700)).astype(np.float32) * 1e-3
+    host[3, 5], host[40, 1] = np.nan, -np.inf
+    x = jnp.asarray(host, dtype)
+    ours = device_summary("grads/h.0.mlp.kernel", x)
+    theirs = summarize("grads/h.0.mlp.kernel", np.asarray(x.astype(jnp.float32)))
+    assert ours.shape == theirs.shape and np.array_equal(ours.indices, theirs.indices)
+    assert ours.values.dtype == np.float32 and np.array_equal(ours.values, theirs.values, equal_nan=True)
+    assert {k: ours.stats[k] for k in ("count", "nonfinite", "max_abs")} == \
+        {k: theirs.stats[k] for k in ("count", "nonfinite", "max_abs")} and ours.stats["nonfinite"] == 2
+    assert ours.stats["sum"] == pytest.approx(theirs.stats["sum"], rel=1e-4)
+    assert ours.stats["sum_sq"] == pytest.approx(theirs.stats["sum_sq"], rel=1e-5)
+    assert _differs(ours, theirs) is None
+    moved = theirs.values.copy()
+    moved[7] = np.nextafter(moved[7], np.float32(1))  # one sampled value one ulp off: another run's
+    assert _differs(ours, dataclasses.replace(theirs, values=moved)) == "sampled values that differ"
+    grown = {**theirs.stats, "sum": theirs.stats["sum"] + 1e-3 * np.sqrt(theirs.stats["count"] *
+                                                                        theirs.stats["sum_sq"])}
+    assert _differs(ours, dataclasses.replace(theirs, stats=grown)).startswith("sum ")

@@ -181,7 +181,9 @@ class TorchaxTrainer(JittedTrainer):
                    "mesh_strategy": spec.mesh.strategy},
         )
 
-    def to_canonical(self, tree) -> dict[str, np.ndarray]:
+    def to_canonical(self, tree, group: str = "") -> dict[str, np.ndarray]:
+        """{canonical name: host array} (summaries, of any `group`, are made on the host as the file is written:
+        the canonical layout is made there)."""
         return to_canonical({k: sharding.to_host(v) for k, v in tree.items()}, self.correspondence)
 
 
