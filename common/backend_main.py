@@ -20,16 +20,8 @@ from common.cli import INPUT_ERRORS, backend_parser, fail, resolve_spec
 from common.fsutil import dangerous_dir
 from common.harness import RunOptions
 from common.nonfinite import input_problem, likely_cause
-from common.record import (
-    LOG_FILES,
-    PROCESS_LOGS,
-    RECORD_FILE,
-    SPEC_FILE,
-    RunRecord,
-    timed_from,
-    write_record,
-    write_tensors,
-)
+from common.record import LOG_FILES, PROCESS_LOGS, RECORD_FILE, SPEC_FILE, RunRecord, timed_from, write_record
+from common.tensor_file import write_tensors
 from common.vocab import IO_ERRNOS, ExitCode, Phase, RecordStatus
 
 

@@ -16,8 +16,9 @@ from common.checkpoints import parse_checkpoint
 from common.data import DataError
 from common.presets import load_spec
 from common.provoke import Provocation, check_provocations, parse_provocation
-from common.record import BACKEND_TENSOR_MODES, RecordError
+from common.record import RecordError
 from common.spec import RunSpec, SpecError
+from common.tensor_file import BACKEND_TENSOR_MODES
 from common.vocab import PROVOKABLE, ExitCode
 from common.weights import CheckpointError
 

@@ -33,7 +33,7 @@ class RunOptions:
     apart (one spec file)."""
 
     parity: bool = False  # step-0 tensors, final parameters and state, eval-mode logits
-    tensors: str = "full"  # common.record.BACKEND_TENSOR_MODES: the parameter-sized groups whole, or as summaries
+    tensors: str = "full"  # common.tensor_file.BACKEND_TENSOR_MODES: the parameter-sized groups whole, or as summaries
     whole_tensors: tuple[str, ...] = ()  # keys kept whole in the summary mode (compare/second_pass.py)
     activations: bool = False  # step 0's per-module inputs and outputs
     train: bool = True  # False: step 0's activations from the start weights, and nothing trained (a capture run)
@@ -86,7 +86,7 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     spec = runtime.spec
     tensors = runtime.step0_tensors() if options.parity else {}
     record = runtime.new_record()
-    if options.parity:  # how the tensor file keeps the parameter-sized groups (common.record.SUMMARIZED_GROUPS)
+    if options.parity:  # how the tensor file keeps the parameter-sized groups (common.tensor_file.SUMMARIZED_GROUPS)
         record.extra["tensors"] = options.tensors
     if options.activations and not (runtime.captures_after_run and options.train):
         _capture(runtime, record, tensors)

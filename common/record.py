@@ -1,14 +1,13 @@
 """The run record: what each backend writes and `compare` reads.
 
-A run directory holds `record.json` (this schema) and, with `--parity`,
-`tensors.npz` (canonical layout, keys `<group>/<canonical name>`, groups
-`outputs`, `grads`, `params`, `state` (BatchNorm's running statistics after training, canonical names:
-`<NNX module>.mean`, `.var`), `eval` (`logits`: the trained model's eval-mode forward on a held batch,
-dropout off and BatchNorm on its running statistics) and `activations`: step 0's per-module outputs and
-inputs (`<module>:in`) in the order the modules finished, channel-last, and `activation_grads`: the step-0
-loss's gradient at each of them, same keys and layout). Both are written atomically (temp file +
-rename), so a reader never sees half a file. `read_record` validates and
-raises `RecordError` with one line on a missing, corrupt or wrong-schema file.
+A run directory holds `record.json` (this schema) and, with `--parity`, `tensors.npz` (canonical layout, keys
+`<group>/<canonical name>`, groups `outputs`, `grads`, `params`, `state` (BatchNorm's running statistics after
+training, canonical names: `<NNX module>.mean`, `.var`), `eval` (`logits`: the trained model's eval-mode forward
+on a held batch, dropout off and BatchNorm on its running statistics) and `activations`: step 0's per-module
+outputs and inputs (`<module>:in`) in the order the modules finished, channel-last, and `activation_grads`: the
+step-0 loss's gradient at each of them, same keys and layout; a multi-process run's whole tensors in its
+processes' shard files: common/shards.py). Both are written atomically (temp file + rename), so a reader never
+sees half a file. `read_record` validates and raises `RecordError` with one line on a bad file.
 """
 from __future__ import annotations
 
@@ -18,38 +17,22 @@ import math
 import os
 import platform
 import sys
-import zipfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
-from common import summary
-from common.fsutil import atomic_path, require_regular_file, write_json_atomic
+from common.fsutil import require_regular_file, write_json_atomic
 from common.vocab import Phase, RecordStatus, values
 
 # 2: settle_steps, timeline, peak_rss_mb, trace_ms, trace_mode and compile_cache became typed
 # fields (they were free-form `extra` keys in 1); compile events say whether they were cache hits.
 SCHEMA_VERSION = 2
 RECORD_FILE = "record.json"
-TENSORS_FILE = "tensors.npz"
 LOG_FILES = ("stdout.log", "stderr.log")  # compare's logs of a backend it runs, beside the record
 PROCESS_LOGS = "processes"  # compare --processes: the other processes' logs (compare/processes.py), beside them
 SPEC_FILE = "spec.json"  # the spec compare resolved for a backend, written beside them before it starts
-TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations", "activation_grads")
-# --tensors: the tensors kept whole, or as summaries (common/summary.py): in the summary mode, those of the groups
-# that grow with the model (parameter-sized) where larger than the sample, those that grow with the batch (outputs,
-# eval logits) where larger than 4 MiB; the activations, captured where a divergence needs locating,
-# stay whole. "auto" is compare's: its backends keep summaries, and a second pass keeps whole those that leave
-# tolerance (compare/second_pass.py)
-BACKEND_TENSOR_MODES = ("full", "summary")
-TENSOR_MODES = (*BACKEND_TENSOR_MODES, "auto")
-SUMMARIZED_GROUPS = {"grads": summary.SAMPLE_SIZE, "params": summary.SAMPLE_SIZE, "state": summary.SAMPLE_SIZE,
-                     "activations": summary.SAMPLE_SIZE, "activation_grads": summary.SAMPLE_SIZE,
-                     "outputs": 2 ** 20, "eval": 2 ** 20}  # group: elements kept whole up to (4 MiB of float32)
-
 # Environment variables that change numerics, devices or compilation.
 NUMERICS_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION",
                 "PJRT_DEVICE", "CPU_NUM_DEVICES", "PJRT_CPU_ASYNC_CLIENT", "XLA_USE_BF16", "XLA_DOWNCAST_BF16",
@@ -243,120 +226,6 @@ def read_record(path: str | Path) -> RunRecord:
         if e.phase not in values(Phase):
             raise _fail(path, f"has a compile event with phase {e.phase!r}")
     return record
-
-
-def summarized(key: str, size: int, mode: str, whole=frozenset()) -> bool:
-    """Whether tensor `key` (`<group>/<name>`) of `size` elements is kept as a summary in tensor mode `mode`."""
-    group = key.partition("/")[0]
-    return mode == "summary" and size > SUMMARIZED_GROUPS.get(group, size) and key not in whole
-
-
-def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]], mode: str = "full",
-                  whole: frozenset[str] = frozenset()) -> str:
-    """Save canonical tensors as `<group>/<name>` in one npz, in mode "summary" those of SUMMARIZED_GROUPS larger
-    than their group's size as summaries (`<group>/<name>@stats`, ...), one at a time, except the keys in `whole`
-    (compare's second pass); returns its relative path."""
-    arrays = {}
-    for group, tensors in groups.items():
-        if group not in TENSOR_GROUPS:
-            raise ValueError(f"unknown tensor group {group!r}")
-        for name, value in tensors.items():
-            key = f"{group}/{name}"
-            if isinstance(value, summary.TensorSummary):  # summarized where it lives (jax_impl/summary.py)
-                arrays.update(summary.to_arrays(key, value))
-                continue
-            value = np.asarray(value)
-            if value.dtype.kind not in "biuf":  # e.g. ml_dtypes' bfloat16, which npz cannot round-trip
-                value = value.astype(np.float32)
-            if summarized(key, value.size, mode, whole):
-                arrays.update(summary.to_arrays(key, summary.summarize(key, value)))
-            else:
-                arrays[key] = value
-    with atomic_path(Path(run_dir) / TENSORS_FILE) as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-    return TENSORS_FILE
-
-
-class LazyTensors(Mapping):
-    """One group of a tensor file, {name: array or summary}: each array read from the file when asked for and
-    not kept, so that compare holds the tensors it is comparing, not every backend's whole file (the entries
-    were checked when the file was opened: read_tensors); the summaries, small, are held."""
-
-    def __init__(self, npz, keys: dict[str, str], summaries: dict, order: list[str]):
-        self._npz, self._keys, self._summaries, self._order = npz, keys, summaries, order  # order: as written
-
-    def __getitem__(self, name: str):
-        return self._summaries[name] if name in self._summaries else self._npz[self._keys[name]]
-
-    def __contains__(self, name) -> bool:  # by name, no array read
-        return name in self._keys or name in self._summaries
-
-    @property
-    def summaries(self) -> dict:
-        """{name: summary} of the tensors kept as summaries (no array read)."""
-        return dict(self._summaries)
-
-    def __iter__(self):  # in the order written, whole or summarized (step 0's activations: the modules' order)
-        return iter(self._order)
-
-    def __len__(self) -> int:
-        return len(self._keys) + len(self._summaries)
-
-
-def _entry_dtype(npz, key: str) -> np.dtype:
-    """An npz entry's dtype, from its header (nothing else of it read)."""
-    with npz.zip.open(f"{key}.npy") as member:
-        version = np.lib.format.read_magic(member)
-        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        return header(member)[2]
-
-
-def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, Mapping]:
-    """The tensor file a record points to, as {group: {name: array (read when asked for: LazyTensors), or a
-    common.summary.TensorSummary}}. The whole file is checked first, streamed (every entry's CRC and dtype):
-    a corrupt or foreign file is one RecordError here, not a failure in the middle of a report."""
-    if not record.tensors:
-        raise RecordError(f"run record {record_path} has no tensor file (run the backend with --parity)")
-    base = Path(record_path)
-    path = (base if base.is_dir() else base.parent) / record.tensors
-    keys: dict[str, dict[str, str]] = {g: {} for g in TENSOR_GROUPS}
-    order: dict[str, dict[str, None]] = {g: {} for g in TENSOR_GROUPS}  # names as written, whole or summarized
-    summaries: dict[tuple[str, str], dict] = {}
-    require_regular_file(path, "tensor file", RecordError)
-    try:
-        npz = np.load(path)
-        bad = npz.zip.testzip()
-        if bad is not None:
-            raise RecordError(f"tensor file {path} is corrupt or truncated: entry {bad!r} fails its checksum")
-        for key in npz.files:
-            group, _, name = key.partition("/")
-            name, at, part = name.rpartition("@") if "@" in name else (name, "", "")
-            if group not in keys or not name:
-                raise RecordError(f"tensor file {path} has an unexpected entry {key!r}")
-            dtype = _entry_dtype(npz, key)
-            if dtype.kind not in "biuf":  # what write_tensors writes: numbers only
-                raise RecordError(f"tensor file {path}: entry {key!r} holds {dtype} "
-                                  "values, not numbers (a tensor file this toolkit did not write)")
-            order[group][name] = None
-            if at:
-                summaries.setdefault((group, name), {})[part] = npz[key]  # small: read now
-            else:
-                keys[group][name] = key
-        kept: dict[str, dict] = {g: {} for g in TENSOR_GROUPS}
-        for (group, name), parts in summaries.items():
-            try:
-                kept[group][name] = summary.from_arrays(f"{group}/{name}", parts)
-            except ValueError as e:
-                raise RecordError(f"tensor file {path}: the summary of {group}/{name} is malformed: {e}") from None
-        groups: dict[str, Mapping] = {g: LazyTensors(npz, keys[g], kept[g], list(order[g])) for g in TENSOR_GROUPS}
-    except FileNotFoundError:
-        raise RecordError(f"tensor file {path} does not exist") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-        if isinstance(e, RecordError):
-            raise
-        raise RecordError(f"tensor file {path} is corrupt or truncated: {e}") from None
-    return groups
 
 
 def throughput_summary(spec, steps: int, seconds: float) -> dict:

@@ -25,8 +25,9 @@ from common.cli import (  # noqa: E402
     resolve_spec,
 )
 from common.data import make_dataset  # noqa: E402
-from common.record import TENSOR_MODES, RecordError, peak_rss_mb, read_record, read_tensors  # noqa: E402
+from common.record import RecordError, peak_rss_mb, read_record  # noqa: E402
 from common.spec import SpecError  # noqa: E402
+from common.tensor_file import TENSOR_MODES, read_tensors  # noqa: E402
 from common.vocab import (  # noqa: E402
     CHECKPOINT_FORMAT_MEANINGS,
     PARITY_MODE_MEANINGS,

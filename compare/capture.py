@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.record import RECORD_FILE, RecordError, read_record, read_tensors
+from common.record import RECORD_FILE, RecordError, read_record
+from common.tensor_file import read_tensors
 from compare.orchestrate import BackendRun, run_backend
 
 CAPTURE_DIR = "activations"

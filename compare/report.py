@@ -98,8 +98,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common.record import RECORD_FILE, RecordError, read_record, read_tensors
+from common.record import RECORD_FILE, RecordError, read_record
 from common.spec import RunSpec
+from common.tensor_file import read_tensors
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.capture import CAPTURE_DIR, captured_activations
 from compare.devices import devices_check, one_device

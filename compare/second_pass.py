@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common.record import RECORD_FILE, SUMMARIZED_GROUPS, RecordError, read_record, read_tensors
+from common.record import RECORD_FILE, RecordError, read_record
 from common.summary import TensorSummary, summarize
+from common.tensor_file import SUMMARIZED_GROUPS, read_tensors
 
 WHOLE_DIR = "whole-tensors"
 AUTO_ABOVE_PARAMS = 20_000_000  # `--tensors` defaults to auto above this (80 MB of float32 parameters)

@@ -22,8 +22,9 @@ from flax import nnx
 from common.activations import Capture, input_layout
 from common.harness import RunOptions
 from common.outputs import array_outputs, forward, logits_of, loss_batch
-from common.record import RunRecord, host_platform, numerics_env, package_versions, summarized
+from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
+from common.tensor_file import summarized
 from common.twin import twin_of, user_loss
 from common.weights import start_info, start_state
 from jax_impl import convert, masks, sharding

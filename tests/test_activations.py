@@ -68,8 +68,8 @@ def test_a_padding_misport_is_named_at_its_convolution():
 
 def _summarized(arrays: dict) -> dict:
     """What a capture under --tensors summary|auto keeps: activations larger than a sample as summaries."""
-    from common.record import SUMMARIZED_GROUPS
     from common.summary import summarize
+    from common.tensor_file import SUMMARIZED_GROUPS
 
     limit = SUMMARIZED_GROUPS["activations"]
     return {k: summarize(f"activations/{k}", v) if v.size > limit else v for k, v in arrays.items()}

@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from common.record import read_record, read_tensors
+from common.record import read_record
+from common.tensor_file import read_tensors
 from compare.backward import first_divergent_module_backward
 from compare.capture import CAPTURE_DIR
 from tests.helpers import run_cli

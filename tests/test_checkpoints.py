@@ -11,7 +11,8 @@ transformers = pytest.importorskip("transformers")
 
 from common.data import make_dataset  # noqa: E402
 from common.presets import load_spec  # noqa: E402
-from common.record import read_record, read_tensors  # noqa: E402
+from common.record import read_record  # noqa: E402
+from common.tensor_file import read_tensors  # noqa: E402
 from tests.helpers import run_cli  # noqa: E402
 
 LLAMA = "examples/llama/twin.py:llama_tiny"

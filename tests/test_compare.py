@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.record import read_record, read_tensors, write_tensors
+from common.record import read_record
 from common.summary import TensorSummary
+from common.tensor_file import read_tensors, write_tensors
 from compare.parity import logit_agreement
 from compare.tensor_error import tensor_error
 from tests.helpers import run_cli

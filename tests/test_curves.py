@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from common.presets import load_spec
-from common.record import RunRecord, write_record, write_tensors
+from common.record import RunRecord, write_record
+from common.tensor_file import write_tensors
 from common.vocab import BackendStatus, ReportStatus
 from compare.curves import WINDOW, compare_curves, curves_words
 from compare.noise_floor import FLOOR_DIR, FloorRun, Floors

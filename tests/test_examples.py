@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.record import read_record, read_tensors
+from common.record import read_record
+from common.tensor_file import read_tensors
 from tests.helpers import run_cli
 
 RESNET = "examples/resnet/twin.py"

@@ -1,6 +1,5 @@
-"""Bad values and malformed inputs (docs/errors.md): non-finite tensors compared by rule, a report always
-strict JSON and always written, inputs of any JSON/TOML shape refused in one line (the real CLI, before any
-backend), one meaning of a checkpoint's dtype on every backend; two end-to-end runs on jax and torch."""
+"""Bad values and malformed inputs (docs/errors.md): non-finite values by rule, a report strict JSON and always written,
+any JSON/TOML shape refused in one line (the CLI, before any backend), one meaning of a checkpoint's dtype."""
 import json
 import math
 import re
@@ -10,7 +9,8 @@ import numpy as np
 import pytest
 
 from common.presets import load_spec
-from common.record import RunRecord, StepRecord, write_record, write_tensors
+from common.record import RunRecord, StepRecord, write_record
+from common.tensor_file import write_tensors
 from common.vocab import BackendStatus, ExitCode, ReportStatus
 from common.weights import CheckpointError, init_params, load_checkpoint, save_checkpoint
 from compare import parity

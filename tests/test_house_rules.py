@@ -204,7 +204,7 @@ def test_every_documented_error_case_has_a_test():
 
 def test_atomic_writes_keep_the_umask_permissions(tmp_path):
     from common.fsutil import write_json_atomic
-    from common.record import write_tensors
+    from common.tensor_file import write_tensors
     from common.weights import save_checkpoint
 
     old = os.umask(0o022)

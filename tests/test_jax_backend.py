@@ -101,7 +101,7 @@ def test_two_hosts_simulated_on_this_machine_write_one_report(jax_single, tmp_pa
 
 def test_parity_tensors_are_canonical(jax_single):
     from common.presets import load_spec
-    from common.record import read_tensors
+    from common.tensor_file import read_tensors
 
     rec = read_record(jax_single("cnn-digits"))
     tensors = read_tensors(jax_single("cnn-digits") / "record.json", rec)

@@ -12,10 +12,9 @@ from common.record import (
     finite_or_none,
     package_versions,
     read_record,
-    read_tensors,
     write_record,
-    write_tensors,
 )
+from common.tensor_file import read_tensors, write_tensors
 
 
 def _record(tmp_path) -> RunRecord:

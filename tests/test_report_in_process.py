@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from common.presets import load_spec
-from common.record import RunRecord, write_record, write_tensors
+from common.record import RunRecord, write_record
+from common.tensor_file import write_tensors
 from common.vocab import BackendStatus, ExitCode, ReportStatus
 from compare.capture import CAPTURE_DIR
 from compare.orchestrate import BackendRun

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from common.record import RecordError, read_record, read_tensors, write_tensors
+from common.record import RecordError, read_record
 from common.summary import LOGIT_ROWS, SAMPLE_SIZE, TensorSummary, sample_indices, summarize
+from common.tensor_file import read_tensors, write_tensors
 from compare.parity import compare_tensors
 from compare.tolerances import load_policy
 from tests.helpers import run_cli

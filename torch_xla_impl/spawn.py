@@ -46,7 +46,8 @@ def _replica(index: int, spec_dict: dict, options: RunOptions, progress: bool) -
 
     from common import harness
     from common.backend_main import progress_printer
-    from common.record import write_record, write_tensors
+    from common.record import write_record
+    from common.tensor_file import write_tensors
     from torch_xla_impl.instrument import CompileMonitor, NoMonitor
     from torch_xla_impl.train import make_trainer
 
