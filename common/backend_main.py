@@ -21,6 +21,7 @@ from common.fsutil import dangerous_dir
 from common.harness import RunOptions
 from common.nonfinite import input_problem, likely_cause
 from common.record import LOG_FILES, PROCESS_LOGS, RECORD_FILE, SPEC_FILE, RunRecord, timed_from, write_record
+from common.shards import SHARDS_DIR, write_shards
 from common.tensor_file import write_tensors
 from common.vocab import IO_ERRNOS, ExitCode, Phase, RecordStatus
 
@@ -84,9 +85,10 @@ def refuse_foreign_out(out_dir: Path, logs: tuple[str, ...] = ()) -> None:
     if why:
         fail(f"--out {out_dir}: {why}; give the run a directory of its own, e.g. --out runs/my-run", ExitCode.USAGE)
     ours = {*LOG_FILES, SPEC_FILE, *logs}
-    process_logs = out_dir / PROCESS_LOGS  # compare --processes' logs: its own only while it holds nothing else
-    if process_logs.is_dir() and all(re.fullmatch(r"process-\d+\.log", n) for n in os.listdir(process_logs)):
-        ours.add(PROCESS_LOGS)
+    # compare --processes' logs and a multi-process run's shard files: its own only while they hold nothing else
+    for folder, pattern in ((PROCESS_LOGS, r"process-\d+\.log"), (SHARDS_DIR, r"process-\d+\.npz")):
+        if (out_dir / folder).is_dir() and all(re.fullmatch(pattern, n) for n in os.listdir(out_dir / folder)):
+            ours.add(folder)
     if out_dir.is_dir() and set(os.listdir(out_dir)) - ours and not (out_dir / RECORD_FILE).exists():
         fail(f"--out {out_dir} holds files this toolkit did not write (no {RECORD_FILE}); pass a new or empty "
              "directory", ExitCode.USAGE)
@@ -145,6 +147,10 @@ def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...]
     record.backend, record.run_id = name, args.run_id  # a runtime copied under another name is that name
     if record.status == RecordStatus.NONFINITE:  # the message says what most likely did it
         record.message += f"; likely cause: {nonfinite_cause(spec, record)}"
+    try:  # a multi-process run's whole tensors: each process writes its own shards (common/shards.py)
+        write_shards(out_dir, tensors)
+    except OSError as e:
+        io_failure(out_dir, e, args.debug)
     if is_writer:
         try:
             if tensors:

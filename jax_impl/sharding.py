@@ -16,6 +16,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from common.data import Batch, process_slice
 from common.sharding import batch_partition_spec, param_partition_specs
+from common.shards import ShardedTensor
 from common.spec import AXES, MeshSpec, ModelSpec, SpecError
 
 
@@ -78,6 +79,10 @@ def join(spec, options) -> bool:
                         "evenly over the processes; give a mesh whose device count they divide")
     set_cpu_device_count(spec.mesh.device_count // processes)
     initialize_distributed(options.own["coordinator"], processes, options.own["process_id"])
+    global RUN
+    if jax.process_count() > 1:  # the number every process's shard files carry (common/shards.py)
+        from jax.experimental import multihost_utils
+        RUN = int(multihost_utils.broadcast_one_to_all(np.int32(np.random.default_rng().integers(2 ** 31))))
     check_platform()  # a JAX_PLATFORMS this machine lacks: one line and exit 2, not a crash
     return jax.process_index() == 0
 
@@ -140,6 +145,23 @@ def place(x, target: NamedSharding):
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         return jax.random.wrap_key_data(place(jax.random.key_data(x), target), impl=jax.random.key_impl(x))
     return jax.device_put(np.asarray(x), target)
+
+
+RUN = 0  # this run's number, drawn by process 0 (join)
+
+
+def whole(x):
+    """A tensor kept whole: on the host when this process holds all of it, else this process's distinct shards
+    (the replica 0 of each), which it writes itself: the tensor is never assembled in one process."""
+    if jax.process_count() == 1 or x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    pieces = []
+    for shard in x.addressable_shards:
+        if shard.replica_id == 0:
+            values = np.asarray(shard.data)
+            values = values if values.dtype.kind in "biuf" else values.astype(np.float32)  # bfloat16: as float32
+            pieces.append((tuple(s.indices(n)[:2] for s, n in zip(shard.index, x.shape)), values))
+    return ShardedTensor(tuple(x.shape), tuple(pieces), jax.process_index(), jax.process_count(), RUN)
 
 
 def to_host(x) -> np.ndarray:

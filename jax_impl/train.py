@@ -151,15 +151,16 @@ class JaxTrainer(JittedTrainer):
         )
 
     def to_canonical(self, tree, group: str = "") -> dict:
-        """{canonical name: host array}; of a parity group (`group`) under --tensors summary, a tensor it keeps as
-        a summary is summarized on the devices (jax_impl/summary.py: analysis, no compile of it is the run's)."""
+        """{canonical name: host array, or this process's shards of it in a multi-process run (sharding.whole)};
+        of a parity group (`group`) under --tensors summary, a tensor it keeps as a summary is summarized on the
+        devices (jax_impl/summary.py: analysis, no compile of it is the run's)."""
         canonical, mode, whole = convert.to_canonical(tree), self.options.tensors, set(self.options.whole_tensors)
         if not any(summarized(f"{group}/{k}", v.size, mode, whole) for k, v in canonical.items()):
-            return {k: sharding.to_host(v) for k, v in canonical.items()}
+            return {k: sharding.whole(v) for k, v in canonical.items()}
         paused, self.monitor.paused = self.monitor.paused, True
         try:
             return {k: device_summary(f"{group}/{k}", v) if summarized(f"{group}/{k}", v.size, mode, whole)
-                    else sharding.to_host(v) for k, v in canonical.items()}
+                    else sharding.whole(v) for k, v in canonical.items()}
         finally:
             self.monitor.paused = paused
 

@@ -47,6 +47,8 @@ def test_two_processes_match_one_process(mesh, jax_single, tmp_path):
     devices (jax_impl/summary.py), never gathering one to a process."""
     import json
 
+    from common.tensor_file import read_tensors
+
     out = tmp_path / "multi"
     tensors = "auto" if "tensor" in mesh else "full"  # auto: jax's summaries reduced over both processes' shards
     proc = run_cli("compare", "--quiet", "--out", str(out), "--backend", "jax,torch,torchax", "--spec", "gpt-tiny",
@@ -63,6 +65,10 @@ def test_two_processes_match_one_process(mesh, jax_single, tmp_path):
         assert multi.platform["process_count"] == 2 and multi.platform["device_count"] == devices, name
         assert max_loss_diff(single, multi) < 1e-5, (name, single.losses, multi.losses)
         assert [p.name for p in (out / name / "processes").iterdir()] == ["process-1.log"]
+        if name == "jax" and tensors == "full":  # its whole tensors as each process's shards (common/shards.py)
+            assert sorted(p.name for p in (out / name / "shards").iterdir()) == ["process-0.npz", "process-1.npz"]
+            kept = read_tensors(out / name, multi)["params"]["wte.embedding"]
+            assert kept.shape == (256, 64) and np.isfinite(kept).all()
         assert "progress step=4" in (out / name / "processes" / "process-1.log").read_text()  # it ran every step
     assert read_record(out / "torch").extra["mesh_strategy"].startswith("data parallel over 2 processes")
 

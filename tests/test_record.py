@@ -82,3 +82,33 @@ def test_non_finite_json_is_refused(tmp_path):
     with pytest.raises(ValueError):
         write_record(tmp_path, rec)
     assert not (tmp_path / "record.json").exists()  # nothing half-written
+
+
+@pytest.mark.error_case("shards-foreign")
+def test_a_tensor_kept_as_shards_is_assembled_from_its_own_runs_files_only(tmp_path):
+    """A multi-process run's whole tensor (common/shards.py): each process writes its distinct shards, the tensor
+    file marks it; read back whole, tensor by tensor. Shard files of another run, or one missing, are refused in
+    one line: never mixed in, never read as zeros."""
+    from types import SimpleNamespace
+
+    from common.shards import ShardedTensor, shard_file, write_shards
+
+    full = np.arange(48, dtype=np.float32).reshape(6, 8)
+    halves = [((0, 3), (0, 8)), ((3, 6), (0, 8))]
+
+    def share(process: int, run: int = 7) -> ShardedTensor:
+        (r0, r1), (c0, c1) = halves[process]
+        return ShardedTensor((6, 8), ((halves[process], full[r0:r1, c0:c1]),), process, 2, run)
+
+    for process in (0, 1):
+        write_shards(tmp_path, {"params": {"w": share(process)}, "outputs": {"loss": np.float32(1.5)}})
+    record = SimpleNamespace(tensors=write_tensors(tmp_path, {"params": {"w": share(0)}}))
+    read = read_tensors(tmp_path, record)["params"]
+    assert "w" in read and np.array_equal(read["w"], full)
+    write_shards(tmp_path, {"params": {"w": share(1, run=8)}})  # process 1's file now another run's
+    with pytest.raises(RecordError, match=r"shard file .*process-1\.npz belongs to another run \(its run \[8, 2, 1\], "
+                                          r"this run \[7, 2, 1\]\); its values are never mixed into this one"):
+        read_tensors(tmp_path, record)
+    shard_file(tmp_path, 1).unlink()
+    with pytest.raises(RecordError, match=r"^params/w: its shards cover 24 of its 48 elements"):
+        read_tensors(tmp_path, record)["params"]["w"]
