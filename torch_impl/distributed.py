@@ -24,6 +24,7 @@ from common.spec import RunSpec, SpecError
 from common.twin import twin_of
 from common.vocab import MaskSource
 
+IGNORED = -100  # torch's cross-entropy's ignore_index
 TIMEOUT_S = 300  # a process waiting on one that died: the launcher stops them all long before
 
 
@@ -78,8 +79,16 @@ def refuse_batch_norm(model: torch.nn.Module, size: int) -> None:
 
 
 def local_rows(batch: Batch, group: Group | None) -> Batch:
-    """This process's share of a global batch (the whole batch when alone)."""
-    return batch if group is None else process_slice(batch, group.rank, group.size)
+    """This process's share of a global batch (the whole batch when alone). Targets torch's cross-entropy ignores
+    (-100) make its mean one over the positions kept, which differ from process to process: refused."""
+    if group is None:
+        return batch
+    targets = batch.targets if isinstance(batch.targets, np.ndarray) else None
+    if targets is not None and targets.dtype.kind in "iu" and (targets == IGNORED).any():
+        raise SpecError(f"eager torch on {group.size} processes: the batch holds targets of {IGNORED}, which "
+                        "cross-entropy leaves out of its mean, so the processes' means do not average to the whole "
+                        "batch's; run torch on one process")
+    return process_slice(batch, group.rank, group.size)
 
 
 def average_gradients(parameters, group: Group | None) -> None:
