@@ -57,12 +57,24 @@ def locate_divergence(args, plan: Plan, outcome, report: dict, build) -> dict:
     parted = [] if args.activations else [n for n in parted_at_step0(report) if n in plan.launches]
     try:
         if parted:
-            capture(parted, plan.pythons, {n: capture_launch(args, n) for n in parted}, plan.out, plan.timeout_s)
-            report = build(outcome.interrupted)
+            runs = capture(parted, plan.pythons, {n: capture_launch(args, n) for n in parted}, plan.out,
+                           plan.timeout_s)
+            report = mark_failed_captures(build(outcome.interrupted), runs)
         return confirm_locations(args, plan, report, build)
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
         return build(True)
+
+
+def mark_failed_captures(report: dict, runs: dict) -> dict:
+    """A pair whose capture run failed says so where its location would be (`capture_failed`), not a bare '-'."""
+    failed = {n: f"{n}'s capture run {run.status}: {run.message}" for n, run in runs.items()
+              if run.status != BackendStatus.OK}
+    for name, parity in (report.get("parity") or {}).items():
+        why = failed.get(name) or failed.get(report["reference"])
+        if why and not parity.get("first_divergent_module"):
+            parity["capture_failed"] = why
+    return report
 
 
 def confirm_locations(args, plan: Plan, report: dict, build) -> dict:

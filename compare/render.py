@@ -93,7 +93,10 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             ["settings compared"] + ["equal" if not parity[n]["setting_differences"]
                                      else "; ".join(parity[n]["setting_differences"]) for n in others],
             ["first divergent step"] + [_fmt(parity[n]["first_divergent_step"]) for n in others],
-            ["first divergent module (step 0)"] + [_module(parity[n].get("first_divergent_module")) for n in others],
+            ["first divergent module (step 0)"] + [f"not located: {parity[n]['capture_failed']}"
+                                                    if parity[n].get("capture_failed")
+                                                    else _module(parity[n].get("first_divergent_module"))
+                                                    for n in others],
             ["first divergent module, backward pass (step 0)"]
             + [_backward(parity[n].get("first_divergent_module_backward")) for n in others],
             ["max |Δloss| over steps"] + [_fmt((parity[n].get("loss") or {}).get("max_abs"), ".3e") for n in others],

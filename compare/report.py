@@ -23,7 +23,8 @@ report.json keys (schema_version 2):
       summary|auto), then confirmed_whole [its input and output keys, compared whole] or to_confirm [those still
       summarized]} (null when no activations were captured; module null when every compared module's step-0
       activation agrees), .activation_pass {whole, not_reproduced, failed} (the confirming captures: null
-      without), .loss {max_abs, per_step_abs, steps_compared},
+      without), .capture_failed (why no module is named: the capture run of that side or the reference failed),
+      .loss {max_abs, per_step_abs, steps_compared},
     .tensors {"<group>/<name>": {abs, rel, tolerance_used, within, over, elements, kind, nonfinite {equal,
       mismatched}, note, passes_with {atol, rtol, fraction} (a tensor out of tolerance: the smallest of each,
       changed alone, that would pass it); with --tensors summary|auto, a row kept as a summary has judged_by

@@ -93,6 +93,32 @@ def test_eager_torch_refuses_processes_where_averaged_gradients_are_not_the_batc
         assert message in str(caught.value), str(caught.value)
     stem = torch.nn.Sequential(OrderedDict(conv1=torch.nn.Conv2d(3, 4, 3), bn1=torch.nn.BatchNorm2d(4)))
     refuse_batch_norm(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)), 2)
-    with pytest.raises(SpecError, match=r"^eager torch on 2 processes: module bn1 is BatchNorm2d, whose train-mode "
-                                        r"statistics would be each process's rows, not the whole batch's"):
+    with pytest.raises(SpecError) as caught:
         refuse_batch_norm(stem, 2)
+    assert str(caught.value) == (
+        "eager torch on 2 processes: module bn1 is BatchNorm2d, whose train-mode statistics would be each process's "
+        "rows, not the whole batch's (torch.nn.SyncBatchNorm runs only on GPUs); compare torch in a run without "
+        "--processes (or leave it out of --backend in this one)")
+
+
+@pytest.mark.slow
+def test_eager_torch_captures_on_one_device_whatever_the_mesh(tmp_path):
+    """The capture compare runs where a pair parts at step 0 (one process, one example, from the start weights)
+    is the same on one device: eager torch takes it with the run's mesh instead of refusing the mesh, so a pair
+    run with --processes is located like any other; a capture that fails anyway says so in the report."""
+    from common.record import read_record
+    from common.tensor_file import read_tensors
+    from compare.extra_runs import mark_failed_captures
+    from compare.orchestrate import BackendRun
+
+    proc = run_cli("torch_impl", "--spec", "gpt-tiny", "--mesh", "data=4", "--activations-only", "--out",
+                   str(tmp_path / "capture"))
+    assert proc.returncode == 0, proc.stderr
+    captured = read_tensors(tmp_path / "capture", read_record(tmp_path / "capture"))["activations"]
+    assert captured["blocks.1.mlp.fc"].shape == (1, 64, 256)
+    proc = run_cli("torch_impl", "--spec", "gpt-tiny", "--mesh", "data=4", "--steps", "1")  # training: refused
+    assert proc.returncode == 2 and "run it data parallel as processes (compare --processes N)" in proc.stderr
+    failed = BackendRun("torch", tmp_path, "usage_error", 2, "boom", 1.0, [])
+    report = mark_failed_captures({"reference": "jax", "parity": {"torch": {"first_divergent_module": None}}},
+                                  {"torch": failed})
+    assert report["parity"]["torch"]["capture_failed"] == "torch's capture run usage_error: boom"

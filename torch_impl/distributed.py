@@ -24,6 +24,7 @@ from common.spec import RunSpec, SpecError
 from common.twin import twin_of
 from common.vocab import MaskSource
 
+ONE_PROCESS = "compare torch in a run without --processes (or leave it out of --backend in this one)"
 IGNORED = -100  # torch's cross-entropy's ignore_index
 TIMEOUT_S = 300  # a process waiting on one that died: the launcher stops them all long before
 
@@ -59,11 +60,10 @@ def refuse_inexact(spec: RunSpec, size: int) -> None:
     if loss:
         shown = loss.get("torch", loss) if isinstance(loss, Mapping) else loss
         raise SpecError(f"{why}, which equals the whole batch's only for a mean over rows; the twin's own loss "
-                        f"({shown}) may not be one: run torch on one process (leave it out of --backend with "
-                        "--processes)")
+                        f"({shown}) may not be one: {ONE_PROCESS}")
     if spec.train.dropout_masks == MaskSource.COMMON:
         raise SpecError(f"{why}; common's exact dropout masks are drawn for the whole batch: use --parity-mode "
-                        "statistical with --processes, or run torch on one process")
+                        f"statistical with --processes, or {ONE_PROCESS}")
     if spec.train.global_batch_size % size:
         raise SpecError(f"{why}: train.global_batch_size={spec.train.global_batch_size} does not split evenly over "
                         f"{size} processes; give a batch size they divide")
@@ -75,7 +75,7 @@ def refuse_batch_norm(model: torch.nn.Module, size: int) -> None:
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             raise SpecError(f"eager torch on {size} processes: module {name} is {type(module).__name__}, whose "
                             "train-mode statistics would be each process's rows, not the whole batch's "
-                            "(torch.nn.SyncBatchNorm runs only on GPUs); run torch on one process")
+                            f"(torch.nn.SyncBatchNorm runs only on GPUs); {ONE_PROCESS}")
 
 
 def local_rows(batch: Batch, group: Group | None) -> Batch:
@@ -87,7 +87,7 @@ def local_rows(batch: Batch, group: Group | None) -> Batch:
     if targets is not None and targets.dtype.kind in "iu" and (targets == IGNORED).any():
         raise SpecError(f"eager torch on {group.size} processes: the batch holds targets of {IGNORED}, which "
                         "cross-entropy leaves out of its mean, so the processes' means do not average to the whole "
-                        "batch's; run torch on one process")
+                        f"batch's; {ONE_PROCESS}")
     return process_slice(batch, group.rank, group.size)
 
 

@@ -211,8 +211,7 @@ class TorchTrainer:
 
     def analyse(self, record: RunRecord, tensors: dict) -> None:
         if record.status == RecordStatus.OK:
-            # every process runs the same matmuls on an equal share of the rows
-            record.flops_per_step = self.matmul_flops(*self.batch(0)) * (self.group.size if self.group else 1)
+            record.flops_per_step = self.matmul_flops(*self.batch(0))  # of this process's rows, as HLO's per device
             record.flops_source = "torch.utils.flop_counter.FlopCounterMode over one forward + backward"
 
     def new_record(self) -> RunRecord:
@@ -220,8 +219,9 @@ class TorchTrainer:
         kind = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         processes = self.group.size if self.group else 1
         strategy = spec.mesh.strategy if processes == 1 else (
-            f"data parallel over {processes} processes (torch.distributed, gloo), each its share of the rows; "
-            f"the mesh's other axes ({spec.mesh.strategy}) run replicated")
+            f"data parallel over {processes} processes (torch.distributed, gloo), each a whole replica on its share "
+            f"of the rows (the run's mesh, {spec.mesh.strategy}, is the compiling backends': eager torch splits no "
+            "other axis)")
         return RunRecord(
             backend="torch", spec=spec.to_dict(), versions=package_versions("torch"),
             platform={**host_platform(), "device_platform": device.type, "device_kind": kind, "device_count": processes,
