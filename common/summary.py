@@ -36,6 +36,7 @@ class TensorSummary:
     stats: dict[str, float]  # STATS, over the finite elements (count and nonfinite: over all)
     indices: np.ndarray  # int64, sorted flat indices into the canonical tensor
     values: np.ndarray  # the tensor's values at `indices`
+    on_device: bool = False  # reduced on the devices in float32 (jax_impl/summary.py), not on the host in float64
 
     @property
     def size(self) -> int:
@@ -82,14 +83,16 @@ def _checksum(indices: np.ndarray) -> int:
 def to_arrays(key: str, summary: TensorSummary) -> dict[str, np.ndarray]:
     """The tensor file's entries of one summary (`key@stats`, `key@shape`, `key@indices`: the indices' count
     and checksum, `key@values`)."""
+    made = {f"{key}@on_device": np.array([1], np.int8)} if summary.on_device else {}
     return {f"{key}@stats": np.array([summary.stats[s] for s in STATS], np.float64),
             f"{key}@shape": np.array(summary.shape, np.int64),
             f"{key}@indices": np.array([summary.indices.size, _checksum(summary.indices)], np.int64),
-            f"{key}@values": summary.values}
+            f"{key}@values": summary.values, **made}
 
 
 def from_arrays(key: str, parts: dict[str, np.ndarray]) -> TensorSummary:
-    """The summary of `key` from its four entries ({"stats", "shape", "indices", "values"}); ValueError when
+    """The summary of `key` from its entries ({"stats", "shape", "indices", "values"}, and "on_device" for one
+    reduced on the devices); ValueError when
     malformed, or when its sample is not the one this toolkit draws for that name and shape."""
     stats, shape, indices, values = (parts.get(p) for p in ("stats", "shape", "indices", "values"))
     if any(p is None for p in (stats, shape, indices, values)) or stats.shape != (len(STATS),) \
@@ -99,7 +102,7 @@ def from_arrays(key: str, parts: dict[str, np.ndarray]) -> TensorSummary:
     drawn = sample_indices(key, shape)
     if (int(indices[0]), int(indices[1])) != (drawn.size, _checksum(drawn)) or values.size != drawn.size:
         raise ValueError("its sample is not the one this toolkit draws for it (a tensor file of another version?)")
-    return TensorSummary(shape, dict(zip(STATS, (float(x) for x in stats))), drawn, values)
+    return TensorSummary(shape, dict(zip(STATS, (float(x) for x in stats))), drawn, values, "on_device" in parts)
 
 
 def summary_checks(ref: TensorSummary, other: TensorSummary, bound: float) -> dict[str, dict]:

@@ -79,11 +79,11 @@ def join(spec, options) -> bool:
                         "evenly over the processes; give a mesh whose device count they divide")
     set_cpu_device_count(spec.mesh.device_count // processes)
     initialize_distributed(options.own["coordinator"], processes, options.own["process_id"])
+    check_platform()  # a JAX_PLATFORMS this machine lacks: one line and exit 2, not a crash
     global RUN
-    if jax.process_count() > 1:  # the number every process's shard files carry (common/shards.py)
+    if processes > 1:  # the number every process's shard files carry (common/shards.py)
         from jax.experimental import multihost_utils
         RUN = int(multihost_utils.broadcast_one_to_all(np.int32(np.random.default_rng().integers(2 ** 31))))
-    check_platform()  # a JAX_PLATFORMS this machine lacks: one line and exit 2, not a crash
     return jax.process_index() == 0
 
 

@@ -45,4 +45,4 @@ def device_summary(name: str, x: jax.Array) -> TensorSummary:
         values = values.astype(np.float32)
     stats = {"count": float(math.prod(shape)), "sum": total, "sum_sq": squares, "max_abs": largest,
              "nonfinite": nonfinite}
-    return TensorSummary(shape, stats, indices, values)
+    return TensorSummary(shape, stats, indices, values, on_device=True)
