@@ -1,5 +1,6 @@
 """The links between a torch model's parameters and its NNX twin's (derived by common/correspond.py), and the
-conversion of whole trees (parameters, gradients, partition specs) along them, both ways: numpy only, exact."""
+conversion of whole trees (parameters, gradients, partition specs) along them, both ways: numpy only (or another
+array module a backend passes), exact."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -48,11 +49,11 @@ class Correspondence:
                 shape = (max(link.rows[1], self._whole.get(link.canonical[0], (0,))[0]), *shape[1:])
             self._whole[link.canonical[0]] = shape
 
-    def _canonical_of(self, value: np.ndarray, layout: str, name: str) -> np.ndarray:
+    def _canonical_of(self, value: np.ndarray, layout: str, name: str, dense=np.ascontiguousarray) -> np.ndarray:
         shape = self.canonical_shapes[name]
         if is_rearrangement(layout):
-            return np.ascontiguousarray(Rearrangement.parse(layout).to_canonical(value, shape))
-        return np.ascontiguousarray(to_canonical_layout(value, layout)).reshape(shape)
+            return dense(Rearrangement.parse(layout).to_canonical(value, shape))
+        return dense(to_canonical_layout(value, layout)).reshape(shape)
 
     def _torch_of(self, link: Link, i: int, value: np.ndarray) -> np.ndarray:
         if is_rearrangement(link.layout):
@@ -60,20 +61,22 @@ class Correspondence:
         part = to_torch_layout(value.reshape(self._flat(link, i)), link.layout)
         return np.ascontiguousarray(part) if link.layout == CONV_TRANSPOSE else part  # torch takes no flipped view
 
-    def to_canonical(self, torch_arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """{torch name: array} -> {canonical name: array}, in the canonical tree's order."""
+    def to_canonical(self, torch_arrays: Mapping[str, np.ndarray], xp=np) -> dict[str, np.ndarray]:
+        """{torch name: array} -> {canonical name: array}, in the canonical tree's order. `xp`: the arrays' module,
+        numpy, or another with its names (jax.numpy: the tree converted where it lives, on the devices)."""
+        dense = np.ascontiguousarray if xp is np else (lambda a: a)
         out, stacked = {}, {}
         for link in self.links:
-            value = np.asarray(torch_arrays[link.torch])
+            value = xp.asarray(torch_arrays[link.torch])
             if link.rows:  # one part of an NNX-packed tensor: stacked with its siblings below
                 stacked.setdefault(link.canonical[0], []).append((link.rows[0], value, link.layout))
                 continue
-            parts = [value] if len(link.canonical) == 1 else np.split(value, self._offsets(link), axis=0)
+            parts = [value] if len(link.canonical) == 1 else xp.split(value, self._offsets(link), axis=0)
             for name, part in zip(link.canonical, parts):
-                out[name] = self._canonical_of(part, link.layout, name)
+                out[name] = self._canonical_of(part, link.layout, name, dense)
         for name, parts in stacked.items():
-            whole = np.concatenate([value for _, value, _ in sorted(parts, key=lambda p: p[0])], axis=0)
-            out[name] = self._canonical_of(whole, parts[0][2], name)
+            whole = xp.concatenate([value for _, value, _ in sorted(parts, key=lambda p: p[0])], axis=0)
+            out[name] = self._canonical_of(whole, parts[0][2], name, dense)
         return {k: out[k] for k in self.canonical_shapes}
 
     def torch_parts(self, canonical: Mapping[str, np.ndarray]):

@@ -21,10 +21,12 @@ from common.masks import MaskFeed, draw_masks, drawing_feed, given_feed
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, throughput_summary
 from common.spec import RunSpec
+from common.tensor_file import summarized
 from common.vocab import PROFILE_DIR, MaskSource, Phase, ProfileRange, RecordStatus
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor, hlo_statistics
 from jax_impl.sharding import StepBatch
+from jax_impl.summary import device_summary
 
 # a trace that meets a value-dependent branch or conversion (the subclasses of ConcretizationTypeError among them)
 UNTRACEABLE = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
@@ -130,6 +132,26 @@ class JittedTrainer:
         self.params, self.opt_state, self.state, loss = self.train_step(
             self.params, self.opt_state, self.state, batch, python_value=python_value)
         return loss
+
+    def on_device(self, tree: dict, group: str) -> bool:
+        """Whether a tree of `group` is best converted on the devices: a tensor of it kept as a summary, or one
+        no process holds whole (a multi-process run)."""
+        mode, whole = self.options.tensors, set(self.options.whole_tensors)
+        return any(summarized(f"{group}/{k}", v.size, mode, whole) or not v.is_fully_addressable
+                   for k, v in tree.items())
+
+    def kept(self, canonical: dict, group: str) -> dict:
+        """{canonical name: device array} as the tensor file keeps it: a tensor of a parity group (`group`) kept
+        as a summary (--tensors summary) summarized on the devices (jax_impl/summary.py), else whole: on the host,
+        or this process's shards of it in a multi-process run (sharding.whole). Analysis: no compile of it is
+        the run's."""
+        mode, whole = self.options.tensors, set(self.options.whole_tensors)
+        paused, self.monitor.paused = self.monitor.paused, True
+        try:
+            return {k: device_summary(f"{group}/{k}", v) if summarized(f"{group}/{k}", v.size, mode, whole)
+                    else sharding.whole(v) for k, v in canonical.items()}
+        finally:
+            self.monitor.paused = paused
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return self.to_canonical(self.params, "params")

@@ -24,7 +24,6 @@ from common.harness import RunOptions
 from common.outputs import array_outputs, forward, logits_of, loss_batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
-from common.tensor_file import summarized
 from common.twin import twin_of, user_loss
 from common.weights import start_info, start_state
 from jax_impl import convert, masks, sharding
@@ -35,7 +34,6 @@ from jax_impl.loop import JittedTrainer, jitted_mesh
 from jax_impl.models import build_model, nnx_input_axes, nnx_inputs
 from jax_impl.optim import make_optimizer
 from jax_impl.sharding import StepBatch
-from jax_impl.summary import device_summary
 
 SETTLE_STEPS = 1  # a fixed-shape jitted loop compiles once, at its first step
 
@@ -151,18 +149,8 @@ class JaxTrainer(JittedTrainer):
         )
 
     def to_canonical(self, tree, group: str = "") -> dict:
-        """{canonical name: host array, or this process's shards of it in a multi-process run (sharding.whole)};
-        of a parity group (`group`) under --tensors summary, a tensor it keeps as a summary is summarized on the
-        devices (jax_impl/summary.py: analysis, no compile of it is the run's)."""
-        canonical, mode, whole = convert.to_canonical(tree), self.options.tensors, set(self.options.whole_tensors)
-        if not any(summarized(f"{group}/{k}", v.size, mode, whole) for k, v in canonical.items()):
-            return {k: sharding.whole(v) for k, v in canonical.items()}
-        paused, self.monitor.paused = self.monitor.paused, True
-        try:
-            return {k: device_summary(f"{group}/{k}", v) if summarized(f"{group}/{k}", v.size, mode, whole)
-                    else sharding.whole(v) for k, v in canonical.items()}
-        finally:
-            self.monitor.paused = paused
+        """{canonical name: host array, or its summary or shards (JittedTrainer.kept)}."""
+        return self.kept(convert.to_canonical(tree), group)
 
 
 def make_trainer(spec: RunSpec, options: RunOptions, monitor: CompileMonitor) -> JaxTrainer:

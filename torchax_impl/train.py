@@ -181,10 +181,17 @@ class TorchaxTrainer(JittedTrainer):
                    "mesh_strategy": spec.mesh.strategy},
         )
 
-    def to_canonical(self, tree, group: str = "") -> dict[str, np.ndarray]:
-        """{canonical name: host array} (summaries, of any `group`, are made on the host as the file is written:
-        the canonical layout is made there)."""
-        return to_canonical({k: sharding.to_host(v) for k, v in tree.items()}, self.correspondence)
+    def to_canonical(self, tree, group: str = "") -> dict:
+        """{canonical name: host array}; where a tensor is kept as a summary or no process holds it whole, the
+        canonical layout is made on the devices and the tensor kept as the JAX twin keeps it (JittedTrainer.kept)."""
+        if not self.on_device(tree, group):
+            return to_canonical({k: sharding.to_host(v) for k, v in tree.items()}, self.correspondence)
+        paused, self.monitor.paused = self.monitor.paused, True  # the layout's transposes: analysis
+        try:
+            canonical = self.correspondence.to_canonical(tree, xp=jnp)
+        finally:
+            self.monitor.paused = paused
+        return self.kept(canonical, group)
 
 
 def make_trainer(spec: RunSpec, options: RunOptions, monitor: CompileMonitor) -> TorchaxTrainer:
