@@ -241,7 +241,9 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
               ["MFU"] + [_fmt(b[n].get("mfu"), ".2%") for n in names]]
     out.append(("Step time (warm-up steps excluded)" + apart, ["", *names], rows_t))
     wall = lambda n, k: _fmt((b[n].get("wall_breakdown") or {}).get(k), ".2f")  # noqa: E731
-    rows_w = [["trace mode (torch_xla)"] + [_fmt(b[n].get("trace_mode")) for n in names],
+    on = lambda n, k: _fmt((b[n].get("platform") or {}).get(k))  # noqa: E731
+    rows_w = [["devices / processes"] + [f"{on(n, 'device_count')} / {on(n, 'process_count')}" for n in names],
+              ["trace mode (torch_xla)"] + [_fmt(b[n].get("trace_mode")) for n in names],
               ["interpreter start + imports (s)"] + [wall(n, "start_and_imports_s") for n in names],
               ["compile (s)"] + [wall(n, "compile_s") for n in names],
               ["steps, synced + pipelined (s)"] + [wall(n, "steps_s") for n in names],

@@ -74,6 +74,7 @@ def test_two_processes_match_one_process(mesh, jax_single, tmp_path):
             assert summaries and all(s.on_device for s in summaries.values())
         assert "progress step=4" in (out / name / "processes" / "process-1.log").read_text()  # it ran every step
     assert read_record(out / "torch").extra["mesh_strategy"].startswith("data parallel over 2 processes")
+    assert "| devices / processes | 4 / 2 | 2 / 2 | 4 / 2 |" in (out / "report.md").read_text()
 
 
 def test_two_hosts_simulated_on_this_machine_write_one_report(jax_single, tmp_path):
