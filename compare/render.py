@@ -236,8 +236,8 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
               ["pipelined steps/s"] + [tp(n, "steps_per_s") for n in names],
               ["examples/s"] + [tp(n, "examples_per_s") for n in names],
               ["tokens/s"] + [tp(n, "tokens_per_s") for n in names],
-              ["matmul Gflop/step (HLO)"] + [_fmt((b[n].get("flops_per_step") or 0) / 1e9 or None, ".4g")
-                                            for n in names],
+              ["matmul Gflop/step per device (HLO; eager torch: FlopCounterMode)"]
+              + [_fmt((b[n].get("flops_per_step") or 0) / 1e9 or None, ".4g") for n in names],
               ["MFU"] + [_fmt(b[n].get("mfu"), ".2%") for n in names]]
     out.append(("Step time (warm-up steps excluded)" + apart, ["", *names], rows_t))
     wall = lambda n, k: _fmt((b[n].get("wall_breakdown") or {}).get(k), ".2f")  # noqa: E731
