@@ -40,10 +40,6 @@ class ShardedTensor:
     processes: int
     run: int  # the number process 0 drew for this run
 
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
 
 def shard_file(run_dir: Path, process: int) -> Path:
     return Path(run_dir) / SHARDS_DIR / f"process-{process}.npz"
