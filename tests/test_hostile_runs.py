@@ -336,6 +336,14 @@ def test_a_directory_a_failed_run_left_is_the_backends_own(tmp_path):
     assert refused.returncode == 2 and "holds files this toolkit did not write" in one_line_error(refused)
     assert (out / "processes" / "thesis.tex").read_text() == "the user's own\n"
     (out / "processes" / "thesis.tex").unlink()
+    # so is a multi-process run's shards folder (common/shards.py): a user's file in it makes the directory foreign
+    (out / "shards").mkdir()
+    (out / "shards" / "process-1.npz").write_bytes(b"a crashed run's shards")
+    (out / "shards" / "data.npz").write_bytes(b"the user's own")
+    refused = run_cli("jax_impl", "--spec", "mlp-tiny", "--steps", "1", "--out", str(out))
+    assert refused.returncode == 2 and "holds files this toolkit did not write" in one_line_error(refused)
+    assert (out / "shards" / "data.npz").read_bytes() == b"the user's own"
+    (out / "shards" / "data.npz").unlink()
     proc = run_cli("torch_xla_impl", "--spec", "mlp-tiny", "--steps", "1", "--throughput-steps", "0", "--out",
                    str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
