@@ -14,6 +14,7 @@ and marked `cache_hit`.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -56,6 +57,15 @@ class CompileMonitor(logging.Handler):
         self.installed = False
         jax.monitoring.register_event_listener(self._on_event)  # cache hits: never unregistered
         self.install()
+
+    @contextlib.contextmanager
+    def analysis(self):
+        """Compiles inside are analysis (a summary, an eval forward, the HLO statistics), not the run's."""
+        paused, self.paused = self.paused, True
+        try:
+            yield
+        finally:
+            self.paused = paused
 
     def install(self) -> None:
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)

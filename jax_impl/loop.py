@@ -146,12 +146,9 @@ class JittedTrainer:
         or this process's shards of it in a multi-process run (sharding.whole). Analysis: no compile of it is
         the run's."""
         mode, whole = self.options.tensors, set(self.options.whole_tensors)
-        paused, self.monitor.paused = self.monitor.paused, True
-        try:
+        with self.monitor.analysis():
             return {k: device_summary(f"{group}/{k}", v) if summarized(f"{group}/{k}", v.size, mode, whole)
                     else sharding.whole(v) for k, v in canonical.items()}
-        finally:
-            self.monitor.paused = paused
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return self.to_canonical(self.params, "params")
@@ -212,11 +209,8 @@ class JittedTrainer:
     def step0_activations(self, inputs, targets) -> Capture:
         """Analysis, not training: its compiles are not counted (nor are the HLO statistics'). `_activations`
         runs its forward in `capture_masks()`."""
-        self.monitor.paused = True
-        try:
+        with self.monitor.analysis():
             return self._activations(inputs, targets)
-        finally:
-            self.monitor.paused = False
 
     def after_loop(self, record: RunRecord, tensors: dict) -> None:
         steps = self.spec.train.steps
@@ -225,22 +219,21 @@ class JittedTrainer:
             return
         if self.options.parity:
             tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
-            self.monitor.paused = True  # analysis: the eval forward's compile is not the run's
-            tensors["eval"] = {"logits": self.eval_logits(held_inputs(self.spec, self.data))}
+            with self.monitor.analysis():  # the eval forward's compile is not the run's
+                tensors["eval"] = {"logits": self.eval_logits(held_inputs(self.spec, self.data))}
             if self.eval_forward:
                 record.extra["eval_forward"] = self.eval_forward
-            self.monitor.paused = False
         record.throughput = _pipelined_throughput(self, self.options.throughput_steps, self.value_at(steps))
         record.profile = _profiled_steps(self, steps + record.throughput.get("steps", 0), self.options.profile_steps,
                                          self.value_at(steps), self.options.out_dir)
 
     def analyse(self, record: RunRecord, tensors: dict) -> None:
         if record.status == RecordStatus.OK and self.options.hlo:
-            self.monitor.paused = True  # the analysis compile below is not part of training
-            record.hlo_stats = hlo_statistics(self.train_step, (self.params, self.opt_state, self.state, self.put(0)),
-                                              self.options.out_dir / "train_step.hlo.txt",
-                                              python_value=self.value_at(0))
-            self.monitor.paused = False
+            with self.monitor.analysis():  # the analysis compile below is not part of training
+                record.hlo_stats = hlo_statistics(self.train_step, (self.params, self.opt_state, self.state,
+                                                                    self.put(0)),
+                                                  self.options.out_dir / "train_step.hlo.txt",
+                                                  python_value=self.value_at(0))
         record.compile_events, record.recompile_causes = list(self.monitor.events), list(self.monitor.causes)
 
 

@@ -186,11 +186,8 @@ class TorchaxTrainer(JittedTrainer):
         canonical layout is made on the devices and the tensor kept as the JAX twin keeps it (JittedTrainer.kept)."""
         if not self.on_device(tree, group):
             return to_canonical({k: sharding.to_host(v) for k, v in tree.items()}, self.correspondence)
-        paused, self.monitor.paused = self.monitor.paused, True  # the layout's transposes: analysis
-        try:
+        with self.monitor.analysis():  # the layout's transposes
             canonical = self.correspondence.to_canonical(tree, xp=jnp)
-        finally:
-            self.monitor.paused = paused
         return self.kept(canonical, group)
 
 
