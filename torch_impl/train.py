@@ -22,6 +22,7 @@ from common.spec import RunSpec
 from common.twin import twin_of, user_loss
 from common.vocab import RecordStatus
 from common.weights import start_info, start_state
+from torch_impl import summary
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import (
@@ -30,7 +31,6 @@ from torch_impl.convert import (
     load_canonical,
     load_state,
     modules_to_canonical,
-    to_canonical,
 )
 from torch_impl.distributed import (
     Group,
@@ -165,7 +165,7 @@ class TorchTrainer:
         grads = {name: p.grad for name, p in self.model.named_parameters()}
         out = {"outputs": {**{k: gather_rows(v.detach().float().cpu().numpy(), self.group) for k, v in outputs.items()},
                            "loss": np.asarray(mean_value(loss, self.group).item())},
-               "grads": to_canonical(grads, self.correspondence)}
+               "grads": self.kept(grads, "grads")}
         self.optimizer.zero_grad(set_to_none=True)
         return out
 
@@ -183,7 +183,13 @@ class TorchTrainer:
         return eval_logits(self.model, self.to_device(inputs), self.which, self.autocast)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
-        return to_canonical(self.model.state_dict(), self.correspondence)
+        return self.kept(self.model.state_dict(), "params")
+
+    def kept(self, tensors: dict, group: str) -> dict:
+        """{canonical name: host array or summary} of a parity group as the tensor file keeps it (summaries made
+        on the model's device: torch_impl/summary.py)."""
+        return summary.kept(tensors, self.correspondence, group, self.options.tensors,
+                            frozenset(self.options.whole_tensors))
 
     def canonical_state(self) -> dict[str, np.ndarray]:
         return canonical_state(dict(self.model.named_buffers()), self.module_names)

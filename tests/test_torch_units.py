@@ -1,0 +1,71 @@
+"""Eager torch's own pieces, in this process: parity-tensor summaries made on the tensor's device
+(torch_impl/summary.py) agree with the host's, and the canonical layout made there is the host's bit for bit."""
+import numpy as np
+import pytest
+import torch
+
+from common.correspond import derive
+from common.summary import summarize
+from compare.second_pass import _differs
+from torch_impl.convert import to_canonical
+from torch_impl.summary import canonical_on_device, device_summary, kept
+
+# every kind of link: same, transpose, conv, conv_transpose, a declared rearrangement, a torch tensor packing
+# three NNX ones (split) and three torch tensors packed into one NNX tensor (stacked)
+TORCH = {"wte.weight": (50, 8), "ln.weight": (8,), "attn.c_attn.weight": (24, 8), "conv.weight": (4, 3, 5, 5),
+         "up.weight": (4, 6, 3, 3), "heads.weight": (12, 8), "x.q_proj.weight": (8, 4), "x.k_proj.weight": (4, 4),
+         "x.v_proj.weight": (4, 4)}
+NNX = {"wte.embedding": (50, 8), "ln.scale": (8,), "attn.q.kernel": (8, 8), "attn.k.kernel": (8, 8),
+       "attn.v.kernel": (8, 8), "conv.kernel": (5, 5, 3, 4), "up.kernel": (3, 3, 4, 6), "heads.kernel": (8, 3, 4),
+       "x.qkv.kernel": (4, 16)}
+
+
+def _correspondence():
+    return derive(TORCH, NNX, packed={"attn.c_attn": ("attn.q", "attn.k", "attn.v"),
+                                      "x.qkv": ("x.q_proj", "x.k_proj", "x.v_proj")},
+                  layouts={"up.kernel": "conv_transpose", "heads.kernel": "(h d) e -> e h d"})
+
+
+def test_the_canonical_layout_made_on_the_device_is_the_hosts_bit_for_bit():
+    corr = _correspondence()
+    assert {link.layout for link in corr.links} >= {"same", "transpose", "conv", "conv_transpose",
+                                                   "(h d) e -> e h d"}
+    torch.manual_seed(0)
+    tensors = {k: torch.randn(s) for k, s in TORCH.items()}
+    on_device, on_host = canonical_on_device(tensors, corr), to_canonical(tensors, corr)
+    assert list(on_device) == list(on_host) == list(NNX)
+    for name, value in on_device.items():
+        assert isinstance(value, torch.Tensor) and np.array_equal(value.numpy(), on_host[name]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_summary_made_on_the_device_agrees_with_the_hosts(dtype):
+    rng = np.random.default_rng(0)
+    host = rng.normal(size=(96, 700)).astype(np.float32) * 1e-3
+    host[3, 5], host[40, 1] = np.nan, -np.inf
+    x = torch.from_numpy(host).to(dtype)
+    ours = device_summary("grads/h.0.mlp.kernel", x)
+    theirs = summarize("grads/h.0.mlp.kernel", x.float().numpy())
+    assert ours.shape == theirs.shape and np.array_equal(ours.indices, theirs.indices)
+    assert ours.values.dtype == np.float32 and np.array_equal(ours.values, theirs.values, equal_nan=True)
+    assert {k: ours.stats[k] for k in ("count", "nonfinite", "max_abs")} == \
+        {k: theirs.stats[k] for k in ("count", "nonfinite", "max_abs")} and ours.stats["nonfinite"] == 2
+    assert ours.stats["sum"] == pytest.approx(theirs.stats["sum"], rel=1e-4)
+    assert ours.stats["sum_sq"] == pytest.approx(theirs.stats["sum_sq"], rel=1e-5)
+    assert ours.on_device and not theirs.on_device and _differs(ours, theirs) is None
+    assert device_summary("grads/empty", torch.zeros(0, 3)).stats["max_abs"] == 0.0
+
+
+def test_a_group_is_summarized_on_its_accelerator_only_where_the_file_keeps_summaries():
+    corr = derive({"big.weight": (5000, 2), "small.weight": (3, 2)}, {"big.kernel": (2, 5000),
+                                                                       "small.kernel": (2, 3)})
+    tensors = {"big.weight": torch.randn(5000, 2), "small.weight": torch.randn(3, 2)}
+    # CPU tensors: copied, and summarized by write_tensors in float64 on the host where they live
+    assert isinstance(kept(tensors, corr, "params", "summary")["big.kernel"], np.ndarray)
+    summarized = kept(tensors, corr, "params", "summary", on_device=True)  # as on an accelerator
+    assert summarized["big.kernel"].on_device and summarized["big.kernel"].shape == (2, 5000)
+    assert np.array_equal(summarized["small.kernel"], tensors["small.weight"].numpy().T)  # small: kept whole
+    # what compare's second pass asks whole: copied whole
+    whole = kept(tensors, corr, "params", "summary", frozenset({"params/big.kernel"}), on_device=True)
+    assert np.array_equal(whole["big.kernel"], tensors["big.weight"].numpy().T)
+    assert np.array_equal(kept(tensors, corr, "params", "full")["big.kernel"], tensors["big.weight"].numpy().T)
