@@ -45,10 +45,12 @@ def unpadded_by_hand(run) -> tuple[float, dict[str, np.ndarray]]:
 
 
 @pytest.mark.slow
-def test_hugging_faces_bert_passes_on_every_backend_and_its_padding_is_honoured(tmp_path):
-    proc, report = compare(tmp_path / "run", "--twin", f"{BERT}:bert_tiny", "--backend", "all")
+def test_hugging_faces_bert_passes_on_every_jax_runtime_and_its_padding_is_honoured(tmp_path):
+    """torch_xla is left out to keep the suite short: it runs a Hugging Face class in test_example_qwen2.py and a
+    twin's own loss on its own batches in test_example_unet.py."""
+    proc, report = compare(tmp_path / "run", "--twin", f"{BERT}:bert_tiny", "--backend", "jax,torch,torchax")
     assert proc.returncode == 0, report["message"]
-    assert set(report["backends"]) == {"jax", "torch", "torch_xla", "torchax"}
+    assert set(report["backends"]) == {"jax", "torch", "torchax"}
     run = tmp_path / "run" / "torch"
     batch = make_dataset(run_spec_from_dict(json.loads((run / "spec.json").read_text()))).global_batch(0).inputs
     assert (batch["attention_mask"] == 0).sum() > 20  # padded: rows of several lengths

@@ -15,10 +15,12 @@ UNET = "examples/unet_denoiser/twin.py"
 
 
 @pytest.mark.slow
-def test_the_unet_denoiser_passes_on_every_backend_fed_its_own_batches(tmp_path):
-    proc, report = compare(tmp_path / "run", "--twin", f"{UNET}:unet_tiny", "--backend", "all")
+def test_the_unet_denoiser_passes_fed_its_own_batches(tmp_path):
+    """jax, eager torch and torch_xla (torchax, left out to keep the suite short, runs convolutions in the
+    ResNet's test: tests/test_examples.py)."""
+    proc, report = compare(tmp_path / "run", "--twin", f"{UNET}:unet_tiny", "--backend", "jax,torch,torch_xla")
     assert proc.returncode == 0, report["message"]
-    losses = losses_of_every_backend(report, steps=6)  # measured: 1.08878 -> 0.80590 on each
+    losses = losses_of_every_backend(report, steps=6, names=("jax", "torch", "torch_xla"))  # 1.08878 -> 0.80590
     assert losses["jax"][0] == pytest.approx(1.08878, abs=1e-4) and losses["jax"][-1] < losses["jax"][0] - 0.2
     # the loss each trained on is the twin's mean squared error against the batch's noise, made again here
     run = tmp_path / "run" / "torch"
@@ -31,7 +33,7 @@ def test_the_unet_denoiser_passes_on_every_backend_fed_its_own_batches(tmp_path)
     assert predicted.shape == (8, 3, 16, 16)
     assert read_record(run).losses[0] == pytest.approx(float(np.mean((predicted - batch.targets["noise"]) ** 2)),
                                                        rel=1e-5)
-    for name in ("torch", "torch_xla", "torchax"):  # the port's output, brought back to NCHW, agrees on each
+    for name in ("torch", "torch_xla"):  # the port's output, brought back to NCHW, agrees on each
         assert report["parity"][name]["tensors"]["outputs/logits"]["within"], name
     # the timestep (1-D) reaches torch_xla's loader as (B, 1), reshaped inside the step: the pipelined steps after
     # the loop compile nothing new (a third 20 s program when it was reshaped as the loader fetched it)

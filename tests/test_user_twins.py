@@ -77,12 +77,12 @@ def test_a_user_twin_passes_from_its_torch_init(tmp_path):
 
 @pytest.mark.slow
 def test_llama_twin_passes_single_device_and_on_a_mesh(tmp_path):
-    # single device on jax, torch and torchax; torch_xla runs it on the mesh below (one torch_xla process fewer)
-    proc = compare("--twin", f"{LLAMA}:llama_tiny", "--backend", "jax,torch,torchax", "--steps", "6", "--out",
+    # single device on jax and torch; torch_xla and torchax run it on the mesh below (a process fewer each)
+    proc = compare("--twin", f"{LLAMA}:llama_tiny", "--backend", "jax,torch", "--steps", "6", "--out",
                    str(tmp_path / "a"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "a" / "report.json").read_text())
-    assert list(report["parity"]) == ["torch", "torchax"]
+    assert list(report["parity"]) == ["torch"]
     for parity in report["parity"].values():  # measured: logits 2.7e-7, |Δloss| <= 2.4e-6
         assert parity["loss"]["max_abs"] < 1e-4 and parity["tensors"]["outputs/logits"]["abs"] < 1e-5
     proc = compare("--twin", f"{LLAMA}:llama_tiny", "--backend", "jax,torch_xla,torchax", "--mesh", "data=2,tensor=2",
