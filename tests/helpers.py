@@ -62,3 +62,30 @@ def processes_under(path: Path) -> list[str]:
         if str(path) in cmdline and int(proc.name) != os.getpid() and "zombie" not in state:
             found.append(f"{proc.name}: {cmdline}")
     return found
+
+
+def device_summary_case():
+    """(name, float32 host array with a NaN and an -inf): what each backend's device summary is checked on."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    host = rng.normal(size=(96, 700)).astype(np.float32) * 1e-3
+    host[3, 5], host[40, 1] = np.nan, -np.inf
+    return "grads/h.0.mlp.kernel", host
+
+
+def assert_summary_agrees_with_the_hosts(ours, theirs) -> None:
+    """A summary made on the devices (`ours`) against the host's of the same float32 values: the sample, the
+    largest magnitude and the counts exactly, the sums within float32 rounding, as compare's second pass allows."""
+    import numpy as np
+    import pytest
+
+    from compare.second_pass import _differs
+
+    assert ours.shape == theirs.shape and np.array_equal(ours.indices, theirs.indices)
+    assert ours.values.dtype == np.float32 and np.array_equal(ours.values, theirs.values, equal_nan=True)
+    assert {k: ours.stats[k] for k in ("count", "nonfinite", "max_abs")} == \
+        {k: theirs.stats[k] for k in ("count", "nonfinite", "max_abs")} and ours.stats["nonfinite"] == 2
+    assert ours.stats["sum"] == pytest.approx(theirs.stats["sum"], rel=1e-4)
+    assert ours.stats["sum_sq"] == pytest.approx(theirs.stats["sum_sq"], rel=1e-5)
+    assert ours.on_device and not theirs.on_device and _differs(ours, theirs) is None

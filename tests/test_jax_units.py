@@ -57,20 +57,13 @@ def test_a_summary_made_on_the_device_is_the_hosts_but_for_rounding_and_passes_a
     from common.summary import summarize
     from compare.second_pass import _differs
     from jax_impl.summary import device_summary
+    from tests.helpers import assert_summary_agrees_with_the_hosts, device_summary_case
 
-    rng = np.random.default_rng(0)
-    host = rng.normal(size=(96, 700)).astype(np.float32) * 1e-3
-    host[3, 5], host[40, 1] = np.nan, -np.inf
+    name, host = device_summary_case()
     x = jnp.asarray(host, dtype)
-    ours = device_summary("grads/h.0.mlp.kernel", x)
-    theirs = summarize("grads/h.0.mlp.kernel", np.asarray(x.astype(jnp.float32)))
-    assert ours.shape == theirs.shape and np.array_equal(ours.indices, theirs.indices)
-    assert ours.values.dtype == np.float32 and np.array_equal(ours.values, theirs.values, equal_nan=True)
-    assert {k: ours.stats[k] for k in ("count", "nonfinite", "max_abs")} == \
-        {k: theirs.stats[k] for k in ("count", "nonfinite", "max_abs")} and ours.stats["nonfinite"] == 2
-    assert ours.stats["sum"] == pytest.approx(theirs.stats["sum"], rel=1e-4)
-    assert ours.stats["sum_sq"] == pytest.approx(theirs.stats["sum_sq"], rel=1e-5)
-    assert ours.on_device and not theirs.on_device and _differs(ours, theirs) is None
+    ours = device_summary(name, x)
+    theirs = summarize(name, np.asarray(x.astype(jnp.float32)))
+    assert_summary_agrees_with_the_hosts(ours, theirs)
     # a summary the host made is reproduced bit for bit or not at all: one ulp more in its sum is another run's
     nudged = {**theirs.stats, "sum": float(np.nextafter(theirs.stats["sum"], np.inf))}
     assert _differs(theirs, dataclasses.replace(theirs, stats=nudged)).startswith("sum ")

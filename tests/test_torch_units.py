@@ -6,7 +6,7 @@ import torch
 
 from common.correspond import derive
 from common.summary import summarize
-from compare.second_pass import _differs
+from tests.helpers import assert_summary_agrees_with_the_hosts, device_summary_case
 from torch_impl.convert import to_canonical
 from torch_impl.summary import canonical_on_device, device_summary, kept
 
@@ -40,19 +40,9 @@ def test_the_canonical_layout_made_on_the_device_is_the_hosts_bit_for_bit():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_summary_made_on_the_device_agrees_with_the_hosts(dtype):
-    rng = np.random.default_rng(0)
-    host = rng.normal(size=(96, 700)).astype(np.float32) * 1e-3
-    host[3, 5], host[40, 1] = np.nan, -np.inf
+    name, host = device_summary_case()
     x = torch.from_numpy(host).to(dtype)
-    ours = device_summary("grads/h.0.mlp.kernel", x)
-    theirs = summarize("grads/h.0.mlp.kernel", x.float().numpy())
-    assert ours.shape == theirs.shape and np.array_equal(ours.indices, theirs.indices)
-    assert ours.values.dtype == np.float32 and np.array_equal(ours.values, theirs.values, equal_nan=True)
-    assert {k: ours.stats[k] for k in ("count", "nonfinite", "max_abs")} == \
-        {k: theirs.stats[k] for k in ("count", "nonfinite", "max_abs")} and ours.stats["nonfinite"] == 2
-    assert ours.stats["sum"] == pytest.approx(theirs.stats["sum"], rel=1e-4)
-    assert ours.stats["sum_sq"] == pytest.approx(theirs.stats["sum_sq"], rel=1e-5)
-    assert ours.on_device and not theirs.on_device and _differs(ours, theirs) is None
+    assert_summary_agrees_with_the_hosts(device_summary(name, x), summarize(name, x.float().numpy()))
     assert device_summary("grads/empty", torch.zeros(0, 3)).stats["max_abs"] == 0.0
 
 
