@@ -241,6 +241,12 @@ def run_entries(names: list[str]) -> list[str]:
     return [*names, *(f"{n}-repeat" for n in names), START_DIR, SEEDS_DIR, FLOOR_DIR, *REPORT_FILES, *PLOT_FILES]
 
 
+def backend_folders(launched: list[str]) -> list[str]:
+    """The top-level entries of a run directory in which the backends `launched` run (each its own folder, its
+    repeat's, and the seeds' and noise floor's folders)."""
+    return [*launched, *(f"{n}-repeat" for n in launched), SEEDS_DIR, FLOOR_DIR] if launched else []
+
+
 def run_inputs(args, names: list[str]) -> dict[str, Path]:
     """The paths this run reads, by flag: they must not lie in a run that --overwrite would remove."""
     inputs = {f"--{n.replace('_', '-')}-record": getattr(args, f"{n}_record") for n in names}
@@ -315,7 +321,8 @@ def main(argv=None) -> int:
     args.run_id = args.run_id or new_run_id()
     args.out = args.out or default_out(args.run_id)
     try:
-        check_out(args.out, args.overwrite)  # before the preparation, which can take minutes
+        # before the preparation, which can take minutes
+        check_out(args.out, args.overwrite, backend_folders([n for n in names if n not in reuse]))
     except RunDirError as e:
         fail(str(e), ExitCode.USAGE)
     run_dir = claim_run_dir(args, names, prepare(args, spec, names))

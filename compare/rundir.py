@@ -81,9 +81,10 @@ class RunDir:
         return sorted(found)
 
 
-def check(out: Path, overwrite: bool) -> None:
+def check(out: Path, overwrite: bool, backend_folders: list[str] = ()) -> None:
     """The refusals of `claim` that need no write: made before compare prepares anything, so a run that
-    will be refused costs nothing and leaves nothing."""
+    will be refused costs nothing and leaves nothing. `backend_folders`: the top-level entries in which this
+    run's backends will run (each refuses a folder holding files not its own)."""
     why = dangerous_dir(out)
     if why:
         raise RunDirError(f"--out {out}: {why}; give the run a directory of its own, e.g. --out runs/my-run")
@@ -94,7 +95,9 @@ def check(out: Path, overwrite: bool) -> None:
         if foreign and not (out / MARKER).exists():
             raise RunDirError(f"--out {out} holds files this toolkit did not write ({_some(foreign)}); pass a new "
                               "or empty directory")
-        _refuse_finished(out, _read_marker(out), overwrite)
+        marker = _read_marker(out)
+        _refuse_finished(out, marker, overwrite)
+        _refuse_foreign_inside(out, marker, backend_folders)
         if (out / LOCK).exists():
             _lock(os.open(out / LOCK, os.O_RDONLY | os.O_CLOEXEC), out, release=True)
 
@@ -163,6 +166,27 @@ def _replace_earlier(out: Path, overwrite: bool, inputs: dict[str, Path]) -> dic
 def _refuse_finished(out: Path, marker: dict | None, overwrite: bool) -> None:
     if marker and marker.get("state") == "finished" and not overwrite:
         raise RunDirError(f"{out} already holds a finished run (report.json); pass --overwrite or another --out")
+
+
+def _refuse_foreign_inside(out: Path, marker: dict | None, folders: list[str]) -> None:
+    """A finished run lists its files: one of the user's inside a folder a backend of this run will run in would
+    stop that backend (common/backend_main.py refuses it) after the earlier run was removed and the other
+    backends had run. Refused first, so that nothing is removed and nothing runs. Beside the run's files, and
+    in the folder of a backend whose record is reused, a file of the user's stays, as it is. (A killed run lists
+    no files: its entries are all its own.)"""
+    if not marker or marker.get("state") != "finished":
+        return
+    listed, foreign = set(marker.get("files") or []), []
+    for entry in folders:
+        top = out / entry
+        if not top.is_dir() or top.is_symlink():
+            continue
+        for root, dirs, names in os.walk(top):
+            foreign += [rel for n in names if (rel := os.path.relpath(os.path.join(root, n), out)) not in listed]
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+    if foreign:
+        raise RunDirError(f"--out {out}: {_some(sorted(foreign))} inside the run's own folders are not this "
+                          "toolkit's; move them out of the run or pass another --out")
 
 
 def _prune_empty(top: Path, out: Path) -> None:

@@ -115,6 +115,23 @@ def test_overwriting_a_run_removes_its_files_and_keeps_the_users(finished_run, t
     assert report["replaced_run"]["state"] == "finished"
 
 
+@pytest.mark.error_case("out-foreign-inside")
+def test_overwrite_with_a_users_file_where_a_backend_would_run_is_refused_before_anything_is_removed(finished_run,
+                                                                                                      tmp_path):
+    """The backend would refuse its folder only after the earlier run was removed and the others had run: compare
+    refuses first, and the earlier run stays whole."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "jax" / "notes").mkdir()
+    (run / "jax" / "notes" / "mine.txt").write_text("mine")
+    before = snapshot(run)
+    proc = compare("--out", str(run), "--overwrite", "--backend", "jax", "--spec", "mlp-tiny", "--steps", "3")
+    assert proc.returncode == 2
+    assert one_line_error(proc) == (f"error: --out {run}: jax/notes/mine.txt inside the run's own folders are not "
+                                    "this toolkit's; move them out of the run or pass another --out")
+    assert snapshot(run) == before  # the earlier run whole, the user's file untouched
+
+
 @pytest.mark.error_case("out-input-inside")
 def test_overwrite_refuses_to_remove_a_record_it_is_asked_to_read(finished_run, tmp_path):
     run = tmp_path / "run"
