@@ -29,12 +29,23 @@ def _module(found: dict | None) -> str:
         return f"none ({found['modules_compared']} modules agree{left_out})"
     why = "its input agrees, its output does not" if found["input_agrees"] else "its output differs"
     if found["module"] == ROOT_MODULE and found["input_agrees"]:
-        why = "the model's own forward code, outside its submodules: each submodule that differs was fed a " \
-              "differing input"
+        why = _root_culprit(found.get("not_compared") or {})
     error = found["output_error"]
     size = error.get("note") if error.get("abs") is None else f"max abs {_fmt(error['abs'], '.3e')}"
     return (f"{found['module']} ({why}: {size}; "
             f"{found['modules_diverging']}/{found['modules_compared']} modules differ{left_out}{_summaries(found)})")
+
+
+def _root_culprit(not_compared: dict) -> str:
+    """Why the whole model is named: no compared submodule was fed agreeing inputs and gave differing outputs.
+    A module left out of the comparison (a container whose name did not match, say) may hold the difference."""
+    if not not_compared:
+        return "the model's own forward code, outside its submodules: each submodule that differs was fed a " \
+               "differing input"
+    names = sorted(not_compared)
+    shown = ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
+    return (f"the model's own forward code or a module not compared ({shown}): each compared submodule that "
+            "differs was fed a differing input")
 
 
 def _backward(found: dict | None) -> str:

@@ -104,3 +104,22 @@ def test_a_capture_left_by_another_run_is_not_used(tmp_path):
             "torch": write_run(tmp_path / "torch", "torch", broken="layers.1", capture_apart=True)}
     parity = report_of(tmp_path, runs)["parity"]["torch"]
     assert parity["first_divergent_step"] == 0 and parity["first_divergent_module"] is None
+
+
+def test_a_difference_only_the_whole_model_shows_names_the_modules_left_out_as_suspects():
+    """No compared submodule parts with agreeing inputs, so the whole model is named; a container left out of the
+    comparison (only one side has it: its name did not match) may hold the difference, and the location says so."""
+    from common.modules import ROOT_MODULE
+    from compare.parity import first_divergent_module
+    from compare.render import _module
+
+    ours = activations(None)
+    ours.update({f"{ROOT_MODULE}:in": ours["layers.0:in"], ROOT_MODULE: ours["head"], "block.1": ours["layers.1"]})
+    theirs = {**ours, ROOT_MODULE: ours["head"] + 1.0}
+    del theirs["block.1"]  # torch's container, unmatched on the NNX side
+    found = first_divergent_module(ours, theirs, {"atol": 1e-5, "rtol": 1e-4}, ("jax", "torch"))
+    assert found["module"] == ROOT_MODULE and found["input_agrees"] and list(found["not_compared"]) == ["block.1"]
+    assert _module(found).startswith("(model) (the model's own forward code or a module not compared (block.1): "
+                                     "each compared submodule that differs was fed a differing input")
+    alone = _module({**found, "not_compared": {}})
+    assert "outside its submodules: each submodule that differs was fed a differing input" in alone
