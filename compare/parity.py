@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.modules import ROOT_MODULE
 from common.record import RunRecord
 from common.summary import TensorSummary, summarize
 from compare import noise_floor
@@ -329,6 +330,8 @@ def failure_message(name: str, parity: dict) -> str:
     module, backward = parity.get("first_divergent_module"), parity.get("first_divergent_module_backward")
     if module and module["module"]:
         where += f", first divergent module {module['module']}"
+        if module["module"] == ROOT_MODULE and module.get("not_compared"):  # compare/render.py: _root_culprit
+            where += f" or a module not compared ({len(module['not_compared'])})"
     elif backward and backward.get("in_loss"):  # the forwards agree, the gradient the loss sends back does not
         where += ", first divergent in the loss: every module's forward agrees, the gradient of the loss at the " \
                  "model's output differs (the two losses compute differently: the twin's loss or task)"

@@ -121,5 +121,10 @@ def test_a_difference_only_the_whole_model_shows_names_the_modules_left_out_as_s
     assert found["module"] == ROOT_MODULE and found["input_agrees"] and list(found["not_compared"]) == ["block.1"]
     assert _module(found).startswith("(model) (the model's own forward code or a module not compared (block.1): "
                                      "each compared submodule that differs was fed a differing input")
+    from compare.parity import failure_message
+
+    parity = {"worst": [], "first_divergent_step": 0, "first_divergent_module": found, "tensors": {}}
+    assert failure_message("torch", parity) == ("torch: parity failed: first divergent step 0, first divergent "
+                                                "module (model) or a module not compared (1)")
     alone = _module({**found, "not_compared": {}})
     assert "outside its submodules: each submodule that differs was fed a differing input" in alone
