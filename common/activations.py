@@ -10,9 +10,11 @@ they are. Each side knows the layout of a module's output from the module:
 - a module with no submodules and no known type (ReLU, Dropout, GELU): elementwise, so its input's
   (unless torch shows its output is a permuted view of its input, as torchvision's `Permute`: unknown).
 - a module whose output comes from its own code after its last submodule (a residual add): that
-  submodule's layout, when the output still has its shape. When it does not (the module reshaped or
-  transposed it, as a ViT's patch embedding does), its layout is unknown: the activation is not stored,
-  and the reason is reported.
+  submodule's layout, when the output still has its shape; else its input's, when the output has the shape
+  the module was fed (a squeeze-and-excitation gate: its last submodule makes the (N, C, 1, 1) scale, its
+  output is that scale times its input). When it has neither (the module reshaped or transposed it, as a
+  ViT's patch embedding does), its layout is unknown: the activation is not stored, and the reason is
+  reported.
 
 The model's own output is stored as it is returned (the logits, in the task's layout, which both sides
 return alike). The stream starts at the layout the side's batch is fed in: channel-first, or channel-last when the
@@ -92,9 +94,9 @@ class LayoutTracker:
     def enter(self, own: str | None, x) -> str:
         return own or self.by_id.get(id(x), self.current)
 
-    def leave(self, own: str | None, leaf: bool, in_layout: str, y, rearranged: bool = False) -> str:
+    def leave(self, own: str | None, leaf: bool, in_layout: str, y, rearranged: bool = False, x=None) -> str:
         """`rearranged`: the framework sees that `y` is its input's memory read in another order (a
-        permute), so an elementwise reading would be wrong."""
+        permute), so an elementwise reading would be wrong; `x`: the module's input."""
         shape = tuple(getattr(y, "shape", ()))
         if own:
             layout = own
@@ -104,8 +106,10 @@ class LayoutTracker:
             layout = UNKNOWN
         elif leaf:
             layout = in_layout
+        elif shape == self.last_shape:
+            layout = self.current
         else:
-            layout = self.current if shape == self.last_shape else UNKNOWN
+            layout = in_layout if x is not None and shape == tuple(getattr(x, "shape", ())) else UNKNOWN
         if y is not None:
             self.by_id[id(y)] = layout
             self.held.append(y)

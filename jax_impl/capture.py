@@ -151,7 +151,7 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
         out = original(self, *args, **kwargs)
         y = _first_array(out)
         own = CHANNEL_LAST if self is model else _own_layout(self)  # the model's output: as returned
-        layout = tracker.leave(own, id(self) in leaves, in_layout, y)
+        layout = tracker.leave(own, id(self) in leaves, in_layout, y, x=x)
         if path and y is not None and path not in kept:
             probed = keep(path, y, layout)
             if probed is not y:

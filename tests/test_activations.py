@@ -146,3 +146,63 @@ def test_shapes_that_still_differ_diverge_said_as_such_never_transposed():
     assert found["output_error"] == {"abs": None, "rel": None, "tolerance_used": None, "within": False,
                                      "note": "output shapes differ: jax [2, 8, 8, 4], torch [2, 7, 7, 4] (both "
                                              "channel-last)"}
+
+
+class SqueezeExcitation(torch.nn.Module):
+    """torchvision's (torchvision.ops.SqueezeExcitation, as MobileNetV3 and EfficientNet use it): its last
+    submodule makes the (N, C, 1, 1) scale, its own code multiplies its input by it."""
+
+    def __init__(self, channels: int, squeezed: int):
+        super().__init__()
+        self.avgpool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc1, self.fc2 = torch.nn.Conv2d(channels, squeezed, 1), torch.nn.Conv2d(squeezed, channels, 1)
+        self.activation, self.scale_activation = torch.nn.ReLU(), torch.nn.Hardsigmoid()
+
+    def forward(self, x):
+        scale = self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(x)))))
+        return scale * x
+
+
+class Gated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.se = torch.nn.Conv2d(3, 8, 3, padding=1), SqueezeExcitation(8, 4)
+
+    def forward(self, x):
+        return self.se(self.conv(x)).mean((2, 3))
+
+
+class NnxSqueezeExcitation(nnx.Module):
+    def __init__(self, channels: int, squeezed: int, rngs: nnx.Rngs):
+        self.fc1 = nnx.Conv(channels, squeezed, (1, 1), rngs=rngs)
+        self.fc2 = nnx.Conv(squeezed, channels, (1, 1), rngs=rngs)
+
+    def __call__(self, x):
+        scale = self.fc2(nnx.relu(self.fc1(x.mean(axis=(1, 2), keepdims=True))))
+        return jax.nn.hard_sigmoid(scale) * x
+
+
+class NnxGated(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.conv, self.se = nnx.Conv(3, 8, (3, 3), padding=1, rngs=rngs), NnxSqueezeExcitation(8, 4, rngs)
+
+    def __call__(self, x):
+        return self.se(self.conv(x)).mean(axis=(1, 2))
+
+
+def test_a_gate_that_scales_its_input_keeps_its_inputs_layout_and_is_compared():
+    """A squeeze-and-excitation block's output has the shape of its input, not of its last submodule's: it was
+    left out as reshaped by its own code. It takes its input's layout, and the correct port agrees at it."""
+    model, port = Gated(), NnxGated(nnx.Rngs(0))
+    with torch.no_grad():
+        for name in ("conv", "se.fc1", "se.fc2"):
+            conv, ported = model.get_submodule(name), eval(f"port.{name}")
+            conv.weight.copy_(torch.from_numpy(np.asarray(ported.kernel[...]).transpose(3, 2, 0, 1)))
+            conv.bias.copy_(torch.from_numpy(np.asarray(ported.bias[...])))
+    names = {n: n or "(model)" for n, _ in model.named_modules() if n in ("", "conv", "se", "se.fc1", "se.fc2")}
+    x = np.random.default_rng(0).normal(size=(2, 3, 6, 5)).astype(np.float32)
+    theirs = torch_capture(model, torch.from_numpy(x), names)
+    ours = nnx_capture(port, x.transpose(0, 2, 3, 1), CHANNEL_LAST)
+    assert theirs.skipped == {} and theirs.arrays["se"].shape == ours.arrays["se"].shape == (2, 6, 5, 8)
+    found = first_divergent_module(ours.arrays, theirs.arrays, BOUNDS, NAMES, (ours.skipped, theirs.skipped))
+    assert found["module"] is None and found["not_compared"] == {} and found["modules_compared"] == 5

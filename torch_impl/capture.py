@@ -111,7 +111,7 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
             y = _first_tensor(out)
             # the model's output: as returned, or channel-first images (common.activations.torch_output_layout)
             own = output_layout if module is model else _own_layout(module)
-            layout = tracker.leave(own, leaf, in_layout, y, leaf and _permuted_view(x, y))
+            layout = tracker.leave(own, leaf, in_layout, y, leaf and _permuted_view(x, y), x)
             if not name or y is None:
                 return None
             held.setdefault(name, (y.detach().clone(), layout))
