@@ -107,6 +107,16 @@ def hparams_of(model: ModelSpec) -> dict:
     return {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name != "family"}
 
 
+def factory_error(what: str, ref: str, e: Exception, keywords) -> TwinError:
+    """A factory that raised, in one line; one that does not take the keywords it is called with (a model class
+    given as its own factory, say) is told which they are and what to give instead."""
+    message = f"{what} {ref} raised {type(e).__name__}: {e}"
+    if isinstance(e, TypeError) and ("keyword argument" in str(e) or "positional argument" in str(e)):
+        message += (f" (it is called with the keywords {', '.join(sorted(keywords))}: give a function that takes "
+                    "them and builds the model)")
+    return TwinError(message)
+
+
 def twin_of(model: ModelSpec) -> Twin:
     return load_twin(model.twin) if isinstance(model, TwinSpec) else BUILTIN[model.family]
 

@@ -18,7 +18,7 @@ from flax import nnx
 
 from common.data import input_ndim
 from common.spec import CNNSpec, MLPSpec, ModelSpec, RunSpec, TransformerSpec
-from common.twin import TwinError, hparams_of, resolve, twin_of
+from common.twin import TwinError, factory_error, hparams_of, resolve, twin_of
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
@@ -185,7 +185,7 @@ def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0, dropo
         if isinstance(model, nnx.Module) and jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param))):
             model = make()
     except Exception as e:
-        raise TwinError(f"NNX factory {twin.nnx} raised {type(e).__name__}: {e}") from None
+        raise factory_error("NNX factory", twin.nnx, e, [*kwargs, "rngs"]) from None
     if not isinstance(model, nnx.Module):
         raise TwinError(f"NNX factory {twin.nnx} returned a {type(model).__name__}, not a flax.nnx.Module")
     return model

@@ -206,3 +206,26 @@ def test_an_unmatched_tree_is_summarised_first_with_the_rename_that_fixes_it():
     assert "; ... and 8 more]" in message and len(message) < 2500
     assert "blocks.0.attn.wq.weight [8, 4] (closest blocks.0.attn.query.kernel [4, 8])" in message  # transposed
     assert len(derive(torch_side, nnx_side, rename={r"(^|\.)wq\.": r"\1query."}).links) == 20  # the hint works
+
+
+def test_a_class_given_as_its_own_factory_is_told_which_keywords_it_is_called_with():
+    """torchvision's MobileNetV3 class as a twin's torch factory: it takes no `input_shape`; the one-line error
+    says what the factory is called with and what to give instead."""
+    from common.twin import factory_error
+
+    class MobileNetV3:  # as torchvision's: its own constructor's arguments
+        def __init__(self, inverted_residual_setting, last_channel, num_classes=1000):
+            pass
+
+    kwargs = {"input_shape": (3, 32, 32), "num_classes": 10}
+    try:
+        MobileNetV3(**kwargs)
+    except TypeError as e:
+        error = factory_error("torch factory", "models.py:MobileNetV3", e, kwargs)
+    assert str(error) == ("torch factory models.py:MobileNetV3 raised TypeError: "
+                          "test_a_class_given_as_its_own_factory_is_told_which_keywords_it_is_called_with.<locals>."
+                          "MobileNetV3.__init__() got an unexpected keyword argument 'input_shape' (it is called "
+                          "with the keywords input_shape, num_classes: give a function that takes them and builds "
+                          "the model)")
+    other = factory_error("NNX factory", "m.py:f", ValueError("hidden must be even"), ["hidden", "rngs"])
+    assert str(other) == "NNX factory m.py:f raised ValueError: hidden must be even"  # no hint where none helps

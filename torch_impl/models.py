@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec
-from common.twin import TwinError, hparams_of, resolve, twin_of
+from common.twin import TwinError, factory_error, hparams_of, resolve, twin_of
 
 ACTIVATIONS = {
     "relu": F.relu,
@@ -160,10 +160,11 @@ def build_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
     twin = twin_of(spec)
     factory = resolve(twin.torch, twin.base_dir)
     torch.manual_seed(seed)
+    kwargs = hparams_of(spec)
     try:
-        model = factory(**hparams_of(spec))
+        model = factory(**kwargs)
     except Exception as e:
-        raise TwinError(f"torch factory {twin.torch} raised {type(e).__name__}: {e}") from None
+        raise factory_error("torch factory", twin.torch, e, kwargs) from None
     if not isinstance(model, nn.Module):
         raise TwinError(f"torch factory {twin.torch} returned a {type(model).__name__}, not a torch.nn.Module")
     return model
