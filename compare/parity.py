@@ -129,7 +129,8 @@ def logit_agreement(ref: np.ndarray, other: np.ndarray, chunk: int = 4096) -> di
         lx, ly = _log_softmax(x), _log_softmax(y)
         p = np.exp(lx)
         with np.errstate(invalid="ignore"):  # -inf - -inf at a shared mask: its probability 0 makes it 0
-            kl.append(np.sum(np.where(p > 0, p * (lx - ly), 0.0), axis=-1))
+            # KL is never negative: a row's sum below 0 (-1.7e-17 for agreeing logits) is rounding
+            kl.append(np.maximum(np.sum(np.where(p > 0, p * (lx - ly), 0.0), axis=-1), 0.0))
         top1.append(x.argmax(-1) == y.argmax(-1))
         tx, ty = np.argpartition(-x, k - 1, axis=-1)[:, :k], np.argpartition(-y, k - 1, axis=-1)[:, :k]
         topk.append(np.array([len(np.intersect1d(p, q)) / k for p, q in zip(tx, ty)]))

@@ -73,6 +73,9 @@ def test_logit_agreement_by_hand():
     assert a["kl_mean"] == pytest.approx(kl0 / 2) and a["kl_max"] == pytest.approx(kl0)
     assert a["top1"] == 0.5 and a["top3"] == 1.0 and a["positions"] == 2
     assert parity.logit_agreement(ref, ref)["kl_max"] == pytest.approx(0.0, abs=1e-15)
+    rows = np.random.default_rng(0).standard_normal((64, 50))  # agreeing but for rounding: never a negative KL
+    shifted = parity.logit_agreement(rows, rows + 1.0)  # -2.3e-17 before rows were clamped at 0
+    assert shifted["kl_mean"] >= 0 and shifted["kl_max"] == pytest.approx(0.0, abs=1e-12)
     assert parity.logit_agreement(ref, other[..., :2]) is None
 
 
