@@ -24,25 +24,50 @@ from common.vocab import ExitCode
 def check_forward(model, spec: RunSpec) -> None:
     """The model's forward on step 0's first example must return the logits: an array, or an output holding
     them (common/outputs.py). Traced abstractly (jax.eval_shape). A forward that raises is left to the run,
-    which reports it the same on every backend."""
-    import jax
+    which reports it the same on every backend, unless it runs on the example transposed channel-last: then
+    the twin lacks its `nnx_input_axes`, refused here before any side trains."""
     from flax import nnx
 
     from jax_impl.models import nnx_input_axes, nnx_inputs
 
-    inputs = nnx_inputs(rows(make_dataset(spec).global_batch(0).inputs, 0, 1), nnx_input_axes(spec))
+    axes = nnx_input_axes(spec)
+    inputs = nnx_inputs(rows(make_dataset(spec).global_batch(0).inputs, 0, 1), axes)
     if spec.task == "custom":
         check_forward_keys(spec, model.__call__, "NNX")
+    model.eval()
+    graphdef, state = nnx.split(model)
     try:
-        model.eval()
-        graphdef, state = nnx.split(model)
-        out = jax.eval_shape(lambda s, x: forward(nnx.merge(graphdef, s), x), state,
-                             jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), inputs))
-    except Exception:
+        out = _traced(graphdef, state, inputs)
+    except Exception as e:
+        _refuse_channel_first(graphdef, state, inputs, axes, spec, e)
         return
     twin = twin_of(spec.model)
     if choose(out, twin.logits) is None:
         raise TwinError(f"twin {spec.model.twin!r}: the forward of nnx={twin.nnx!r} {refusal(out, twin.logits)}")
+
+
+def _traced(graphdef, state, inputs):
+    import jax
+    from flax import nnx
+
+    return jax.eval_shape(lambda s, x: forward(nnx.merge(graphdef, s), x), state,
+                          jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), inputs))
+
+
+def _refuse_channel_first(graphdef, state, inputs, axes, spec: RunSpec, error: Exception) -> None:
+    """An NNX forward that raised on channel-first images (no `nnx_input_axes`) but runs on them channel-last:
+    an NHWC port fed NCHW. Refused with the declaration that fixes it; any other failure is the run's."""
+    if axes or getattr(inputs, "ndim", 0) < 3:
+        return
+    channel_last = (0, *range(2, inputs.ndim), 1)
+    try:
+        _traced(graphdef, state, inputs.transpose(channel_last))
+    except Exception:
+        return
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    raise TwinError(f"twin {spec.model.twin!r}: the NNX forward raised on inputs of shape {list(inputs.shape)} "
+                    f"({type(error).__name__}: {first}) and runs on them channel-last: add "
+                    f"nnx_input_axes={channel_last} to the twin (an NHWC port of a channel-first model)")
 
 
 def module_kinds(model) -> dict[str, str]:

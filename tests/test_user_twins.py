@@ -29,6 +29,9 @@ def compare(*args, timeout=900):
     (f"{USER}:net_renamed", "parameter trees do not correspond \\(rename .*fc2.*out.* in the "
                             "twin would match all 2\\): torch has 2 unmatched .*fc2.weight \\[5, 32\\].*"
                             "NNX has 2 unmatched .*out.kernel \\[32, 5\\] \\(closest fc2.weight \\[5, 32\\]\\)"),
+    pytest.param("tests/data/upsampler/twins.py:upsampler_fed_nchw",
+                 r"the NNX forward raised on inputs of shape \[1, 3, 8, 8\] \(.*\) and runs on them channel-last: "
+                 r"add nnx_input_axes=\(0, 2, 3, 1\) to the twin", marks=pytest.mark.error_case("twin-nhwc-fed-nchw")),
 ])
 @pytest.mark.error_case("twin-not-loading", "twin-factory-fails", "twin-trees-differ")
 def test_bad_twins_are_one_line_exit_2_and_leave_no_run_directory(tmp_path, twin, message):
