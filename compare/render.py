@@ -341,7 +341,7 @@ def print_tables(report: dict, console: Console | None = None) -> None:
     for title, header, rows in tables(report):
         table = Table(title=title, title_justify="left")
         for h in header:
-            table.add_column(h)
+            table.add_column(h, overflow="fold")  # a narrow terminal wraps a tensor's name, never cuts it
         for row in rows:
             table.add_row(*[str(c) for c in row])
         console.print(table)

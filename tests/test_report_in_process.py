@@ -128,3 +128,25 @@ def test_a_difference_only_the_whole_model_shows_names_the_modules_left_out_as_s
                                                 "module (model) or a module not compared (1)")
     alone = _module({**found, "not_compared": {}})
     assert "outside its submodules: each submodule that differs was fed a differing input" in alone
+
+
+def test_a_narrow_terminal_wraps_the_tables_names_and_never_cuts_them(tmp_path):
+    """Captured output (a CI log: 80 columns or fewer) used to end names in an ellipsis ("params…")."""
+    import io
+
+    from rich.console import Console
+
+    from compare.render import print_tables
+
+    runs = {"jax": write_run(tmp_path / "jax", "jax"), "torch": write_run(tmp_path / "torch", "torch", broken="head")}
+    out = io.StringIO()
+    print_tables(report_of(tmp_path, runs), Console(file=out, width=60))
+    cells = [ln.split("│")[1].strip() for ln in out.getvalue().splitlines() if ln.startswith("│")]
+    first = next((i for i, c in enumerate(cells) if c and "outputs/logits".startswith(c)), None)  # its row
+    assert first is not None and "…" not in out.getvalue()
+    name = ""
+    for cell in cells[first:]:  # the name folded over the row's lines, whole
+        if not cell:
+            break
+        name += cell
+    assert name == "outputs/logits"
