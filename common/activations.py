@@ -8,13 +8,16 @@ they are. Each side knows the layout of a module's output from the module:
   on `axis=1` channel-first). Each backend's capture module lists its framework's types.
 - another module's output passed on as it is (a Sequential, a block ending in its ReLU): that module's.
 - a module with no submodules and no known type (ReLU, Dropout, GELU): elementwise, so its input's
-  (unless torch shows its output is a permuted view of its input, as torchvision's `Permute`: unknown).
+  (unless torch shows its output is a permuted view of its input, as torchvision's `Permute`: channel-last
+  when it moves a channel-first tensor's channels last, channel-first when it moves them back, else unknown).
 - a module whose output comes from its own code after its last submodule (a residual add): that
-  submodule's layout, when the output still has its shape; else its input's, when the output has the shape
-  the module was fed (a squeeze-and-excitation gate: its last submodule makes the (N, C, 1, 1) scale, its
-  output is that scale times its input). When it has neither (the module reshaped or transposed it, as a
-  ViT's patch embedding does), its layout is unknown: the activation is not stored, and the reason is
-  reported.
+  submodule's layout, when the output still has its shape and that layout is known; else its input's, when
+  the output has the shape the module was fed (a squeeze-and-excitation gate: its last submodule makes the
+  (N, C, 1, 1) scale, its output is that scale times its input; ConvNeXt's block, whose body permutes to
+  channel-last and back). When it has neither (the module reshaped or transposed it, as a ViT's patch
+  embedding does), its layout is unknown: the activation is not stored, and the reason is reported.
+- a layer type's layout holds for the type's own forward: a subclass with a forward of its own
+  (torchvision's LayerNorm2d, a LayerNorm that permutes NCHW around it) is read by the rules above.
 
 The model's own output is stored as it is returned (the logits, in the task's layout, which both sides
 return alike). The stream starts at the layout the side's batch is fed in: channel-first, or channel-last when the
@@ -66,6 +69,16 @@ def torch_output_layout(nnx_output_axes) -> str:
     return CHANNEL_FIRST if len(axes) >= 3 and axes == (0, len(axes) - 1, *range(1, len(axes) - 1)) else CHANNEL_LAST
 
 
+def _permuted(axes: tuple, in_layout: str, ndim: int) -> str:
+    """The layout of a tensor read with its axes in order `axes` (torchvision's Permute): the channel axis moved
+    last from a channel-first tensor is channel-last, moved back from a channel-last one channel-first."""
+    if ndim >= 3 and axes == (0, *range(2, ndim), 1) and in_layout == CHANNEL_FIRST:
+        return CHANNEL_LAST
+    if ndim >= 3 and axes == (0, ndim - 1, *range(1, ndim - 1)) and in_layout == CHANNEL_LAST:
+        return CHANNEL_FIRST
+    return UNKNOWN
+
+
 def to_channel_last(value: np.ndarray, layout: str) -> np.ndarray:
     if layout == CHANNEL_FIRST and value.ndim >= 3:
         return np.ascontiguousarray(np.moveaxis(value, 1, -1))
@@ -94,21 +107,24 @@ class LayoutTracker:
     def enter(self, own: str | None, x) -> str:
         return own or self.by_id.get(id(x), self.current)
 
-    def leave(self, own: str | None, leaf: bool, in_layout: str, y, rearranged: bool = False, x=None) -> str:
+    def leave(self, own: str | None, leaf: bool, in_layout: str, y, rearranged: bool | tuple = False,
+              x=None) -> str:
         """`rearranged`: the framework sees that `y` is its input's memory read in another order (a
-        permute), so an elementwise reading would be wrong; `x`: the module's input."""
+        permute), so an elementwise reading would be wrong: the axes' order when it can tell them (a move of
+        the channel axis to the end or back changes the layout; any other order makes it unknown);
+        `x`: the module's input."""
         shape = tuple(getattr(y, "shape", ()))
         if own:
             layout = own
         elif id(y) in self.by_id:
             layout = self.by_id[id(y)]
         elif rearranged:
-            layout = UNKNOWN
+            layout = _permuted(rearranged, in_layout, len(shape)) if isinstance(rearranged, tuple) else UNKNOWN
         elif leaf:
             layout = in_layout
-        elif shape == self.last_shape:
+        elif shape == self.last_shape and self.current != UNKNOWN:
             layout = self.current
-        else:
+        else:  # a gate, or a residual around a body that permutes and permutes back: shaped as it was fed
             layout = in_layout if x is not None and shape == tuple(getattr(x, "shape", ())) else UNKNOWN
         if y is not None:
             self.by_id[id(y)] = layout

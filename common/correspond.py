@@ -30,9 +30,9 @@ parameter is an error.
 torch's dim 0); a key naming an NNX module (a port that fuses q/k/v, the usual JAX style) maps it to the
 torch modules it packs, whose tensors stack along torch's dim 0 (the NNX kernel's output columns).
 
-Anything left unmatched on either side fails with one line listing every such tensor, its shape and
-its closest candidate on the other side (common/unmatched.py). Conversions are numpy and exact (transposes,
-flips, reshapes, splits, concats).
+Anything left unmatched on either side fails with one line naming such tensors (12 a side, and how many more),
+each with its shape and closest candidate on the other side (common/unmatched.py). Conversions are numpy and
+exact (transposes, flips, reshapes, splits, concats).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ from common.layouts import (
 from common.layouts import torch_shape as torch_shape_of
 from common.links import Correspondence, Link
 from common.spec import SpecError
-from common.unmatched import module_leaf, unmatched_message
+from common.unmatched import SHAPE_DIFFERS, module_leaf, unmatched_message
 
 LEAF_RULES = {"weight": ("kernel", "embedding", "scale", "weight"), "bias": ("bias",)}
 
@@ -160,7 +160,7 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
                         if layout:
                             decided[names[0]] = layout
                         break
-                    misses[torch_name] = f"shape differs from {names[0]} {list(canonical[names[0]])}" + (
+                    misses[torch_name] = f"{SHAPE_DIFFERS}{names[0]} {list(canonical[names[0]])}" + (
                         f" under its layout {layout!r}" if layout else "")
             if link:
                 break

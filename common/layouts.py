@@ -13,7 +13,8 @@ A layout is one of these names, or a rearrangement declared in einops' notation:
   "A -> B"        a rearrangement from torch's tensor to the NNX one: each side lists the axes by name, a
                   parenthesised group being several axes merged into one, e.g. "(h d) e -> h e d" (a
                   q_proj (heads * head_dim, embed) as a heads-first einsum kernel (heads, embed, head_dim)).
-                  Axis sizes come from the two shapes.
+                  `1` (or `()`) is an axis of size 1, on either side: "d 1 1 -> d" (ConvNeXt's layer scale,
+                  (dim, 1, 1) in torchvision, (dim,) in a JAX port). Axis sizes come from the two shapes.
 
 The derived layouts are the named ones; a rearrangement is declared in a twin (`layouts`), for a layout no
 rule can derive.
@@ -79,6 +80,9 @@ _GROUP = re.compile(r"\(([^()]*)\)|(\S+)")
 def _side(text: str, pattern: str) -> list[tuple[str, ...]]:
     groups = []
     for match in _GROUP.finditer(text):
+        if match.group(0) in ("1", "()"):  # an axis of size 1: a group of no names
+            groups.append(())
+            continue
         names = tuple(match.group(1).split()) if match.group(1) is not None else (match.group(2),)
         if not names or not all(n.isidentifier() for n in names):
             raise LayoutError(f"layout {pattern!r}: {match.group(0)!r} is not an axis name or a parenthesised group "

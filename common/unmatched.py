@@ -17,6 +17,7 @@ def module_leaf(name: str) -> tuple[str, str]:
 
 
 DETAIL_LIMIT = 12  # unmatched tensors listed per side; the summary counts them all
+SHAPE_DIFFERS = "shape differs from "  # a torch tensor matched by name to an NNX one of another shape
 
 
 def _fits_any_layout(torch_shape: tuple, canonical_shape: tuple) -> bool:
@@ -64,10 +65,17 @@ def unmatched_message(torch_params, canonical, misses: dict, unmatched_nnx: list
     left_nnx = {n: canonical[n] for n in unmatched_nnx}
     torch_items = [f"{n} {list(torch_params[n])} ({why or _closest(n, torch_params[n], left_nnx or canonical, True)})"
                    for n, why in misses.items()]
-    nnx_items = [f"{n} {list(canonical[n])} ({_closest(n, canonical[n], left_torch or torch_params, False)})"
+    # a tensor matched by name but not by shape: its NNX twin names it back, not the closest shape
+    reshaped = {why.removeprefix(SHAPE_DIFFERS).split(" [")[0]: n for n, why in misses.items()
+                if why and why.startswith(SHAPE_DIFFERS)}
+    nnx_items = [f"{n} {list(canonical[n])} (" + (f"{SHAPE_DIFFERS}{reshaped[n]} {list(torch_params[reshaped[n]])}"
+                                                   if n in reshaped else
+                                                   _closest(n, canonical[n], left_torch or torch_params, False)) + ")"
                  for n in unmatched_nnx]
     pairs = [(n, _closest_name(n, torch_params[n], left_nnx, True)) for n in misses] if left_nnx else []
     hint = _rename_hint(pairs) if pairs and all(b for _, b in pairs) and len(misses) == len(unmatched_nnx) else ""
     return (f"the torch and NNX parameter trees do not correspond{hint}: torch has {len(torch_items)} unmatched "
             f"[{_listed(torch_items)}], NNX has {len(nnx_items)} unmatched [{_listed(nnx_items)}]; name the "
-            "modules alike, or declare packed/rename in the twin")
+            "modules alike, or declare packed/rename in the twin"
+            + ("; a tensor whose shape alone differs needs its layout declared (layouts={regex: 'A -> B'}, "
+               "e.g. 'd 1 1 -> d')" if reshaped else ""))

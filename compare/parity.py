@@ -197,8 +197,8 @@ def modules_not_compared(ref: dict, other: dict, skipped: tuple[dict, dict], nam
             continue
         if k not in other or k not in ref:
             has, lacks = names if k in ref else names[::-1]
-            out[k] = (f"only {has} recorded it ({lacks} has no module of that path holding parameters: "
-                      "packed, named otherwise, or absent; or its output holds no tensor)")
+            out[k] = (f"only {has} recorded it ({lacks} has no module mapped to that path: a container no rename "
+                      "rule maps, a module packed, named otherwise, or absent; or its output holds no tensor)")
     return out
 
 

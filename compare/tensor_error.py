@@ -123,7 +123,12 @@ def module_error(a, b, bounds: dict, names: tuple[str, str], key: str) -> dict:
     """A module's step-0 activation (or its gradient, `key` its tensor-file key) against the reference's, whole
     or by summary (a capture under --tensors summary|auto). Both sides store activations channel-last, each in
     the layout its module fixes (common/activations.py): shapes that still differ are a difference of the ports
-    (a padding that changes a size), which diverges, said as such, never transposed into agreement."""
+    (a padding that changes a size), which diverges, said as such, never transposed into agreement. Shapes
+    that differ only by axes of size 1 (a norm fed (N, C, 1, 1) on one side and (N, C) on the other) hold the
+    same elements in the same order: compared as they are."""
+    whole = not isinstance(a, TensorSummary) and not isinstance(b, TensorSummary)
+    if whole and tuple(a.shape) != tuple(b.shape) and _without_units(a.shape) == _without_units(b.shape):
+        b = np.asarray(b).reshape(a.shape)
     if tuple(a.shape) != tuple(b.shape):
         return {"abs": None, "rel": None, "tolerance_used": None, "within": False,
                 "note": f"output shapes differ: {names[0]} {list(a.shape)}, {names[1]} {list(b.shape)} "
@@ -175,3 +180,7 @@ def by_summary(errors) -> dict:
     return {"judged_by": "summary", "note": "located by summaries of the activations (statistics and a fixed "
                                             "sample of each): a difference confined to unsampled elements can "
                                             "hide; --tensors full captures them whole"}
+
+
+def _without_units(shape) -> tuple[int, ...]:
+    return tuple(n for n in shape if n != 1)

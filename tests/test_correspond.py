@@ -229,3 +229,23 @@ def test_a_class_given_as_its_own_factory_is_told_which_keywords_it_is_called_wi
                           "the model)")
     other = factory_error("NNX factory", "m.py:f", ValueError("hidden must be even"), ["hidden", "rngs"])
     assert str(other) == "NNX factory m.py:f raised ValueError: hidden must be even"  # no hint where none helps
+
+
+def test_a_layer_scale_of_another_shape_is_refused_pointing_at_layouts_and_declared_with_unit_axes():
+    """torchvision ConvNeXt's layer scale (dim, 1, 1) against a port's (dim,): refused, each side naming its twin
+    (not the closest shape of another block) and the declaration that fixes it; `d 1 1 -> d` then links them,
+    bit for bit both ways."""
+    torch_params = {"features.1.0.layer_scale": (16, 1, 1), "features.3.0.layer_scale": (32, 1, 1)}
+    canonical = {"stages.0.gamma": (16,), "stages.1.gamma": (32,)}
+    rename = {r"^features\.1\.0\.": "stages.0.", r"^features\.3\.0\.": "stages.1.", r"\.layer_scale$": ".gamma"}
+    with pytest.raises(CorrespondenceError) as refused:
+        derive(torch_params, canonical, rename=rename)
+    assert "NNX has 2 unmatched [stages.0.gamma [16] (shape differs from features.1.0.layer_scale [16, 1, 1]); " \
+           "stages.1.gamma [32] (shape differs from features.3.0.layer_scale [32, 1, 1])]" in str(refused.value)
+    assert str(refused.value).endswith("a tensor whose shape alone differs needs its layout declared "
+                                       "(layouts={regex: 'A -> B'}, e.g. 'd 1 1 -> d')")
+    corr = derive(torch_params, canonical, rename=rename, layouts={n: "d 1 1 -> d" for n in canonical})
+    arrays = {k: np.random.default_rng(0).standard_normal(s).astype(np.float32) for k, s in torch_params.items()}
+    ported = corr.to_canonical(arrays)
+    assert np.array_equal(ported["stages.1.gamma"], arrays["features.3.0.layer_scale"].reshape(32))
+    assert all(np.array_equal(corr.to_torch(ported)[k], v) for k, v in arrays.items())

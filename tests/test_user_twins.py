@@ -163,3 +163,29 @@ def test_a_conv_transpose_port_passes_and_a_padding_misport_is_named_at_it(tmp_p
     assert found["module"] == "up" and found["input_agrees"], found
     assert found["output_error"]["note"] == ("output shapes differ: jax [2, 7, 7, 8], torch [2, 8, 8, 8] (both "
                                              "channel-last)")
+
+
+CONVNEXT = "tests/data/convnext/twin.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("twin, module", [("convnext", None), ("convnext_block_eps_misported",
+                                                                "stages.0.layers.0.norm")])
+def test_torchvisions_convnext_is_compared_module_by_module(tmp_path, twin, module):
+    """torchvision's ConvNeXt as a new user brought it: LayerNorm2d (a LayerNorm subclass permuting NCHW around
+    it), blocks that permute to channel-last and back (torchvision's Permute) around a (dim, 1, 1) layer scale
+    (declared 'd 1 1 -> d'), a head norm fed (N, C, 1, 1) where the port has (N, C). The correct port passes with
+    every module compared and none differing (it was blamed at stem_norm, on a passing run, with its blocks left
+    out); the blocks' LayerNorm at torch's default epsilon is named at that norm."""
+    out = tmp_path / "run"
+    proc = compare("--twin", f"{CONVNEXT}:{twin}", "--backend", "jax,torch", "--activations", "--out", str(out))
+    assert proc.returncode == (0 if module is None else 1), proc.stderr[-2000:]
+    found = json.loads((out / "report.json").read_text())["parity"]["torch"]["first_divergent_module"]
+    assert found["module"] == module and found["not_compared"] == {} and found["modules_compared"] == 20
+    if module is None:
+        assert found["modules_diverging"] == 0
+        links = {link["torch"]: link["layout"] for link in json.loads((out / "start" / "correspondence.json")
+                                                                      .read_text())}
+        assert links["features.1.0.layer_scale"] == "d 1 1 -> d"
+    else:
+        assert found["input_agrees"]

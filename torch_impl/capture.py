@@ -38,17 +38,27 @@ def _first_tensor(value):
 
 
 def _own_layout(module: nn.Module) -> str | None:
+    """The layout a module's type fixes; none for a subclass with a forward of its own (torchvision's
+    LayerNorm2d: a LayerNorm that permutes NCHW around it), which the rules for other modules read."""
+    if not getattr(type(module).forward, "__module__", "").startswith("torch."):
+        return None
     if isinstance(module, CHANNEL_FIRST_TYPES):
         return CHANNEL_FIRST
     return CHANNEL_LAST if isinstance(module, CHANNEL_LAST_TYPES) else None
 
 
-def _permuted_view(x, y) -> bool:
-    """`y` reads `x`'s memory in another order (a permute or transpose)."""
+def _permuted_view(x, y) -> bool | tuple:
+    """Whether `y` reads `x`'s memory in another order (a permute or transpose): the order of `x`'s axes it reads
+    them in (y = x.permute(order)) when the strides tell it, else True."""
     try:
-        return x is not None and y is not x and y.data_ptr() == x.data_ptr() and y.stride() != x.stride()
+        if x is None or y is x or y.data_ptr() != x.data_ptr() or y.stride() == x.stride():
+            return False
     except (RuntimeError, NotImplementedError, AttributeError):  # a tensor with no host storage (XLA, torchax)
         return False
+    axes = [(x.stride(i), x.shape[i]) for i in range(x.dim())]
+    order = tuple(axes.index((y.stride(j), y.shape[j])) if (y.stride(j), y.shape[j]) in axes else -1
+                  for j in range(y.dim()))
+    return order if len(set(axes)) == len(axes) and sorted(order) == list(range(x.dim())) else True
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
