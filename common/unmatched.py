@@ -27,10 +27,17 @@ def _fits_any_layout(torch_shape: tuple, canonical_shape: tuple) -> bool:
                if layout != TRANSPOSE or len(canonical_shape) == 2)
 
 
+def _is_bias(name: str) -> bool:
+    return module_leaf(name)[1] == "bias"
+
+
 def _closest_name(name: str, shape: tuple, pool: Mapping[str, tuple], torch_side: bool) -> str | None:
-    """The most similar name in `pool` among those whose shape some layout links to `shape` (else among all)."""
+    """The most similar name in `pool` among those whose shape some layout links to `shape` and that are a bias
+    when `name` is one (a norm's weight of 16 is not an SE convolution's bias of 16), else among the shapes that
+    fit, else among all."""
     fits = [n for n, s in pool.items() if (_fits_any_layout(shape, s) if torch_side else _fits_any_layout(s, shape))]
-    match = difflib.get_close_matches(name, fits or list(pool), n=1, cutoff=0.0)
+    alike = [n for n in fits if _is_bias(n) == _is_bias(name)]
+    match = difflib.get_close_matches(name, alike or fits or list(pool), n=1, cutoff=0.0)
     return match[0] if match else None
 
 

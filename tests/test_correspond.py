@@ -127,6 +127,16 @@ def test_unmatched_tensors_of_both_sides_are_all_listed_with_shapes_and_closest(
     assert "blocks.0.attn.wq.weight [8, 8] (closest blocks.0.attn.query.kernel [8, 8])" in message
 
 
+def test_a_weights_closest_candidate_is_never_a_bias_of_its_shape():
+    """torchvision's index names against a port's own: a BatchNorm weight of 16 was offered an SE convolution's
+    bias of 16, the name most alike among the tensors of its shape."""
+    with pytest.raises(CorrespondenceError) as caught:
+        derive({"features.0.1.weight": (16,), "features.0.1.bias": (16,)},
+               {"blocks.0.se.fc2.bias": (16,), "stem.bn.scale": (16,)})
+    assert "features.0.1.weight [16] (closest stem.bn.scale [16])" in str(caught.value)
+    assert "features.0.1.bias [16] (closest blocks.0.se.fc2.bias [16])" in str(caught.value)
+
+
 @pytest.mark.parametrize("preset", ["gpt-tiny", "mlp-tiny", "cnn-digits"])
 def test_builtin_models_are_twins(preset):
     spec = load_spec(preset).model
