@@ -51,30 +51,39 @@ def replace_first(value, new, is_array):
     return value
 
 
+def moves_channels_last(axes) -> bool:
+    """Whether transposing by `axes` moves axis 1 to the end (NCHW -> NHWC), the rest in order."""
+    axes = tuple(axes or ())
+    return len(axes) >= 3 and axes == (0, *range(2, len(axes)), 1)
+
+
+def moves_channels_first(axes) -> bool:
+    """Whether transposing by `axes` moves the last axis to 1 (NHWC -> NCHW), the rest in order."""
+    axes = tuple(axes or ())
+    return len(axes) >= 3 and axes == (0, len(axes) - 1, *range(1, len(axes) - 1))
+
+
 def input_layout(axes: tuple[int, ...] | None) -> str:
     """The layout a side's batch arrives in: channel-last when its transpose moves axis 1 to the end (of a
     twin's named inputs, {key: axes}: the first it transposes, the image a model's first layer reads)."""
     if isinstance(axes, dict):
         axes = next(iter(axes.values()), ())
-    if axes and len(axes) >= 3 and tuple(axes) == (0, *range(2, len(axes)), 1):
-        return CHANNEL_LAST
-    return CHANNEL_FIRST
+    return CHANNEL_LAST if moves_channels_last(axes) else CHANNEL_FIRST
 
 
 def torch_output_layout(nnx_output_axes) -> str:
     """The layout of the torch side's forward output, as the twin's `nnx_output_axes` (the transpose that brings
     the NNX side's output to torch's) tells it: channel-first when it moves the last axis to 1 (an NHWC port of
     a model returning NCHW images), else as returned."""
-    axes = tuple(nnx_output_axes or ())
-    return CHANNEL_FIRST if len(axes) >= 3 and axes == (0, len(axes) - 1, *range(1, len(axes) - 1)) else CHANNEL_LAST
+    return CHANNEL_FIRST if moves_channels_first(nnx_output_axes) else CHANNEL_LAST
 
 
-def _permuted(axes: tuple, in_layout: str, ndim: int) -> str:
+def _permuted(axes: tuple, in_layout: str) -> str:
     """The layout of a tensor read with its axes in order `axes` (torchvision's Permute): the channel axis moved
     last from a channel-first tensor is channel-last, moved back from a channel-last one channel-first."""
-    if ndim >= 3 and axes == (0, *range(2, ndim), 1) and in_layout == CHANNEL_FIRST:
+    if moves_channels_last(axes) and in_layout == CHANNEL_FIRST:
         return CHANNEL_LAST
-    if ndim >= 3 and axes == (0, ndim - 1, *range(1, ndim - 1)) and in_layout == CHANNEL_LAST:
+    if moves_channels_first(axes) and in_layout == CHANNEL_LAST:
         return CHANNEL_FIRST
     return UNKNOWN
 
@@ -119,7 +128,7 @@ class LayoutTracker:
         elif id(y) in self.by_id:
             layout = self.by_id[id(y)]
         elif rearranged:
-            layout = _permuted(rearranged, in_layout, len(shape)) if isinstance(rearranged, tuple) else UNKNOWN
+            layout = _permuted(rearranged, in_layout) if isinstance(rearranged, tuple) else UNKNOWN
         elif leaf:
             layout = in_layout
         elif shape == self.last_shape and self.current != UNKNOWN:

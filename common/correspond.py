@@ -143,6 +143,7 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
         module, leaf = module_leaf(name)
         by_module[(normalised_path(module), leaf)] = name
     links, misses = _nnx_packed_links(torch_params, canonical, nnx_packed, rename, layouts), {}
+    same_name = {}  # torch name -> the NNX tensor its name matched, whose shape did not
     taken, stacked = {link.canonical[0] for link in links}, {link.torch for link in links}
     for torch_name, torch_shape in torch_params.items():
         if torch_name in stacked:
@@ -162,6 +163,7 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
                         break
                     misses[torch_name] = f"{SHAPE_DIFFERS}{names[0]} {list(canonical[names[0]])}" + (
                         f" under its layout {layout!r}" if layout else "")
+                    same_name[torch_name] = names[0]
             if link:
                 break
         if link is None:
@@ -174,7 +176,8 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
     links.sort(key=lambda link: order[link.torch])  # torch's order, whichever side packs
     unmatched_nnx = [n for n in canonical if n not in taken]
     if misses or unmatched_nnx:
-        raise CorrespondenceError(unmatched_message(torch_params, canonical, misses, unmatched_nnx))
+        reshaped = {nnx: t for t, nnx in same_name.items() if t in misses and nnx in unmatched_nnx}
+        raise CorrespondenceError(unmatched_message(torch_params, canonical, misses, unmatched_nnx, reshaped))
     return Correspondence(links, canonical, torch_params, decided)
 
 

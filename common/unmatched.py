@@ -67,14 +67,14 @@ def _listed(items: list[str]) -> str:
     return "; ".join(items[:DETAIL_LIMIT]) + (f"; ... and {more} more" if more > 0 else "")
 
 
-def unmatched_message(torch_params, canonical, misses: dict, unmatched_nnx: list[str]) -> str:
+def unmatched_message(torch_params, canonical, misses: dict, unmatched_nnx: list[str],
+                      reshaped: Mapping[str, str] = {}) -> str:  # noqa: B006
+    """`reshaped`: {NNX name: the torch tensor whose name matched it but not its shape}: named back, not the
+    closest shape."""
     left_torch = {n: torch_params[n] for n in misses}
     left_nnx = {n: canonical[n] for n in unmatched_nnx}
     torch_items = [f"{n} {list(torch_params[n])} ({why or _closest(n, torch_params[n], left_nnx or canonical, True)})"
                    for n, why in misses.items()]
-    # a tensor matched by name but not by shape: its NNX twin names it back, not the closest shape
-    reshaped = {why.removeprefix(SHAPE_DIFFERS).split(" [")[0]: n for n, why in misses.items()
-                if why and why.startswith(SHAPE_DIFFERS)}
     nnx_items = [f"{n} {list(canonical[n])} (" + (f"{SHAPE_DIFFERS}{reshaped[n]} {list(torch_params[reshaped[n]])}"
                                                    if n in reshaped else
                                                    _closest(n, canonical[n], left_torch or torch_params, False)) + ")"
