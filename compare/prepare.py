@@ -1,7 +1,8 @@
 """The common start of every backend, prepared before any backend trains (and before a run directory
 exists): a user twin's torch initialisation, or a torch / Hugging Face checkpoint (`--checkpoint`).
 
-The sides describe themselves in their own interpreters, in parallel: the torch side writes its
+The sides describe themselves in their own interpreters (one process describes both where both have the
+same one: common/describe_sides.py; else they run in parallel): the torch side writes its
 parameter tree and its start weights in torch names (`python -m torch_impl.describe`: the factory's
 initialisation, or the checkpoint it loads and checks), a user twin's NNX side its parameter tree,
 which is the canonical one (`python -m jax_impl.describe`; a built-in twin's is `param_infos`). Here,
@@ -28,6 +29,7 @@ from safetensors.numpy import load_file
 from common import hf
 from common.checkpoints import TORCH_BUFFERS, parse_checkpoint
 from common.correspond import declared_layouts, derive
+from common.describe_sides import THEN
 from common.fsutil import write_json_atomic
 from common.modules import module_map, state_names
 from common.procs import kill_group
@@ -56,25 +58,34 @@ SIDE_FILES = {"torch": ("torch_params.json", "torch_modules.json", "torch_init.s
               "NNX": ("nnx_params.json", "nnx_modules.json")}
 
 
+# the module that describes each side, run as `python -m` in that side's interpreter
+DESCRIBERS = {"torch": "torch_impl.describe", "NNX": "jax_impl.describe"}
+
+
 class Step(NamedTuple):
     proc: subprocess.Popen
     stderr: IO[str]  # an unnamed file
+    sides: tuple[str, ...]  # the sides it describes, in order
 
 
-def _describe(python: str, module: str, spec_path: Path, out: Path, extra: list[str]) -> Step:
+def _describe(python: str, sides: list[tuple[str, list[str]]], spec_path: Path, out: Path) -> Step:
     """A describe step in its own process group (it runs the user's factories: whatever they start goes
-    with it), watched by compare's guard should compare itself be killed. Its stderr goes to an unnamed
-    file, not a pipe, which a process the user's code starts could hold open after the step exits."""
+    with it), watched by compare's guard should compare itself be killed. `sides`: [(side, its own flags)];
+    several are described one after the other in one process (common/describe_sides.py). Its stderr goes to
+    an unnamed file, not a pipe, which a process the user's code starts could hold open after the step exits."""
+    commands = [[DESCRIBERS[side], "--spec", str(spec_path), "--out", str(out), *extra] for side, extra in sides]
+    command = ["-m", *commands[0]] if len(commands) == 1 else \
+        ["-m", "common.describe_sides", *[arg for c in commands for arg in [THEN, *c]][1:]]
     err = tempfile.TemporaryFile("w+", errors="replace")
     try:
-        proc = subprocess.Popen([python, "-m", module, "--spec", str(spec_path), "--out", str(out), *extra],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                env=backend_env(), start_new_session=True)
+        proc = subprocess.Popen([python, *command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err, env=backend_env(), start_new_session=True)
     except OSError as e:
         err.close()
-        raise TwinError(f"cannot start {python} to describe the twin ({module}): {e.strerror or e}") from None
+        raise TwinError(f"cannot start {python} to describe the twin ({', '.join(c[0] for c in commands)}): "
+                        f"{e.strerror or e}") from None
     GUARD.watch(proc.pid)
-    return Step(proc, err)
+    return Step(proc, err, tuple(side for side, _ in sides))
 
 
 def _stop(step: Step) -> None:
@@ -84,24 +95,33 @@ def _stop(step: Step) -> None:
     GUARD.unwatch(step.proc.pid)
 
 
-def _wait(step: Step, side: str, folder: Path, spec: RunSpec, timeout_s: float) -> None:
-    what, proc = f"describing the {side} side of {_name(spec)}", step.proc
+def _missing(side: str, folder: Path) -> list[str]:
+    return [f for f in SIDE_FILES[side] if not (folder / f).is_file()]
+
+
+def _wait(step: Step, folder: Path, spec: RunSpec, timeout_s: float) -> None:
+    """Waits `timeout_s` per side the step describes; a failure is told of the side it was describing: the
+    first whose files are not all written."""
+    proc = step.proc
     try:
-        proc.wait(timeout=timeout_s)
+        proc.wait(timeout=timeout_s * len(step.sides))
         step.stderr.seek(0)
         stderr = step.stderr.read()
     except subprocess.TimeoutExpired:
+        stderr = None
+    side = next((s for s in step.sides if _missing(s, folder)), step.sides[-1])
+    what = f"describing the {side} side of {_name(spec)}"
+    if stderr is None:
         raise TwinError(f"{what} (building its model) did not finish within --timeout {timeout_s:g} s; killed with "
-                        "its process group") from None
+                        "its process group")
     if proc.returncode < 0:
         raise TwinError(f"{what} was killed by {signal.Signals(-proc.returncode).name}"
                         + (f": {error_line(stderr)}" if error_line(stderr) else ""))
     if proc.returncode != 0:
         raise TwinError(error_line(stderr) or f"{what} exited with code {proc.returncode}")
-    missing = [f for f in SIDE_FILES[side] if not (folder / f).is_file()]
-    if missing:  # sys.exit(0) / os._exit(0) in the user's factory or forward
-        raise TwinError(f"{what} exited with code 0 before writing {', '.join(missing)} (sys.exit or os._exit in "
-                        f"the {side} factory or its model?); a factory must return the model")
+    if _missing(side, folder):  # sys.exit(0) / os._exit(0) in the user's factory or forward
+        raise TwinError(f"{what} exited with code 0 before writing {', '.join(_missing(side, folder))} (sys.exit "
+                        f"or os._exit in the {side} factory or its model?); a factory must return the model")
 
 
 def _name(spec: RunSpec) -> str:
@@ -145,17 +165,17 @@ def _describe_and_convert(spec, twin, fmt, path, folder: Path, torch_python, jax
     user_twin = isinstance(spec.model, TwinSpec)
     write_json_atomic(folder / SPEC_FILE, spec.to_dict())
     load = ["--load", f"{fmt}:{path.resolve()}"] if fmt in (CheckpointFormat.TORCH, CheckpointFormat.HF) else []
-    sides = [("torch", torch_python, "torch_impl.describe", load)]
+    by_python = {torch_python: [("torch", load)]}  # sides sharing an interpreter: described in one process
     if user_twin:
-        sides.append(("NNX", jax_python, "jax_impl.describe", []))
-    procs = {}
+        by_python.setdefault(jax_python, []).append(("NNX", []))
+    steps = []
     try:  # every exit (a failed side, a timeout, Ctrl-C / SIGTERM in compare): no describe process is left
-        for side, python, module, extra in sides:
-            procs[side] = _describe(python, module, folder / SPEC_FILE, folder, extra)
-        for side, step in procs.items():
-            _wait(step, side, folder, spec, timeout_s)
+        for python, sides in by_python.items():
+            steps.append(_describe(python, sides, folder / SPEC_FILE, folder))
+        for step in steps:
+            _wait(step, folder, spec, timeout_s)
     finally:
-        for step in procs.values():
+        for step in steps:
             _stop(step)
     canonical = _read_json(folder / "nnx_params.json") if user_twin else \
         {name: list(info.shape) for name, info in param_infos(spec.model).items()}

@@ -3,6 +3,7 @@ that exits, raises, hangs or starts processes while it is imported, declarations
 that cannot be compared, and environment variables selecting a platform this machine lacks. Each is one
 `error:` line with a documented exit code, and leaves no run directory, no temp folder and no process."""
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -171,7 +172,7 @@ def assert_refused(tmp_path: Path, proc, message: str, code: int = 2) -> str:
     no process."""
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert proc.returncode == code and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert __import__("re").search(message, errors[0]), errors[0]
+    assert re.search(message, errors[0]), errors[0]
     assert not (tmp_path / "run").exists()
     assert not list((tmp_path / "tmp").iterdir()), list((tmp_path / "tmp").iterdir())
     assert not processes_under(tmp_path), processes_under(tmp_path)
@@ -287,12 +288,29 @@ def test_a_model_that_cannot_be_compared_is_refused_when_the_sides_describe_them
 
 @pytest.mark.slow
 @pytest.mark.error_case("twin-describe-timeout")
-def test_a_factory_that_hangs_is_bounded_by_the_timeout(tmp_path, project):
+@pytest.mark.parametrize("interpreters", ["one", "apart"])
+def test_a_factory_that_hangs_is_bounded_by_the_timeout(tmp_path, project, interpreters):
+    """Sides with one interpreter (the CPU default) are described by one process, both in turn
+    (common/describe_sides.py); given another path to it (as a TPU VM's two environments would), each side
+    by its own, in parallel. Either way the hanging side is named and its processes are taken down."""
+    args = ["--jax-python", str(tmp_path / "python")] if interpreters == "apart" else []
+    if args:
+        (tmp_path / "python").symlink_to(sys.executable)
     start = time.monotonic()
-    proc = run_twin(tmp_path, project, "twins.py:torch_sleeps", "--timeout", "8")
+    proc = subprocess.Popen([sys.executable, "-m", "compare", "--quiet", "--twin", f"{project}/twins.py:torch_sleeps",
+                             "--backend", "jax,torch", "--out", str(tmp_path / "run"), "--timeout", "8", *args],
+                            cwd=REPO, env=process_env(TMPDIR=str(tmp_path / "tmp")), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen = set()
+    while proc.poll() is None:
+        seen.update(p for p in processes_under(tmp_path / "tmp") if ".describe" in p)
+        time.sleep(0.2)
+    proc.stderr = proc.stderr.read()
     assert_refused(tmp_path, proc, r"describing the torch side of twin '.*:torch_sleeps' \(building its model\) did "
                                    r"not finish within --timeout 8 s; killed with its process group")
     assert time.monotonic() - start < 90
+    described = sorted(re.findall(r"\b(jax_impl|torch_impl)\.describe", p) for p in seen)
+    assert described == ([["torch_impl", "jax_impl"]] if interpreters == "one" else [["jax_impl"], ["torch_impl"]])
 
 
 @pytest.mark.slow
@@ -374,7 +392,7 @@ def test_an_environment_selecting_a_platform_this_machine_lacks_is_a_usage_error
             assert backend["status"] == "ok", backend
             continue
         assert backend["status"] == "usage_error" and backend["exit_code"] == 2
-        assert __import__("re").search(message, backend["message"]), backend["message"]
+        assert re.search(message, backend["message"]), backend["message"]
         assert f"error: {name}: usage_error: {variable}={value} selects" in proc.stderr
     assert not processes_under(tmp_path)
 
