@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 CHANNEL_FIRST, CHANNEL_LAST, UNKNOWN = "channel_first", "channel_last", "unknown"
+NEVER_CALLED_REASON = ("its forward never ran: its parameters were used directly (e.g. F.linear(x, self.qkv.weight)), "
+                       "so it has no output of its own to compare")
 UNKNOWN_REASON = ("its layout is unknown: its output was reshaped or transposed by its own code after its "
                   "last submodule")
 

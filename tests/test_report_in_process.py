@@ -33,7 +33,7 @@ def activations(broken: str | None) -> dict[str, np.ndarray]:
 
 
 def write_run(directory, backend: str, *, broken: str | None = None, capture_apart: bool = False,
-              capture_run_id: str = RUN_ID) -> BackendRun:
+              capture_run_id: str = RUN_ID, only_activations: str | None = None) -> BackendRun:
     """A finished backend run: 3 losses, step-0 logits, loss and gradients, final params, activations
     (in the record's own tensors, or apart in <dir>/activations as compare's capture run leaves them)."""
     rng = np.random.default_rng(0)
@@ -47,7 +47,7 @@ def write_run(directory, backend: str, *, broken: str | None = None, capture_apa
     groups = {"outputs": {"logits": logits, "loss": np.asarray(2.30, np.float32)}, "grads": grads,
               "params": grads}
     if not capture_apart:
-        groups["activations"] = activations(broken)
+        groups["activations"] = activations(broken or only_activations)
     record.tensors = write_tensors(directory, groups)
     write_record(directory, record)
     if capture_apart:
@@ -96,6 +96,22 @@ def test_a_port_that_parts_at_step_0_is_named_at_its_module(tmp_path, capture_ap
     assert report["message"].endswith("worst tensor outputs/logits (max abs 0.5, within=False; would pass with atol "
                                       "0.5, rtol 0.22 or 100% of elements over (each alone))")
     assert "| forward | 1e-05 | 1e-04 | 0 |" in md and "| loss | 1e-04 | 5e-04 | - |" in md  # fraction: tensors only
+
+
+def test_a_module_that_parts_with_its_input_agreeing_fails_though_every_tensor_is_within(tmp_path):
+    """A difference too small to move the compared tensors (a Swin whose LayerNorms have eps 1e-6: its logits at
+    97 % of their bound, a correct port's at 0.1 %) passed beside a report naming the module that parts."""
+    runs = {"jax": write_run(tmp_path / "jax", "jax"),
+            "torch": write_run(tmp_path / "torch", "torch", only_activations="layers.1")}
+    report = report_of(tmp_path, runs)
+    parity = report["parity"]["torch"]
+    assert all(t["within"] for t in parity["tensors"].values()) and parity["first_divergent_step"] is None
+    assert parity["by_module"] and not parity["passed"]
+    assert report["status"] == ReportStatus.PARITY_FAILED and report["exit_code"] == ExitCode.PARITY
+    assert report["message"].startswith("torch: parity failed: first divergent step none, first divergent module "
+                                        "layers.1: its output leaves its bound though its input agrees, and every "
+                                        "compared tensor is within tolerance")
+    assert "**Verdict: fail**" in markdown(report)
 
 
 def test_a_capture_left_by_another_run_is_not_used(tmp_path):

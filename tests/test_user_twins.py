@@ -166,6 +166,31 @@ def test_a_conv_transpose_port_passes_and_a_padding_misport_is_named_at_it(tmp_p
 
 
 CONVNEXT = "tests/data/convnext/twin.py"
+SWIN = "tests/data/swin/twin.py"
+
+
+@pytest.mark.slow
+def test_a_swin_whose_norms_have_flaxs_epsilon_fails_at_a_norm_though_every_tensor_is_within(tmp_path):
+    """torchvision's Swin against a new user's NNX port with flax's LayerNorm epsilon (1e-6, torch's 1e-5): every
+    step-0 tensor stays within its float32 bound (the logits at 97 %), so it passed, beside a report naming a
+    norm whose output parts with its input agreeing. That module now fails the run. torchvision's attention
+    reads its qkv and proj weights with F.linear: those modules never run, and the report says so (it said
+    torch had no module mapped to their paths)."""
+    out = tmp_path / "run"
+    proc = compare("--twin", f"{SWIN}:swin_ln_eps_misported", "--backend", "jax,torch", "--steps", "2",
+                   "--activations", "--out", str(out))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    parity = report["parity"]["torch"]
+    assert parity["by_module"] and all(t["within"] for t in parity["tensors"].values())
+    found = parity["first_divergent_module"]
+    assert found["input_agrees"] and found["module"].endswith(("norm", "norm1", "norm2")), found["module"]
+    assert f"first divergent module {found['module']}: its output leaves its bound though its input agrees" \
+        in report["message"]
+    never = {k for k, why in found["not_compared"].items() if why.startswith("torch: its forward never ran")}
+    assert never == {f"stages.{s}.blocks.{b}.attn.{m}" for s in (0, 1) for b in (0, 1) for m in ("qkv", "proj")}
+
+
 
 
 @pytest.mark.slow

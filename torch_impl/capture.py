@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.modules import batchnorm, conv, instancenorm, pooling
 
-from common.activations import CHANNEL_FIRST, CHANNEL_LAST, Capture, LayoutTracker, replace_first
+from common.activations import CHANNEL_FIRST, CHANNEL_LAST, NEVER_CALLED_REASON, Capture, LayoutTracker, replace_first
 from common.outputs import forward
 
 # layers whose type fixes where their output's channels are (the rest: common/activations.py's rules)
@@ -152,6 +152,9 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
         grads = {key: (value.float(), layout) for key, (value, layout) in grads.items()}
         sync()
     capture = Capture()
+    for n, m in model.named_modules():  # a module whose weights its parent reads itself (torchvision's attention)
+        if names.get(n) and id(m) not in entered:
+            capture.skipped[names[n]] = NEVER_CALLED_REASON
     for key, (value, layout) in held.items():
         tracker.keep(capture, key, np.asarray(to_numpy(value), np.float32), layout)
     for key, (value, layout) in grads.items():
