@@ -4,6 +4,7 @@ closest candidate on the other side, chosen among the shapes some layout links."
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Mapping
 
@@ -31,13 +32,25 @@ def _is_bias(name: str) -> bool:
     return module_leaf(name)[1] == "bias"
 
 
+def _natural_fit(nnx_name: str, nnx_shape: tuple, torch_shape: tuple) -> bool:
+    """Whether the two shapes are linked by the layout the NNX leaf implies: a 2-D `kernel` is a Linear's
+    (torch's weight transposed), a 4-D one a convolution's, anything else the same shape (a Linear kernel of
+    (16, 64) is torch's (64, 16) weight, not another Linear's (16, 64))."""
+    kernel = module_leaf(nnx_name)[1] == "kernel"
+    layout = TRANSPOSE if kernel and len(nnx_shape) == 2 else CONV if kernel and len(nnx_shape) == 4 else SAME
+    return torch_shape_of(layout, tuple(nnx_shape)) == tuple(torch_shape)
+
+
 def _closest_name(name: str, shape: tuple, pool: Mapping[str, tuple], torch_side: bool) -> str | None:
     """The most similar name in `pool` among those whose shape some layout links to `shape` and that are a bias
-    when `name` is one (a norm's weight of 16 is not an SE convolution's bias of 16), else among the shapes that
-    fit, else among all."""
+    when `name` is one (a norm's weight of 16 is not an SE convolution's bias of 16), preferring the layout the
+    NNX leaf implies; else among the shapes that fit, else those of as many elements, else among all."""
     fits = [n for n, s in pool.items() if (_fits_any_layout(shape, s) if torch_side else _fits_any_layout(s, shape))]
     alike = [n for n in fits if _is_bias(n) == _is_bias(name)]
-    match = difflib.get_close_matches(name, alike or fits or list(pool), n=1, cutoff=0.0)
+    natural = [n for n in alike if (_natural_fit(n, pool[n], shape) if torch_side else
+                                    _natural_fit(name, shape, pool[n]))]
+    sized = [n for n, s in pool.items() if math.prod(s) == math.prod(shape)]
+    match = difflib.get_close_matches(name, natural or alike or fits or sized or list(pool), n=1, cutoff=0.0)
     return match[0] if match else None
 
 

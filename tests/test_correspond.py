@@ -137,6 +137,21 @@ def test_a_weights_closest_candidate_is_never_a_bias_of_its_shape():
     assert "features.0.1.bias [16] (closest blocks.0.se.fc2.bias [16])" in str(caught.value)
 
 
+def test_a_linear_kernels_closest_candidate_is_a_transposed_weight_and_a_reshaped_table_one_of_its_size():
+    """A new user's Swin: an NNX Linear kernel of (16, 64) was offered another Linear's (16, 64) weight (its
+    own is (64, 16)), and a relative position table of (2, 7, 7) a bias of (32,) when one of 98 was left."""
+    with pytest.raises(CorrespondenceError) as caught:
+        derive({"features.1.0.mlp.0.weight": (64, 16), "features.1.0.mlp.3.weight": (16, 64),
+                "features.1.0.attn.relative_position_bias_table": (49, 2), "features.3.0.attn.proj.bias": (32,)},
+               {"stages.0.blocks.0.mlp.fc1.kernel": (16, 64), "stages.0.blocks.0.mlp.fc2.kernel": (64, 16),
+                "stages.0.blocks.0.attn.rel_bias": (2, 7, 7), "stages.1.blocks.0.attn.proj.bias": (32,)})
+    message = str(caught.value)
+    assert "stages.0.blocks.0.mlp.fc1.kernel [16, 64] (closest features.1.0.mlp.0.weight [64, 16])" in message
+    assert "stages.0.blocks.0.mlp.fc2.kernel [64, 16] (closest features.1.0.mlp.3.weight [16, 64])" in message
+    assert "stages.0.blocks.0.attn.rel_bias [2, 7, 7] (closest features.1.0.attn.relative_position_bias_table " \
+           "[49, 2])" in message
+
+
 @pytest.mark.parametrize("preset", ["gpt-tiny", "mlp-tiny", "cnn-digits"])
 def test_builtin_models_are_twins(preset):
     spec = load_spec(preset).model
