@@ -48,9 +48,9 @@ def _root_culprit(not_compared: dict) -> str:
             "differs was fed a differing input")
 
 
-def _backward(found: dict | None) -> str:
-    if not found:
-        return "-"
+def _backward(found: dict | None, forward: dict | None = None) -> str:
+    if not found:  # the backward is searched only where the forwards agree (compare/parity.py)
+        return "not searched: the forwards part already" if forward and forward.get("module") else "-"
     if found.get("in_loss"):
         return f"the loss (the gradient it sends into the model differs: {_size(found['input_grad_error'])})"
     if not found["module"]:
@@ -109,7 +109,8 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                                                     else _module(parity[n].get("first_divergent_module"))
                                                     for n in others],
             ["first divergent module, backward pass (step 0)"]
-            + [_backward(parity[n].get("first_divergent_module_backward")) for n in others],
+            + [_backward(parity[n].get("first_divergent_module_backward"), parity[n].get("first_divergent_module"))
+               for n in others],
             ["max |Δloss| over steps"] + [_fmt((parity[n].get("loss") or {}).get("max_abs"), ".3e") for n in others],
             *([["loss curves (mean over steps): end gap / band, parted at"]
                + [_curves(parity[n].get("curves")) for n in others]]

@@ -90,6 +90,7 @@ def test_a_port_that_parts_at_step_0_is_named_at_its_module(tmp_path, capture_ap
                                         "layers.1; worst tensor")
     md = markdown(report)
     assert "first divergent module layers.1" in md
+    assert "| first divergent module, backward pass (step 0) | not searched: the forwards part already |" in md
     # the logits are off by 0.5 everywhere (max|ref| 2.3): each tolerance alone that would pass them
     assert "| outputs/logits | forward | 5.000e-01 | 2.151e-01 | 206183.0% | 40 / 40 | NO | atol 0.5, rtol 0.22 or " \
            "100% of elements over (each alone) |" in md
