@@ -6,7 +6,7 @@ from rich.table import Table
 
 from common.modules import ROOT_MODULE
 from compare.program import metric_rows
-from compare.tensor_error import passes_with_words
+from compare.tensor_error import BORDERLINE, passes_with_words
 
 # how a tensor row was judged when not element by element in full (its kind column says it)
 JUDGED_BY = {"noise-floor": ", noise floor", "summary": ", by summary"}
@@ -28,6 +28,9 @@ def _module(found: dict | None) -> str:
     if not found["module"]:
         return f"none ({found['modules_compared']} modules agree{left_out})"
     why = "its input agrees, its output does not" if found["input_agrees"] else "its output differs"
+    if (found.get("input_used") or 0) > BORDERLINE:  # agreeing, but barely: the difference may enter upstream
+        why = f"its input agrees at {found['input_used']:.0%} of its bound, its output does not: the difference " \
+              "may enter before it (an activation between modules, its parent's own code)"
     if found["module"] == ROOT_MODULE and found["input_agrees"]:
         why = _root_culprit(found.get("not_compared") or {})
     error = found["output_error"]

@@ -9,6 +9,8 @@ import numpy as np
 
 from common.summary import TensorSummary, summarize, summary_checks
 
+BORDERLINE = 0.5  # an agreeing module input using more of its bound than this may carry the difference already
+
 
 def _value_kind(x: np.ndarray) -> np.ndarray:
     """Per element: 'finite', 'nan', 'inf' or '-inf'."""

@@ -167,3 +167,24 @@ def test_a_narrow_terminal_wraps_the_tables_names_and_never_cuts_them(tmp_path):
             break
         name += cell
     assert name == "outputs/logits"
+
+
+def test_a_culprit_whose_input_agrees_only_barely_says_the_difference_may_enter_before_it():
+    """A new user's Wav2Vec2 port with a tanh GELU between two Linears (a function, not a module) was named at the
+    second Linear, whose input "agreed" at 98 % of its bound: the location now says the difference may enter
+    before it."""
+    from compare.parity import failure_message, first_divergent_module
+    from compare.render import _module
+
+    x = np.linspace(-1.0, 1.0, 16, dtype=np.float32).reshape(2, 8)
+    ours = {"fc1:in": x, "fc1": x, "fc2:in": x, "fc2": x}
+    theirs = {**ours, "fc2:in": x + np.float32(1e-4), "fc2": x + np.float32(1.0)}  # bound 1.1e-4: 91 % used
+    found = first_divergent_module(ours, theirs, {"atol": 1e-5, "rtol": 1e-4}, ("jax", "torch"))
+    assert found["module"] == "fc2" and found["input_agrees"] and found["input_used"] == pytest.approx(0.91, abs=0.01)
+    assert _module(found).startswith("fc2 (its input agrees at 91% of its bound, its output does not: the "
+                                     "difference may enter before it")
+    parity = {"worst": [], "first_divergent_step": None, "first_divergent_module": found, "tensors": {},
+              "by_module": True}
+    assert failure_message("torch", parity).startswith(
+        "torch: parity failed: first divergent step none, first divergent module fc2: its output leaves its bound "
+        "though its input agrees (at 91% of its bound: the difference may enter before it)")

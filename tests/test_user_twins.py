@@ -165,6 +165,30 @@ def test_a_conv_transpose_port_passes_and_a_padding_misport_is_named_at_it(tmp_p
                                              "channel-last)")
 
 
+WAV2VEC2 = "tests/data/wav2vec2/twin.py"
+
+
+@pytest.mark.slow
+def test_hugging_faces_wav2vec2_is_captured_and_a_boundary_drawn_apart_does_not_fail_a_correct_port(tmp_path):
+    """A new user's port of HF's Wav2Vec2 (unchanged: its feature encoder sets requires_grad on its input, which
+    the backward's gradient probes made a computed tensor) crashed eager torch under --activations, and so in
+    every capture of a mis-port. The forward is now captured alone, with a warning. That user's first rename put
+    HF's inner positional Conv1d (its output before the trim) on the port's pos_conv: an output that differs in
+    shape only is a location, never a failed verdict for a port whose every tensor agrees."""
+    out = tmp_path / "run"
+    proc = compare("--twin", f"{WAV2VEC2}:w2v_inner_conv", "--backend", "jax,torch", "--steps", "2", "--activations",
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parity = json.loads((out / "report.json").read_text())["parity"]["torch"]
+    assert parity["passed"] and not parity["by_module"]
+    found = parity["first_divergent_module"]
+    assert found["module"] == "encoder.pos_conv" and found["output_error"]["note"].startswith("output shapes differ")
+    # its ModuleLists (conv_layers, layers) are never called, having no forward: not "parameters used directly"
+    assert not [k for k, why in found["not_compared"].items() if "its forward never ran" in why and "torch:" in why]
+    assert "the step-0 backward was not captured: the model sets requires_grad" in (out / "torch" / "stderr.log") \
+        .read_text()
+
+
 CONVNEXT = "tests/data/convnext/twin.py"
 SWIN = "tests/data/swin/twin.py"
 

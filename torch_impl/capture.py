@@ -87,6 +87,16 @@ class _Probes:
         return probed
 
 
+PROBES_REFUSED = ("the step-0 backward was not captured: the model sets requires_grad on a module's input (Hugging "
+                  "Face's audio feature encoders do, for gradient checkpointing), which its gradient probe made a "
+                  "computed tensor; the forward's activations are captured alone")
+
+
+def probes_refused(error: RuntimeError) -> bool:
+    """Whether a probed capture failed because the model changed its input's requires_grad."""
+    return "requires_grad flags of leaf variables" in str(error)
+
+
 def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], to_numpy=_host,
                         sync=None, loss_of=None, output_layout: str = CHANNEL_LAST) -> Capture:
     """{canonical module path: output, path + ':in': first input}, channel-last; `names` maps torch module
@@ -153,7 +163,7 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
         sync()
     capture = Capture()
     for n, m in model.named_modules():  # a module whose weights its parent reads itself (torchvision's attention)
-        if names.get(n) and id(m) not in entered:
+        if names.get(n) and id(m) not in entered and next(m.parameters(recurse=False), None) is not None:
             capture.skipped[names[n]] = NEVER_CALLED_REASON
     for key, (value, layout) in held.items():
         tracker.keep(capture, key, np.asarray(to_numpy(value), np.float32), layout)

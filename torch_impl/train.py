@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 import time
 
 import numpy as np
@@ -23,7 +24,7 @@ from common.twin import twin_of, user_loss
 from common.vocab import RecordStatus
 from common.weights import start_info, start_state
 from torch_impl import summary
-from torch_impl.capture import capture_activations
+from torch_impl.capture import PROBES_REFUSED, capture_activations, probes_refused
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import (
     canonical_state,
@@ -173,10 +174,20 @@ class TorchTrainer:
         """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture), and the
         gradient of the loss on `targets` at each."""
         inputs, targets = self.to_device(inputs), self.to_device(targets)
-        with self.autocast(), self.masks(0), untouched_buffers(self.model):
-            return capture_activations(self.model, inputs, self.module_names,
-                                       loss_of=lambda out: self.loss_fn(out, loss_batch(inputs, targets)),
-                                       output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
+
+        def capture(loss_of):
+            with self.autocast(), self.masks(0), untouched_buffers(self.model):
+                return capture_activations(self.model, inputs, self.module_names, loss_of=loss_of,
+                                           output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
+        try:
+            return capture(lambda out: self.loss_fn(out, loss_batch(inputs, targets)))
+        except RuntimeError as e:
+            if not probes_refused(e):
+                raise
+        # Hugging Face's audio feature encoders set requires_grad on their input (for gradient checkpointing),
+        # which the backward's probes made a computed tensor: the forward is captured alone
+        print(f"warning: {PROBES_REFUSED}", file=sys.stderr)
+        return capture(None)
 
     def eval_logits(self, inputs: np.ndarray) -> np.ndarray:
         """The trained model's eval-mode logits of `inputs` (dropout off, BatchNorm on its running statistics)."""
