@@ -11,6 +11,9 @@ flowing into each module (at its output) and out of it (at its input), its own b
 custom autograd function or a detach in the wrong place shows there (the NNX side adds the same probes)."""
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import nn
@@ -92,9 +95,18 @@ PROBES_REFUSED = ("the step-0 backward was not captured: the model sets requires
                   "computed tensor; the forward's activations are captured alone")
 
 
-def probes_refused(error: RuntimeError) -> bool:
-    """Whether a probed capture failed because the model changed its input's requires_grad."""
-    return "requires_grad flags of leaf variables" in str(error)
+def probed_or_forward_alone(capture: Callable[[bool], Capture]) -> Capture:
+    """`capture(True)`: the activations with the backward's gradient probes; where the model refuses them (it
+    sets requires_grad on a module's input, as Hugging Face's audio feature encoders do for gradient
+    checkpointing, and the probe made that input a computed tensor), `capture(False)`, the forward alone, with a
+    warning. `capture` enters its own contexts (masks, buffers) each time."""
+    try:
+        return capture(True)
+    except RuntimeError as e:
+        if "requires_grad flags of leaf variables" not in str(e):
+            raise
+    print(f"warning: {PROBES_REFUSED}", file=sys.stderr)
+    return capture(False)
 
 
 def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], to_numpy=_host,

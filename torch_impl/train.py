@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import sys
 import time
 
 import numpy as np
@@ -24,7 +23,7 @@ from common.twin import twin_of, user_loss
 from common.vocab import RecordStatus
 from common.weights import start_info, start_state
 from torch_impl import summary
-from torch_impl.capture import PROBES_REFUSED, capture_activations, probes_refused
+from torch_impl.capture import capture_activations, probed_or_forward_alone
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import (
     canonical_state,
@@ -175,19 +174,13 @@ class TorchTrainer:
         gradient of the loss on `targets` at each."""
         inputs, targets = self.to_device(inputs), self.to_device(targets)
 
-        def capture(loss_of):
+        def capture(probed: bool) -> Capture:
             with self.autocast(), self.masks(0), untouched_buffers(self.model):
-                return capture_activations(self.model, inputs, self.module_names, loss_of=loss_of,
-                                           output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
-        try:
-            return capture(lambda out: self.loss_fn(out, loss_batch(inputs, targets)))
-        except RuntimeError as e:
-            if not probes_refused(e):
-                raise
-        # Hugging Face's audio feature encoders set requires_grad on their input (for gradient checkpointing),
-        # which the backward's probes made a computed tensor: the forward is captured alone
-        print(f"warning: {PROBES_REFUSED}", file=sys.stderr)
-        return capture(None)
+                return capture_activations(
+                    self.model, inputs, self.module_names,
+                    loss_of=(lambda out: self.loss_fn(out, loss_batch(inputs, targets))) if probed else None,
+                    output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
+        return probed_or_forward_alone(capture)
 
     def eval_logits(self, inputs: np.ndarray) -> np.ndarray:
         """The trained model's eval-mode logits of `inputs` (dropout off, BatchNorm on its running statistics)."""

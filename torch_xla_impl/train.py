@@ -49,7 +49,7 @@ from common.twin import twin_of
 from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
 from common.weights import start_info, start_state
 from torch_impl import convert
-from torch_impl.capture import capture_activations
+from torch_impl.capture import capture_activations, probed_or_forward_alone
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
@@ -211,27 +211,28 @@ class TorchXlaTrainer:
         torch_xla.sync()
         grads = {name: p.grad for name, p in self.model.named_parameters()}
         out = {"outputs": {**{k: v.detach().float().cpu().numpy() for k, v in outputs.items()},
-                           "loss": np.asarray(loss.item())},
-               "grads": convert.to_canonical(grads, self.correspondence)}
+                           "loss": np.asarray(loss.item())}, "grads": convert.to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
         self.monitor.collect()
         return out
 
     def step0_activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
-        """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture), from
-        a fresh copy of the model holding the start weights: it runs after the run, whose graphs, compile
-        events and HLO dump it must not join. Replica 0's only."""
+        """Every module's input and output on `inputs` (step 0's batch, torch_impl.capture), from a fresh copy of the
+        model at the start weights: after the run, whose graphs, compiles and HLO dump it must not join. Replica 0's."""
         if self.replica != 0:
             return Capture()
-        model = build_model(self.spec.model, self.spec.train.seed)
-        model = convert.moved(convert.load_canonical(model, self.start_params, self.spec.model), self.device)
-        with self.autocast(), step_masks(self.spec, 0, self.device):
-            inputs, targets = on_device(inputs, self.device), on_device(targets, self.device)
-            capture = capture_activations(model, inputs, self.module_names, sync=torch_xla.sync,
-                                          loss_of=lambda out: self.loss_fn(out, self.loss_batch(inputs, targets)),
-                                          output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
+
+        def capture(probed: bool) -> Capture:
+            model = convert.moved(convert.load_canonical(build_model(self.spec.model, self.spec.train.seed),
+                                                         self.start_params, self.spec.model), self.device)
+            with self.autocast(), step_masks(self.spec, 0, self.device):
+                x, y = on_device(inputs, self.device), on_device(targets, self.device)
+                loss_of = (lambda out: self.loss_fn(out, self.loss_batch(x, y))) if probed else None
+                return capture_activations(model, x, self.module_names, sync=torch_xla.sync, loss_of=loss_of,
+                                           output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
+        captured = probed_or_forward_alone(capture)  # its own graphs' dump is not the run's
         shutil.rmtree(dump_dir(self.options.out_dir), ignore_errors=True)
-        return capture
+        return captured
 
     def host_state(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers (BatchNorm's running statistics) on the host, as they are now."""
@@ -299,8 +300,7 @@ class TorchXlaTrainer:
     def new_record(self) -> RunRecord:
         spec, replicas = self.spec, self.replicas
         return RunRecord(
-            backend="torch_xla", spec=spec.to_dict(),
-            versions=package_versions("torch", "torch-xla"),
+            backend="torch_xla", spec=spec.to_dict(), versions=package_versions("torch", "torch-xla"),
             platform={**host_platform(), "device_platform": xr.device_type(), "device_kind": xr.device_type(),
                       "device_count": xr.global_runtime_device_count(), "process_count": xr.process_count()},
             numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
