@@ -104,15 +104,17 @@ def test_only_this_runs_float32_runs_set_the_floor(tmp_path, floor_run_id, judge
 
 @pytest.mark.slow
 def test_a_float32_run_made_chaotic_by_training_is_judged_by_its_jittered_floor(tmp_path):
-    """gpt-tiny on the Python language reference, seed 3, JAX against eager torch in float32: the loss of step 39
-    is sharp, and the two correct ports' rounding differences become 2.6e-3 there, over the fixed bound
-    (1e-4 + 5e-4 |loss|, 1.8e-3). With --fp32-tolerance noise-floor each backend runs once more from start
-    weights 16 ulps off, and that run's drift bounds every step; step 0 keeps its float32 bounds."""
+    """gpt-tiny on the Python language reference, seed 3, lr 1e-2, JAX against eager torch in float32: training
+    at that rate is chaotic, and from step ~12 on the two correct ports' rounding differences grow past the fixed
+    bound (1e-4 + 5e-4 |loss|) at most steps, by 5x to 400x (measured with one and two OpenMP threads and with
+    XLA's Eigen threads off: each CPU rounds otherwise, so the test asserts the property, not one CPU's numbers).
+    With --fp32-tolerance noise-floor each backend runs once more from start weights 16 ulps off, and that run's
+    drift bounds every step (the worst step used a third of it); step 0 keeps its float32 bounds."""
     tokens, out = tmp_path / "pydoc.bin", tmp_path / "run"
     write_tokens(tokens, pydoc_text())
     proc = run_cli("compare", "--quiet", "--out", str(out), "--backend", "jax,torch", "--set",
                    "data.dataset=tokens-file", "--set", f"data.path={tokens}", "--set", "train.seed=3", "--set",
-                   "data.seed=3", "--fp32-tolerance", "noise-floor")
+                   "data.seed=3", "--set", "train.lr=1e-2", "--fp32-tolerance", "noise-floor")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert report["tolerance_policy"]["rule"].endswith("noise = max|run - its own run from start weights 16 ulps off|")
@@ -121,14 +123,15 @@ def test_a_float32_run_made_chaotic_by_training_is_judged_by_its_jittered_floor(
     assert (floor.pop("start_jitter_ulps"), main.pop("start_jitter_ulps")) == (16, 0) and floor == main
     loss, ref = report["parity"]["torch"]["loss"], report["backends"]["jax"]["losses"]
     fixed = load_policy("default", "float32")["loss"]
-    over = [s for s, d in enumerate(loss["per_step_abs"]) if d > fixed["atol"] + fixed["rtol"] * abs(ref[s])]
-    assert over == [39] and loss["per_step_abs"][39] == pytest.approx(2.62e-3, abs=5e-5)  # the fixed bound fails it
+    fixed_bounds = [fixed["atol"] + fixed["rtol"] * abs(loss_s) for loss_s in ref]
+    over = [s for s, d in enumerate(loss["per_step_abs"]) if d > fixed_bounds[s]]
+    assert len(over) >= 10 and max(loss["per_step_abs"][s] / fixed_bounds[s] for s in over) > 5  # fixed fails it
     losses = {(side, run): [s["loss"] for s in json.loads((out / d / side / "record.json").read_text())["steps"]]
               for side in ("jax", "torch") for run, d in (("main", "."), ("floor", FLOOR_DIR))}
     noise = np.maximum.accumulate(np.max([np.abs(np.subtract(losses[side, "floor"], losses[side, "main"]))
                                           for side in ("jax", "torch")], axis=0))
-    assert loss["bounds"][39] == pytest.approx(max(3 * noise[39], fixed["atol"] + fixed["rtol"] * abs(ref[39])))
-    assert loss["per_step_abs"][39] < loss["bounds"][39] and loss["first_divergent_step"] is None
+    assert loss["bounds"][1:] == pytest.approx([max(3 * n, b) for n, b in zip(noise[1:], fixed_bounds[1:])])
+    assert all(d < b for d, b in zip(loss["per_step_abs"], loss["bounds"])) and loss["first_divergent_step"] is None
     step0 = report["parity"]["torch"]["tensors"]["grads/blocks.0.mlp.fc.kernel"]
     assert step0["judged_by"] == "noise-floor" and step0["noise"] < step0["bound"] / 10  # its float32 bound
 
