@@ -90,6 +90,13 @@ def _permuted(axes: tuple, in_layout: str) -> str:
     return UNKNOWN
 
 
+def kept_float(value) -> np.ndarray:
+    """A captured value on the host as the tensor file keeps it: float64 where it was computed in float64 (a
+    float64 run), else float32 (bfloat16 widened exactly)."""
+    value = np.asarray(value)
+    return value if value.dtype == np.float64 else np.asarray(value, np.float32)
+
+
 def to_channel_last(value: np.ndarray, layout: str) -> np.ndarray:
     if layout == CHANNEL_FIRST and value.ndim >= 3:
         return np.ascontiguousarray(np.moveaxis(value, 1, -1))
@@ -150,10 +157,10 @@ class LayoutTracker:
         if layout == UNKNOWN and value.ndim >= 3:
             capture.skipped[key] = UNKNOWN_REASON
         else:
-            capture.arrays[key] = to_channel_last(np.asarray(value, np.float32), layout)
+            capture.arrays[key] = to_channel_last(kept_float(value), layout)
 
     @staticmethod
     def keep_grad(capture: Capture, key: str, value: np.ndarray, layout: str) -> None:
         """The gradient of the activation stored under `key`, in its layout (none where it was left out)."""
         if key in capture.arrays:
-            capture.grads[key] = to_channel_last(np.asarray(value, np.float32), layout)
+            capture.grads[key] = to_channel_last(kept_float(value), layout)

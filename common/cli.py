@@ -51,7 +51,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
                         help="override a spec field, e.g. --set model.d_model=128 (repeatable)")
     parser.add_argument("--steps", type=int, help="train steps (train.steps)")
     parser.add_argument("--mesh", help="mesh axis sizes, e.g. data=2,fsdp=1,tensor=4")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="train.dtype")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float64"), help="train.dtype")
     parser.add_argument("--seed", type=int, help="seed of parameter init and data (train.seed, data.seed)")
     add_provoke_flag(parser)
 

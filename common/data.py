@@ -20,6 +20,7 @@ import numpy as np
 from common.batch import CHAIN, EPOCH_ORDER, EXAMPLES, OFFSETS, TEACHER, Batch, DataError, seeded_rng
 from common.fsutil import require_regular_file
 from common.spec import MLPSpec, RunSpec
+from common.weights import widened
 
 
 def _input_shape(spec: RunSpec) -> tuple[int, ...]:
@@ -247,7 +248,27 @@ def _token_file(spec: RunSpec) -> TokenDataset:
 
 
 def make_dataset(spec: RunSpec):
-    """The dataset object for a validated spec; `.global_batch(step)` gives a Batch."""
+    """The dataset object for a validated spec; `.global_batch(step)` gives a Batch (its float arrays widened
+    exactly to float64 in a float64 run, here once for every backend)."""
+    dataset = _dataset(spec)
+    return Widened(dataset) if spec.train.state_dtype == "float64" else dataset
+
+
+class Widened:
+    """A dataset whose batches' float32 (and narrower) arrays come as float64: exact, the same values."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __getattr__(self, name):
+        return getattr(self.dataset, name)
+
+    def global_batch(self, step: int) -> Batch:
+        return Batch(*(widened(p, "float64") if isinstance(p, dict) else widened({"": p}, "float64")[""]
+                       for p in self.dataset.global_batch(step)))
+
+
+def _dataset(spec: RunSpec):
     kind = spec.data.dataset
     if kind == "batches" or spec.task == "custom":  # the twin's own named arrays
         from common.batches import make_batches

@@ -216,7 +216,9 @@ class TrainSpec:
     global_batch_size: int = 64
     steps: int = 50
     timing_warmup_steps: int = 3  # first steps excluded from step-time statistics
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    # float64: the port proved on the host, every runtime's parameters, optimizer state, float inputs and kept
+    # tensors in float64 from the same canonical weights widened exactly (DESIGN.md, parity point 7)
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
     matmul_precision: Literal["default", "high", "highest"] = "highest"
     seed: int = 0  # parameter init
     dropout_seed: int = -1  # dropout's random masks; -1: train.seed
@@ -249,6 +251,12 @@ class TrainSpec:
         _require(self.dropout_seed >= -1, f"train.dropout_seed={self.dropout_seed} must be >= 0 (or -1: train.seed)")
         _require(self.dropout_masks in values(MaskSource),
                  f"train.dropout_masks={self.dropout_masks} must be one of {', '.join(values(MaskSource))}")
+
+    @property
+    def state_dtype(self) -> str:
+        """The dtype of parameters, optimizer state, float inputs, the loss and every kept tensor: float32 (a
+        bfloat16 run computes in bfloat16 over float32 ones), or float64 in a float64 run."""
+        return "float64" if self.dtype == "float64" else "float32"
 
     @property
     def mask_seed(self) -> int:

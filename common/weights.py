@@ -237,6 +237,14 @@ def start_state(checkpoint: str | Path | None) -> dict[str, np.ndarray]:
     return _read_start(path)[1] if path else {}
 
 
+def widened(arrays: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    """Start weights (or batches' named arrays) in a run's state dtype: float arrays widened to float64 in a
+    float64 run, exactly (the same values); integers, and every array of a float32 run, as they are."""
+    if dtype != "float64":
+        return arrays
+    return {k: v.astype(np.float64) if v.dtype.kind == "f" and v.dtype != np.float64 else v for k, v in arrays.items()}
+
+
 PARAM_DTYPE = "float32"  # every run's parameters: train.dtype=bfloat16 computes in bfloat16 over float32 ones
 CONVERTED_DTYPES = ("bfloat16", "float16", "float64")  # converted to PARAM_DTYPE once, by param_arrays
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",

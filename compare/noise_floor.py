@@ -80,7 +80,7 @@ def judge_tensors(tensors: dict, ref: dict, other: dict, floors: Floors, factor:
         entry.pop("passes_with", None)
         entry.update(within=entry["abs"] <= bound, tolerance_used=entry["abs"] / bound if bound > 0 else None,
                      over=int(np.count_nonzero(diffs[np.isfinite(diffs)] > bound)), judged_by="noise-floor",
-                     noise=max(noises), bound=bound)
+                     noise=max(noises), bound=bound, sensitivity=bound / scale if scale > 0 else None)
 
 
 def judge_losses(loss: dict, ref: list, other: list, floors: Floors, factor: float = FACTOR) -> dict:
@@ -99,7 +99,15 @@ def judge_losses(loss: dict, ref: list, other: list, floors: Floors, factor: flo
             first = step
     if first is None and loss["first_divergent_step"] is not None and loss["first_divergent_step"] >= len(bounds):
         first = loss["first_divergent_step"]  # one side stopped early
-    return {**loss, "first_divergent_step": first, "bounds": bounds, "judged_by": "noise-floor"}
+    return {**loss, "first_divergent_step": first, "bounds": bounds, "judged_by": "noise-floor",
+            "sensitivity": loss_sensitivity(ref, bounds)}
+
+
+def loss_sensitivity(ref: list, bounds: list) -> float | None:
+    """The relative change of a step's loss that its bound would have failed, at the least sensitive step
+    (compare/sensitivity.py)."""
+    shares = [b / abs(a) for a, b in zip(ref, bounds) if a is not None and a != 0]
+    return max(shares) if shares else None
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from common.summary import TensorSummary, summarize
 from compare import noise_floor
 from compare.backward import first_divergent_module_backward
 from compare.curves import compare_curves, curves_words
-from compare.noise_floor import Floors
+from compare.noise_floor import Floors, loss_sensitivity
 from compare.second_pass import location_keys, mark_second_pass
+from compare.sensitivity import group_sensitivity
 from compare.tensor_error import (
     BORDERLINE,
     by_summary,
@@ -88,22 +89,24 @@ def compare_tensors(ref: dict, other: dict, policy: dict,
 def compare_losses(ref: list, other: list, bounds: dict) -> dict:
     """Per-step |Δloss|, its tolerance, and the first step that leaves it."""
     n = min(len(ref), len(other))
-    per_step, first = [], None
+    per_step, first, bound_of = [], None, []
     for step in range(n):
         a, b = ref[step], other[step]
+        bound_of.append(None if a is None else bounds["atol"] + bounds["rtol"] * abs(a))
         if a is None or b is None:
             per_step.append(None)
             first = step if first is None else first
             continue
         diff = abs(a - b)
         per_step.append(diff)
-        if first is None and diff > bounds["atol"] + bounds["rtol"] * abs(a):
+        if first is None and diff > bound_of[-1]:
             first = step
     if first is None and len(ref) != len(other):
         first = n  # one side stopped early
     finite = [d for d in per_step if d is not None]
     return {"first_divergent_step": first, "per_step_abs": per_step,
-            "max_abs": max(finite) if finite else None, "steps_compared": n}
+            "max_abs": max(finite) if finite else None, "steps_compared": n,
+            "sensitivity": loss_sensitivity(ref[:n], bound_of)}
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -241,6 +244,7 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
             "input_used": (inputs[culprit] or {}).get("tolerance_used") if culprit else None,
             "output_error": errors[module] if module else None, "modules_compared": len(outputs),
             "modules_diverging": len(diverging), "not_compared": not_compared,
+            "sensitivity": {k: e["sensitivity"] for k, e in errors.items() if e.get("sensitivity") is not None},
             **by_summary([*errors.values(), *inputs.values()])}
 
 
@@ -284,7 +288,8 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
         ref_tensors.get("activation_grads", {}), other_tensors.get("activation_grads", {}),
         list(ref_tensors.get("activations", {})), policy["grad"], names)
     activation_pass = confirm_locations(forward, backward, ref_tensors, other_tensors)
-    by_module = passed and _module_parts(forward, floors is None and str(ref.numerics.get("dtype")) == "float32")
+    fixed = floors is None and str(ref.numerics.get("dtype")) in ("float32", "float64")
+    by_module = passed and _module_parts(forward, fixed)
     return {"checked": True, "comparable": comparable, "setting_differences": differences,
             "intended_differences": [d for d in differences if d not in unexplained], "distribution": distribution,
             "first_divergent_step": first_step, "loss": loss, "tensors": tensors,
@@ -295,14 +300,15 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
             # parted after an agreeing step 0 with no floor measured: training may have grown rounding
             "unmeasured_noise": FLOOR_FLAGS.get(str(ref.numerics.get("dtype"))) if floors is None and first_step
             else None,
-            "dropout_sites": dropout_sites(ref, other)}
+            "dropout_sites": dropout_sites(ref, other),
+            "sensitivity": group_sensitivity(tensors, loss, forward, set(unreached))}
 
 
 def _module_parts(forward: dict | None, fixed_float32: bool) -> bool:
     """A module whose output leaves its bound though its input agrees (judged whole, not on summaries alone) is
     a port difference even where it moved no compared tensor out of tolerance (a norm's eps: 97 % of the
-    logits' bound on a Swin, where a correct port uses 0.1 %). It fails a float32 run judged by fixed bounds,
-    where correct ports sit far inside them; under a noise floor or in bfloat16 it stays a location, as does an
+    logits' bound on a Swin, where a correct port uses 0.1 %). It fails a float32 or float64 run judged by fixed
+    bounds, where correct ports sit far inside them; under a noise floor or in bfloat16 it stays a location, as does an
     output that differs in shape only (a module boundary the two sides draw apart: HF's Wav2Vec2 positional
     Conv1d before its trim, against a port's convolution after it)."""
     return fixed_float32 and forward is not None and forward["module"] is not None and forward["input_agrees"] \

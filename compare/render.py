@@ -6,6 +6,7 @@ from rich.table import Table
 
 from common.modules import ROOT_MODULE
 from compare.program import metric_rows
+from compare.sensitivity import sensitivity_line
 from compare.tensor_error import BORDERLINE, passes_with_words
 
 # how a tensor row was judged when not element by element in full (its kind column says it)
@@ -319,12 +320,20 @@ def device_line(report: dict) -> str:
         (" (different: timings not comparable)" if named else "")
 
 
+def sensitivity_lines(report: dict) -> list[str]:
+    """What each judged backend's verdict could have seen (compare/sensitivity.py), one line each."""
+    parity = report.get("parity") or {}
+    return [f"{name}: {sensitivity_line(p, report.get('dtype', 'float32'))}" for name, p in parity.items()
+            if p.get("checked")]
+
+
 def markdown(report: dict) -> str:
     """report.md. Every table renders or says why it could not (`tables`)."""
     lines = [f"# Parity report: {report['spec_name']}", "",
              f"**Verdict: {report['verdict']}** (status `{report['status']}`, exit code {report['exit_code']})", ""]
     if report.get("message"):
         lines += [report["message"], ""]
+    lines += [*(f"- {line}" for line in sensitivity_lines(report)), ""] if sensitivity_lines(report) else []
     lines += [device_line(report), ""]
     for title, header, rows in tables(report):
         lines += [f"## {title}", "", "| " + " | ".join(h.replace("|", "\\|") for h in header) + " |",
@@ -351,4 +360,6 @@ def print_tables(report: dict, console: Console | None = None) -> None:
         console.print(table)
     style = "bold green" if report["verdict"] == "pass" else "bold red"
     console.print(device_line(report))
+    for line in sensitivity_lines(report):
+        console.print(line)
     console.print(f"verdict: {report['verdict']} ({report['status']})  report: {report['run_dir']}", style=style)

@@ -109,7 +109,7 @@ from compare.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
 from compare.parity import check_parity, failure_message
 from compare.second_pass import ACTIVATION_GROUPS, with_second_pass
 from compare.summary import backend_summary, cpu_peak, wall_breakdown
-from compare.tolerances import load_policy
+from compare.tolerances import load_policy, pair_policy
 from compare.verdict import CheckResult, decide, not_made
 
 REPORT_SCHEMA = 2
@@ -271,13 +271,14 @@ def _parity(inputs: ReportInputs, records: dict, tensors: dict, unjudged: list, 
     for n in inputs.names:
         if n != reference and n in tensors:
             pair = Floors(floors[reference], floors[n], fp32) if floors and {reference, n} <= set(floors) else None
+            policy, widened = pair_policy(inputs.policy, inputs.spec.train.dtype, (reference, n))
             judged = attempt(f"parity.{n}", check_parity, records[reference], records[n], tensors[reference],
-                             tensors[n], inputs.policy,
+                             tensors[n], policy,
                              intended=inputs.intended.get(reference, []) + inputs.intended.get(n, []), floors=pair)
             if judged is None:
                 unjudged.append(n)
             else:
-                parity[n] = judged
+                parity[n] = {**judged, **({"runtime_rounding": widened} if widened else {})}
     return parity or None
 
 

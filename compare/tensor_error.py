@@ -118,7 +118,7 @@ def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float,
     return {"abs": diff, "rel": diff / scale if scale > 0 else (0.0 if diff == 0 else None),
             # a non-finite mismatch fails whatever the finite pairs say: unmeasurable, ranked first
             "tolerance_used": None if mismatches else used, "within": within, "over": over,
-            "elements": int(diffs.size), **extra}
+            "elements": int(diffs.size), "sensitivity": bound / scale if scale > 0 else None, **extra}
 
 
 def module_error(a, b, bounds: dict, names: tuple[str, str], key: str) -> dict:

@@ -39,12 +39,14 @@ import json
 import math
 from pathlib import Path
 
+from common import backends
 from common.fsutil import require_regular_file
 
 KINDS = ("forward", "grad", "loss", "params")
 TENSOR_KINDS = ("forward", "grad", "params")  # judged element by element: a fraction may be over
 DISTRIBUTION_KEYS = ("kl_mean", "top1")
-DISTRIBUTION = {"float32": {"kl_mean": 1e-8, "top1": 0.99}, "bfloat16": {"kl_mean": 1e-3, "top1": 0.9}}
+DISTRIBUTION = {"float32": {"kl_mean": 1e-8, "top1": 0.99}, "bfloat16": {"kl_mean": 1e-3, "top1": 0.9},
+                "float64": {"kl_mean": 1e-12, "top1": 0.99}}  # float64: max-abs decides (KL ~ rel^2)
 
 PROFILES: dict[str, dict[str, dict[str, dict[str, float]]]] = {
     "default": {
@@ -52,18 +54,40 @@ PROFILES: dict[str, dict[str, dict[str, dict[str, float]]]] = {
                     "loss": {"atol": 1e-4, "rtol": 5e-4}, "params": {"atol": 5e-3, "rtol": 1e-2}},
         "bfloat16": {"forward": {"atol": 5e-2, "rtol": 2e-2}, "grad": {"atol": 1e-3, "rtol": 5e-2},
                      "loss": {"atol": 5e-2, "rtol": 2e-2}, "params": {"atol": 2e-2, "rtol": 2e-2}},
+        "float64": {"forward": {"atol": 1e-13, "rtol": 1e-9}, "grad": {"atol": 1e-14, "rtol": 1e-9},
+                    "loss": {"atol": 1e-12, "rtol": 1e-9}, "params": {"atol": 1e-9, "rtol": 1e-8}},
     },
     "strict": {
         "float32": {"forward": {"atol": 1e-6, "rtol": 1e-5}, "grad": {"atol": 1e-7, "rtol": 1e-4},
                     "loss": {"atol": 1e-5, "rtol": 1e-5}, "params": {"atol": 1e-4, "rtol": 1e-4}},
         "bfloat16": {"forward": {"atol": 1e-2, "rtol": 1e-2}, "grad": {"atol": 1e-4, "rtol": 1e-2},
                      "loss": {"atol": 1e-2, "rtol": 1e-2}, "params": {"atol": 5e-3, "rtol": 5e-3}},
+        "float64": {"forward": {"atol": 1e-14, "rtol": 1e-10}, "grad": {"atol": 1e-15, "rtol": 1e-10},
+                    "loss": {"atol": 1e-13, "rtol": 1e-10}, "params": {"atol": 1e-10, "rtol": 1e-9}},
     },
 }
 
 
 class ToleranceError(ValueError):
     pass
+
+
+def pair_policy(policy: dict, dtype: str, names: tuple[str, ...]) -> tuple[dict, dict]:
+    """The policy a pair of backends is judged by: in float64, each tensor kind's rtol no tighter than what
+    either runtime's own lowerings need (its registry row's `float64_rtol`); and {backend: why} of those that
+    widened it ({} where none did)."""
+    if dtype != "float64":
+        return policy, {}
+    rows = [backends.info(n) for n in names if n in backends.registry()]
+    rows = [r for r in rows if r.float64_rtol]
+    if not rows:
+        return policy, {}
+    out = {k: dict(v) for k, v in policy.items()}
+    for row in rows:
+        for kind, rtol in row.float64_rtol:
+            out[kind]["rtol"] = max(out[kind]["rtol"], rtol)
+    return out, {r.name: f"{r.float64_why}: judged with rtol " + ", ".join(f"{k} {v:g}" for k, v in r.float64_rtol)
+                 for r in rows}
 
 
 def load_policy(profile: str, dtype: str) -> dict[str, dict[str, float]]:

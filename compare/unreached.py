@@ -22,7 +22,8 @@ import numpy as np
 
 from common.summary import TensorSummary
 
-EPSILON = {"float32": float(np.finfo(np.float32).eps), "bfloat16": 2.0 ** -7}
+EPSILON = {"float32": float(np.finfo(np.float32).eps), "bfloat16": 2.0 ** -7,
+           "float64": float(np.finfo(np.float64).eps)}
 SHARE_OF_EPSILON = 0.25
 
 

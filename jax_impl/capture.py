@@ -14,10 +14,9 @@ from __future__ import annotations
 import contextlib
 
 import jax
-import numpy as np
 from flax import nnx
 
-from common.activations import CHANNEL_FIRST, CHANNEL_LAST, Capture, LayoutTracker, replace_first
+from common.activations import CHANNEL_FIRST, CHANNEL_LAST, Capture, LayoutTracker, kept_float, replace_first
 from common.modules import ROOT_MODULE
 from common.outputs import forward
 
@@ -113,10 +112,10 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
         grads, kept = jax.jit(jax.grad(probed_loss, has_aux=True))(floating, state, inputs)
     tracker = LayoutTracker(initial_layout)
     for key, layout in layouts.items():
-        tracker.keep(capture, key, np.asarray(kept[key], np.float32), layout)
+        tracker.keep(capture, key, kept_float(kept[key]), layout)
     for key, layout in layouts.items():  # in the forward's order (jax returns a dict's keys sorted)
         if key in grads:
-            tracker.keep_grad(capture, key, np.asarray(grads[key], np.float32), layout)
+            tracker.keep_grad(capture, key, kept_float(grads[key]), layout)
     return capture
 
 

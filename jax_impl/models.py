@@ -85,7 +85,7 @@ class Attention(nnx.Module):
         q, k, v = (proj(x).reshape(b, t, self.n_heads, hd) for proj in (self.q, self.k, self.v))  # (B, T, H, hd)
         scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hd)  # (B, H, T, T)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        scores = jnp.where(causal, scores.astype(jnp.float32), -jnp.inf)
+        scores = jnp.where(causal, scores.astype(jnp.promote_types(scores.dtype, jnp.float32)), -jnp.inf)
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         y = jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, d)
         return self.o(y)
@@ -175,7 +175,7 @@ def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0, dropo
     kwargs = hparams_of(spec)
     if twin.nnx_dtype_arg:
         kwargs[twin.nnx_dtype_arg] = compute_dtype
-    elif compute_dtype != jnp.float32:
+    elif compute_dtype == jnp.bfloat16:  # (float64 needs none: modules without a dtype follow their inputs')
         raise TwinError(f"twin {getattr(spec, 'twin', spec.family)} names no nnx_dtype_arg, so its NNX side "
                         "cannot compute in bfloat16; add one to the Twin or run float32")
     try:

@@ -24,8 +24,9 @@ def clip_by_global_norm_like_torch(max_norm: float) -> optax.GradientTransformat
 
 
 def lr_schedule(train: TrainSpec):
-    """The spec's lr per step as a table: the same float32 values torch receives."""
-    table = jnp.asarray([train.lr_at(s) for s in range(train.steps)], jnp.float32)
+    """The spec's lr per step as a table, in the dtype of the parameters it updates (float64 in a float64 run:
+    torch's lr is a Python float)."""
+    table = jnp.asarray([train.lr_at(s) for s in range(train.steps)], train.state_dtype)
     return lambda count: table[jnp.minimum(count, train.steps - 1)]
 
 

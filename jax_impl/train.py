@@ -25,7 +25,7 @@ from common.outputs import array_outputs, forward, logits_of, loss_batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
-from common.weights import start_info, start_state
+from common.weights import start_info, start_state, widened
 from jax_impl import convert, masks, sharding
 from jax_impl.capture import capture_activations
 from jax_impl.checkpoint_io import start_weights
@@ -38,15 +38,20 @@ from jax_impl.sharding import StepBatch
 SETTLE_STEPS = 1  # a fixed-shape jitted loop compiles once, at its first step
 
 
+def loss_dtype(x):
+    """float32 for bfloat16 or float32 values, float64 for float64 ones (a float64 run's loss)."""
+    return jnp.promote_types(jnp.result_type(x), jnp.float32)
+
+
 def cross_entropy(logits, targets):
-    """Mean softmax cross-entropy over every position, in float32."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean()
+    """Mean softmax cross-entropy over every position, in float32 (float64 in a float64 run)."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(loss_dtype(logits)), targets).mean()
 
 
 def mean_squared_error(predictions, targets):
-    """Mean squared error over every element, in float32."""
-    predictions = predictions.astype(jnp.float32)
-    return jnp.mean((predictions - targets.astype(jnp.float32).reshape(predictions.shape)) ** 2)
+    """Mean squared error over every element, in float32 (float64 in a float64 run)."""
+    predictions = predictions.astype(loss_dtype(predictions))
+    return jnp.mean((predictions - targets.astype(predictions.dtype).reshape(predictions.shape)) ** 2)
 
 
 def task_loss(spec: RunSpec):
@@ -56,7 +61,10 @@ def task_loss(spec: RunSpec):
     twin = twin_of(spec.model)
     if twin.loss:
         loss = user_loss(twin, "nnx")
-        return lambda outputs, batch: jnp.asarray(loss(outputs, batch), jnp.float32)
+        def own(outputs, batch):
+            value = loss(outputs, batch)
+            return jnp.asarray(value, loss_dtype(value))
+        return own
     built_in = mean_squared_error if spec.task == "regression" else cross_entropy
     return lambda outputs, batch: built_in(logits_of(outputs, twin.logits), batch["targets"])
 
@@ -74,14 +82,14 @@ class JaxTrainer(JittedTrainer):
     def __init__(self, spec: RunSpec, mesh, options: RunOptions, monitor: CompileMonitor):
         self.bind(spec, options, monitor, mesh)
         checkpoint = options.checkpoint
-        compute_dtype = jnp.bfloat16 if spec.train.dtype == "bfloat16" else jnp.float32
+        compute_dtype = {"bfloat16": jnp.bfloat16, "float64": jnp.float64}.get(spec.train.dtype, jnp.float32)
         model = build_model(spec.model, compute_dtype, seed=spec.train.seed, dropout_seed=spec.train.mask_seed)
         self.input_axes, self.which = nnx_input_axes(spec), twin_of(spec.model).logits
         self.loss_fn, self.output_axes = task_loss(spec), tuple(twin_of(spec.model).nnx_output_axes)
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
         started = time.perf_counter()
-        canonical = start_weights(spec, checkpoint)
-        self.rest = convert.load_state(self.rest, start_state(checkpoint))
+        canonical = widened(start_weights(spec, checkpoint), spec.train.state_dtype)
+        self.rest = convert.load_state(self.rest, widened(start_state(checkpoint), spec.train.state_dtype))
         self.param_shardings = sharding.param_shardings(spec.model, spec.mesh, mesh)
         self.params = convert.load_canonical(abstract, canonical, spec.model, self.param_shardings)
         jax.block_until_ready(self.params)

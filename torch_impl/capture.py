@@ -19,8 +19,17 @@ import torch
 from torch import nn
 from torch.nn.modules import batchnorm, conv, instancenorm, pooling
 
-from common.activations import CHANNEL_FIRST, CHANNEL_LAST, NEVER_CALLED_REASON, Capture, LayoutTracker, replace_first
+from common.activations import (
+    CHANNEL_FIRST,
+    CHANNEL_LAST,
+    NEVER_CALLED_REASON,
+    Capture,
+    LayoutTracker,
+    kept_float,
+    replace_first,
+)
 from common.outputs import forward
+from torch_impl.models import at_least_float32
 
 # layers whose type fixes where their output's channels are (the rest: common/activations.py's rules)
 CHANNEL_FIRST_TYPES = (conv._ConvNd, batchnorm._BatchNorm, instancenorm._InstanceNorm, nn.GroupNorm,
@@ -65,7 +74,7 @@ def _permuted_view(x, y) -> bool | tuple:
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
-    return t.float().cpu().numpy()
+    return at_least_float32(t).cpu().numpy()
 
 
 def _replace_first(value, new):
@@ -170,15 +179,15 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
     grads = {key: (p.grad if p.grad is not None else torch.zeros_like(p), layout)
              for key, (p, layout) in (probes.held if probes else {}).items()}
     if sync is not None:
-        held = {key: (value.float(), layout) for key, (value, layout) in held.items()}
-        grads = {key: (value.float(), layout) for key, (value, layout) in grads.items()}
+        held = {key: (at_least_float32(value), layout) for key, (value, layout) in held.items()}
+        grads = {key: (at_least_float32(value), layout) for key, (value, layout) in grads.items()}
         sync()
     capture = Capture()
     for n, m in model.named_modules():  # a module whose weights its parent reads itself (torchvision's attention)
         if names.get(n) and id(m) not in entered and next(m.parameters(recurse=False), None) is not None:
             capture.skipped[names[n]] = NEVER_CALLED_REASON
     for key, (value, layout) in held.items():
-        tracker.keep(capture, key, np.asarray(to_numpy(value), np.float32), layout)
+        tracker.keep(capture, key, kept_float(to_numpy(value)), layout)
     for key, (value, layout) in grads.items():
-        tracker.keep_grad(capture, key, np.asarray(to_numpy(value), np.float32), layout)
+        tracker.keep_grad(capture, key, kept_float(to_numpy(value)), layout)
     return capture

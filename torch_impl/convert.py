@@ -39,19 +39,21 @@ def modules_to_canonical(model: torch.nn.Module, model_spec) -> dict[str, str]:
     return module_map(holding, canonical, twin_of(model_spec).rename)
 
 
-def _to_numpy(value) -> np.ndarray:
+def host_float(value) -> np.ndarray:
+    """A float tensor (or array) as a numpy copy on the host: float64 where it is float64 (a float64 run), else
+    float32 (bfloat16 widened exactly). A copy: on the CPU `.to("cpu")` and `.numpy()` share the live
+    parameter's memory, which the next optimizer step overwrites in place."""
+    wide = value.dtype in (torch.float64, np.float64)
     if isinstance(value, torch.Tensor):
-        value = value.detach().to("cpu", torch.float32).numpy()
-    # a copy: on the CPU `.to("cpu")` and `.numpy()` share the live parameter's memory, which the next
-    # optimizer step overwrites in place
-    return np.array(value, np.float32)
+        value = value.detach().to("cpu", torch.float64 if wide else torch.float32).numpy()
+    return np.array(value, np.float64 if wide else np.float32)
 
 
 def canonical_state(buffers: dict, module_names: dict[str, str]) -> dict[str, np.ndarray]:
     """BatchNorm's running statistics ({buffer name: tensor or array}, on any device) by canonical state
     name (common.correspond.state_names); torch-only buffers are left out."""
     names = state_names(list(buffers), module_names)
-    return {canonical: _to_numpy(buffers[name]) for name, canonical in names.items()}
+    return {canonical: host_float(buffers[name]) for name, canonical in names.items()}
 
 
 def load_state(model: torch.nn.Module, state: dict[str, np.ndarray], module_names: dict[str, str]) -> None:
@@ -73,7 +75,7 @@ def to_canonical(tensors: dict, corr: Correspondence) -> dict[str, np.ndarray]:
     missing = [link.torch for link in corr.links if link.torch not in tensors]
     if missing:
         raise KeyError(f"no {missing[0]} among the torch tensors")
-    return corr.to_canonical({link.torch: _to_numpy(tensors[link.torch]) for link in corr.links})
+    return corr.to_canonical({link.torch: host_float(tensors[link.torch]) for link in corr.links})
 
 
 def moved(model: torch.nn.Module, device) -> torch.nn.Module:

@@ -23,6 +23,7 @@ from common.data import Batch, process_slice
 from common.spec import RunSpec, SpecError
 from common.twin import twin_of
 from common.vocab import MaskSource
+from torch_impl.models import at_least_float32
 
 ONE_PROCESS = "compare torch in a run without --processes (or leave it out of --backend in this one)"
 IGNORED = -100  # torch's cross-entropy's ignore_index
@@ -109,7 +110,7 @@ def mean_value(value: torch.Tensor, group: Group | None) -> torch.Tensor:
     """A scalar (the loss) averaged over the processes: the whole batch's mean over equal shares."""
     if group is None:
         return value
-    total = value.detach().float().clone()
+    total = at_least_float32(value.detach()).clone()
     dist.all_reduce(total)
     return total / group.size
 

@@ -21,6 +21,11 @@ from torch import nn
 from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec
 from common.twin import TwinError, factory_error, hparams_of, resolve, twin_of
 
+
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """`t` in float32 where it is narrower (a bfloat16 forward's logits, scores), float64 where it is float64."""
+    return t if t.dtype == torch.float64 else t.float()
+
 ACTIVATIONS = {
     "relu": F.relu,
     "tanh": torch.tanh,
@@ -84,7 +89,7 @@ class Attention(nn.Module):
         q, k, v = (z.reshape(b, t, self.n_heads, hd) for z in self.qkv(x).split(d, dim=2))  # (B, T, H, hd)
         scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hd)  # (B, H, T, T)
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        scores = scores.float().masked_fill(~causal, float("-inf"))
+        scores = at_least_float32(scores).masked_fill(~causal, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(x.dtype)
         y = torch.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, d)
         return self.o(y)
@@ -152,11 +157,17 @@ def gpt(**hparams) -> GPT:
     return GPT(TransformerSpec(**hparams))
 
 
-def build_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
+def build_model(spec: ModelSpec, seed: int = 0, dtype: str = "float32") -> nn.Module:
     """The twin's torch model on the CPU, from its factory (`common.twin`), seeded. Parameter values come
     from convert.load_canonical. Built for real, not on the meta device: a model on the meta device
     imports torch's reference decompositions at its first init call (2.7 s measured on this CPU, more
-    than initialising gpt-tiny), and a user's constructor computes buffers (rotary tables, say)."""
+    than initialising gpt-tiny), and a user's constructor computes buffers (rotary tables, say).
+
+    dtype float64 (a float64 run, TrainSpec.state_dtype): torch's default dtype is float64 from here on in this
+    process, as a user's float64 run sets it, so that the constructor's buffers and the tensors the forward makes
+    are float64, and the model's floating parameters and buffers are float64."""
+    if dtype == "float64":
+        torch.set_default_dtype(torch.float64)
     twin = twin_of(spec)
     factory = resolve(twin.torch, twin.base_dir)
     torch.manual_seed(seed)
@@ -167,4 +178,4 @@ def build_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
         raise factory_error("torch factory", twin.torch, e, kwargs) from None
     if not isinstance(model, nn.Module):
         raise TwinError(f"torch factory {twin.torch} returned a {type(model).__name__}, not a torch.nn.Module")
-    return model
+    return model.to(torch.float64) if dtype == "float64" else model

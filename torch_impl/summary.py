@@ -22,7 +22,7 @@ import torch
 from common.links import Correspondence
 from common.summary import TensorSummary, sample_indices
 from common.tensor_file import summarized
-from torch_impl.convert import to_canonical
+from torch_impl.convert import host_float, to_canonical
 
 
 class _Array:
@@ -108,4 +108,4 @@ def kept(tensors: Mapping[str, torch.Tensor], corr: Correspondence, group: str, 
         return to_canonical(tensors, corr)
     canonical = canonical_on_device(tensors, corr)
     return {k: device_summary(f"{group}/{k}", v) if summarized(f"{group}/{k}", v.numel(), mode, whole)
-            else np.array(v.to("cpu", torch.float32).numpy(), np.float32) for k, v in canonical.items()}
+            else host_float(v) for k, v in canonical.items()}

@@ -28,6 +28,7 @@ from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import (
     canonical_state,
     correspondence,
+    host_float,
     load_canonical,
     load_state,
     modules_to_canonical,
@@ -41,13 +42,13 @@ from torch_impl.distributed import (
     refuse_batch_norm,
 )
 from torch_impl.masks import step_masks
-from torch_impl.models import build_model
+from torch_impl.models import at_least_float32, build_model
 from torch_impl.optim import clip_gradients, make_optimizer, set_lr
 
 
 def cross_entropy(logits, targets):
-    """Mean softmax cross-entropy over every position, in float32."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+    """Mean softmax cross-entropy over every position, in float32 (float64 in a float64 run)."""
+    return F.cross_entropy(at_least_float32(logits).reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
 
 
 def torch_ints(array: np.ndarray) -> np.ndarray:
@@ -56,8 +57,9 @@ def torch_ints(array: np.ndarray) -> np.ndarray:
 
 
 def mean_squared_error(predictions, targets):
-    """Mean squared error over every element, in float32."""
-    return F.mse_loss(predictions.float(), targets.float().reshape(predictions.shape))
+    """Mean squared error over every element, in float32 (float64 in a float64 run)."""
+    predictions = at_least_float32(predictions)
+    return F.mse_loss(predictions, targets.to(predictions.dtype).reshape(predictions.shape))
 
 
 def task_loss(spec: RunSpec):
@@ -67,7 +69,7 @@ def task_loss(spec: RunSpec):
     twin = twin_of(spec.model)
     if twin.loss:
         loss = user_loss(twin, "torch")
-        return lambda outputs, batch: loss(outputs, batch).float()
+        return lambda outputs, batch: at_least_float32(loss(outputs, batch))
     built_in = mean_squared_error if spec.task == "regression" else cross_entropy
     return lambda outputs, batch: built_in(logits_of(outputs, twin.logits), batch["targets"])
 
@@ -101,7 +103,7 @@ class TorchTrainer:
         self.spec, self.options, self.device = spec, options, device or device_for_this_machine()
         self.group = group  # one of several processes, data parallel (torch_impl/distributed.py); None: alone
         self.provocations, checkpoint = list(options.provocations), options.checkpoint
-        model = build_model(spec.model, spec.train.seed)
+        model = build_model(spec.model, spec.train.seed, spec.train.state_dtype)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
         self.model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
         self.module_names = modules_to_canonical(self.model, spec.model)
@@ -163,7 +165,7 @@ class TorchTrainer:
             loss.backward()  # (before the statistics are put back: its graph holds them)
         average_gradients(self.model.parameters(), self.group)
         grads = {name: p.grad for name, p in self.model.named_parameters()}
-        out = {"outputs": {**{k: gather_rows(v.detach().float().cpu().numpy(), self.group) for k, v in outputs.items()},
+        out = {"outputs": {**{k: gather_rows(host_float(v), self.group) for k, v in outputs.items()},
                            "loss": np.asarray(mean_value(loss, self.group).item())},
                "grads": self.kept(grads, "grads")}
         self.optimizer.zero_grad(set_to_none=True)
@@ -280,7 +282,7 @@ def eval_logits(model: torch.nn.Module, inputs: torch.Tensor, which, autocast, s
         with torch.no_grad(), autocast():
             logits = logits_of(forward(model, inputs), which)
         sync()
-        return logits.float().cpu().numpy()
+        return host_float(logits)
     finally:
         model.train()
 

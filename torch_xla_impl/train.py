@@ -81,7 +81,7 @@ class TorchXlaTrainer:
         checkpoint = options.checkpoint
         self.trace_ms, self.fed = [], []  # per loop step: its tracing ms, and its batch's (shape, dtype)
         self.device = torch_xla.device()
-        model = build_model(spec.model, spec.train.seed)
+        model = build_model(spec.model, spec.train.seed, spec.train.state_dtype)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
         self.start_params = start_weights(model, spec, checkpoint)
         convert.load_canonical(model, self.start_params, spec.model)
@@ -210,7 +210,7 @@ class TorchXlaTrainer:
             loss.backward()  # (before the statistics are put back: its graph holds them)
         torch_xla.sync()
         grads = {name: p.grad for name, p in self.model.named_parameters()}
-        out = {"outputs": {**{k: v.detach().float().cpu().numpy() for k, v in outputs.items()},
+        out = {"outputs": {**{k: convert.host_float(v) for k, v in outputs.items()},
                            "loss": np.asarray(loss.item())}, "grads": convert.to_canonical(grads, self.correspondence)}
         self.optimizer.zero_grad(set_to_none=True)
         self.monitor.collect()
@@ -223,7 +223,8 @@ class TorchXlaTrainer:
             return Capture()
 
         def capture(probed: bool) -> Capture:
-            model = convert.moved(convert.load_canonical(build_model(self.spec.model, self.spec.train.seed),
+            train = self.spec.train
+            model = convert.moved(convert.load_canonical(build_model(self.spec.model, train.seed, train.state_dtype),
                                                          self.start_params, self.spec.model), self.device)
             with self.autocast(), step_masks(self.spec, 0, self.device):
                 x, y = on_device(inputs, self.device), on_device(targets, self.device)
@@ -241,7 +242,7 @@ class TorchXlaTrainer:
     def eval_logits(self, state: dict[str, torch.Tensor], inputs: np.ndarray) -> np.ndarray:
         """The eval-mode logits of `inputs` from a fresh copy of the model holding `state` (host_state): it
         runs after the run, whose graphs, compile events and HLO dump it must not join."""
-        model = build_model(self.spec.model, self.spec.train.seed)
+        model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.state_dtype)
         model.load_state_dict(state)
         return eval_logits(convert.moved(model, self.device), on_device(inputs, self.device), self.which,
                            self.autocast, torch_xla.sync)

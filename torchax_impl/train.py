@@ -31,7 +31,7 @@ import torch
 import torchax
 from torchax import interop
 
-from common.activations import Capture, torch_output_layout
+from common.activations import Capture, kept_float, torch_output_layout
 from common.harness import RunOptions
 from common.outputs import array_outputs, loss_batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
@@ -75,7 +75,7 @@ class TorchaxTrainer(JittedTrainer):
     def __init__(self, spec: RunSpec, mesh, options: RunOptions, monitor: CompileMonitor):
         self.bind(spec, options, monitor, mesh)
         checkpoint = options.checkpoint
-        model = build_model(spec.model, spec.train.seed)
+        model = build_model(spec.model, spec.train.seed, spec.train.state_dtype)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
         model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
         self.correspondence = correspondence(model, spec.model)
@@ -156,7 +156,7 @@ class TorchaxTrainer(JittedTrainer):
             # no gradients: torch's autograd does not run on torchax tensors (its probes' .grad stay empty; the
             # step differentiates through JAX, which also never calls a custom autograd.Function's backward)
             return capture_activations(model, env.j2t_iso(self._in_compute_dtype(jax.tree.map(jnp.asarray, inputs))),
-                                       self.module_names, to_numpy=lambda t: np.asarray(env.t2j_iso(t), np.float32),
+                                       self.module_names, to_numpy=lambda t: kept_float(env.t2j_iso(t)),
                                        output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
 
     def new_record(self) -> RunRecord:
