@@ -216,9 +216,7 @@ class TrainSpec:
     global_batch_size: int = 64
     steps: int = 50
     timing_warmup_steps: int = 3  # first steps excluded from step-time statistics
-    # float64: the port proved on the host, every runtime's parameters, optimizer state, float inputs and kept
-    # tensors in float64 from the same canonical weights widened exactly (DESIGN.md, parity point 7)
-    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"  # float64: the proof on the host (DESIGN.md)
     matmul_precision: Literal["default", "high", "highest"] = "highest"
     seed: int = 0  # parameter init
     dropout_seed: int = -1  # dropout's random masks; -1: train.seed
@@ -254,8 +252,7 @@ class TrainSpec:
 
     @property
     def state_dtype(self) -> str:
-        """The dtype of parameters, optimizer state, float inputs, the loss and every kept tensor: float32 (a
-        bfloat16 run computes in bfloat16 over float32 ones), or float64 in a float64 run."""
+        """Parameters', optimizer state's, float inputs', the loss's and kept tensors' dtype (float32 in bfloat16)."""
         return "float64" if self.dtype == "float64" else "float32"
 
     @property

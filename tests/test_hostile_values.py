@@ -207,7 +207,7 @@ def test_equal_non_finite_values_are_equal_and_add_no_error():
     masked_everywhere = np.full((2, 3), -np.inf)
     assert tensor_error(masked_everywhere, masked_everywhere, 0, 0) == {
         "abs": 0.0, "rel": 0.0, "tolerance_used": 0.0, "within": True, "over": 0, "elements": 0,
-        "nonfinite": {"equal": 6, "mismatched": 0}}
+        "sensitivity": None, "nonfinite": {"equal": 6, "mismatched": 0}}  # no finite value: no relative change
     agreement = parity.logit_agreement(logits, other)  # masked entries: probability 0 on both sides, 0 KL
     assert agreement["top1"] == 1.0 and 0 <= agreement["kl_max"] < 1e-10
     a, b = _records(2.0, 2.0)

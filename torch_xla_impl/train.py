@@ -223,9 +223,8 @@ class TorchXlaTrainer:
             return Capture()
 
         def capture(probed: bool) -> Capture:
-            train = self.spec.train
-            model = convert.moved(convert.load_canonical(build_model(self.spec.model, train.seed, train.state_dtype),
-                                                         self.start_params, self.spec.model), self.device)
+            model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.state_dtype)
+            model = convert.moved(convert.load_canonical(model, self.start_params, self.spec.model), self.device)
             with self.autocast(), step_masks(self.spec, 0, self.device):
                 x, y = on_device(inputs, self.device), on_device(targets, self.device)
                 loss_of = (lambda out: self.loss_fn(out, self.loss_batch(x, y))) if probed else None
