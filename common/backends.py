@@ -53,6 +53,9 @@ class BackendInfo:
     # others
     float64_rtol: tuple[tuple[str, float], ...] = ()
     float64_why: str = ""
+    # the running variance its BatchNorm keeps: torch's is unbiased (n / (n - 1) times the batch's), Flax's and
+    # torch_xla's biased; a pair that differs has running statistics 1/(n-1) apart, which float64 would see
+    running_var: str = "biased"
 
     @property
     def flag(self) -> str:
@@ -83,7 +86,7 @@ BUILT_IN = (
                 frozenset({"jax", "jaxlib", "flax", "optax"}), in_both=True, processes=True),
     BackendInfo("torch", "torch_impl", "torch", False, "torch-xla",
                 "the torch.nn twin in eager PyTorch, CPU or CUDA: the ground truth of the PyTorch side (torch_impl)",
-                frozenset({"torch"}), processes=True),
+                frozenset({"torch"}), processes=True, running_var="unbiased"),
     BackendInfo("torch_xla", "torch_xla_impl", "torch", True, "torch-xla",
                 "the same torch.nn twin on PyTorch/XLA (torch_xla_impl)",
                 frozenset({"torch_impl", "torch", "torch_xla"}), in_both=True, passthrough=(TRACE_MODE,),
@@ -95,7 +98,8 @@ BUILT_IN = (
     # torchax runs torch_impl's models on JAX, sharing the JAX twin's plain-JAX modules
     BackendInfo("torchax", "torchax_impl", "torch", True, "torchax",
                 "the same torch.nn twin on JAX through torchax (torchax_impl)",
-                frozenset({"torch_impl", "jax_impl", "torch", "jax", "optax", "torchax"}), processes=True),
+                frozenset({"torch_impl", "jax_impl", "torch", "jax", "optax", "torchax"}), processes=True,
+                running_var="unbiased"),
 )
 
 

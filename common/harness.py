@@ -78,6 +78,11 @@ class Runtime(Protocol):
     def analyse(self, record: RunRecord, tensors: dict) -> None:
         """What is not training and comes after it: compile events and causes, HLO statistics, flops."""
 
+    def float32_islands(self, inputs) -> dict[str, str]:
+        """A float64 run: {module path: "float32: op, ..."} of the modules whose own operations compute in a
+        narrower float on `inputs` (a slice of step 0's batch), from the start weights, in eval mode, with no
+        effect on the run (torch_impl/islands.py, jax_impl/islands.py)."""
+
 
 def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None) -> tuple[RunRecord, dict]:
     """Train the runtime `make_runtime` builds; returns its record and parity tensors (the caller writes both)."""
@@ -86,6 +91,8 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     spec = runtime.spec
     tensors = runtime.step0_tensors() if options.parity else {}
     record = runtime.new_record()
+    if spec.train.dtype == "float64":
+        record.float32_islands = runtime.float32_islands(activation_inputs(spec, runtime.data.global_batch(0).inputs))
     if options.parity:  # how the tensor file keeps the parameter-sized groups (common.tensor_file.SUMMARIZED_GROUPS)
         record.extra["tensors"] = options.tensors
     if options.activations and not (runtime.captures_after_run and options.train):

@@ -84,6 +84,8 @@ class RunRecord:
     flops_source: str = ""  # how flops_per_step was counted
     profile: dict | None = None  # --profile N: {steps, dir, tool, step_ms}: the trace under dir, our clock per step
     extra: dict = field(default_factory=dict)  # backend-specific facts (mode, loop API, counters, ...)
+    # a float64 run's modules computing in a narrower float on purpose: {module path: "float32: op, ..."}
+    float32_islands: dict = field(default_factory=dict)
     run_id: str | None = None  # the compare run it belongs to (`--run-id`); compare judges only its own run's
     schema_version: int = SCHEMA_VERSION
 

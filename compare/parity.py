@@ -9,6 +9,7 @@ from common.summary import TensorSummary, summarize
 from compare import noise_floor
 from compare.backward import first_divergent_module_backward
 from compare.curves import compare_curves, curves_words
+from compare.islands import before_first_island, islands_of
 from compare.noise_floor import Floors, loss_sensitivity
 from compare.second_pass import location_keys, mark_second_pass
 from compare.sensitivity import group_sensitivity
@@ -60,7 +61,8 @@ def compare_tensors(ref: dict, other: dict, policy: dict,
     notes on non-finite values name them)."""
     out = {}
     for group, kind in KIND_OF_GROUP.items():
-        bounds = policy[kind]
+        # a pair whose running variances differ by convention has `state` bounds (compare/tolerances.py pair_policy)
+        bounds = policy.get("state", policy[kind]) if group in ("state", "eval") else policy[kind]
         a, b = ref.get(group, {}), other.get(group, {})
         names_here = set(a) & set(b) if group in ONE_SIDED_GROUPS else set(a) | set(b)
         if group == "outputs":  # a forward's other outputs are compared where both sides return one of that name
@@ -215,23 +217,27 @@ def modules_not_compared(ref: dict, other: dict, skipped: tuple[dict, dict], nam
 
 def first_divergent_module(ref: dict, other: dict, bounds: dict,
                            names: tuple[str, str] = ("the reference", "the other side"),
-                           skipped: tuple[dict, dict] = ({}, {})) -> dict | None:
+                           skipped: tuple[dict, dict] = ({}, {}), finer: tuple[set, dict] | None = None) -> dict | None:
     """Where two ports part at step 0: in the order the reference's modules finished, the first module
     whose input agrees but whose output does not (the culprit: everything it was fed agreed), else the
     first module whose output disagrees. None when a side captured nothing; `module` None when every compared
-    module agrees (or none could be compared). `not_compared` lists every module left out and why."""
+    module agrees (or none could be compared). `not_compared` lists every module left out and why. `finer`:
+    (keys, bounds) judged by those bounds instead (a float64 run's modules before its first float32 island)."""
     if not ref or not other:  # a side without a capture: nothing to set side by side
         return None
     not_compared = modules_not_compared(ref, other, skipped, names)
     outputs = [k for k in ref if not k.endswith(":in") and k not in not_compared]
     if not outputs and not not_compared:
         return None
-    errors = {k: module_error(ref[k], other[k], bounds, names, f"activations/{k}") for k in outputs}
+    keys, finer_bounds = finer or (set(), bounds)
+    bounds_of = lambda key: finer_bounds if key in keys else bounds  # noqa: E731
+    errors = {k: module_error(ref[k], other[k], bounds_of(k), names, f"activations/{k}") for k in outputs}
     diverging = [k for k in outputs if not errors[k]["within"]]
 
     def input_error(k: str) -> dict | None:
         a, b = ref.get(f"{k}:in"), other.get(f"{k}:in")
-        return None if a is None or b is None else module_error(a, b, bounds, names, f"activations/{k}:in")
+        return None if a is None or b is None else \
+            module_error(a, b, bounds_of(f"{k}:in"), names, f"activations/{k}:in")
 
     inputs = {}
     for k in diverging:  # up to the first whose input agrees: the culprit
@@ -244,6 +250,7 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
             "input_used": (inputs[culprit] or {}).get("tolerance_used") if culprit else None,
             "output_error": errors[module] if module else None, "modules_compared": len(outputs),
             "modules_diverging": len(diverging), "not_compared": not_compared,
+            **({"modules_before_islands": len([k for k in outputs if k in keys])} if finer else {}),
             "sensitivity": {k: e["sensitivity"] for k, e in errors.items() if e.get("sensitivity") is not None},
             **by_summary([*errors.values(), *inputs.values()])}
 
@@ -280,9 +287,12 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     first_step = 0 if step0_fails else loss["first_divergent_step"]
     passed = comparable and first_step is None and all(t["within"] for t in tensors.values()) and \
         (distribution is None or distribution["within"])
+    islands = islands_of(ref, other)
+    finer = (before_first_island(list(ref_tensors.get("activations", {})), {m for i in islands.values() for m in i}),
+             policy["before_islands"]["forward"]) if "before_islands" in policy else None
     forward = first_divergent_module(ref_tensors.get("activations", {}), other_tensors.get("activations", {}),
                                      policy["forward"], names, (ref_tensors.get("activations_skipped", {}),
-                                                                other_tensors.get("activations_skipped", {})))
+                                                                other_tensors.get("activations_skipped", {})), finer)
     # where the forwards part, the backward gradients follow from it: the backward is searched when they agree
     backward = None if forward and forward["module"] else first_divergent_module_backward(
         ref_tensors.get("activation_grads", {}), other_tensors.get("activation_grads", {}),
@@ -300,7 +310,7 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
             # parted after an agreeing step 0 with no floor measured: training may have grown rounding
             "unmeasured_noise": FLOOR_FLAGS.get(str(ref.numerics.get("dtype"))) if floors is None and first_step
             else None,
-            "dropout_sites": dropout_sites(ref, other),
+            "dropout_sites": dropout_sites(ref, other), "float32_islands": islands,
             "sensitivity": group_sensitivity(tensors, loss, forward, set(unreached))}
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from compare.islands import islands_words
+
 GROUPS = (("logits", "logits"), ("loss", "loss"), ("grads", "gradients"), ("activations", "module outputs"),
           ("params", "final parameters"))
 FLOAT64_RESOLVES = 1e-9  # the default float64 forward and gradient rtol (compare/tolerances.py)
@@ -66,8 +68,12 @@ def sensitivity_line(parity: dict, dtype: str) -> str:
     line = "would have caught a relative change of " + ", ".join(parts)
     if dtype == "bfloat16":
         line += " (logits judged as distributions: KL and top-1)"
-    for name, why in (parity.get("runtime_rounding") or {}).items():
-        line += f"; no finer than {name}'s own float64 rounding ({why})"
+    for what, why in (parity.get("float64_allowances") or {}).items():
+        line += f"; {what}: {why}"
+    if parity.get("float32_islands"):
+        forward = parity.get("first_divergent_module") or {}
+        line += "; " + islands_words(parity["float32_islands"], forward.get("modules_before_islands"),
+                                     forward.get("modules_compared"))
     if dtype != "float64":
         line += (f"; smaller port differences pass unseen: a float64 run on the host (--dtype float64) resolves "
                  f"about {FLOAT64_RESOLVES:.0e}")

@@ -73,21 +73,29 @@ class ToleranceError(ValueError):
 
 
 def pair_policy(policy: dict, dtype: str, names: tuple[str, ...]) -> tuple[dict, dict]:
-    """The policy a pair of backends is judged by: in float64, each tensor kind's rtol no tighter than what
-    either runtime's own lowerings need (its registry row's `float64_rtol`); and {backend: why} of those that
-    widened it ({} where none did)."""
+    """The policy a pair of backends is judged by, and {what: why} of each way it differs from `policy`. In
+    float64: each tensor kind's rtol no tighter than what either runtime's own lowerings need (its registry
+    row's `float64_rtol`); and where the two keep BatchNorm's running variance by different conventions, the
+    running statistics and the eval-mode forward that reads them (`state` bounds, used by compare/parity.py for
+    those groups) at float32's after-training bounds, which hold the convention's 1/(n-1)."""
     if dtype != "float64":
         return policy, {}
     rows = [backends.info(n) for n in names if n in backends.registry()]
-    rows = [r for r in rows if r.float64_rtol]
-    if not rows:
-        return policy, {}
-    out = {k: dict(v) for k, v in policy.items()}
+    out, why = {k: dict(v) for k, v in policy.items()}, {}
     for row in rows:
         for kind, rtol in row.float64_rtol:
             out[kind]["rtol"] = max(out[kind]["rtol"], rtol)
-    return out, {r.name: f"{r.float64_why}: judged with rtol " + ", ".join(f"{k} {v:g}" for k, v in r.float64_rtol)
-                 for r in rows}
+        if row.float64_rtol:
+            rtols = ", ".join(f"{k} {v:g}" for k, v in row.float64_rtol)
+            why[row.name] = f"{row.float64_why}: judged with rtol {rtols}"
+    conventions = {r.name: r.running_var for r in rows}
+    if len(set(conventions.values())) > 1:
+        out["state"] = dict(PROFILES["default"]["float32"]["params"])
+        kept = " and ".join(f"{v} on {n}" for n, v in conventions.items())
+        why["running statistics"] = (f"the running variance is {kept} (a convention of the frameworks, 1/(n-1) "
+                                     "relative): running statistics and the eval-mode forward judged at float32's "
+                                     "after-training bounds")
+    return out, why
 
 
 def load_policy(profile: str, dtype: str) -> dict[str, dict[str, float]]:

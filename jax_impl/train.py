@@ -30,6 +30,7 @@ from jax_impl import convert, masks, sharding
 from jax_impl.capture import capture_activations
 from jax_impl.checkpoint_io import start_weights
 from jax_impl.instrument import CompileMonitor
+from jax_impl.islands import float32_islands
 from jax_impl.loop import JittedTrainer, jitted_mesh
 from jax_impl.models import build_model, nnx_input_axes, nnx_inputs
 from jax_impl.optim import make_optimizer
@@ -135,6 +136,9 @@ class JaxTrainer(JittedTrainer):
         return capture_activations(nnx.merge(self.graphdef, self.params, self.rest), fed,
                                    input_layout(self.input_axes), lambda out: self.loss_fn(out, seen),
                                    masks=self.capture_masks)
+
+    def float32_islands(self, inputs) -> dict[str, str]:
+        return float32_islands(nnx.merge(self.graphdef, self.params, self.rest), nnx_inputs(inputs, self.input_axes))
 
     def new_record(self) -> RunRecord:
         spec = self.spec

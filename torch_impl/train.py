@@ -41,6 +41,7 @@ from torch_impl.distributed import (
     mean_value,
     refuse_batch_norm,
 )
+from torch_impl.islands import float32_islands
 from torch_impl.masks import step_masks
 from torch_impl.models import at_least_float32, build_model
 from torch_impl.optim import clip_gradients, make_optimizer, set_lr
@@ -225,6 +226,9 @@ class TorchTrainer:
         if record.status == RecordStatus.OK:
             record.flops_per_step = self.matmul_flops(*self.batch(0))  # of this process's rows, as HLO's per device
             record.flops_source = "torch.utils.flop_counter.FlopCounterMode over one forward + backward"
+
+    def float32_islands(self, inputs) -> dict[str, str]:
+        return float32_islands(self.model, self.to_device(inputs), self.module_names)
 
     def new_record(self) -> RunRecord:
         spec, device = self.spec, self.device

@@ -6,21 +6,18 @@ batches to the device in background threads, and under SPMD shards them); forwar
 2.9 name of `xm.mark_step()`), which cuts the lazily traced graph and runs it. The learning rate of each step is
 set on the param groups from `TrainSpec.lr_at`, as nanoGPT does; the optimizer's state is made before step 0.
 
-Timing: a step's clock starts when its batch is on the device and stops
-after `torch_xla.sync()` and `xm.wait_device_ops()`; the tracing part (Python
-building the graph, until the sync) is recorded apart.
+Timing: a step's clock starts when its batch is on the device and stops after `torch_xla.sync()` and
+`xm.wait_device_ops()`; the tracing part (Python building the graph, until the sync) is recorded apart.
 
-Trace modes (`--trace-mode`, recorded in the run record): `lazy` (default, the
-classic loop above: every step is traced op by op, then `torch_xla.sync()`);
-`compile` (the step runs inside `torch_xla.compile(full_graph=True)`, which
-syncs on exit and fails if the step would run a graph early); `dynamo`
-(forward and loss under `torch.compile(backend="openxla")`: dynamo replays
-the compiled forward/backward graphs instead of re-tracing them; clip and
-optimizer stay lazy, as in torch_xla's Dynamo training recipe. Compiling the
-optimizer step too recompiles at every step: dynamo guards on the float lr).
+Trace modes (`--trace-mode`, recorded in the run record): `lazy` (default, the classic loop above: every step is
+traced op by op, then `torch_xla.sync()`); `compile` (the step runs inside `torch_xla.compile(full_graph=True)`,
+which syncs on exit and fails if the step would run a graph early); `dynamo` (forward and loss under
+`torch.compile(backend="openxla")`: dynamo replays the compiled forward/backward graphs instead of re-tracing
+them; clip and optimizer stay lazy, as in torch_xla's Dynamo training recipe. Compiling the optimizer step too
+recompiles at every step: dynamo guards on the float lr).
 
-bf16 policy (train.dtype=bfloat16): float32 parameters and optimizer state,
-forward under `torch.autocast("xla", dtype=torch.bfloat16)`, float32 loss.
+bf16 policy (train.dtype=bfloat16): float32 parameters and optimizer state, forward under `torch.autocast("xla",
+dtype=torch.bfloat16)`, float32 loss. float64: every tensor float64 (torch_impl.models.build_model).
 """
 from __future__ import annotations
 
@@ -51,6 +48,7 @@ from common.weights import start_info, start_state
 from torch_impl import convert
 from torch_impl.capture import capture_activations, probed_or_forward_alone
 from torch_impl.checkpoint_io import start_weights
+from torch_impl.islands import fresh_model_islands
 from torch_impl.masks import step_masks
 from torch_impl.models import build_model
 from torch_impl.optim import clip_gradients, create_state, make_optimizer, set_lr
@@ -296,6 +294,9 @@ class TorchXlaTrainer:
         if self.options.parity and record.status == RecordStatus.OK:  # analysis too, after the run's graphs
             tensors["eval"] = {"logits": self.eval_logits(self.trained, held_inputs(self.spec, self.data))}
             shutil.rmtree(dump_dir(out_dir), ignore_errors=True)
+
+    def float32_islands(self, inputs) -> dict[str, str]:
+        return fresh_model_islands(self.spec, self.start_params, inputs)
 
     def new_record(self) -> RunRecord:
         spec, replicas = self.spec, self.replicas

@@ -54,6 +54,7 @@ from torch_impl.convert import (
     modules_to_canonical,
     to_canonical,
 )
+from torch_impl.islands import float32_islands, host_tensors
 from torch_impl.models import build_model
 from torch_impl.train import task_loss
 from torchax_impl.batch_norm import keep_running_statistics
@@ -158,6 +159,9 @@ class TorchaxTrainer(JittedTrainer):
             return capture_activations(model, env.j2t_iso(self._in_compute_dtype(jax.tree.map(jnp.asarray, inputs))),
                                        self.module_names, to_numpy=lambda t: kept_float(env.t2j_iso(t)),
                                        output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
+
+    def float32_islands(self, inputs) -> dict[str, str]:
+        return float32_islands(self.model, host_tensors(inputs), self.module_names)  # its CPU torch model
 
     def new_record(self) -> RunRecord:
         spec = self.spec

@@ -1,0 +1,66 @@
+"""Float32 islands of a float64 run: the modules that compute in a narrower float on purpose.
+
+flax's own attention computes its softmax in float32 (`dot_product_attention_weights`), as Hugging Face's torch
+code casts to float32 in places, so a float64 run is float32 there and its difference from the other side is
+float32's rounding, not a port error (compare/islands.py judges those modules so). Found in the traced program
+of one forward of step 0's batch: every module's call runs under a name scope of its path (the modules the torch
+side can name, as jax_impl/capture.py records them), and an equation whose floating output is narrower than
+float64 belongs to the innermost module scope on its name stack (the root where none is). The twin of
+torch_impl/islands.py (same function, same result).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from common.modules import ROOT_MODULE
+from common.outputs import forward
+from jax_impl.capture import _recorded, _wrapped_calls
+
+NARROW = (jnp.float32, jnp.float16, jnp.bfloat16)
+OPS_KEPT = 6  # op names listed per module (torch_impl/islands.py keeps as many)
+SCOPE = "module:"  # marks a name scope that is a module's path, among jax's own scopes (jit, jvp, ...)
+
+
+def float32_islands(model: nnx.Module, inputs) -> dict[str, str]:
+    """{module path: "float32: op, op, ..."} of the modules whose own operations compute in a float narrower
+    than float64 in one eval-mode forward of `inputs`, traced (nothing runs); {} for a model that is float64
+    throughout. `model` is a copy: it is left in eval mode."""
+    paths, _ = _recorded(model)
+
+    def scoped(original, self, args, kwargs):
+        path = paths.get(id(self))
+        if path is None or path == ROOT_MODULE:
+            return original(self, *args, **kwargs)
+        with jax.named_scope(SCOPE + path):
+            return original(self, *args, **kwargs)
+
+    model.eval()  # (the caller's copy) no dropout draw, no running statistic moved
+
+    def run(inputs):  # the model itself, its arrays closed over: the paths are of these module objects
+        with _wrapped_calls(model, scoped):
+            return forward(model, inputs)
+
+    found: dict[str, dict[str, str]] = {}
+    _walk(jax.make_jaxpr(run)(jax.tree.map(jnp.asarray, inputs)).jaxpr, "", found)
+    return {module: f"{', '.join(sorted(set(ops.values())))}: {', '.join(ops)}" for module, ops in found.items()}
+
+
+def _walk(jaxpr, outer: str, found: dict[str, dict[str, str]]) -> None:
+    """Every equation of `jaxpr` and of the programs inside it (a pjit's, a custom_jvp's), under `outer`, the
+    name stack of the equation that holds it."""
+    for eqn in jaxpr.eqns:
+        stack = "/".join(filter(None, [outer, str(eqn.source_info.name_stack)]))
+        narrow = [v.aval.dtype for v in eqn.outvars if getattr(v.aval, "dtype", None) in NARROW]
+        if narrow:
+            scopes = [s.removeprefix(SCOPE) for s in stack.split("/") if s.startswith(SCOPE)]
+            ops = found.setdefault(scopes[-1] if scopes else ROOT_MODULE, {})
+            if eqn.primitive.name not in ops and len(ops) < OPS_KEPT:
+                ops[eqn.primitive.name] = str(min(narrow, key=lambda d: d.itemsize))
+        for param in eqn.params.values():
+            for inner in param if isinstance(param, (tuple, list)) else (param,):
+                if isinstance(inner, jax.extend.core.ClosedJaxpr):
+                    _walk(inner.jaxpr, stack, found)
+                elif isinstance(inner, jax.extend.core.Jaxpr):
+                    _walk(inner, stack, found)
