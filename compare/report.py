@@ -105,7 +105,6 @@ from common.tensor_file import read_tensors
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.capture import CAPTURE_DIR, captured_activations
 from compare.devices import devices_check, one_device
-from compare.islands import island_policy, islands_of
 from compare.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
 from compare.parity import check_parity, failure_message
 from compare.second_pass import ACTIVATION_GROUPS, with_second_pass
@@ -272,17 +271,14 @@ def _parity(inputs: ReportInputs, records: dict, tensors: dict, unjudged: list, 
     for n in inputs.names:
         if n != reference and n in tensors:
             pair = Floors(floors[reference], floors[n], fp32) if floors and {reference, n} <= set(floors) else None
-            policy, widened = pair_policy(inputs.policy, inputs.spec.train.dtype, (reference, n))
-            if inputs.spec.train.dtype == "float64" and islands_of(records[reference], records[n]):
-                policy = island_policy(policy, load_policy(inputs.tolerance_profile, "float32"))
+            policy, widened = pair_policy(inputs.policy, inputs.tolerance_profile, records[reference], records[n],
+                                          has_state=bool(tensors[reference].get("state")))
             judged = attempt(f"parity.{n}", check_parity, records[reference], records[n], tensors[reference],
                              tensors[n], policy,
                              intended=inputs.intended.get(reference, []) + inputs.intended.get(n, []), floors=pair)
             if judged is None:
                 unjudged.append(n)
             else:
-                if not any(k.startswith("state/") for k in judged["tensors"]):  # no running statistics to excuse
-                    widened.pop("running statistics", None)
                 parity[n] = {**judged, **({"float64_allowances": widened} if widened else {})}
     return parity or None
 

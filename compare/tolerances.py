@@ -41,6 +41,8 @@ from pathlib import Path
 
 from common import backends
 from common.fsutil import require_regular_file
+from common.record import RunRecord
+from compare.islands import island_policy, islands_of
 
 KINDS = ("forward", "grad", "loss", "params")
 TENSOR_KINDS = ("forward", "grad", "params")  # judged element by element: a fraction may be over
@@ -72,14 +74,24 @@ class ToleranceError(ValueError):
     pass
 
 
-def pair_policy(policy: dict, dtype: str, names: tuple[str, ...]) -> tuple[dict, dict]:
-    """The policy a pair of backends is judged by, and {what: why} of each way it differs from `policy`. In
-    float64: each tensor kind's rtol no tighter than what either runtime's own lowerings need (its registry
-    row's `float64_rtol`); and where the two keep BatchNorm's running variance by different conventions, the
-    running statistics and the eval-mode forward that reads them (`state` bounds, used by compare/parity.py for
-    those groups) at float32's after-training bounds, which hold the convention's 1/(n-1)."""
-    if dtype != "float64":
+def pair_policy(policy: dict, profile: str, ref: RunRecord, other: RunRecord,
+                has_state: bool = False) -> tuple[dict, dict]:
+    """The policy the pair of runs is judged by, and {what: why} of each way it differs from `policy` (the
+    run's, of `profile`). In float64: each tensor kind's rtol no tighter than what either runtime's own lowerings
+    need (its registry row's `float64_rtol`); where the two keep BatchNorm's running variance by different
+    conventions and the runs have running statistics (`has_state`), those and the eval-mode forward that reads
+    them (`state` bounds, used by compare/parity.py for those groups) at float32's after-training bounds, which
+    hold the convention's 1/(n-1); with float32 islands on either side, float32's bounds from the first island
+    on (compare/islands.py)."""
+    if str(ref.numerics.get("dtype")) != "float64":
         return policy, {}
+    policy, why = runtime_policy(policy, (ref.backend, other.backend), has_state)
+    return (island_policy(policy, load_policy(profile, "float32")) if islands_of(ref, other) else policy), why
+
+
+def runtime_policy(policy: dict, names: tuple[str, ...], has_state: bool = False) -> tuple[dict, dict]:
+    """The float64 policy of a pair of runtimes: their registry rows' own rounding and conventions
+    (pair_policy)."""
     rows = [backends.info(n) for n in names if n in backends.registry()]
     out, why = {k: dict(v) for k, v in policy.items()}, {}
     for row in rows:
@@ -89,7 +101,7 @@ def pair_policy(policy: dict, dtype: str, names: tuple[str, ...]) -> tuple[dict,
             rtols = ", ".join(f"{k} {v:g}" for k, v in row.float64_rtol)
             why[row.name] = f"{row.float64_why}: judged with rtol {rtols}"
     conventions = {r.name: r.running_var for r in rows}
-    if len(set(conventions.values())) > 1:
+    if has_state and len(set(conventions.values())) > 1:
         out["state"] = dict(PROFILES["default"]["float32"]["params"])
         kept = " and ".join(f"{v} on {n}" for n, v in conventions.items())
         why["running statistics"] = (f"the running variance is {kept} (a convention of the frameworks, 1/(n-1) "

@@ -11,7 +11,7 @@ import pytest
 from common.record import read_record
 from common.summary import TensorSummary
 from common.tensor_file import read_tensors, write_tensors
-from compare.parity import logit_agreement
+from compare.distribution import logit_agreement
 from compare.tensor_error import tensor_error
 from tests.helpers import run_cli
 

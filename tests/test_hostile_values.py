@@ -13,7 +13,7 @@ from common.record import RunRecord, StepRecord, write_record
 from common.tensor_file import write_tensors
 from common.vocab import BackendStatus, ExitCode, ReportStatus
 from common.weights import CheckpointError, init_params, load_checkpoint, save_checkpoint
-from compare import parity
+from compare import distribution, parity
 from compare.report import ReportInputs, build_report, strict_json, strict_report
 from compare.tensor_error import tensor_error
 from compare.tolerances import load_policy
@@ -208,7 +208,7 @@ def test_equal_non_finite_values_are_equal_and_add_no_error():
     assert tensor_error(masked_everywhere, masked_everywhere, 0, 0) == {
         "abs": 0.0, "rel": 0.0, "tolerance_used": 0.0, "within": True, "over": 0, "elements": 0,
         "sensitivity": None, "nonfinite": {"equal": 6, "mismatched": 0}}  # no finite value: no relative change
-    agreement = parity.logit_agreement(logits, other)  # masked entries: probability 0 on both sides, 0 KL
+    agreement = distribution.logit_agreement(logits, other)  # masked entries: probability 0 on both sides, 0 KL
     assert agreement["top1"] == 1.0 and 0 <= agreement["kl_max"] < 1e-10
     a, b = _records(2.0, 2.0)
     verdict = parity.check_parity(a, b, {"outputs": {"logits": logits}}, {"outputs": {"logits": other}}, _policy(), [])

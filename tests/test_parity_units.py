@@ -6,7 +6,7 @@ import pytest
 
 from common.presets import load_spec
 from common.record import RunRecord, StepRecord
-from compare import parity
+from compare import distribution, parity
 from compare.tensor_error import passes_with_words, tensor_error
 from compare.tolerances import ToleranceError, load_policy
 
@@ -68,15 +68,15 @@ def test_tolerance_profiles_and_files(tmp_path):
 def test_logit_agreement_by_hand():
     ref = np.log(np.array([[[0.5, 0.25, 0.25], [0.1, 0.2, 0.7]]]))
     other = np.log(np.array([[[0.25, 0.5, 0.25], [0.1, 0.2, 0.7]]]))
-    a = parity.logit_agreement(ref, other)
+    a = distribution.logit_agreement(ref, other)
     kl0 = 0.5 * np.log(0.5 / 0.25) + 0.25 * np.log(0.25 / 0.5)  # position 0; position 1 is identical
     assert a["kl_mean"] == pytest.approx(kl0 / 2) and a["kl_max"] == pytest.approx(kl0)
     assert a["top1"] == 0.5 and a["top3"] == 1.0 and a["positions"] == 2
-    assert parity.logit_agreement(ref, ref)["kl_max"] == pytest.approx(0.0, abs=1e-15)
+    assert distribution.logit_agreement(ref, ref)["kl_max"] == pytest.approx(0.0, abs=1e-15)
     rows = np.random.default_rng(0).standard_normal((64, 50))  # agreeing but for rounding: never a negative KL
-    shifted = parity.logit_agreement(rows, rows + 1.0)  # -2.3e-17 before rows were clamped at 0
+    shifted = distribution.logit_agreement(rows, rows + 1.0)  # -2.3e-17 before rows were clamped at 0
     assert shifted["kl_mean"] >= 0 and shifted["kl_max"] == pytest.approx(0.0, abs=1e-12)
-    assert parity.logit_agreement(ref, other[..., :2]) is None
+    assert distribution.logit_agreement(ref, other[..., :2]) is None
 
 
 def test_bfloat16_logits_are_judged_by_distribution():
@@ -86,7 +86,7 @@ def test_bfloat16_logits_are_judged_by_distribution():
     for dtype, within in (("float32", False), ("bfloat16", True)):
         policy = load_policy("default", dtype)
         tensors = parity.compare_tensors(ref, other, policy)
-        d = parity.judge_distribution(ref, other, policy["distribution"], dtype, tensors)
+        d = distribution.judge_distribution(ref, other, policy["distribution"], dtype, tensors)
         assert d["kl_max"] < 1e-12 and d["top1"] == 1.0 and d["within"]
         assert tensors["outputs/logits"]["within"] is within  # max abs 0.3 fails fp32's bound either way
 

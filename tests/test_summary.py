@@ -151,7 +151,7 @@ def test_the_tensor_mode_defaults_to_auto_above_its_size_and_says_why(argv, mode
 def test_large_logits_keep_whole_rows_and_their_distributions_are_judged_on_them(tmp_path):
     """Logits larger than 4 MiB are kept as LOGIT_ROWS whole rows (each a distribution over the classes) and
     their statistics; smaller ones whole. KL and top-1 are judged on the kept rows, the same on both sides."""
-    from compare.parity import judge_distribution, logit_agreement
+    from compare.distribution import judge_distribution, logit_agreement
 
     rng = np.random.default_rng(2)
     logits = rng.standard_normal((8, 256, 600)).astype(np.float32)  # 1,228,800 elements: over 2**20
