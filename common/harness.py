@@ -78,10 +78,11 @@ class Runtime(Protocol):
     def analyse(self, record: RunRecord, tensors: dict) -> None:
         """What is not training and comes after it: compile events and causes, HLO statistics, flops."""
 
-    def float32_islands(self, inputs) -> dict[str, str]:
+    def float32_islands(self, inputs, targets) -> dict[str, str]:
         """A float64 run: {module path: "float32: op, ..."} of the modules whose own operations compute in a
-        narrower float on `inputs` (a slice of step 0's batch), from the start weights, in eval mode, with no
-        effect on the run (torch_impl/islands.py, jax_impl/islands.py)."""
+        narrower float on `inputs` (a slice of step 0's batch), and "(loss)" where the loss on `targets` does,
+        from the start weights, in eval mode, with no effect on the run (torch_impl/islands.py,
+        jax_impl/islands.py)."""
 
 
 def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None) -> tuple[RunRecord, dict]:
@@ -89,10 +90,13 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
     runtime = make_runtime()
     spec = runtime.spec
+    # a float64 run's first forward: a model whose code cannot compute in float64 is refused here, naming its module
+    batch = runtime.data.global_batch(0) if spec.train.dtype == "float64" else None
+    islands = runtime.float32_islands(activation_inputs(spec, batch.inputs), activation_inputs(spec, batch.targets)) \
+        if batch is not None else {}
     tensors = runtime.step0_tensors() if options.parity else {}
     record = runtime.new_record()
-    if spec.train.dtype == "float64":
-        record.float32_islands = runtime.float32_islands(activation_inputs(spec, runtime.data.global_batch(0).inputs))
+    record.float32_islands = islands
     if options.parity:  # how the tensor file keeps the parameter-sized groups (common.tensor_file.SUMMARIZED_GROUPS)
         record.extra["tensors"] = options.tensors
     if options.activations and not (runtime.captures_after_run and options.train):

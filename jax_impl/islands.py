@@ -20,13 +20,14 @@ from jax_impl.capture import _recorded, _wrapped_calls
 
 NARROW = (jnp.float32, jnp.float16, jnp.bfloat16)
 OPS_KEPT = 6  # op names listed per module (torch_impl/islands.py keeps as many)
+LOSS = "(loss)"  # where the loss's own operations compute narrower (torch_impl/islands.py's LOSS)
 SCOPE = "module:"  # marks a name scope that is a module's path, among jax's own scopes (jit, jvp, ...)
 
 
-def float32_islands(model: nnx.Module, inputs) -> dict[str, str]:
+def float32_islands(model: nnx.Module, inputs, loss_of=None) -> dict[str, str]:
     """{module path: "float32: op, op, ..."} of the modules whose own operations compute in a float narrower
     than float64 in one eval-mode forward of `inputs`, traced (nothing runs); {} for a model that is float64
-    throughout. `model` is a copy: it is left in eval mode."""
+    throughout; LOSS where `loss_of(output)` does. `model` is a copy: it is left in eval mode."""
     paths, _ = _recorded(model)
 
     def scoped(original, self, args, kwargs):
@@ -40,7 +41,11 @@ def float32_islands(model: nnx.Module, inputs) -> dict[str, str]:
 
     def run(inputs):  # the model itself, its arrays closed over: the paths are of these module objects
         with _wrapped_calls(model, scoped):
-            return forward(model, inputs)
+            output = forward(model, inputs)
+        if loss_of is None:
+            return output
+        with jax.named_scope(SCOPE + LOSS):
+            return loss_of(output)
 
     found: dict[str, dict[str, str]] = {}
     _walk(jax.make_jaxpr(run)(jax.tree.map(jnp.asarray, inputs)).jaxpr, "", found)

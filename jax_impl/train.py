@@ -137,8 +137,10 @@ class JaxTrainer(JittedTrainer):
                                    input_layout(self.input_axes), lambda out: self.loss_fn(out, seen),
                                    masks=self.capture_masks)
 
-    def float32_islands(self, inputs) -> dict[str, str]:
-        return float32_islands(nnx.merge(self.graphdef, self.params, self.rest), nnx_inputs(inputs, self.input_axes))
+    def float32_islands(self, inputs, targets) -> dict[str, str]:
+        fed, seen = self.nnx_batch(*jax.tree.map(jnp.asarray, (inputs, targets)))
+        model = nnx.merge(self.graphdef, self.params, self.rest)
+        return float32_islands(model, fed, lambda out: self.loss_fn(out, seen))
 
     def new_record(self) -> RunRecord:
         spec = self.spec

@@ -16,9 +16,11 @@ from torch.utils._pytree import tree_leaves
 
 from common.modules import ROOT_MODULE
 from common.outputs import forward
+from common.spec import SpecError
 
 NARROW = (torch.float32, torch.float16, torch.bfloat16)
 OPS_KEPT = 6  # op names listed per module
+LOSS = "(loss)"  # where the loss's own ops compute narrower (a loss that casts to float32)
 
 
 class _Watch(TorchDispatchMode):
@@ -37,10 +39,11 @@ class _Watch(TorchDispatchMode):
         return out
 
 
-def float32_islands(model: torch.nn.Module, inputs, names: dict[str, str]) -> dict[str, str]:
+def float32_islands(model: torch.nn.Module, inputs, names: dict[str, str], loss_of=None) -> dict[str, str]:
     """{canonical module path: "float32: op, op, ..."} of the modules whose own ops compute in a float narrower
     than float64 in one no-grad eval-mode forward of `inputs` (`names`: torch module name -> canonical module path,
-    torch_impl.convert.modules_to_canonical); {} for a model that is float64 throughout."""
+    torch_impl.convert.modules_to_canonical), and LOSS where `loss_of(output)` does; {} for a model that is
+    float64 throughout."""
     stack, found, handles, training = [ROOT_MODULE], {}, [], model.training
     for torch_name, module in model.named_modules():
         canonical = names.get(torch_name)
@@ -51,7 +54,17 @@ def float32_islands(model: torch.nn.Module, inputs, names: dict[str, str]) -> di
     model.eval()  # no dropout draw, no running statistic moved: the run is not touched
     try:
         with torch.no_grad(), _Watch(stack, found):
-            forward(model, inputs)
+            output = forward(model, inputs)
+            if loss_of is not None:
+                stack.append(LOSS)
+                loss_of(output)
+    except RuntimeError as e:
+        if "dtype" not in str(e) and "Double" not in str(e):
+            raise
+        raise SpecError(f"train.dtype=float64: the torch model cannot compute in float64 as written: at module "
+                        f"{stack[-1]}, {str(e).splitlines()[0]} (its code fixes float32, e.g. torch.arange(..., "
+                        "dtype=torch.float32) or .float(), and feeds it to a float64 layer); make it follow its "
+                        "input's dtype (dtype=x.dtype), or compare in float32") from None
     finally:
         model.train(training)
         for handle in handles:
@@ -67,14 +80,17 @@ def host_tensors(inputs):
     return torch.from_numpy(array.astype(np.int64) if array.dtype.kind in "iu" else array)
 
 
-def fresh_model_islands(spec, start_params: dict, inputs) -> dict[str, str]:
-    """float32_islands of a fresh CPU copy of the run's torch model at its start weights (a runtime whose own
-    model lives on a lazy device, where watching ops would build and compile graphs of the run's device)."""
+def fresh_model_islands(spec, start_params: dict, inputs, targets, loss_fn, loss_batch) -> dict[str, str]:
+    """float32_islands of a fresh CPU copy of the run's torch model at its start weights, its loss
+    `loss_fn(output, loss_batch(inputs, targets))` on CPU tensors (a runtime whose own model lives on a lazy
+    device, where watching ops would build and compile graphs of the run's device)."""
     from torch_impl.convert import load_canonical, modules_to_canonical
     from torch_impl.models import build_model
 
     model = load_canonical(build_model(spec.model, spec.train.seed, spec.train.state_dtype), start_params, spec.model)
-    return float32_islands(model, host_tensors(inputs), modules_to_canonical(model, spec.model))
+    x, y = host_tensors(inputs), host_tensors(targets)
+    names = modules_to_canonical(model, spec.model)
+    return float32_islands(model, x, names, lambda out: loss_fn(out, loss_batch(x, y)))
 
 
 def _words(ops: dict[str, str]) -> str:

@@ -227,8 +227,10 @@ class TorchTrainer:
             record.flops_per_step = self.matmul_flops(*self.batch(0))  # of this process's rows, as HLO's per device
             record.flops_source = "torch.utils.flop_counter.FlopCounterMode over one forward + backward"
 
-    def float32_islands(self, inputs) -> dict[str, str]:
-        return float32_islands(self.model, self.to_device(inputs), self.module_names)
+    def float32_islands(self, inputs, targets) -> dict[str, str]:
+        inputs, targets = self.to_device(inputs), self.to_device(targets)
+        return float32_islands(self.model, inputs, self.module_names,
+                               lambda out: self.loss_fn(out, loss_batch(inputs, targets)))
 
     def new_record(self) -> RunRecord:
         spec, device = self.spec, self.device

@@ -16,8 +16,7 @@ which syncs on exit and fails if the step would run a graph early); `dynamo` (fo
 them; clip and optimizer stay lazy, as in torch_xla's Dynamo training recipe. Compiling the optimizer step too
 recompiles at every step: dynamo guards on the float lr).
 
-bf16 policy (train.dtype=bfloat16): float32 parameters and optimizer state, forward under `torch.autocast("xla",
-dtype=torch.bfloat16)`, float32 loss. float64: every tensor float64 (torch_impl.models.build_model).
+bf16: float32 parameters and optimizer state, forward under `torch.autocast("xla", dtype=torch.bfloat16)`, float32 loss.
 """
 from __future__ import annotations
 
@@ -295,8 +294,8 @@ class TorchXlaTrainer:
             tensors["eval"] = {"logits": self.eval_logits(self.trained, held_inputs(self.spec, self.data))}
             shutil.rmtree(dump_dir(out_dir), ignore_errors=True)
 
-    def float32_islands(self, inputs) -> dict[str, str]:
-        return fresh_model_islands(self.spec, self.start_params, inputs)
+    def float32_islands(self, inputs, targets) -> dict[str, str]:  # on a CPU copy: no graph of the run's device
+        return fresh_model_islands(self.spec, self.start_params, inputs, targets, self.loss_fn, self.loss_batch)
 
     def new_record(self) -> RunRecord:
         spec, replicas = self.spec, self.replicas

@@ -160,8 +160,10 @@ class TorchaxTrainer(JittedTrainer):
                                        self.module_names, to_numpy=lambda t: kept_float(env.t2j_iso(t)),
                                        output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
 
-    def float32_islands(self, inputs) -> dict[str, str]:
-        return float32_islands(self.model, host_tensors(inputs), self.module_names)  # its CPU torch model
+    def float32_islands(self, inputs, targets) -> dict[str, str]:
+        inputs, targets = host_tensors(inputs), host_tensors(targets)  # for its CPU torch model
+        return float32_islands(self.model, inputs, self.module_names,
+                               lambda out: self.loss_fn(out, loss_batch(inputs, targets)))
 
     def new_record(self) -> RunRecord:
         spec = self.spec

@@ -29,10 +29,11 @@ def _conv(n_in: int, n_out: int, size: int, rngs: nnx.Rngs, stride: int = 1, pad
 
 
 def sinusoidal_embedding(t, dim: int):
-    """(B,) int -> (B, dim) float32: sin | cos of t * exp(-log(10000) * i / (half - 1)), as DDPM."""
-    half = dim // 2
-    freqs = jnp.exp(jnp.arange(half, dtype=jnp.float32) * (-math.log(10000.0) / (half - 1)))
-    args = t.astype(jnp.float32)[:, None] * freqs[None, :]
+    """(B,) int -> (B, dim) in JAX's default float (float32; float64 with x64, a float64 run): sin | cos of
+    t * exp(-log(10000) * i / (half - 1)), as DDPM."""
+    half, dtype = dim // 2, jnp.result_type(float)
+    freqs = jnp.exp(jnp.arange(half, dtype=dtype) * (-math.log(10000.0) / (half - 1)))
+    args = t.astype(dtype)[:, None] * freqs[None, :]
     return jnp.concatenate([jnp.sin(args), jnp.cos(args)], axis=-1)
 
 
@@ -115,7 +116,8 @@ def unet(in_channels: int = 3, image_size: int = 16, base_width: int = 16, chann
 def mse_loss(outputs, batch):
     """Mean squared error, in float32, between the predicted noise and batch["noise"], both in one layout (the
     batch's NCHW: transpose the port's NHWC output back first)."""
-    return jnp.mean(jnp.square(outputs.astype(jnp.float32) - jnp.asarray(batch["noise"], jnp.float32)))
+    dtype = jnp.promote_types(outputs.dtype, jnp.float32)  # float64 in a float64 run
+    return jnp.mean(jnp.square(outputs.astype(dtype) - jnp.asarray(batch["noise"], dtype)))
 
 
 def unet_same_padding_down(*, rngs: nnx.Rngs, **hparams) -> UNet:

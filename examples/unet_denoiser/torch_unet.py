@@ -17,10 +17,11 @@ from torch import Tensor, nn
 
 
 def timestep_embedding(t: Tensor, dim: int) -> Tensor:
-    """(B,) int -> (B, dim) float32: sin | cos of t * exp(-log(10000) * i / (half - 1)), as DDPM."""
-    half = dim // 2
-    freqs = torch.exp(torch.arange(half, dtype=torch.float32, device=t.device) * (-math.log(10000.0) / (half - 1)))
-    args = t.float()[:, None] * freqs[None, :]
+    """(B,) int -> (B, dim) in torch's default float (float32; float64 in a float64 run): sin | cos of
+    t * exp(-log(10000) * i / (half - 1)), as DDPM."""
+    half, dtype = dim // 2, torch.get_default_dtype()
+    freqs = torch.exp(torch.arange(half, dtype=dtype, device=t.device) * (-math.log(10000.0) / (half - 1)))
+    args = t.to(dtype)[:, None] * freqs[None, :]
     return torch.cat([torch.sin(args), torch.cos(args)], dim=1)
 
 
@@ -91,5 +92,7 @@ def unet(in_channels: int = 3, image_size: int = 16, base_width: int = 16, chann
 
 
 def mse_loss(outputs: Tensor, batch) -> Tensor:
-    """Mean squared error, in float32, between the predicted noise (B, C, H, W) and batch["noise"]."""
-    return F.mse_loss(outputs.float(), batch["noise"].float())
+    """Mean squared error, in float32 (float64 in a float64 run), between the predicted noise (B, C, H, W) and
+    batch["noise"]."""
+    dtype = torch.promote_types(outputs.dtype, torch.float32)
+    return F.mse_loss(outputs.to(dtype), batch["noise"].to(dtype))
