@@ -10,7 +10,8 @@ Tied weights: the decoder has no matrix of its own; it is `embed.tok.attend` (th
 `padding_idx=pad_token_id` (0): the lookup sends no gradient to that row; `PAD_ID` below does the same.
 
 Parameters are float32; `dtype` is the compute dtype. The attention softmax, LayerNorm statistics and the loss
-stay float32. The attention mask (B, T), 1 = keep, becomes HF's additive bias: finfo(float32).min on padded keys.
+are at least float32 (float64 in a float64 run). The attention mask (B, T), 1 = keep, becomes HF's additive
+bias: finfo(float).min on padded keys.
 
 The factories below the model are the mis-ports: `jax.nn.gelu`'s default (tanh-approximate) in the MLP, and an
 attention that ignores the mask.
@@ -51,7 +52,8 @@ class Attention(nnx.Module):
     def __call__(self, x, bias):  # x (B, T, D); bias (B, 1, 1, T) additive, or None
         b, t, _ = x.shape
         q, k, v = (p(x).reshape(b, t, self.n_heads, self.head_dim) for p in (self.q, self.k, self.v))
-        scores = (jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.head_dim)).astype(jnp.float32)
+        scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.head_dim)
+        scores = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))
         if bias is not None:
             scores = scores + bias
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
@@ -100,7 +102,8 @@ class Bert(nnx.Module):
     def attention_bias(self, attention_mask):  # (B, T) 1 = keep -> (B, 1, 1, T) additive, as HF's eager path
         if attention_mask is None:
             return None
-        return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)
+        dtype = jnp.result_type(float)  # float32; float64 in a float64 run, as HF's finfo(model dtype).min
+        return jnp.where(attention_mask[:, None, None, :] > 0, jnp.zeros((), dtype), jnp.finfo(dtype).min)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         if token_type_ids is None:
@@ -110,7 +113,8 @@ class Bert(nnx.Module):
             x = layer(x, bias)
         out = {"logits": self.head(x, self.embed.tok)}
         if labels is not None:  # HF's MLM loss: mean cross-entropy over labels != -100, in float32
-            logp = jax.nn.log_softmax(out["logits"].astype(jnp.float32), axis=-1)
+            logits = out["logits"]
+            logp = jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
             valid = labels != -100
             nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
             out["loss"] = jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.sum(valid)
