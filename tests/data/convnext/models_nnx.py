@@ -1,11 +1,13 @@
 """An idiomatic Flax NNX port of the tiny ConvNeXt: NHWC throughout (written by a new user from the README;
-`block_eps` only for the test's mis-port: ConvNeXt's blocks normalize with 1e-6, torch's LayerNorm default 1e-5)."""
+`block_eps` and `tanh_gelu` only for the tests' mis-ports: ConvNeXt's blocks normalize with 1e-6, torch's LayerNorm
+default 1e-5; torchvision's GELU is exact)."""
 import jax.numpy as jnp
 from flax import nnx
 
 
 class Block(nnx.Module):
-    def __init__(self, dim, layer_scale, eps=1e-6, *, rngs):
+    def __init__(self, dim, layer_scale, eps=1e-6, tanh_gelu=False, *, rngs):
+        self.tanh_gelu = tanh_gelu
         self.dwconv = nnx.Conv(dim, dim, kernel_size=(7, 7), padding=3,
                                feature_group_count=dim, rngs=rngs)
         self.norm = nnx.LayerNorm(dim, epsilon=eps, rngs=rngs)
@@ -17,7 +19,7 @@ class Block(nnx.Module):
         y = self.dwconv(x)
         y = self.norm(y)
         y = self.pwconv1(y)
-        y = nnx.gelu(y, approximate=False)
+        y = nnx.gelu(y, approximate=self.tanh_gelu)
         y = self.pwconv2(y)
         return x + self.gamma[...] * y
 
@@ -33,13 +35,13 @@ class Downsample(nnx.Module):
 
 class ConvNeXt(nnx.Module):
     def __init__(self, input_shape=(3, 32, 32), num_classes=10, dims=(16, 32), depths=(1, 1),
-                 layer_scale=0.1, stochastic_depth_prob=0.0, block_eps=1e-6, *, rngs):
+                 layer_scale=0.1, stochastic_depth_prob=0.0, block_eps=1e-6, tanh_gelu=False, *, rngs):
         in_ch = input_shape[0]
         self.stem_conv = nnx.Conv(in_ch, dims[0], kernel_size=(4, 4), strides=(4, 4),
                                   padding="VALID", rngs=rngs)
         self.stem_norm = nnx.LayerNorm(dims[0], epsilon=1e-6, rngs=rngs)
         self.stages = nnx.List([
-            nnx.Sequential(*[Block(d, layer_scale, block_eps, rngs=rngs) for _ in range(n)])
+            nnx.Sequential(*[Block(d, layer_scale, block_eps, tanh_gelu, rngs=rngs) for _ in range(n)])
             for d, n in zip(dims, depths)
         ])
         self.downsamples = nnx.List([
@@ -61,3 +63,10 @@ class ConvNeXt(nnx.Module):
 def convnext_block_eps_misported(**hparams):
     """The mis-port: the blocks' LayerNorm at torch's default epsilon."""
     return ConvNeXt(**hparams, block_eps=1e-5)
+
+
+
+def convnext_tanh_gelu(**hparams):
+    """The mis-port: flax's default GELU, the tanh approximation (torchvision's is exact): within float32's
+    bounds at init, found in float64."""
+    return ConvNeXt(**hparams, tanh_gelu=True)

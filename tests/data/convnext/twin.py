@@ -27,3 +27,4 @@ COMMON = dict(task="classification", rename=RENAME, layouts={r"\.gamma$": "d 1 1
 convnext = Twin(torch="models_torch.py:ConvNeXt", nnx="models_nnx.py:ConvNeXt", **COMMON)
 convnext_block_eps_misported = Twin(torch="models_torch.py:ConvNeXt", nnx="models_nnx.py:convnext_block_eps_misported",
                                     **COMMON)
+convnext_tanh_gelu = Twin(torch="models_torch.py:ConvNeXt", nnx="models_nnx.py:convnext_tanh_gelu", **COMMON)
