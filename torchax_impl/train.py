@@ -21,6 +21,7 @@ run under it computes its Linear layers in float32.
 """
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 
@@ -149,9 +150,10 @@ class TorchaxTrainer(JittedTrainer):
     def _activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         """Module activations from the torch module run eagerly by torchax (forward hooks see torchax
         tensors); called before any update, when the module still holds the starting weights."""
-        env = torchax.default_env()
+        env, model = torchax.default_env(), copy.deepcopy(self.model)  # (copied outside torchax's environment)
         with env, self.capture_masks():
-            model = self.model.to("jax")
+            model = model.to("jax")  # a copy: Module.to moves in place, and the run's own model moved to torchax
+            # tensors trained otherwise (HF's BERT: step 1's loss 4e-3 off)
             if self.spec.train.dtype == "bfloat16":  # the step's policy: float weights and inputs in bf16
                 model = model.to(torch.bfloat16)
             # no gradients: torch's autograd does not run on torchax tensors (its probes' .grad stay empty; the
