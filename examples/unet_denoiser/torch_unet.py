@@ -94,5 +94,5 @@ def unet(in_channels: int = 3, image_size: int = 16, base_width: int = 16, chann
 def mse_loss(outputs: Tensor, batch) -> Tensor:
     """Mean squared error, in float32 (float64 in a float64 run), between the predicted noise (B, C, H, W) and
     batch["noise"]."""
-    dtype = torch.promote_types(outputs.dtype, torch.float32)
+    dtype = torch.float64 if outputs.dtype == torch.float64 else torch.float32
     return F.mse_loss(outputs.to(dtype), batch["noise"].to(dtype))
