@@ -188,7 +188,21 @@ def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0, dropo
         raise factory_error("NNX factory", twin.nnx, e, [*kwargs, "rngs"]) from None
     if not isinstance(model, nnx.Module):
         raise TwinError(f"NNX factory {twin.nnx} returned a {type(model).__name__}, not a flax.nnx.Module")
+    if compute_dtype == jnp.float64:
+        float64_parameters(model)
     return model
+
+
+def float64_parameters(model: nnx.Module) -> None:
+    """A float64 run's model as a JAX user builds one for it, `param_dtype=jnp.float64`: every layer's param_dtype
+    float64 (its values come from the canonical weights, widened), and an `nnx.Embed` whose compute dtype came
+    from its float32 param_dtype (flax sets `dtype = dtype or param dtype`) computes in float64; left so, it
+    casts its float64 table to float32 (a float32 island where the torch side has none)."""
+    for _, module in nnx.iter_modules(model):
+        if getattr(module, "param_dtype", None) == jnp.float32:
+            if isinstance(module, nnx.Embed) and module.dtype == jnp.float32:
+                module.dtype = jnp.float64
+            module.param_dtype = jnp.float64
 
 
 def nnx_input_axes(spec: RunSpec) -> tuple[int, ...]:
