@@ -103,3 +103,16 @@ def test_hugging_faces_bert_passes_in_float64_on_torchax_after_its_module_captur
         diverging = parity["first_divergent_module"]
         # HF's ModelOutput leads with the loss, the port's dict with the logits: a shape-only note (issue 45)
         assert diverging["modules_diverging"] <= 1 and diverging["output_error"]["abs"] is None, name
+
+
+@pytest.mark.error_case("float64-model-fixes-float32")
+def test_a_torch_model_that_fixes_float32_is_refused_in_float64_naming_its_module(tmp_path):
+    """`x.float()` before a float64 Linear: eager torch cannot multiply them. One line naming the module and
+    the fix, exit 2, and JAX's run still reported."""
+    proc, report = compare(tmp_path / "run", "--twin", "tests/data/user_project/twins.py:fixes_float32",
+                           "--backend", "jax,torch", "--dtype", "float64", "--steps", "2")
+    assert proc.returncode == 2 and report["status"] == "usage_error"
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the torch model cannot compute in float64 as written: at module fc1" in errors[0]
+    assert "make it follow its input's dtype" in errors[0]
+    assert report["backends"]["jax"]["status"] == "ok" and len(report["backends"]["jax"]["losses"]) == 2

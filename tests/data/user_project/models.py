@@ -120,3 +120,11 @@ class TorchNetCustomBackward(TorchNet):
 def torch_net_backward_misported(**hparams):
     """The forward agrees with NnxNet's; the head's backward does not."""
     return TorchNetCustomBackward(**hparams, clamped=True)
+
+
+class TorchNetFixesFloat32(TorchNet):
+    """Its input cast to float32 on purpose (`x.float()`, as code written for float32 does): it cannot run in a
+    float64 run, where fc1 is float64."""
+
+    def forward(self, x):
+        return super().forward(x.float())

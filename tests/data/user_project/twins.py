@@ -23,3 +23,5 @@ custom_backward = Twin(torch="models.py:TorchNetCustomBackward", nnx="models.py:
                        hparams=HPARAMS, train=TRAIN)
 backward_misported = Twin(torch="models.py:torch_net_backward_misported", nnx="models.py:NnxNet",
                           task="classification", hparams=HPARAMS, train=TRAIN)
+fixes_float32 = Twin(torch="models.py:TorchNetFixesFloat32", nnx="models.py:NnxNet", task="classification",
+                     hparams=HPARAMS, train=TRAIN)
