@@ -56,7 +56,9 @@ LONGEST = ("test_benchmark_measures_every_figure", "test_dropout_runs_on_every_b
            "test_llama_twin_passes_single_device_and_on_a_mesh",
            "test_hugging_faces_qwen2_passes_on_every_backend_from_save_pretrained",
            "test_exact_mode_feeds_every_backend_the_same_masks_and_agrees_within_fp32",
-           "test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions")
+           "test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions",
+           "test_hugging_faces_bert_passes_in_float64_on_torchax_after_its_module_capture",
+           "test_gpt_tiny_in_float64_agrees_to_float64_rounding_on_every_runtime")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
