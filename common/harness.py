@@ -23,7 +23,7 @@ from common.data import activation_inputs
 from common.masks import record_sites
 from common.provoke import Provocation
 from common.record import RunRecord, peak_rss_mb
-from common.spec import RunSpec
+from common.spec import RunSpec, SpecError
 from common.twin import twin_of
 
 
@@ -83,6 +83,13 @@ class Runtime(Protocol):
         narrower float on `inputs` (a slice of step 0's batch), and "(loss)" where the loss on `targets` does,
         from the start weights, in eval mode, with no effect on the run (torch_impl/islands.py,
         jax_impl/islands.py)."""
+
+
+def refuse_float64_on(platform: str, spec: RunSpec) -> None:
+    """A float64 run on a TPU, which has no float64: refused in one line that says where the proof runs."""
+    if spec.train.dtype == "float64" and platform.lower() == "tpu":
+        raise SpecError("train.dtype=float64: TPUs have no float64; prove the port on the host's CPU "
+                        "(JAX_PLATFORMS=cpu, PJRT_DEVICE=CPU) and run the TPU in float32 or bfloat16")
 
 
 def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None) -> tuple[RunRecord, dict]:

@@ -16,11 +16,11 @@ import optax
 
 from common.activations import Capture
 from common.data import Batch, held_inputs, make_dataset
-from common.harness import RunOptions
+from common.harness import RunOptions, refuse_float64_on
 from common.masks import MaskFeed, draw_masks, drawing_feed, given_feed
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, throughput_summary
-from common.spec import RunSpec, SpecError
+from common.spec import RunSpec
 from common.tensor_file import summarized
 from common.vocab import PROFILE_DIR, MaskSource, Phase, ProfileRange, RecordStatus
 from jax_impl import sharding
@@ -36,10 +36,8 @@ UNTRACEABLE = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConve
 def jitted_mesh(spec: RunSpec):
     """What a jitted runtime sets before its trainer: JAX's matmul precision and, in a float64 run, 64-bit
     types (before anything is traced) from the spec; returns the mesh."""
+    refuse_float64_on(jax.default_backend(), spec)
     if spec.train.dtype == "float64":
-        if jax.default_backend() == "tpu":
-            raise SpecError("train.dtype=float64: TPUs have no float64; prove the port on the host's CPU "
-                            "(JAX_PLATFORMS=cpu, PJRT_DEVICE=CPU) and run the TPU in float32 or bfloat16")
         jax.config.update("jax_enable_x64", True)
     if spec.train.matmul_precision != "default":
         jax.config.update("jax_default_matmul_precision", spec.train.matmul_precision)

@@ -6,6 +6,7 @@ import pytest
 
 from common.record import read_record
 from common.tensor_file import read_tensors
+from tests.helpers import run_cli
 from tests.test_examples import compare
 
 pytestmark = pytest.mark.slow
@@ -107,12 +108,12 @@ def test_hugging_faces_bert_passes_in_float64_on_torchax_after_its_module_captur
 
 @pytest.mark.error_case("float64-model-fixes-float32")
 def test_a_torch_model_that_fixes_float32_is_refused_in_float64_naming_its_module(tmp_path):
-    """`x.float()` before a float64 Linear: eager torch cannot multiply them. One line naming the module and
-    the fix, exit 2, and JAX's run still reported."""
-    proc, report = compare(tmp_path / "run", "--twin", "tests/data/user_project/twins.py:fixes_float32",
-                           "--backend", "jax,torch", "--dtype", "float64", "--steps", "2")
-    assert proc.returncode == 2 and report["status"] == "usage_error"
+    """`x.float()` before a float64 Linear: eager torch cannot multiply them. The twin's describe step finds it
+    before any backend runs: one line naming the module and the fix, exit 2, no run directory; the torch
+    backend run alone refuses it the same at its first forward."""
+    proc = run_cli("compare", "--quiet", "--out", str(tmp_path / "run"), "--twin",
+                   "tests/data/user_project/twins.py:fixes_float32", "--backend", "jax,torch", "--dtype", "float64")
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "the torch model cannot compute in float64 as written: at module fc1" in errors[0]
-    assert "make it follow its input's dtype" in errors[0]
-    assert report["backends"]["jax"]["status"] == "ok" and len(report["backends"]["jax"]["losses"]) == 2
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "the torch model cannot compute in float64 as written: at module fc1" in errors[0]
+    assert "make it follow its input's dtype" in errors[0] and not (tmp_path / "run").exists()

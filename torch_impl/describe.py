@@ -18,7 +18,7 @@ from common.data import make_dataset, rows
 from common.fsutil import write_json_atomic
 from common.outputs import choose, forward, refusal
 from common.presets import load_spec
-from common.spec import RunSpec, TwinSpec
+from common.spec import RunSpec, SpecError, TwinSpec
 from common.twin import TwinError, twin_of
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
@@ -48,6 +48,33 @@ def check_forward(model, spec: RunSpec) -> None:
     twin = twin_of(spec.model)
     if choose(out, twin.logits) is None:
         raise TwinError(f"twin {spec.model.twin!r}: the forward of torch={twin.torch!r} {refusal(out, twin.logits)}")
+    if spec.train.dtype == "float64":
+        check_float64(model, inputs)
+
+
+def check_float64(model, inputs) -> None:
+    """A float64 run's torch side must compute in float64: a copy of the model in float64, under torch's float64
+    default, on the example widened, refused naming its module where its code feeds float32 to a float64 layer
+    (torch_impl/islands.py), before any backend trains."""
+    import copy
+
+    import torch
+
+    from torch_impl.islands import float32_islands
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        wide = copy.deepcopy(model).to(torch.float64)
+        inputs = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()} \
+            if isinstance(inputs, dict) else (inputs.double() if inputs.is_floating_point() else inputs)
+        float32_islands(wide, inputs, {name: name for name, _ in wide.named_modules() if name})
+    except SpecError:
+        raise
+    except Exception:  # any other failure of the forward is left to the run, which reports it on every backend
+        return
+    finally:
+        torch.set_default_dtype(default)
 
 
 def module_kinds(model) -> dict[str, str]:

@@ -52,6 +52,8 @@ def train(spec, options, progress):
     import torch_xla.runtime as xr
 
     from common import harness
+
+    harness.refuse_float64_on(xr.device_type(), spec)
     from torch_xla_impl.spawn import run_spawn
     from torch_xla_impl.train import make_trainer
 
