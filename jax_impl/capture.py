@@ -45,7 +45,7 @@ def _replace_first(value, new):
     return replace_first(value, new, lambda v: isinstance(v, jax.Array))
 
 
-def _recorded(model: nnx.Module) -> tuple[dict, set]:
+def recorded_modules(model: nnx.Module) -> tuple[dict, set]:
     """({id: path} of the model and every module holding parameters, the modules the torch side can name
     too; the ids of the leaf modules)."""
     modules = list(nnx.iter_modules(model))
@@ -55,7 +55,7 @@ def _recorded(model: nnx.Module) -> tuple[dict, set]:
 
 
 @contextlib.contextmanager
-def _wrapped_calls(model: nnx.Module, around):
+def wrapped_calls(model: nnx.Module, around):
     """Every module class's `__call__` replaced for the block by `around(original, self, args, kwargs)`."""
     patched = {}
     for cls in {type(m) for _, m in nnx.iter_modules(model)}:
@@ -126,7 +126,7 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
     # Variables made anew in this trace (jax_impl/train.py's in_this_trace): a BatchNorm updating its statistics
     # or a dropout its RNG count refuses a Variable of the outer level
     model = nnx.merge(graphdef, jax.tree.map(lambda leaf: leaf, state))
-    paths, leaves = _recorded(model)
+    paths, leaves = recorded_modules(model)
     kept = {}
 
     def keep(key: str, value, layout: str):
@@ -157,5 +157,5 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
                 out = _replace_first(out, probed)
         return out
 
-    with _wrapped_calls(model, call):
+    with wrapped_calls(model, call):
         return forward(model, inputs), kept

@@ -13,10 +13,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.extend.core import ClosedJaxpr, Jaxpr
 
 from common.modules import ROOT_MODULE
 from common.outputs import forward
-from jax_impl.capture import _recorded, _wrapped_calls
+from jax_impl.capture import recorded_modules, wrapped_calls
 
 NARROW = (jnp.float32, jnp.float16, jnp.bfloat16)
 OPS_KEPT = 6  # op names listed per module (torch_impl/islands.py keeps as many)
@@ -28,7 +29,7 @@ def float32_islands(model: nnx.Module, inputs, loss_of=None) -> dict[str, str]:
     """{module path: "float32: op, op, ..."} of the modules whose own operations compute in a float narrower
     than float64 in one eval-mode forward of `inputs`, traced (nothing runs); {} for a model that is float64
     throughout; LOSS where `loss_of(output)` does. `model` is a copy: it is left in eval mode."""
-    paths, _ = _recorded(model)
+    paths, _ = recorded_modules(model)
 
     def scoped(original, self, args, kwargs):
         path = paths.get(id(self))
@@ -40,7 +41,7 @@ def float32_islands(model: nnx.Module, inputs, loss_of=None) -> dict[str, str]:
     model.eval()  # (the caller's copy) no dropout draw, no running statistic moved
 
     def run(inputs):  # the model itself, its arrays closed over: the paths are of these module objects
-        with _wrapped_calls(model, scoped):
+        with wrapped_calls(model, scoped):
             output = forward(model, inputs)
         if loss_of is None:
             return output
@@ -65,7 +66,7 @@ def _walk(jaxpr, outer: str, found: dict[str, dict[str, str]]) -> None:
                 ops[eqn.primitive.name] = str(min(narrow, key=lambda d: d.itemsize))
         for param in eqn.params.values():
             for inner in param if isinstance(param, (tuple, list)) else (param,):
-                if isinstance(inner, jax.extend.core.ClosedJaxpr):
+                if isinstance(inner, ClosedJaxpr):
                     _walk(inner.jaxpr, stack, found)
-                elif isinstance(inner, jax.extend.core.Jaxpr):
+                elif isinstance(inner, Jaxpr):
                     _walk(inner, stack, found)
