@@ -61,12 +61,24 @@ def weight_files(path: Path) -> list[Path]:
         return [path]
     index = path / "model.safetensors.index.json"
     if require_regular_file(index, "hf checkpoint file", CheckpointError).exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / s for s in shards]
+        return [path / s for s in _shards(index)]
     if (path / "model.safetensors").exists():
         return [path / "model.safetensors"]
     raise CheckpointError(f"hf checkpoint {path}: no model.safetensors (nor an index of shards); save it with "
                           "save_pretrained(..., safe_serialization=True)")
+
+
+def _shards(index: Path) -> list[str]:
+    """The shard files an index names (its weight_map's values), or one line naming the file and what is wrong."""
+    fix = "give the index save_pretrained writes, or remove it beside a single model.safetensors"
+    try:
+        table = json.loads(index.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"hf checkpoint file {index} is not JSON ({e}); {fix}") from None
+    weight_map = table.get("weight_map") if isinstance(table, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"hf checkpoint file {index} has no weight_map of tensor names to shard files; {fix}")
+    return sorted(set(weight_map.values()))
 
 
 def _lookup(config: dict, key: str):

@@ -14,6 +14,8 @@ from common.presets import load_spec  # noqa: E402
 from common.record import read_record  # noqa: E402
 from common.tensor_file import read_tensors  # noqa: E402
 from tests.helpers import run_cli  # noqa: E402
+from tests.test_hostile_twins import assert_refused  # noqa: E402
+from tests.test_hostile_twins import compare as compare_refused  # noqa: E402
 
 LLAMA = "examples/llama/twin.py:llama_tiny"
 STEPS = 5
@@ -229,3 +231,27 @@ def test_metas_original_llama_layout_is_refused_with_what_to_do():
     assert str(err.value).startswith("hf checkpoint consolidated is in Meta's original Llama layout (tok_embeddings, "
                                      "attention.wq, ...: interleaved rotary pairs); convert it to Hugging Face's "
                                      "rotate-half layout first")
+
+
+GPT_TINY_HF = {"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4,
+               "layer_norm_epsilon": 1e-05, "n_inner": 256, "activation_function": "gelu_new"}
+
+
+@pytest.mark.parametrize("index, message", [
+    ('{"weight_map": {', r"model.safetensors.index.json is not JSON \(Expecting property name"),
+    ("[1]", r"model.safetensors.index.json has no weight_map of tensor names to shard files"),
+    ('{"weight_map": {"wte.weight": 3}}', r"model.safetensors.index.json has no weight_map of tensor names"),
+])
+@pytest.mark.slow  # the index is read where the weights are: the describe step and the backends
+@pytest.mark.error_case("checkpoint-hf-index-bad")
+def test_a_hugging_face_shard_index_that_is_not_one_is_refused_naming_it(tmp_path, index, message):
+    (tmp_path / "tmp").mkdir()
+    checkpoint = tmp_path / "hf"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(GPT_TINY_HF))
+    (checkpoint / "model.safetensors.index.json").write_text(index)
+    before = {p: p.read_bytes() for p in checkpoint.iterdir()}
+    proc = compare_refused(tmp_path, "--spec", "gpt-tiny", "--checkpoint", f"hf:{checkpoint}", "--backend", "jax,torch",
+                   "--out", str(tmp_path / "run"))
+    assert_refused(tmp_path, proc, message + r".*; give the index save_pretrained writes")
+    assert {p: p.read_bytes() for p in checkpoint.iterdir()} == before  # the user's files untouched
