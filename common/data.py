@@ -264,8 +264,9 @@ class Widened:
         return getattr(self.dataset, name)
 
     def global_batch(self, step: int) -> Batch:
-        return Batch(*(widened(p, "float64") if isinstance(p, dict) else widened({"": p}, "float64")[""]
-                       for p in self.dataset.global_batch(step)))
+        def wide(part):  # an array, or a twin's named arrays
+            return widened(part, "float64") if isinstance(part, dict) else widened({"a": part}, "float64")["a"]
+        return Batch(*(wide(part) for part in self.dataset.global_batch(step)))
 
 
 def _dataset(spec: RunSpec):
