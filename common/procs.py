@@ -1,11 +1,21 @@
-"""Taking a subprocess's whole process group down: one definition for compare's backends, its describe
-steps and the loader of a user's twin file (each started with start_new_session, so its pid is its group)."""
+"""Starting a subprocess in a process group of its own and taking that whole group down: one definition for
+compare's backends, its describe steps and the loader of a user's twin file (each started by start_group, so
+its pid is its group)."""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import time
+
+from preload import client as preload_client
+
+
+def start_group(command: list[str], **popen_args):
+    """subprocess.Popen(command, start_new_session=True, ...): its pid is its group, which kill_group takes
+    down with whatever it started. Where the test suite runs a preloading fork server for this interpreter
+    and module (preload/), a child of that server runs the command instead, its frameworks already imported."""
+    return preload_client.start(command, start_new_session=True, **popen_args)
 
 
 def group_alive(pgid: int) -> bool:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 from common.fsutil import require_regular_file
-from common.procs import kill_group
+from common.procs import kill_group, start_group
 from common.spec import TASK_DATASETS, DataSpec, MeshSpec, ModelSpec, RunSpec, SpecError, TrainSpec, TwinSpec
 from common.twin_fields import TwinError, check_fields, plain, unplain
 
@@ -268,8 +268,8 @@ def _load_isolated(ref: str, timeout_s: float) -> Twin:
     with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
         try:
             try:
-                proc = subprocess.Popen([sys.executable, "-c", code, ref, str(read_end)], stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=err, env=env, pass_fds=(read_end,), start_new_session=True)
+                proc = start_group([sys.executable, "-c", code, ref, str(read_end)], stdin=subprocess.DEVNULL,
+                                   stdout=out, stderr=err, env=env, pass_fds=(read_end,))
             except OSError as e:
                 raise TwinError(f"twin {ref!r}: cannot start {sys.executable} to load it: {e.strerror or e}") from None
             finally:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import backends
 from common.fsutil import write_json_atomic
-from common.procs import group_alive, kill_group
+from common.procs import group_alive, kill_group, start_group
 from common.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
 from common.vocab import BackendStatus, ExitCode
 from compare.guard import GUARD
@@ -102,8 +102,7 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
     start, started_at = time.perf_counter(), time.time()
     with open(run_dir / STDOUT_LOG, "w") as out_log, open(run_dir / STDERR_LOG, "w") as err_log:
         try:
-            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err_log, text=True, env=env,
-                                    start_new_session=True)  # its own group: a kill reaches its children
+            proc = start_group(command, stdout=subprocess.PIPE, stderr=err_log, text=True, env=env)
         except OSError as e:
             return BackendRun(name, run_dir, BackendStatus.USAGE_ERROR, None,
                               f"cannot start {python}: {e.strerror or e}; check --{name.replace('_', '-')}-python",

@@ -32,7 +32,7 @@ from common.correspond import declared_layouts, derive
 from common.describe_sides import THEN
 from common.fsutil import write_json_atomic
 from common.modules import module_map, state_names
-from common.procs import kill_group
+from common.procs import kill_group, start_group
 from common.record import SPEC_FILE
 from common.spec import RunSpec, TwinSpec
 from common.twin import TwinError, load_twin, twin_of
@@ -78,8 +78,8 @@ def _describe(python: str, sides: list[tuple[str, list[str]]], spec_path: Path, 
         ["-m", "common.describe_sides", *[arg for c in commands for arg in [THEN, *c]][1:]]
     err = tempfile.TemporaryFile("w+", errors="replace")
     try:
-        proc = subprocess.Popen([python, *command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, env=backend_env(), start_new_session=True)
+        proc = start_group([python, *command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                           env=backend_env())
     except OSError as e:
         err.close()
         raise TwinError(f"cannot start {python} to describe the twin ({', '.join(c[0] for c in commands)}): "

@@ -21,7 +21,10 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import pytest  # noqa: E402
 
 from common import backends  # noqa: E402
-from tests import helpers  # noqa: E402, F401  (the suite's compile cache, made here for every test process)
+from tests import (
+    helpers,  # noqa: E402, F401  (the suite's compile cache, made here for every test process)
+    preloaded,  # noqa: E402
+)
 
 if importlib.util.find_spec("torch_xla") is not None:
     os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -35,9 +38,15 @@ NO_BACKENDS = Path(__file__).resolve().parent / "no_backends"  # its sitecustomi
 
 def pytest_configure(config):
     """Deselecting the slow tests (`make test-fast`) promises no backend process: every process the tests
-    start imports tests/no_backends/sitecustomize.py first, which refuses to run one and notes it."""
-    if "not slow" not in (config.option.markexpr or "") or os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # a worker of `-n` inherits the controller's guard: its log is the one the controller reads
+    start imports tests/no_backends/sitecustomize.py first, which refuses to run one and notes it. Otherwise
+    the session's fork servers (tests/preloaded.py) start the backend processes with their frameworks imported.
+    A worker of `-n` inherits the controller's guard or servers."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if "not slow" not in (config.option.markexpr or ""):
+        if os.environ.get("XLA_TWINS_TEST_PRELOAD", "1") != "0":  # 0: every process a fresh interpreter
+            config.preload_servers = preloaded.start()
+        return
     fd, log = tempfile.mkstemp(prefix="xla-twins-backend-guard-")
     os.close(fd)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NO_BACKENDS), os.environ.get("PYTHONPATH")]))
@@ -124,6 +133,9 @@ def jax_single(shared_runs):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    servers = getattr(session.config, "preload_servers", None)
+    if servers is not None:
+        print(f"\n{preloaded.stop(servers)}")
     log = getattr(session.config, "backend_guard_log", None)
     if log is None:
         return

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from common.record import RunRecord, read_record
+from preload import client as preload_client
 
 REPO = Path(__file__).resolve().parents[1]
 # compare's default compile cache lives under $XDG_CACHE_HOME: the suite gets its own, so tests neither read nor
@@ -35,7 +36,8 @@ def run_cli(module: str, *args: str, timeout: float = 600, env: dict | None = No
     command = [sys.executable, "-m", module, *args]
     if shell_prefix:  # (no preexec_fn: it forks a process whose parent runs JAX's threads)
         command = ["sh", "-c", f'{shell_prefix}; exec "$0" "$@"', *command]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+    return preload_client.run(command, cwd=REPO, timeout=timeout, env=full_env)  # a session's server, or plain
 
 
 def train(backend: str, out: Path, *args: str, env: dict | None = None) -> RunRecord:

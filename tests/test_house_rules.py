@@ -19,9 +19,10 @@ from common.vocab import BackendStatus, CheckpointFormat, ExitCode, ReportStatus
 REPO = Path(__file__).resolve().parents[1]
 # Our packages and what each may import, the backends' from their rows in common/backends.py.
 BACKEND_ROWS = backends.BUILT_IN
-PACKAGES = ("common", "analysis", *(r.package for r in BACKEND_ROWS), "compare", "benchmarks")
+PACKAGES = ("preload", "common", "analysis", *(r.package for r in BACKEND_ROWS), "compare", "benchmarks")
 FRAMEWORKS = tuple(sorted({f for r in BACKEND_ROWS for f in r.frameworks} - set(PACKAGES)))
-ALLOWED = {"common": set(), "analysis": {"common"}, "compare": {"common", "analysis"},
+# preload (the fork server) imports the modules it preloads by name only, never at an import statement
+ALLOWED = {"preload": set(), "common": {"preload"}, "analysis": {"common"}, "compare": {"common", "analysis"},
            **{r.package: {"common", "analysis", *r.frameworks} for r in BACKEND_ROWS}}
 # The JAX twin's modules other JAX runtimes may use: they import jax and optax, never flax.
 PLAIN_JAX = {"jax_impl.optim", "jax_impl.sharding", "jax_impl.instrument", "jax_impl.loop"}
@@ -238,7 +239,7 @@ def test_every_registered_backend_is_a_package_we_ship_and_document():
     """A row of common/backends.py is a shipped package whose `python -m` runs the shared driver under its
     own name, installed by the extra the row names, and listed in the README's table of backends."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    shipped = {"common", "analysis", "compare", *(r.package for r in BACKEND_ROWS)}
+    shipped = {"preload", "common", "analysis", "compare", *(r.package for r in BACKEND_ROWS)}
     assert set(project["tool"]["setuptools"]["packages"]) == shipped
     readme = (REPO / "README.md").read_text()
     for row in BACKEND_ROWS:

@@ -1,0 +1,188 @@
+"""Starting a process through a preloading fork server where one serves it, else as a plain subprocess.
+
+XLA_TWINS_PRELOAD names a JSON manifest: {"servers": [{"socket": PATH, "python": INTERPRETER, "routes":
+[MODULE, ...]}]}. A command `INTERPRETER -m MODULE ...` whose module is, or is inside, a route of a server for
+that interpreter goes to that server; `-c CODE` goes to the server routing "-c". Anything the server declines or
+cannot be reached for starts as a plain subprocess.Popen, so a command behaves alike either way.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+
+MANIFEST_ENV = "XLA_TWINS_PRELOAD"
+
+
+def start(command: list[str], *, stdin=None, stdout=None, stderr=None, env: dict | None = None, cwd=None,
+          pass_fds: tuple[int, ...] = (), start_new_session: bool = False, text: bool = False,
+          errors: str | None = None):
+    """subprocess.Popen(command, ...) for these arguments, served by a preloaded interpreter where one is. Only
+    a command in a session of its own is served: a server's child cannot join the caller's process group."""
+    server = _server_for(command) if start_new_session else None
+    if server is not None:
+        proc = _start_served(server, command, stdin, stdout, stderr, env, cwd, pass_fds, start_new_session, text,
+                             errors)
+        if proc is not None:
+            return proc
+    return subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
+                            pass_fds=pass_fds, start_new_session=start_new_session, text=text, errors=errors)
+
+
+def run(command: list[str], *, env: dict | None = None, cwd=None, timeout: float | None = None,
+        stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    """subprocess.run(command, capture_output=True, text=True, ...) through start(): output to unnamed files."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = start(command, stdin=stdin, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command, proc.returncode, out.read(), err.read())
+
+
+class ServedProcess:
+    """The Popen calls compare makes (pid, poll, wait, signals, stdout) for a child of a fork server, whose
+    exit status the server sends on the connection once it has reaped it."""
+
+    def __init__(self, args, pid: int, conn: socket.socket, stdin, stdout, stderr):
+        self.args, self.pid, self.returncode = args, pid, None
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self._conn, self._said = conn, b""
+
+    def poll(self):
+        if self.returncode is None:
+            self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None):
+        if self.returncode is None:
+            self._read(timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _read(self, timeout: float | None) -> None:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._said:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._conn], [], [], left)[0]:
+                return
+            chunk = self._conn.recv(64)
+            if not chunk:  # the server died before it could tell: the child's status is lost with it
+                self._said += b"exit 255\n"
+            self._said += chunk
+        line = self._said.split(b"\n", 1)[0].decode()
+        self.returncode = int(line.split()[1])
+        self._conn.close()
+
+
+def _manifest() -> list[dict]:
+    path = os.environ.get(MANIFEST_ENV)
+    if not path:
+        return []
+    try:
+        with open(path) as f:
+            return json.load(f)["servers"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _note(line: str) -> None:
+    """One line per start in MANIFEST.log: what was served, what started plain and why (the suite's measure)."""
+    try:
+        with open(os.environ[MANIFEST_ENV] + ".log", "a") as f:
+            f.write(line.replace("\n", " ") + "\n")
+    except OSError:
+        pass
+
+
+def _server_for(command: list[str]) -> dict | None:
+    if len(command) < 3 or command[1] not in ("-m", "-c"):
+        return None
+    route = command[2] if command[1] == "-m" else "-c"
+    for server in _manifest():
+        if os.path.abspath(server["python"]) != os.path.abspath(command[0]):
+            continue
+        if any(route == r or route.startswith(r + ".") for r in server["routes"]):
+            return server
+    return None
+
+
+def _start_served(server, command, stdin, stdout, stderr, env, cwd, pass_fds, session, text, errors):
+    opened, kept = [], {}  # descriptors made here for the child (closed once sent), ends kept for the parent
+
+    def child_end(spec, fd: int, reading: bool) -> int:
+        if spec is None:
+            return fd
+        if spec == subprocess.DEVNULL:
+            opened.append(os.open(os.devnull, os.O_RDWR))
+            return opened[-1]
+        if spec == subprocess.PIPE:
+            read_end, write_end = os.pipe()
+            opened.append(write_end if reading is False else read_end)
+            kept[fd] = read_end if reading is False else write_end
+            return opened[-1]
+        return spec if isinstance(spec, int) else spec.fileno()
+
+    try:
+        fds = [child_end(stdin, 0, True), child_end(stdout, 1, False)]
+        fds.append(fds[1] if stderr == subprocess.STDOUT else child_end(stderr, 2, False))
+        fds += list(pass_fds)
+        request = {"argv": command, "cwd": os.path.abspath(cwd or os.getcwd()),
+                   "env": dict(os.environ if env is None else env), "fds": [0, 1, 2, *pass_fds],
+                   "session": session}
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.settimeout(10)
+            conn.connect(server["socket"])
+            socket.send_fds(conn, [b"\0"], fds)
+            body = json.dumps(request).encode()
+            conn.sendall(len(body).to_bytes(4, "big") + body)
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = conn.recv(256)
+                if not chunk:
+                    raise OSError("the server closed the connection")
+                answer += chunk
+        except OSError:
+            conn.close()
+            raise
+        word, _, rest = answer.decode().strip().partition(" ")
+        if word != "pid":
+            conn.close()
+            raise OSError(rest)
+    except OSError as e:
+        _note(f"plain {command[2] if command[1] == '-m' else '-c'}: {e}")
+        for fd in kept.values():
+            os.close(fd)
+        return None
+    finally:
+        for fd in opened:
+            os.close(fd)
+    conn.settimeout(None)
+    _note(f"served {command[2] if command[1] == '-m' else '-c'}")
+    ends = {fd: open(end, "r" if fd else "w", errors=errors) if text else open(end, "rb" if fd else "wb")
+            for fd, end in kept.items()}
+    return ServedProcess(command, int(rest), conn, ends.get(0), ends.get(1), ends.get(2))

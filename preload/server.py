@@ -1,0 +1,253 @@
+"""The fork server: `python -m preload.server --socket PATH --preload jax,flax.nnx,...`.
+
+It imports the named modules (never a device: no array is made, no backend initialised, so forking stays safe),
+then serves one request per connection on a Unix socket: the command (`python -m MODULE ARGS` or `python -c
+CODE ARGS`, for this very interpreter), its working directory, environment and file descriptors (sent with
+SCM_RIGHTS). It forks; the child becomes that process (its own session where asked, the descriptors at their
+numbers, the environment, path, argv and stdio a fresh interpreter would have) and runs the command as
+`__main__`, so it ends as that interpreter would (exit code, traceback, atexit). The server answers `pid N`,
+then `exit CODE` once it has reaped the child (a negative CODE: killed by that signal), or `decline WHY` for a
+request a fresh interpreter would run differently (another interpreter, or an environment variable the
+preloaded modules read at import differs): the client then starts a plain process.
+"""
+from __future__ import annotations
+
+import argparse
+import builtins
+import importlib
+import json
+import os
+import random
+import runpy
+import selectors
+import signal
+import socket
+import sys
+import tempfile
+import types
+
+# Variables a child's environment may set otherwise than the server's: none is read by a preloaded module at
+# import (jax reads XLA_FLAGS when its backend starts; torch_xla is never preloaded); PYTHONPATH,
+# PYTHONUNBUFFERED and PYTHONDONTWRITEBYTECODE are applied to the child as its interpreter would.
+MAY_DIFFER = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "TMPDIR", "XDG_CACHE_HOME",
+                        "XLA_FLAGS", "CPU_NUM_DEVICES", "PJRT_DEVICE", "PJRT_CPU_ASYNC_CLIENT", "COLUMNS", "LINES",
+                        "PWD", "OLDPWD", "SHLVL", "_"})
+MAY_DIFFER_PREFIXES = ("XLA_TWINS_", "PYTEST_")
+BASE_ENV = dict(os.environ)  # what the preloaded modules saw
+
+
+def main(argv: list[str] | None = None) -> Child:
+    parser = argparse.ArgumentParser(prog="python -m preload.server", description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", required=True, help="the Unix socket to serve on (made atomically)")
+    parser.add_argument("--preload", default="", help="comma-separated modules to import first")
+    args = parser.parse_args(argv)
+    for name in filter(None, args.preload.split(",")):
+        importlib.import_module(name)
+    _die_with_parent()
+    return serve(args.socket)
+
+
+def serve(path: str) -> Child:
+    """Serves until the parent is gone; returns only in a forked child, the process it is to become."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    staging = f"{path}.{os.getpid()}"
+    listener.bind(staging)
+    listener.listen(64)
+    os.replace(staging, path)  # a client sees the socket only once it accepts
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(wake_read, selectors.EVENT_READ)
+    children: dict[int, socket.socket] = {}
+    parent = os.getppid()
+    while os.getppid() == parent:
+        for key, _ in selector.select(timeout=1.0):
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                child = _answer(conn, children, [selector, listener, wake_read, wake_write])
+                if child is not None:  # in the forked child from here on
+                    return child
+            else:
+                _drain(wake_read)
+        _reap(children)
+    sys.exit(0)
+
+
+def _answer(conn: socket.socket, children: dict[int, socket.socket], own: list) -> Child | None:
+    """Reads one request and forks its child (returned in the child); `own`: what the server holds open, closed
+    in the child before its descriptors are placed."""
+    conn.settimeout(10)
+    fds: list[int] = []
+    try:
+        _, fds, _, _ = socket.recv_fds(conn, 1, 64)
+        request = json.loads(_exactly(conn, int.from_bytes(_exactly(conn, 4), "big")))
+        why = declined(request)
+        if why:
+            conn.sendall(f"decline {why}\n".encode())
+            raise OSError(why)
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for held in [*own, *children.values(), conn]:
+            os.close(held) if isinstance(held, int) else held.close()
+        return Child(request, fds)
+    for fd in fds:
+        os.close(fd)
+    try:
+        conn.sendall(f"pid {pid}\n".encode())
+    except OSError:
+        pass  # the client is gone; the child still runs and is reaped
+    children[pid] = conn
+    return None
+
+
+def declined(request: dict) -> str:
+    """Why a fresh interpreter would run `request` otherwise than a child of this server ('' when it would not)."""
+    argv = request["argv"]
+    if os.path.abspath(argv[0]) != os.path.abspath(sys.executable):
+        return f"another interpreter ({argv[0]})"
+    if len(argv) < 3 or argv[1] not in ("-m", "-c"):
+        return "not python -m MODULE or -c CODE"
+    env = request["env"]
+    differ = sorted(k for k in set(env) | set(BASE_ENV) if env.get(k) != BASE_ENV.get(k)
+                    and k not in MAY_DIFFER and not k.startswith(MAY_DIFFER_PREFIXES))
+    return f"environment differs: {','.join(differ)}" if differ else ""
+
+
+def _exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise OSError("the client closed the connection")
+        data += chunk
+    return data
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is None:
+            continue
+        try:
+            conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+        except OSError:
+            pass
+        conn.close()
+
+
+def _die_with_parent() -> None:
+    """SIGTERM when the process that started the server ends (Linux), however it ends."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Child:
+    """A forked child becoming the requested process."""
+
+    def __init__(self, request: dict, fds: list[int]):
+        self.argv = request["argv"]
+        if request.get("session"):
+            os.setsid()
+        _place(fds, request["fds"])
+        os.chdir(request["cwd"])
+        env = request["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        _set_path(env.get("PYTHONPATH", ""), os.getcwd() if self.argv[1] == "-m" else "")
+        _set_stdio(bool(env.get("PYTHONUNBUFFERED")))
+        sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+        tempfile.tempdir = None
+        random.seed()
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed()
+
+    def run(self) -> None:
+        mode, target, *args = self.argv[1:]
+        if mode == "-m":
+            sys.argv = [target, *args]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            return
+        sys.argv = ["-c", *args]
+        module = types.ModuleType("__main__")
+        module.__builtins__ = builtins
+        sys.modules["__main__"] = module
+        exec(compile(target, "<string>", "exec"), module.__dict__)
+
+
+def _place(fds: list[int], targets: list[int]) -> None:
+    """The received descriptors at the numbers the command was given them (0, 1, 2 and its pass_fds)."""
+    high = [os.dup(fd) if fd >= 100 else _dup_high(fd) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for fd, target in zip(high, targets):
+        os.dup2(fd, target)  # inheritable, as the command's own descriptors are
+    keep = {0, 1, 2, *targets}
+    for fd in [int(name) for name in os.listdir("/proc/self/fd")]:  # as Popen's close_fds: nothing else inherited
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor
+
+
+def _dup_high(fd: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)
+
+
+def _set_path(pythonpath: str, first: str) -> None:
+    """sys.path as the child's interpreter makes it: its first entry, its PYTHONPATH, then the site's."""
+    ours = [p for p in BASE_ENV.get("PYTHONPATH", "").split(os.pathsep) if p]
+    rest = sys.path[1:]
+    for entry in ours:
+        if entry in rest:
+            rest.remove(entry)
+    sys.path[:] = [first, *[p for p in pythonpath.split(os.pathsep) if p], *rest]
+
+
+def _set_stdio(unbuffered: bool) -> None:
+    """New stdin/stdout/stderr objects on descriptors 0-2, buffered as a fresh interpreter would buffer them."""
+    for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
+        old = getattr(sys, name)
+        raw = os.fdopen(fd, mode + "b", buffering=0 if unbuffered and mode == "w" else -1, closefd=False)
+        tty = os.isatty(fd)
+        new = type(old)(raw, encoding=old.encoding, errors=old.errors, write_through=unbuffered and mode == "w",
+                        line_buffering=tty or name == "stderr")
+        setattr(sys, name, new)
+        setattr(sys, f"__{name}__", new)
+
+
+if __name__ == "__main__":
+    main().run()

@@ -1,0 +1,67 @@
+"""The suite's fork servers (preload/): one per backend's set of frameworks, started by the test session.
+
+Each imports what its backends' processes import first; a backend, describe step or twin loader the tests
+start then skips 1-4 s of imports. Every server is this interpreter with the session's environment, so a
+command served by one runs as a plain process would (preload/server.py declines any other).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from preload.client import MANIFEST_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+# name: (what it imports first, the modules it runs). torch_xla itself is never preloaded: torch_xla_impl sets
+# the environment torch_xla reads at import (its debug level, XLA's dump folder) before it imports it.
+SERVERS = {
+    "jax": (("numpy", "jax", "jax.numpy", "flax.nnx", "optax"), ("jax_impl",)),
+    "torch": (("numpy", "torch", "torch._dynamo", "transformers"), ("torch_impl",)),
+    "torchax": (("numpy", "jax", "jax.numpy", "flax.nnx", "optax", "torch", "torch._dynamo",
+                 "torch.fx.experimental.symbolic_shapes", "torchax", "transformers"),
+                ("torchax_impl", "common.describe_sides", "-c")),
+    "torch_xla": (("numpy", "torch", "torch._dynamo", "jax", "jax.numpy", "transformers"), ("torch_xla_impl",)),
+}
+
+
+def start() -> list[subprocess.Popen]:
+    """The servers, started without waiting for their imports (until a socket exists, commands start plain),
+    and XLA_TWINS_PRELOAD set for this process and every process it starts."""
+    folder = Path(tempfile.mkdtemp(prefix="xla-twins-preload-"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "PYTHONUNBUFFERED": "1"}
+    servers, procs = [], []
+    for name, (preload, routes) in SERVERS.items():
+        socket_path = str(folder / f"{name}.sock")
+        procs.append(subprocess.Popen([sys.executable, "-m", "preload.server", "--socket", socket_path, "--preload",
+                                       ",".join(preload)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=open(folder / f"{name}.err", "w")))
+        servers.append({"socket": socket_path, "python": sys.executable, "routes": list(routes)})
+    manifest = folder / "servers.json"
+    manifest.write_text(json.dumps({"servers": servers}))
+    os.environ[MANIFEST_ENV] = str(manifest)
+    return procs
+
+
+def stop(procs: list[subprocess.Popen]) -> str:
+    """The servers ended, their folder removed; returns what they served (one line)."""
+    log = Path(os.environ[MANIFEST_ENV] + ".log")
+    lines = log.read_text().splitlines() if log.exists() else []
+    plain = [ln for ln in lines if ln.startswith("plain")]
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(log.parent, ignore_errors=True)
+    why = sorted({ln.split(": ", 1)[-1] for ln in plain})
+    return f"preloaded interpreters served {len(lines) - len(plain)} processes, {len(plain)} started plain" + \
+        (f" ({'; '.join(why)[:600]})" if why else "")

@@ -1,0 +1,96 @@
+"""preload/: a command a fork server runs behaves as the plain process would (output, exit code, argv, working
+directory, environment, descriptors, process group), and what a fresh interpreter would run otherwise starts
+plain, with the reason logged."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from preload import client
+from tests.helpers import REPO
+
+PYTHON = sys.executable
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    """A server preloading json only (no framework: this runs in `make test-fast`), routing -c and json.tool."""
+    sock = tmp_path / "s.sock"
+    proc = subprocess.Popen([PYTHON, "-m", "preload.server", "--socket", str(sock), "--preload", "json"], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    manifest = tmp_path / "servers.json"
+    manifest.write_text(json.dumps({"servers": [{"socket": str(sock), "python": PYTHON,
+                                                 "routes": ["-c", "json.tool"]}]}))
+    monkeypatch.setenv(client.MANIFEST_ENV, str(manifest))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # as the server's: nothing differs but what a test sets
+    deadline = time.monotonic() + 30
+    while not sock.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield tmp_path
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def started(folder) -> list[str]:
+    return (folder / "servers.json.log").read_text().splitlines()
+
+
+def test_a_served_command_runs_as_the_plain_process_would(server, tmp_path):
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"through a descriptor")
+    os.close(write_end)
+    code = ("import os, sys\nprint(sys.argv, os.getcwd(), os.environ['XLA_TWINS_MINE'], sys.path[:3])\n"
+            "print(os.read(int(sys.argv[1]), 100).decode(), os.getpgrp() == os.getpid(), file=sys.stderr)\n"
+            "print(sorted(int(f) for f in os.listdir('/proc/self/fd')))\nsys.exit(7)")
+    with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
+        proc = client.start([PYTHON, "-c", code, str(read_end), "b"], stdout=out, stderr=err, cwd=tmp_path,
+                            env={**os.environ, "XLA_TWINS_MINE": "value", "PYTHONPATH": "/first:/second"}, pass_fds=(read_end,),
+                            start_new_session=True)
+        os.close(read_end)
+        assert isinstance(proc, client.ServedProcess)
+        assert proc.wait(timeout=30) == 7
+        out.seek(0)
+        err.seek(0)
+        argv_line, fds_line = out.read().splitlines()
+        assert argv_line == f"['-c', '{read_end}', 'b'] {tmp_path} value ['', '/first', '/second']"
+        fds = set(json.loads(fds_line))  # nothing the server held: the command's, and the listing's own
+        assert {0, 1, 2, read_end} <= fds and len(fds) == 5
+        assert err.read() == "through a descriptor True\n"
+    assert started(server) == ["served -c"]
+
+
+def test_a_module_runs_as_main_and_a_traceback_exits_1(server):
+    done = client.run([PYTHON, "-m", "json.tool", str(server / "servers.json")], cwd=REPO)
+    assert done.returncode == 0 and json.loads(done.stdout)["servers"][0]["routes"] == ["-c", "json.tool"]
+    failed = client.run([PYTHON, "-c", "raise ValueError('from the child')"])
+    assert failed.returncode == 1
+    assert failed.stderr.splitlines()[-1] == "ValueError: from the child"
+    assert started(server) == ["served json.tool", "served -c"]
+
+
+def test_a_served_process_is_waited_on_signalled_and_killed_with_its_group(server):
+    proc = client.start([PYTHON, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert isinstance(proc, client.ServedProcess) and proc.stdout.readline() == "up\n"
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.2)
+    assert proc.poll() is None and os.getpgid(proc.pid) == proc.pid
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_what_a_fresh_interpreter_would_run_otherwise_starts_plain_and_says_why(server, tmp_path):
+    other = client.run([PYTHON, "-c", "import os; print(os.environ['JAX_PLATFORMS'])"],
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert other.returncode == 0 and other.stdout == "cpu\n"
+    grouped = client.start([PYTHON, "-c", "pass"])  # in the caller's group: a server's child cannot be
+    assert isinstance(grouped, subprocess.Popen) and grouped.wait(timeout=30) == 0
+    unrouted = client.run([PYTHON, "-m", "json"], stdin=subprocess.DEVNULL)  # json.tool's package, not routed
+    assert unrouted.returncode != 0 and "No module named json.__main__" in unrouted.stderr
+    assert started(server) == ["plain -c: environment differs: JAX_PLATFORMS"]
