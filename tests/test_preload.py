@@ -50,8 +50,8 @@ def test_a_served_command_runs_as_the_plain_process_would(server, tmp_path):
             "print(sorted(int(f) for f in os.listdir('/proc/self/fd')))\nsys.exit(7)")
     with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
         proc = client.start([PYTHON, "-c", code, str(read_end), "b"], stdout=out, stderr=err, cwd=tmp_path,
-                            env={**os.environ, "XLA_TWINS_MINE": "value", "PYTHONPATH": "/first:/second"}, pass_fds=(read_end,),
-                            start_new_session=True)
+                            env={**os.environ, "XLA_TWINS_MINE": "value", "PYTHONPATH": "/first:/second"},
+                            pass_fds=(read_end,), start_new_session=True)
         os.close(read_end)
         assert isinstance(proc, client.ServedProcess)
         assert proc.wait(timeout=30) == 7
