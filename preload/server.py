@@ -27,11 +27,12 @@ import tempfile
 import types
 
 # Variables a child's environment may set otherwise than the server's: none is read by a preloaded module at
-# import (jax reads XLA_FLAGS when its backend starts; torch_xla is never preloaded); PYTHONPATH,
-# PYTHONUNBUFFERED and PYTHONDONTWRITEBYTECODE are applied to the child as its interpreter would.
+# import (jax reads XLA_FLAGS when its backend starts; torch_xla is never preloaded, and sets the TPU ones in the
+# process that imports it, for libtpu when a device starts); PYTHONPATH, PYTHONUNBUFFERED and
+# PYTHONDONTWRITEBYTECODE are applied to the child as its interpreter would.
 MAY_DIFFER = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "TMPDIR", "XDG_CACHE_HOME",
                         "XLA_FLAGS", "CPU_NUM_DEVICES", "PJRT_DEVICE", "PJRT_CPU_ASYNC_CLIENT", "COLUMNS", "LINES",
-                        "PWD", "OLDPWD", "SHLVL", "_"})
+                        "PWD", "OLDPWD", "SHLVL", "_", "TPU_SKIP_MDS_QUERY", "ENABLE_RUNTIME_UPTIME_TELEMETRY"})
 MAY_DIFFER_PREFIXES = ("XLA_TWINS_", "PYTEST_")
 BASE_ENV = dict(os.environ)  # what the preloaded modules saw
 
