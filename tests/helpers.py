@@ -22,6 +22,11 @@ if CACHE_HOME is None:
     atexit.register(shutil.rmtree, CACHE_HOME, ignore_errors=True)
 
 
+# a test that watches processes by their command lines starts them as fresh interpreters, not as children of the
+# session's fork servers (tests/preloaded.py), whose command line is the server's
+PLAIN = {preload_client.MANIFEST_ENV: ""}
+
+
 def process_env(**extra: str) -> dict[str, str]:
     """The environment of a process the tests start: this checkout importable (after whatever PYTHONPATH the
     session set: tests/conftest.py's backend guard), the suite's own compile cache."""

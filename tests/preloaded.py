@@ -18,13 +18,14 @@ from preload.client import MANIFEST_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 # name: (what it imports first, the modules it runs). torch_xla itself is never preloaded: torch_xla_impl sets
-# the environment torch_xla reads at import (its debug level, XLA's dump folder) before it imports it.
+# the environment torch_xla reads at import (its debug level, XLA's dump folder) before it imports it. Nor is
+# the loader of a twin file (python -c): it checks that the file imports no framework, and imports none itself.
 SERVERS = {
     "jax": (("numpy", "jax", "jax.numpy", "flax.nnx", "optax"), ("jax_impl",)),
     "torch": (("numpy", "torch", "torch._dynamo", "transformers"), ("torch_impl",)),
     "torchax": (("numpy", "jax", "jax.numpy", "flax.nnx", "optax", "torch", "torch._dynamo",
                  "torch.fx.experimental.symbolic_shapes", "torchax", "transformers"),
-                ("torchax_impl", "common.describe_sides", "-c")),
+                ("torchax_impl", "common.describe_sides")),
     "torch_xla": (("numpy", "torch", "torch._dynamo", "jax", "jax.numpy", "transformers"), ("torch_xla_impl",)),
 }
 

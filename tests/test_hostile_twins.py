@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, process_env, processes_under, run_cli
+from tests.helpers import PLAIN, REPO, process_env, processes_under, run_cli
 
 MODELS = '''
 import os
@@ -299,7 +299,7 @@ def test_a_factory_that_hangs_is_bounded_by_the_timeout(tmp_path, project, inter
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "compare", "--quiet", "--twin", f"{project}/twins.py:torch_sleeps",
                              "--backend", "jax,torch", "--out", str(tmp_path / "run"), "--timeout", "8", *args],
-                            cwd=REPO, env=process_env(TMPDIR=str(tmp_path / "tmp")), stdout=subprocess.PIPE,
+                            cwd=REPO, env=process_env(TMPDIR=str(tmp_path / "tmp"), **PLAIN), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     seen = set()
     while proc.poll() is None:
@@ -321,7 +321,7 @@ def test_a_factory_that_hangs_is_bounded_by_the_timeout(tmp_path, project, inter
 @pytest.mark.error_case("twin-prepare-interrupted")
 def test_sigterm_while_a_twin_is_prepared_leaves_no_process_and_no_temp_folder(tmp_path, project, ref, stage,
                                                                                marker):
-    env = process_env(TMPDIR=str(tmp_path / "tmp"))
+    env = process_env(TMPDIR=str(tmp_path / "tmp"), **PLAIN)
     proc = subprocess.Popen([sys.executable, "-m", "compare", "--quiet", "--twin", f"{project}/{ref}", "--backend",
                              "jax,torch", "--out", str(tmp_path / "run")], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
