@@ -57,12 +57,28 @@ class _Checked:
         if self.first is None:
             first = self.arrays(0)
             self._check(0, first, None)
+            self._check_first(first)
             self.first = {k: (v.shape, v.dtype) for k, v in first.items()}
             if step == 0:
                 return _split(first, self.loss_keys)
         arrays = self.arrays(step)
         self._check(step, arrays, self.first)
         return _split(arrays, self.loss_keys)
+
+    def _check_first(self, first: dict) -> None:
+        """Step 0 names every loss key, and is drawn again alike: a source that draws otherwise in each process
+        (an unseeded generator, the global one) would feed each backend other batches."""
+        where = f"batch source {self.source}"
+        missing = [k for k in self.loss_keys if k not in first]
+        if missing:
+            raise DataError(f"{where}: the twin's loss_keys name {missing[0]!r}, which it does not give (it gives "
+                            f"{', '.join(sorted(first))}); name in loss_keys only keys of its batches")
+        again = self.arrays(0)
+        differs = next((k for k in first if k not in again or not np.array_equal(first[k], again[k])), None)
+        if differs is not None:
+            raise DataError(f"{where}: step 0 drawn twice differs in {differs!r}; a batch source gives the same "
+                            "arrays for the same seed and step (draw from numpy.random.default_rng([seed, step]), "
+                            "not an unseeded or global generator)")
 
     def _check(self, step: int, arrays, first) -> None:
         where = f"batch source {self.source}: step {step}"

@@ -38,8 +38,8 @@ def check(args, names: list[str], spec) -> None:
                         f"{args.num_hosts - 1}")
     if args.num_hosts > 1 and not args.coordinator:
         raise SpecError(f"--num-hosts {args.num_hosts}: give every host --coordinator HOST:PORT, host 0's address")
-    if args.coordinator and not args.coordinator.rpartition(":")[2].isdigit():
-        raise SpecError(f"--coordinator {args.coordinator}: give it as HOST:PORT, e.g. 10.0.0.2:12355")
+    if args.coordinator:
+        check_coordinator(args.coordinator)
     if total == 1:
         return
     what = f"--processes {args.processes}" + (f" on {args.num_hosts} hosts" if args.num_hosts > 1 else "")
@@ -51,6 +51,22 @@ def check(args, names: list[str], spec) -> None:
     if spec.mesh.device_count % total:
         raise SpecError(f"{what}: the mesh's {spec.mesh.device_count} device(s) cannot be split evenly over {total} "
                         f"processes; give a --mesh whose device count they divide, e.g. --mesh data={total * 2}")
+
+
+# a run's launches each take the next port from the coordinator's (compare/orchestrate.py coordinator_of): room
+# for this many above it
+LAUNCH_PORTS = 256
+
+
+def check_coordinator(address: str) -> None:
+    """HOST:PORT with a host and a port the launches can count up from: refused now, not after the processes
+    waited to meet (an empty host or a port past 65535 failed only in the backends, after a minute)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise SpecError(f"--coordinator {address}: give it as HOST:PORT, e.g. 10.0.0.2:12355")
+    if not 1 <= int(port) <= 65535 - LAUNCH_PORTS:
+        raise SpecError(f"--coordinator {address}: port {port} is not one to count up from (a run takes the ports "
+                        f"from PORT up, one per launch); give a port from 1024 to {65535 - LAUNCH_PORTS}")
 
 
 def section(args) -> dict | None:

@@ -1,6 +1,8 @@
 """Numerical parity of two run records: settings first, then every tensor and every step's loss."""
 from __future__ import annotations
 
+import json
+
 from common.modules import ROOT_MODULE
 from common.record import RunRecord
 from common.summary import TensorSummary
@@ -47,6 +49,12 @@ def setting_differences(a: RunRecord, b: RunRecord) -> list[str]:
     return [f"{k.removeprefix('spec.')}: {a.backend}={fa.get(k)!r} {b.backend}={fb.get(k)!r}"
             for k in sorted(set(fa) | set(fb)) if k != "spec.name" and fa.get(k) != fb.get(k)]
 
+
+def train_differences(ran: dict, asked) -> list[str]:
+    """'train.FIELD=RAN, this run's is ASKED' for each training setting a reused record ran otherwise."""
+    ran, asked = ran.get("train", {}), json.loads(json.dumps(asked.to_dict()["train"]))
+    return [f"train.{k}={ran.get(k)!r}, this run's is {asked.get(k)!r}" for k in sorted(set(ran) | set(asked))
+            if ran.get(k) != asked.get(k)]
 
 # the eval-mode logits follow the whole run, as the parameters do (their tolerance)
 KIND_OF_GROUP = {"outputs": "forward", "grads": "grad", "params": "params", "state": "params", "eval": "params"}

@@ -23,6 +23,10 @@ def compare(out, twin: str, *args, backends: str = "jax,torch"):
     ("out_of_range", r"batches.py:out_of_range: step 0: 'c' spans 0..4, outside its declared range \[0, 4\)"),
     ("extra_key", "batches.py:extra_key: the forward of the torch side takes no argument 'weights' .*; name the "
                   "keys only the loss reads in the twin's loss_keys"),
+    ("ignores_seed", "batches.py:ignores_seed: step 0 drawn twice differs in 'x'; a batch source gives the same "
+                     "arrays for the same seed and step"),
+    ("loss_key_missing", "batches.py:good: the twin's loss_keys name 'noise', which it does not give "
+                         r"\(it gives c, target, x\); name in loss_keys only keys of its batches"),
 ])
 def test_a_batch_source_that_breaks_its_contract_is_one_line_before_anything_trains(tmp_path, twin, message):
     out = tmp_path / "run"

@@ -29,5 +29,11 @@ def out_of_range(seed, step, batch_size, features, conditions):
     return batch
 
 
+def ignores_seed(seed, step, batch_size, features, conditions):
+    batch = good(seed, step, batch_size, features, conditions)
+    batch["x"] = np.random.default_rng().standard_normal((batch_size, features)).astype(np.float32)
+    return batch
+
+
 def extra_key(seed, step, batch_size, features, conditions):
     return {**good(seed, step, batch_size, features, conditions), "weights": np.ones(batch_size, np.float32)}

@@ -7,9 +7,10 @@ good = Twin(torch="models.py:TorchNet", nnx="models.py:NnxNet", task="custom",
             hparams={"features": 8, "conditions": 4}, data=DataSpec(dataset="batches", path="batches.py:good"),
             loss={"torch": "models.py:torch_loss", "nnx": "models.py:nnx_loss"}, loss_keys=("target",),
             ranges={"c": (0, "conditions")}, train=TrainSpec(optimizer="sgd", lr=0.1, global_batch_size=8, steps=4))
-shape_changes, nonfinite, out_of_range, extra_key = (
+shape_changes, nonfinite, out_of_range, extra_key, ignores_seed = (
     dataclasses.replace(good, data=DataSpec(dataset="batches", path=f"batches.py:{name}"))
-    for name in ("shape_changes", "nonfinite", "out_of_range", "extra_key"))
+    for name in ("shape_changes", "nonfinite", "out_of_range", "extra_key", "ignores_seed"))
+loss_key_missing = dataclasses.replace(good, loss_keys=("target", "noise"))
 two_outputs = dataclasses.replace(good, torch="models.py:TorchTwoOutputs", nnx="models.py:NnxTwoOutputs",
                                   loss={"torch": "models.py:torch_logits_loss", "nnx": "models.py:nnx_logits_loss"})
 two_outputs_misported = dataclasses.replace(two_outputs, nnx="models.py:NnxTwoOutputsMisported")
