@@ -30,6 +30,9 @@ def _split(arrays: dict, loss_keys: tuple) -> Batch:
                  {k: v for k, v in arrays.items() if k in loss_keys})
 
 
+INT32 = np.iinfo(np.int32)
+
+
 class _Checked:
     """Draws a batch and checks it against step 0's keys, shapes and dtypes, the float arrays' finiteness and
     the declared integer ranges."""
@@ -105,6 +108,12 @@ class _Checked:
         for key, value in arrays.items():
             if value.dtype.kind == "f" and not np.isfinite(value).all():
                 raise DataError(f"{where}: {key!r} holds a NaN or Inf; every float array must be finite")
+            if value.dtype.kind == "f" and key in self.ranges:
+                raise DataError(f"{where}: {key!r} is {value.dtype}, and its declared range (the twin's ranges) "
+                                "makes it ids: give it as an integer array")
+            if value.dtype.kind in "iu" and value.size and (value.min() < INT32.min or value.max() > INT32.max):
+                raise DataError(f"{where}: {key!r} spans {value.min()}..{value.max()}, beyond int32 (JAX computes "
+                                "in int32 and would wrap them); give integers within int32")
             if key in self.ranges and value.size:
                 low, high = self.ranges[key]
                 if value.min() < low or value.max() >= high:

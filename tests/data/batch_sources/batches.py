@@ -35,5 +35,17 @@ def ignores_seed(seed, step, batch_size, features, conditions):
     return batch
 
 
+def float_ids(seed, step, batch_size, features, conditions):
+    batch = good(seed, step, batch_size, features, conditions)
+    batch["c"] = batch["c"].astype(np.float64)
+    return batch
+
+
+def beyond_int32(seed, step, batch_size, features, conditions):
+    batch = good(seed, step, batch_size, features, conditions)
+    batch["ids"] = np.full(batch_size, 2**40, np.uint64)
+    return batch
+
+
 def extra_key(seed, step, batch_size, features, conditions):
     return {**good(seed, step, batch_size, features, conditions), "weights": np.ones(batch_size, np.float32)}
