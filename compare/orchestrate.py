@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import backends
 from common.fsutil import write_json_atomic
-from common.procs import group_alive, kill_group, start_group
+from common.procs import kill_group, start_group
 from common.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
 from common.vocab import BackendStatus, ExitCode
 from compare.guard import GUARD
@@ -123,8 +123,7 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
             GUARD.unwatch(proc.pid)
             raise
         wall = time.perf_counter() - start
-        if group_alive(proc.pid):  # children left behind by a backend that exited
-            kill_group(proc, grace_s=2.0)
+        kill_group(proc, grace_s=2.0)  # children left behind by a backend that exited, and its TMPDIR
         GUARD.unwatch(proc.pid)
         reader.join(timeout=5)
     if code == ExitCode.OK:

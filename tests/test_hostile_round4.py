@@ -2,6 +2,7 @@
 code, and nothing of the user's touched."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -25,3 +26,15 @@ def test_a_symlink_loop_given_as_a_path_is_a_usage_error(tmp_path, flag, ref):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == f"error: {flag} {shown}: a loop of symbolic links; point it at a real file or folder"
     assert {p.name: os.readlink(p) for p in tmp_path.iterdir()} == links  # nothing made, nothing followed
+
+
+@pytest.mark.slow
+def test_a_torch_backend_killed_at_its_timeout_leaves_nothing_in_tmpdir(tmp_path):
+    """torch's imports make a folder in TMPDIR that only a normal exit removes: each process group compare starts
+    has a TMPDIR of its own, removed once the group is gone, however it ended (common/procs.py)."""
+    (tmp_path / "tmp").mkdir()
+    proc = run_cli("compare", "--quiet", "--out", str(tmp_path / "run"), "--backend", "torch", "--spec",
+                   "gpt-tiny", "--steps", "5000", "--timeout", "15", env={"TMPDIR": str(tmp_path / "tmp")})
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert proc.returncode == 3 and report["backends"]["torch"]["status"] == "timeout", proc.stderr[-2000:]
+    assert list((tmp_path / "tmp").iterdir()) == []
