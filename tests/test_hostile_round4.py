@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import REPO, process_env, run_cli
 
 
 @pytest.mark.error_case("path-symlink-loop")
@@ -38,3 +40,16 @@ def test_a_torch_backend_killed_at_its_timeout_leaves_nothing_in_tmpdir(tmp_path
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert proc.returncode == 3 and report["backends"]["torch"]["status"] == "timeout", proc.stderr[-2000:]
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.error_case("stdout-full")
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["tables", "json"])
+def test_a_stdout_that_cannot_be_written_is_exit_7_with_the_report_whole(finished_run, tmp_path, json_flag):
+    out = tmp_path / "again"
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "compare", *json_flag, "--out", str(out), "--backend", "jax",
+                               "--spec", "mlp-tiny", "--steps", "3", "--jax-record", str(finished_run / "jax")],
+                              cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, env=process_env(), timeout=120)
+    assert proc.returncode == 7
+    assert proc.stderr.strip() == f"error: cannot write to stdout: No space left on device; the report is in {out}"
+    assert json.loads((out / "report.json").read_text())["status"] == "ok" and (out / "report.md").is_file()
