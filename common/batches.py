@@ -139,7 +139,12 @@ class BatchFunction(_Checked):
         self.kwargs.update({k: v for k, v in spec.model.hparams.items() if k in taken and k not in self.kwargs})
 
     def arrays(self, step: int) -> dict:
-        return self.function(step=step, **self.kwargs)
+        try:
+            return self.function(step=step, **self.kwargs)
+        except Exception as e:  # the user's code: named with its step, never the backend's crash
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise DataError(f"batch source {self.source}: step {step} raised {type(e).__name__}"
+                            + (f": {first}" if first else "")) from None
 
 
 class NamedArrays(_Checked):

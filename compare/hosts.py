@@ -10,6 +10,8 @@ are not made across hosts: rerun the pair on one host to locate a divergence.
 """
 from __future__ import annotations
 
+import sys
+
 from common import backends
 from common.spec import SpecError
 from common.vocab import BackendStatus, ExitCode
@@ -87,6 +89,8 @@ def followed(args, runs: dict) -> int:
     """A host other than 0, its processes done: one line, and the exit code of its backends' status."""
     failed = [n for n, run in runs.items() if run.status != BackendStatus.OK]
     print(f"host {args.host_id} of {args.num_hosts}: ran {', '.join(runs) or 'nothing'}"
-          + (f"; failed: {', '.join(f'{n} ({runs[n].message})' for n in failed)}" if failed else "")
-          + "; host 0 writes the report", flush=True)
+          + (f"; failed: {', '.join(failed)}" if failed else "") + "; host 0 writes the report", flush=True)
+    for name in failed:  # the failures where a failure is looked for, as on host 0
+        print(f"error: {name}: {runs[name].status}: {runs[name].message} (logs: {runs[name].run_dir})",
+              file=sys.stderr)
     return ExitCode.BACKEND if failed else ExitCode.OK

@@ -116,7 +116,7 @@ def _wait(step: Step, folder: Path, spec: RunSpec, timeout_s: float) -> None:
                         "its process group")
     if proc.returncode < 0:
         raise TwinError(f"{what} was killed by {signal.Signals(-proc.returncode).name}"
-                        + (f": {error_line(stderr)}" if error_line(stderr) else ""))
+                        + (f": {error_line(stderr, killed=True)}" if error_line(stderr, killed=True) else ""))
     if proc.returncode != 0:
         raise TwinError(error_line(stderr) or f"{what} exited with code {proc.returncode}")
     if _missing(side, folder):  # sys.exit(0) / os._exit(0) in the user's factory or forward

@@ -29,6 +29,7 @@ def compare(out, twin: str, *args, backends: str = "jax,torch"):
                   "as an integer array"),
     ("beyond_int32", r"batches.py:beyond_int32: step 0: 'ids' spans 1099511627776..1099511627776, beyond int32 "
                      r"\(JAX computes in int32 and would wrap them\); give integers within int32"),
+    ("raises_at_step_3", "batches.py:raises_at_step_3: step 3 raised ValueError: the shard for step 3 is missing"),
     ("loss_key_missing", "batches.py:good: the twin's loss_keys name 'noise', which it does not give "
                          r"\(it gives c, target, x\); name in loss_keys only keys of its batches"),
 ])

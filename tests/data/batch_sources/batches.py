@@ -47,5 +47,11 @@ def beyond_int32(seed, step, batch_size, features, conditions):
     return batch
 
 
+def raises_at_step_3(seed, step, batch_size, features, conditions):
+    if step == 3:
+        raise ValueError("the shard for step 3 is missing")
+    return good(seed, step, batch_size, features, conditions)
+
+
 def extra_key(seed, step, batch_size, features, conditions):
     return {**good(seed, step, batch_size, features, conditions), "weights": np.ones(batch_size, np.float32)}

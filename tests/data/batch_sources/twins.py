@@ -10,6 +10,7 @@ good = Twin(torch="models.py:TorchNet", nnx="models.py:NnxNet", task="custom",
 shape_changes, nonfinite, out_of_range, extra_key, ignores_seed, float_ids = (
     dataclasses.replace(good, data=DataSpec(dataset="batches", path=f"batches.py:{name}"))
     for name in ("shape_changes", "nonfinite", "out_of_range", "extra_key", "ignores_seed", "float_ids"))
+raises_at_step_3 = dataclasses.replace(good, data=DataSpec(dataset="batches", path="batches.py:raises_at_step_3"))
 beyond_int32 = dataclasses.replace(good, data=DataSpec(dataset="batches", path="batches.py:beyond_int32"),
                                    loss_keys=("target", "ids"))
 loss_key_missing = dataclasses.replace(good, loss_keys=("target", "noise"))
