@@ -164,7 +164,13 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
     keys, finer_bounds = finer or (set(), bounds)
     bounds_of = lambda key: finer_bounds if key in keys else bounds  # noqa: E731
     errors = {k: module_error(ref[k], other[k], bounds_of(k), names, f"activations/{k}") for k in outputs}
+    # a module whose outputs differ only in shape (the sides return other fields of a structured output, or a
+    # padding differs) is never the location while another module differs in its numbers
     diverging = [k for k in outputs if not errors[k]["within"]]
+    shape_only = [k for k in diverging if errors[k]["abs"] is None and errors[k].get("note", "").startswith(
+        "output shapes differ")]
+    if len(shape_only) < len(diverging):
+        diverging = [k for k in diverging if k not in shape_only]
 
     def input_error(k: str) -> dict | None:
         a, b = ref.get(f"{k}:in"), other.get(f"{k}:in")
@@ -181,7 +187,8 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
     return {"step": 0, "module": module, "input_agrees": culprit is not None,
             "input_used": (inputs[culprit] or {}).get("tolerance_used") if culprit else None,
             "output_error": errors[module] if module else None, "modules_compared": len(outputs),
-            "modules_diverging": len(diverging), "not_compared": not_compared,
+            "modules_diverging": len(set(diverging) | set(shape_only)), "shapes_differ": shape_only,
+            "not_compared": not_compared,
             **({"modules_before_islands": len([k for k in outputs if k in keys])} if finer else {}),
             "sensitivity": {k: e["sensitivity"] for k, e in errors.items() if e.get("sensitivity") is not None},
             **by_summary([*errors.values(), *inputs.values()])}

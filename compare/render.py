@@ -26,6 +26,9 @@ def _module(found: dict | None) -> str:
     if not found:
         return "-"
     left_out = f"; {len(found['not_compared'])} not compared" if found.get("not_compared") else ""
+    shapes = [k for k in found.get("shapes_differ") or () if k != found["module"]]
+    if shapes:  # differ only in shape where another module differs in its numbers: never the location
+        left_out += f"; {len(shapes)} differ only in shape ({', '.join(shapes[:3])})"
     if not found["module"]:
         return f"none ({found['modules_compared']} modules agree{left_out})"
     why = "its input agrees, its output does not" if found["input_agrees"] else "its output differs"

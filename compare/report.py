@@ -19,7 +19,8 @@ report.json keys (schema_version 2):
     .<name>.checked, .comparable, .setting_differences, .intended_differences,
     .first_divergent_step (null when none; 0 when a step-0 tensor is out of tolerance),
     .first_divergent_module {step, module, input_agrees, output_error, modules_compared, modules_diverging,
-      not_compared {module: why}, judged_by "summary" and note where the capture kept summaries (--tensors
+      shapes_differ [modules whose outputs differ only in shape: the location only when no module differs in
+      its numbers], not_compared {module: why}, judged_by "summary" and note where the capture kept summaries (--tensors
       summary|auto), then confirmed_whole [its input and output keys, compared whole] or to_confirm [those still
       summarized]} (null when no activations were captured; module null when every compared module's step-0
       activation agrees), .activation_pass {whole, not_reproduced, failed} (the confirming captures: null
