@@ -51,7 +51,7 @@ from compare.orchestrate import Plan, run_all  # noqa: E402
 from compare.output import show, write_report  # noqa: E402
 from compare.parity import train_differences  # noqa: E402
 from compare.plots import PLOT_FILES  # noqa: E402
-from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start  # noqa: E402
+from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start, weights_origin  # noqa: E402
 from compare.progress import LiveProgress  # noqa: E402
 from compare.report import ReportInputs, build_report, check_belongs  # noqa: E402
 from compare.rundir import RunDirError, claim, default_out, new_run_id  # noqa: E402
@@ -336,6 +336,7 @@ def main(argv=None) -> int:
         check_out(args.out, args.overwrite, backend_folders([n for n in names if n not in reuse]))
     except RunDirError as e:
         fail(str(e), ExitCode.USAGE)
+    weights = weights_origin(spec, args.checkpoint)  # before the prepared start stands in for the user's
     run_dir = claim_run_dir(args, names, prepare(args, spec, names))
     tensors = tensor_mode(args, names)
     out = args.out
@@ -363,7 +364,7 @@ def main(argv=None) -> int:
         return ExitCode.INTERRUPTED if outcome.interrupted else hosts.followed(args, outcome.runs)
     inputs = ReportInputs(spec, policy, names, reference, out, args.run_id, args.tolerance_profile,
                           args.compile_cache, {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names},
-                          args.parity_mode, args.debug, floors, args.require_same_device, tensors)
+                          args.parity_mode, args.debug, floors, args.require_same_device, tensors, weights)
     checks = ((("statistical", functools.partial(statistical_check, out, names, reference, seeds)),) if seeds else ()) \
         + ((("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)),)
            if args.check_determinism else ())

@@ -128,6 +128,19 @@ def _name(spec: RunSpec) -> str:
     return f"twin {spec.model.twin!r}" if isinstance(spec.model, TwinSpec) else f"{spec.model.family} ({spec.name})"
 
 
+def weights_origin(spec: RunSpec, checkpoint: str | None) -> str:
+    """Where a run's start weights come from, in words (report.json's `weights`, said in report.md)."""
+    carried = f"carried to every backend as {INIT_FILE}"
+    if checkpoint:
+        fmt, path = parse_checkpoint(checkpoint)
+        read_once = fmt in (CheckpointFormat.TORCH, CheckpointFormat.HF) or isinstance(spec.model, TwinSpec)
+        return f"the {fmt.value} checkpoint {path}" + (f", read once by compare and {carried}" if read_once else "")
+    if isinstance(spec.model, TwinSpec):
+        return (f"the torch side's own initialisation of twin {spec.model.twin} (train.seed={spec.train.seed}), "
+                f"{carried}")
+    return f"the canonical init (common/weights.py, train.seed={spec.train.seed}), built alike by every backend"
+
+
 def prepare_start(spec: RunSpec, checkpoint: str | None, torch_python: str, jax_python: str,
                   timeout_s: float) -> tuple[RunSpec, Path | None]:
     """What every backend starts from, when it is not the built-in canonical init: a user twin's torch

@@ -338,6 +338,7 @@ def markdown(report: dict) -> str:
         lines += [report["message"], ""]
     lines += [*(f"- {line}" for line in sensitivity_lines(report)), ""] if sensitivity_lines(report) else []
     lines += [device_line(report), ""]
+    lines += [f"Start weights: {report['weights']}.", ""] if report.get("weights") else []
     for title, header, rows in tables(report):
         lines += [f"## {title}", "", "| " + " | ".join(h.replace("|", "\\|") for h in header) + " |",
                   "|" + "---|" * len(header)]

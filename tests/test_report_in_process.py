@@ -208,3 +208,20 @@ def test_a_report_whose_last_file_cannot_be_written_leaves_none_of_its_files(tmp
         output.write_report(report, tmp_path)
     assert exit_.value.code == ExitCode.IO
     assert sorted(p.name for p in tmp_path.iterdir()) == NAMES  # no plot, no report.json: only the runs
+
+
+def test_the_report_says_where_the_start_weights_came_from(tmp_path):
+    from compare.prepare import weights_origin
+
+    assert weights_origin(SPEC, None) == ("the canonical init (common/weights.py, train.seed=0), built alike by "
+                                          "every backend")
+    assert weights_origin(SPEC, "hf:/models/qwen") == ("the hf checkpoint /models/qwen, read once by compare and "
+                                                        "carried to every backend as init.safetensors")
+    assert weights_origin(SPEC, "/ckpt/w.safetensors") == "the canonical checkpoint /ckpt/w.safetensors"
+    runs = {n: write_run(tmp_path / n, n) for n in NAMES}
+    inputs = ReportInputs(SPEC, load_policy("default", "float32"), NAMES, "jax", tmp_path, RUN_ID,
+                          weights=weights_origin(SPEC, "hf:/models/qwen"))
+    report = build_report(inputs, runs, False)
+    assert report["weights"] == "the hf checkpoint /models/qwen, read once by compare and carried to every " \
+                                "backend as init.safetensors"
+    assert "Start weights: the hf checkpoint /models/qwen, read once by compare" in markdown(report)
