@@ -140,7 +140,7 @@ def save_checkpoint(path: str | Path, params: dict[str, np.ndarray], metadata: d
     OSError; safetensors' own writer would raise its SafetensorError)."""
     from safetensors.numpy import save
 
-    data = save({k: np.ascontiguousarray(v) for k, v in params.items()}, metadata=metadata)
+    data = save({k: np.asarray(v, order="C") for k, v in params.items()}, metadata=metadata)  # 0-d stays 0-d
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
 

@@ -105,6 +105,9 @@ def load_canonical(model: torch.nn.Module, canonical: dict[str, np.ndarray], mod
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, parts in correspondence(model, model_spec).torch_parts(canonical):
+            if params[name].dim() == 0:  # a scalar (a temperature, a gate): one part, no rows
+                params[name].copy_(torch.from_numpy(np.asarray(parts[0]).reshape(())))
+                continue
             row = 0
             for part in parts:
                 params[name][row:row + part.shape[0]].copy_(torch.from_numpy(part))
