@@ -33,3 +33,17 @@ def test_a_misported_scale_fails(tmp_path):
     assert not report["parity"]["torch"]["tensors"]["grads/logit_scale"]["within"]
     found = report["parity"]["torch"]["first_divergent_module"]  # proj agrees; the model's own code scales
     assert (found["module"], found["input_agrees"]) == ("(model)", True)
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("override-changes-tree")
+def test_a_one_sided_override_that_changes_the_parameters_is_a_usage_error_naming_them(tmp_path):
+    """--jax-set on a twin's hyperparameter that changes the NNX model's parameters cannot start from the common
+    start: one line naming the parameter and the way out (it was `AssertionError: proj.kernel`, exit 3)."""
+    out = tmp_path / "run"
+    proc = run_cli("compare", "--quiet", "--out", str(out), "--twin", f"{TWINS}:scaled", "--backend", "jax,torch",
+                   "--jax-set", "model.features=6")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "AssertionError" not in proc.stderr
+    assert "error: jax: usage_error: the NNX model built for this run has proj.kernel of shape (6, 4), the start's " \
+           "is (8, 4)" in proc.stderr and "set it on both sides with --set" in proc.stderr
