@@ -17,6 +17,9 @@ STAMP := $(VENV)/.installed
 # PLATFORM=gpu (an NVIDIA GPU machine): JAX's CUDA wheels and PyPI's CUDA build of torch share one environment;
 # it runs JAX, eager torch and torchax on the GPU (PyPI has no CUDA build of torch_xla).
 PLATFORM ?= cpu
+ifeq ($(filter $(PLATFORM),cpu gpu tpu),)
+$(error PLATFORM=$(PLATFORM) is not a platform of make demo: use cpu (the default), gpu or tpu)
+endif
 GPU := .venv-gpu
 TPU_JAX := .venv-tpu-jax
 TPU_TORCH_XLA := .venv-tpu-torch-xla
@@ -36,7 +39,9 @@ demo: demo-$(PLATFORM)
 demo-cpu: $(STAMP)
 	$(PY) -m compare --backend both
 
+# the hardware is checked before anything is installed: the CUDA stack is gigabytes
 $(GPU)/.installed: pyproject.toml constraints-gpu.txt
+	@ls /dev/nvidia[0-9]* >/dev/null 2>&1 || { echo "error: make demo PLATFORM=gpu needs an NVIDIA GPU, and this machine has none (no /dev/nvidiaN); use PLATFORM=cpu"; exit 2; }
 	$(PYTHON) -m venv $(GPU)
 	$(GPU)/bin/pip install --quiet -c constraints-gpu.txt -e '.[gpu]'
 	touch $@
@@ -46,6 +51,7 @@ demo-gpu: $(GPU)/.installed
 	$(GPU)/bin/python -m compare --backend jax,torch,torchax --spec gpt2-small --dtype bfloat16 --require-same-device
 
 $(TPU_JAX)/.installed: pyproject.toml constraints-tpu-jax.txt
+	@ls /dev/accel[0-9]* /dev/vfio/[0-9]* >/dev/null 2>&1 || { echo "error: make demo PLATFORM=tpu runs on a TPU VM, and this machine has no TPU (no /dev/accelN or /dev/vfio/N); use PLATFORM=cpu"; exit 2; }
 	$(PYTHON) -m venv $(TPU_JAX)
 	$(TPU_JAX)/bin/pip install --quiet -c constraints-tpu-jax.txt -e '.[tpu-jax]'
 	touch $@

@@ -30,6 +30,9 @@ def _split(arrays: dict, loss_keys: tuple) -> Batch:
                  {k: v for k, v in arrays.items() if k in loss_keys})
 
 
+INT32 = np.iinfo(np.int32)
+
+
 class _Checked:
     """Draws a batch and checks it against step 0's keys, shapes and dtypes, the float arrays' finiteness and
     the declared integer ranges."""
@@ -57,12 +60,28 @@ class _Checked:
         if self.first is None:
             first = self.arrays(0)
             self._check(0, first, None)
+            self._check_first(first)
             self.first = {k: (v.shape, v.dtype) for k, v in first.items()}
             if step == 0:
                 return _split(first, self.loss_keys)
         arrays = self.arrays(step)
         self._check(step, arrays, self.first)
         return _split(arrays, self.loss_keys)
+
+    def _check_first(self, first: dict) -> None:
+        """Step 0 names every loss key, and is drawn again alike: a source that draws otherwise in each process
+        (an unseeded generator, the global one) would feed each backend other batches."""
+        where = f"batch source {self.source}"
+        missing = [k for k in self.loss_keys if k not in first]
+        if missing:
+            raise DataError(f"{where}: the twin's loss_keys name {missing[0]!r}, which it does not give (it gives "
+                            f"{', '.join(sorted(first))}); name in loss_keys only keys of its batches")
+        again = self.arrays(0)
+        differs = next((k for k in first if k not in again or not np.array_equal(first[k], again[k])), None)
+        if differs is not None:
+            raise DataError(f"{where}: step 0 drawn twice differs in {differs!r}; a batch source gives the same "
+                            "arrays for the same seed and step (draw from numpy.random.default_rng([seed, step]), "
+                            "not an unseeded or global generator)")
 
     def _check(self, step: int, arrays, first) -> None:
         where = f"batch source {self.source}: step {step}"
@@ -89,6 +108,12 @@ class _Checked:
         for key, value in arrays.items():
             if value.dtype.kind == "f" and not np.isfinite(value).all():
                 raise DataError(f"{where}: {key!r} holds a NaN or Inf; every float array must be finite")
+            if value.dtype.kind == "f" and key in self.ranges:
+                raise DataError(f"{where}: {key!r} is {value.dtype}, and its declared range (the twin's ranges) "
+                                "makes it ids: give it as an integer array")
+            if value.dtype.kind in "iu" and value.size and (value.min() < INT32.min or value.max() > INT32.max):
+                raise DataError(f"{where}: {key!r} spans {value.min()}..{value.max()}, beyond int32 (JAX computes "
+                                "in int32 and would wrap them); give integers within int32")
             if key in self.ranges and value.size:
                 low, high = self.ranges[key]
                 if value.min() < low or value.max() >= high:
@@ -114,7 +139,12 @@ class BatchFunction(_Checked):
         self.kwargs.update({k: v for k, v in spec.model.hparams.items() if k in taken and k not in self.kwargs})
 
     def arrays(self, step: int) -> dict:
-        return self.function(step=step, **self.kwargs)
+        try:
+            return self.function(step=step, **self.kwargs)
+        except Exception as e:  # the user's code: named with its step, never the backend's crash
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise DataError(f"batch source {self.source}: step {step} raised {type(e).__name__}"
+                            + (f": {first}" if first else "")) from None
 
 
 class NamedArrays(_Checked):

@@ -4,6 +4,7 @@ toolkit must never write into (`dangerous_dir`), and which paths it must not ope
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -36,6 +37,17 @@ def atomic_path(path: str | Path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def symlink_loop(path) -> bool:
+    """Whether `path`, or a folder on the way to it, is a loop of symbolic links (which no open can follow)."""
+    try:
+        Path(path).expanduser().resolve()
+    except RuntimeError:  # Python 3.11-3.12 raise it for a loop, 3.13 an OSError
+        return True
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
 
 
 def dangerous_dir(path: str | Path) -> str | None:

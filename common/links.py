@@ -91,7 +91,7 @@ class Correspondence:
 
     def to_torch(self, canonical: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """{canonical name: array} -> {torch name: array} in torch layouts (packed tensors concatenated)."""
-        return {name: np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+        return {name: np.asarray(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0), order="C")
                 for name, parts in self.torch_parts(canonical)}
 
     def _offsets(self, link: Link) -> list[int]:

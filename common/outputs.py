@@ -56,13 +56,32 @@ def refusal(out, which: str | int | None) -> str:
             "output that holds the logits (the twin's logits field: a key, an attribute or a position)")
 
 
+class NoOwnLoss(TypeError):
+    """A forward with loss='model' that returned no loss of its own."""
+
+
 def own_loss(out):
     """The loss a forward returned itself (a Hugging Face model given `labels`: `ModelOutput.loss`)."""
     picked = _pick(out, "loss") if not _is_array(out) else None
     if not _is_array(picked) or len(picked.shape):
-        raise TypeError(f"returns a {type(out).__name__} with no scalar 'loss' entry or attribute; the twin's "
+        raise NoOwnLoss(f"returns a {type(out).__name__} with no scalar 'loss' entry or attribute; the twin's "
                         "loss='model' needs a forward that computes its own loss (give it the labels)")
     return picked
+
+
+def loss_refusal(value, side: str, twin) -> str:
+    """Why the value a twin's own loss returned on step 0 cannot be trained on ('' when it can): a framework's
+    float scalar, concrete or traced abstractly (jax.eval_shape). Found by the describe step, before anything
+    trains: in the run it would be the backend's crash."""
+    what = "loss='model' (the forward's own loss)" if twin.loss == "model" else f"loss[{side!r}]={twin.loss[side]!r}"
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return f"{what} returns a {type(value).__name__}; a loss returns its framework's float scalar"
+    if len(shape):
+        return f"{what} returns shape {tuple(shape)}; a loss returns a scalar (reduce it, e.g. with .mean())"
+    if "float" not in str(dtype):
+        return f"{what} returns {dtype}; a loss returns a float scalar"
+    return ""
 
 
 def forward(model, inputs):

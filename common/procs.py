@@ -4,18 +4,30 @@ its pid is its group)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 from preload import client as preload_client
 
 
-def start_group(command: list[str], **popen_args):
+def start_group(command: list[str], env: dict | None = None, **popen_args):
     """subprocess.Popen(command, start_new_session=True, ...): its pid is its group, which kill_group takes
-    down with whatever it started. Where the test suite runs a preloading fork server for this interpreter
-    and module (preload/), a child of that server runs the command instead, its frameworks already imported."""
-    return preload_client.start(command, start_new_session=True, **popen_args)
+    down with whatever it started. Its TMPDIR is a folder of its own, made in the caller's and removed by
+    kill_group: what the group leaves there (torch's imports make a folder; a crash, a kill or a timeout
+    leaves it) goes with it. Where the test suite runs a preloading fork server for this interpreter and
+    module (preload/), a child of that server runs the command instead, its frameworks already imported."""
+    own_tmp = tempfile.mkdtemp(prefix="xla-twins-group-")
+    env = {**(os.environ if env is None else env), "TMPDIR": own_tmp}
+    try:
+        proc = preload_client.start(command, env=env, start_new_session=True, **popen_args)
+    except BaseException:
+        shutil.rmtree(own_tmp, ignore_errors=True)
+        raise
+    proc.own_tmp = own_tmp
+    return proc
 
 
 def group_alive(pgid: int) -> bool:
@@ -39,7 +51,8 @@ def pid_alive(pid: int) -> bool:
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
     """SIGTERM the group, then SIGKILL whatever is left after `grace_s` (grace_s=0: SIGKILL at once); then
-    reap `proc`. Also after a normal exit: children it started must not outlive it."""
+    reap `proc` and remove its own TMPDIR (start_group). Also after a normal exit: children it started must
+    not outlive it."""
     pgid = proc.pid
     for sig in [signal.SIGTERM, signal.SIGKILL] if grace_s > 0 else [signal.SIGKILL]:
         try:
@@ -49,6 +62,8 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
         if _gone_within(proc, pgid, max(grace_s, 0.05)):
             break
     proc.wait()
+    if getattr(proc, "own_tmp", None):
+        shutil.rmtree(proc.own_tmp, ignore_errors=True)
 
 
 def _gone_within(proc: subprocess.Popen, pgid: int, seconds: float) -> bool:

@@ -135,12 +135,22 @@ def check_params(model: ModelSpec, params: dict[str, np.ndarray], source: str = 
         raise CheckpointError(f"{source}: tensor {extra[0]} is not a parameter of this {model.family} spec")
 
 
+def built_otherwise(side: str, name: str, built, start) -> CheckpointError:
+    """A model whose parameters are not the start's: built with other hyperparameters than the start was made
+    for (a one-sided --<backend>-set that changes the tree). The run's input, not a crash of the backend."""
+    what = f"has {name} of shape {tuple(built)}, the start's is {tuple(start)}" if built is not None and start is \
+        not None else f"has {name}, the start has not" if built is not None else f"lacks the start's {name}"
+    return CheckpointError(f"the {side} model built for this run {what}: its hyperparameters build another "
+                           "model than the common start was made for (an override on one side, such as "
+                           "--jax-set, that changes the parameters?); set it on both sides with --set")
+
+
 def save_checkpoint(path: str | Path, params: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
     """Canonical checkpoint in safetensors format, written atomically (a failed write, disk full, is an
     OSError; safetensors' own writer would raise its SafetensorError)."""
     from safetensors.numpy import save
 
-    data = save({k: np.ascontiguousarray(v) for k, v in params.items()}, metadata=metadata)
+    data = save({k: np.asarray(v, order="C") for k, v in params.items()}, metadata=metadata)  # 0-d stays 0-d
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
 

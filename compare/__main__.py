@@ -25,6 +25,7 @@ from common.cli import (  # noqa: E402
     resolve_spec,
 )
 from common.data import make_dataset  # noqa: E402
+from common.fsutil import symlink_loop  # noqa: E402
 from common.record import RecordError, peak_rss_mb, read_record  # noqa: E402
 from common.spec import SpecError  # noqa: E402
 from common.tensor_file import TENSOR_MODES, read_tensors  # noqa: E402
@@ -48,8 +49,9 @@ from compare.launch import floor_launch, main_launch, seed_launch, side_spec  # 
 from compare.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
 from compare.orchestrate import Plan, run_all  # noqa: E402
 from compare.output import show, write_report  # noqa: E402
+from compare.parity import train_differences  # noqa: E402
 from compare.plots import PLOT_FILES  # noqa: E402
-from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start  # noqa: E402
+from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start, weights_origin  # noqa: E402
 from compare.progress import LiveProgress  # noqa: E402
 from compare.report import ReportInputs, build_report, check_belongs  # noqa: E402
 from compare.rundir import RunDirError, claim, default_out, new_run_id  # noqa: E402
@@ -214,7 +216,13 @@ def check_inputs(args, names: list[str]):
         if record.backend != name:  # a record must be what it claims, or the report compares a run with itself
             fail(f"{flag} {path} holds a {record.backend} run, not a {name} one; pass a {name} run directory "
                  f"(or give it as --{record.backend.replace('_', '-')}-record)", ExitCode.USAGE)
+        ran_otherwise = train_differences(record.spec, side_spec(args, name))
+        if ran_otherwise:  # judged under settings it never ran with (another dtype's bounds, steps it lacks)
+            more = f" (and {len(ran_otherwise) - 1} more)" if len(ran_otherwise) > 1 else ""
+            fail(f"{flag} {path} ran with {ran_otherwise[0]}{more}; a reused run is judged as it ran: pass the "
+                 f"flags it ran with (its {SPEC_FILE}) or run {name} here instead", ExitCode.USAGE)
     return spec, policy, reuse
+
 
 
 def check_parity_mode(args, spec) -> None:
@@ -317,6 +325,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     names = backends_of(args.backend)
     reference = reference_of(args, names)
+    for flag, path in {"--out": args.out, **run_inputs(args, names)}.items():  # before any path is resolved
+        if path and symlink_loop(path):
+            fail(f"{flag} {path}: a loop of symbolic links; point it at a real file or folder", ExitCode.USAGE)
     spec, policy, reuse = check_inputs(args, names)
     args.run_id = args.run_id or new_run_id()
     args.out = args.out or default_out(args.run_id)
@@ -325,6 +336,7 @@ def main(argv=None) -> int:
         check_out(args.out, args.overwrite, backend_folders([n for n in names if n not in reuse]))
     except RunDirError as e:
         fail(str(e), ExitCode.USAGE)
+    weights = weights_origin(spec, args.checkpoint)  # before the prepared start stands in for the user's
     run_dir = claim_run_dir(args, names, prepare(args, spec, names))
     tensors = tensor_mode(args, names)
     out = args.out
@@ -352,7 +364,7 @@ def main(argv=None) -> int:
         return ExitCode.INTERRUPTED if outcome.interrupted else hosts.followed(args, outcome.runs)
     inputs = ReportInputs(spec, policy, names, reference, out, args.run_id, args.tolerance_profile,
                           args.compile_cache, {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names},
-                          args.parity_mode, args.debug, floors, args.require_same_device, tensors)
+                          args.parity_mode, args.debug, floors, args.require_same_device, tensors, weights)
     checks = ((("statistical", functools.partial(statistical_check, out, names, reference, seeds)),) if seeds else ()) \
         + ((("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)),)
            if args.check_determinism else ())

@@ -10,6 +10,8 @@ are not made across hosts: rerun the pair on one host to locate a divergence.
 """
 from __future__ import annotations
 
+import sys
+
 from common import backends
 from common.spec import SpecError
 from common.vocab import BackendStatus, ExitCode
@@ -38,8 +40,8 @@ def check(args, names: list[str], spec) -> None:
                         f"{args.num_hosts - 1}")
     if args.num_hosts > 1 and not args.coordinator:
         raise SpecError(f"--num-hosts {args.num_hosts}: give every host --coordinator HOST:PORT, host 0's address")
-    if args.coordinator and not args.coordinator.rpartition(":")[2].isdigit():
-        raise SpecError(f"--coordinator {args.coordinator}: give it as HOST:PORT, e.g. 10.0.0.2:12355")
+    if args.coordinator:
+        check_coordinator(args.coordinator)
     if total == 1:
         return
     what = f"--processes {args.processes}" + (f" on {args.num_hosts} hosts" if args.num_hosts > 1 else "")
@@ -51,6 +53,22 @@ def check(args, names: list[str], spec) -> None:
     if spec.mesh.device_count % total:
         raise SpecError(f"{what}: the mesh's {spec.mesh.device_count} device(s) cannot be split evenly over {total} "
                         f"processes; give a --mesh whose device count they divide, e.g. --mesh data={total * 2}")
+
+
+# a run's launches each take the next port from the coordinator's (compare/orchestrate.py coordinator_of): room
+# for this many above it
+LAUNCH_PORTS = 256
+
+
+def check_coordinator(address: str) -> None:
+    """HOST:PORT with a host and a port the launches can count up from: refused now, not after the processes
+    waited to meet (an empty host or a port past 65535 failed only in the backends, after a minute)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise SpecError(f"--coordinator {address}: give it as HOST:PORT, e.g. 10.0.0.2:12355")
+    if not 1 <= int(port) <= 65535 - LAUNCH_PORTS:
+        raise SpecError(f"--coordinator {address}: port {port} is not one to count up from (a run takes the ports "
+                        f"from PORT up, one per launch); give a port from 1024 to {65535 - LAUNCH_PORTS}")
 
 
 def section(args) -> dict | None:
@@ -71,6 +89,8 @@ def followed(args, runs: dict) -> int:
     """A host other than 0, its processes done: one line, and the exit code of its backends' status."""
     failed = [n for n, run in runs.items() if run.status != BackendStatus.OK]
     print(f"host {args.host_id} of {args.num_hosts}: ran {', '.join(runs) or 'nothing'}"
-          + (f"; failed: {', '.join(f'{n} ({runs[n].message})' for n in failed)}" if failed else "")
-          + "; host 0 writes the report", flush=True)
+          + (f"; failed: {', '.join(failed)}" if failed else "") + "; host 0 writes the report", flush=True)
+    for name in failed:  # the failures where a failure is looked for, as on host 0
+        print(f"error: {name}: {runs[name].status}: {runs[name].message} (logs: {runs[name].run_dir})",
+              file=sys.stderr)
     return ExitCode.BACKEND if failed else ExitCode.OK

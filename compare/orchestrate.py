@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import backends
 from common.fsutil import write_json_atomic
-from common.procs import group_alive, kill_group, start_group
+from common.procs import kill_group, start_group
 from common.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
 from common.vocab import BackendStatus, ExitCode
 from compare.guard import GUARD
@@ -66,11 +66,12 @@ def coordinator_of(group) -> str:
     return f"{host}:{int(port) + next(_LAUNCHES)}"
 
 
-def error_line(stderr: str) -> str:
-    """The line a failed backend said it failed with (its last `error:` line, else its last line)."""
+def error_line(stderr: str, killed: bool = False) -> str:
+    """The line a failed backend said it failed with (its last `error:` line, else its last line). Of a process
+    killed by a signal only an `error:` line: its last line is whatever it was printing when the signal came."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("error:")]
-    return (errors or lines or [""])[-1].removeprefix("error:").strip()
+    return (errors or ([] if killed else lines) or [""])[-1].removeprefix("error:").strip()
 
 
 def _read_progress(stream, log, on_progress) -> None:
@@ -102,7 +103,8 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
     start, started_at = time.perf_counter(), time.time()
     with open(run_dir / STDOUT_LOG, "w") as out_log, open(run_dir / STDERR_LOG, "w") as err_log:
         try:
-            proc = start_group(command, stdout=subprocess.PIPE, stderr=err_log, text=True, env=env)
+            # undecodable bytes replaced: a reader that stopped on one would leave the backend blocked on the pipe
+            proc = start_group(command, stdout=subprocess.PIPE, stderr=err_log, text=True, errors="replace", env=env)
         except OSError as e:
             return BackendRun(name, run_dir, BackendStatus.USAGE_ERROR, None,
                               f"cannot start {python}: {e.strerror or e}; check --{name.replace('_', '-')}-python",
@@ -123,13 +125,12 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
             GUARD.unwatch(proc.pid)
             raise
         wall = time.perf_counter() - start
-        if group_alive(proc.pid):  # children left behind by a backend that exited
-            kill_group(proc, grace_s=2.0)
+        kill_group(proc, grace_s=2.0)  # children left behind by a backend that exited, and its TMPDIR
         GUARD.unwatch(proc.pid)
         reader.join(timeout=5)
     if code == ExitCode.OK:
         return BackendRun(name, run_dir, BackendStatus.OK, 0, "", wall, command, started_at)
-    message = error_line((run_dir / STDERR_LOG).read_text(errors="replace"))
+    message = error_line((run_dir / STDERR_LOG).read_text(errors="replace"), killed=code < 0)
     if code == ExitCode.USAGE:
         status = BackendStatus.USAGE_ERROR
     elif code == ExitCode.NONFINITE:

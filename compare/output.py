@@ -2,6 +2,7 @@
 failures on stderr)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from rich.console import Console
 from common.cli import fail
 from common.fsutil import write_json_atomic, write_text_atomic
 from common.vocab import BackendStatus, ExitCode, ReportStatus
-from compare.plots import write_plots
+from compare.plots import PLOT_FILES, write_plots
 from compare.render import markdown, print_tables
 from compare.report import strict_report
 
@@ -24,7 +25,10 @@ def write_report(report: dict, out: Path) -> None:
         report["plots"] = write_plots(report, out)
         write_json_atomic(out / "report.json", report)
         write_text_atomic(out / "report.md", markdown(report))
-    except OSError as e:  # atomic writes: no half report is left
+    except OSError as e:  # each write atomic, and the set whole: what was written of it is removed
+        for name in (*PLOT_FILES, "report.json", "report.md"):
+            with contextlib.suppress(OSError):
+                (out / name).unlink(missing_ok=True)
         fail(f"cannot write the report to {out}: {e.strerror or e} (disk full, or the directory became "
              "unwritable); free space or pass another --out", ExitCode.IO)
 
@@ -50,6 +54,9 @@ def show(args, report: dict, runs: dict) -> None:
             sys.stdout.flush()
     except BrokenPipeError:
         _reader_gone()
+    except OSError as e:  # stdout itself cannot be written (a full disk, /dev/full): the report is whole
+        _reader_gone()
+        fail(f"cannot write to stdout: {e.strerror or e}; the report is in {args.out}", ExitCode.IO)
     apart = (report.get("devices") or {}).get("note")
     if apart:  # one line naming the devices, refused (--require-same-device) or not
         print(f"warning: {apart}", file=sys.stderr)

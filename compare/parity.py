@@ -1,6 +1,8 @@
 """Numerical parity of two run records: settings first, then every tensor and every step's loss."""
 from __future__ import annotations
 
+import json
+
 from common.modules import ROOT_MODULE
 from common.record import RunRecord
 from common.summary import TensorSummary
@@ -47,6 +49,12 @@ def setting_differences(a: RunRecord, b: RunRecord) -> list[str]:
     return [f"{k.removeprefix('spec.')}: {a.backend}={fa.get(k)!r} {b.backend}={fb.get(k)!r}"
             for k in sorted(set(fa) | set(fb)) if k != "spec.name" and fa.get(k) != fb.get(k)]
 
+
+def train_differences(ran: dict, asked) -> list[str]:
+    """'train.FIELD=RAN, this run's is ASKED' for each training setting a reused record ran otherwise."""
+    ran, asked = ran.get("train", {}), json.loads(json.dumps(asked.to_dict()["train"]))
+    return [f"train.{k}={ran.get(k)!r}, this run's is {asked.get(k)!r}" for k in sorted(set(ran) | set(asked))
+            if ran.get(k) != asked.get(k)]
 
 # the eval-mode logits follow the whole run, as the parameters do (their tolerance)
 KIND_OF_GROUP = {"outputs": "forward", "grads": "grad", "params": "params", "state": "params", "eval": "params"}
@@ -156,7 +164,13 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
     keys, finer_bounds = finer or (set(), bounds)
     bounds_of = lambda key: finer_bounds if key in keys else bounds  # noqa: E731
     errors = {k: module_error(ref[k], other[k], bounds_of(k), names, f"activations/{k}") for k in outputs}
+    # a module whose outputs differ only in shape (the sides return other fields of a structured output, or a
+    # padding differs) is never the location while another module differs in its numbers
     diverging = [k for k in outputs if not errors[k]["within"]]
+    shape_only = [k for k in diverging if errors[k]["abs"] is None and errors[k].get("note", "").startswith(
+        "output shapes differ")]
+    if len(shape_only) < len(diverging):
+        diverging = [k for k in diverging if k not in shape_only]
 
     def input_error(k: str) -> dict | None:
         a, b = ref.get(f"{k}:in"), other.get(f"{k}:in")
@@ -173,7 +187,8 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
     return {"step": 0, "module": module, "input_agrees": culprit is not None,
             "input_used": (inputs[culprit] or {}).get("tolerance_used") if culprit else None,
             "output_error": errors[module] if module else None, "modules_compared": len(outputs),
-            "modules_diverging": len(diverging), "not_compared": not_compared,
+            "modules_diverging": len(set(diverging) | set(shape_only)), "shapes_differ": shape_only,
+            "not_compared": not_compared,
             **({"modules_before_islands": len([k for k in outputs if k in keys])} if finer else {}),
             "sensitivity": {k: e["sensitivity"] for k, e in errors.items() if e.get("sensitivity") is not None},
             **by_summary([*errors.values(), *inputs.values()])}

@@ -116,7 +116,7 @@ def _wait(step: Step, folder: Path, spec: RunSpec, timeout_s: float) -> None:
                         "its process group")
     if proc.returncode < 0:
         raise TwinError(f"{what} was killed by {signal.Signals(-proc.returncode).name}"
-                        + (f": {error_line(stderr)}" if error_line(stderr) else ""))
+                        + (f": {error_line(stderr, killed=True)}" if error_line(stderr, killed=True) else ""))
     if proc.returncode != 0:
         raise TwinError(error_line(stderr) or f"{what} exited with code {proc.returncode}")
     if _missing(side, folder):  # sys.exit(0) / os._exit(0) in the user's factory or forward
@@ -126,6 +126,19 @@ def _wait(step: Step, folder: Path, spec: RunSpec, timeout_s: float) -> None:
 
 def _name(spec: RunSpec) -> str:
     return f"twin {spec.model.twin!r}" if isinstance(spec.model, TwinSpec) else f"{spec.model.family} ({spec.name})"
+
+
+def weights_origin(spec: RunSpec, checkpoint: str | None) -> str:
+    """Where a run's start weights come from, in words (report.json's `weights`, said in report.md)."""
+    carried = f"carried to every backend as {INIT_FILE}"
+    if checkpoint:
+        fmt, path = parse_checkpoint(checkpoint)
+        read_once = fmt in (CheckpointFormat.TORCH, CheckpointFormat.HF) or isinstance(spec.model, TwinSpec)
+        return f"the {fmt.value} checkpoint {path}" + (f", read once by compare and {carried}" if read_once else "")
+    if isinstance(spec.model, TwinSpec):
+        return (f"the torch side's own initialisation of twin {spec.model.twin} (train.seed={spec.train.seed}), "
+                f"{carried}")
+    return f"the canonical init (common/weights.py, train.seed={spec.train.seed}), built alike by every backend"
 
 
 def prepare_start(spec: RunSpec, checkpoint: str | None, torch_python: str, jax_python: str,

@@ -26,6 +26,9 @@ def _module(found: dict | None) -> str:
     if not found:
         return "-"
     left_out = f"; {len(found['not_compared'])} not compared" if found.get("not_compared") else ""
+    shapes = [k for k in found.get("shapes_differ") or () if k != found["module"]]
+    if shapes:  # differ only in shape where another module differs in its numbers: never the location
+        left_out += f"; {len(shapes)} differ only in shape ({', '.join(shapes[:3])})"
     if not found["module"]:
         return f"none ({found['modules_compared']} modules agree{left_out})"
     why = "its input agrees, its output does not" if found["input_agrees"] else "its output differs"
@@ -335,6 +338,7 @@ def markdown(report: dict) -> str:
         lines += [report["message"], ""]
     lines += [*(f"- {line}" for line in sensitivity_lines(report)), ""] if sensitivity_lines(report) else []
     lines += [device_line(report), ""]
+    lines += [f"Start weights: {report['weights']}.", ""] if report.get("weights") else []
     for title, header, rows in tables(report):
         lines += [f"## {title}", "", "| " + " | ".join(h.replace("|", "\\|") for h in header) + " |",
                   "|" + "---|" * len(header)]

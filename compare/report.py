@@ -1,90 +1,6 @@
 """report.json: built from the backends' runs and records (rendered by `render.py`).
 
-report.json keys (schema_version 2):
-  verdict                 "pass" | "fail"
-  status                  a ReportStatus (common/vocab.py): ok | parity_failed | not_comparable |
-                          nondeterministic | backend_failed | usage_error | interrupted | internal_error (the
-                          verdict could not be made: see not_built; exit 6)
-  exit_code               what `python -m compare` returned (an ExitCode)
-  tolerances              {kind: {atol, rtol}} used for this dtype (forward, grad and params also fraction:
-                          the share of a tensor's elements allowed over); distribution {kl_mean, top1}
-  tolerance_policy        {policy: fixed | noise-floor, ...}: in bfloat16 (--bf16-tolerance noise-floor, the
-                          default) and float32 with --fp32-tolerance noise-floor {factor, floor_runs, rule,
-                          not_measured {backend: why}}; each tensor row then has judged_by, noise and bound, and
-                          parity.<name>.loss has bounds (per step)
-  backend_names           the backends in the order they ran
-  reference               the backend every other one is judged against (--reference)
-  parity                  null unless the reference and another backend finished, else per other
-                          backend that finished, against the reference:
-    .<name>.checked, .comparable, .setting_differences, .intended_differences,
-    .first_divergent_step (null when none; 0 when a step-0 tensor is out of tolerance),
-    .first_divergent_module {step, module, input_agrees, output_error, modules_compared, modules_diverging,
-      not_compared {module: why}, judged_by "summary" and note where the capture kept summaries (--tensors
-      summary|auto), then confirmed_whole [its input and output keys, compared whole] or to_confirm [those still
-      summarized]} (null when no activations were captured; module null when every compared module's step-0
-      activation agrees), .activation_pass {whole, not_reproduced, failed} (the confirming captures: null
-      without), .capture_failed (why no module is named: the capture run of that side or the reference failed),
-      .loss {max_abs, per_step_abs, steps_compared},
-    .tensors {"<group>/<name>": {abs, rel, tolerance_used, within, over, elements, kind, nonfinite {equal,
-      mismatched}, note, passes_with {atol, rtol, fraction} (a tensor out of tolerance: the smallest of each,
-      changed alone, that would pass it); with --tensors summary|auto, a row kept as a summary has judged_by
-      "summary", sampled and summary_checks {max_abs, l2_norm, sum, nonfinite: {ref, other, allowed, within}}
-      (compare/tensor_error.py summary_error), a row kept whole by auto's second pass second_pass: true}}, .worst
-      [10 worst], .passed (non-finite values by rule, compare/parity.py tensor_error: the same infinity or
-      NaN at the same position on both sides is equal; one facing another value fails the tensor and the
-      note counts each kind, "3 elements are -inf on jax and finite on torch"; abs and rel over the finite
-      pairs only),
-    .first_divergent_module_backward {step, module, in_loss, output_grad_agrees, input_grad_error,
-      modules_compared, modules_diverging, judged_by, note} (compare/backward.py: the first module, in the order
-      the backward pass ends them, whose input gradient leaves the grad tolerance while its output gradient
-      agrees; in_loss where the gradient the loss sends into the model differs already (module null: the losses
-      differ); null where the forward already names a module, and without captured gradients: torchax captures
-      none),
-    .distribution {kl_mean, kl_max, top1, top5, positions, within} (step-0 logits; null without logits),
-    .unreached {parameter: {reference, other, threshold}}: parameters whose step-0 gradient is rounding noise on
-      both sides; their params/ rows carry judged=false and a note (compare/unreached.py),
-    .dropout_sites {reference, other, equal} (runs fed common's dropout masks; null otherwise),
-    .curves {window, factor, steps, parts_at, within, steps_over, worst_share, final_gap, final_band,
-      final_noise, gap, band} (compare/curves.py: runs of 100+ steps under the noise floor, the loss curves
-      averaged over `window` steps against the pair's own drift from their floor runs; null otherwise),
-    .unmeasured_noise (the flag that measures the noise floor, when the pair parted after an agreeing step 0
-      with none measured: training may have grown rounding; the message says so; null otherwise)
-  pairwise_loss           {"<a> vs <b>": max |Δloss| over the steps} for every pair of backends
-  backends.<name>         status (a BackendStatus), message, exit_code, wall_s, record, logs,
-    .compiles {setup, loop, steady_state, settle_steps, cache_hits, compile_s, causes},
-    .step_ms {median, p10, p90, min, max, n}, .trace_ms (torch_xla), .throughput,
-    .flops_per_step, .peak_flops, .peak_source, .mfu, .hlo_ops, .losses, .peak_rss_mb, .trace_mode,
-    .hlo {available, hlo_file, kernels, fusions, dot, convolution, unfused_*, copies, transposes, rng,
-      collectives {op: {count, elements, bytes}}, custom_calls, largest_buffers, matmul_flops,
-      cost_analysis_flops, bytes_accessed, memory {argument/output/temp_size_in_bytes, peak_bytes, ...},
-      memory_source, not_available {number: why}} (compare/program.py; `available: false, why` for eager),
-    .compile_cache {enabled, dir, hits, misses, ...},
-    .wall_breakdown {start_and_imports_s, compile_s, steps_s, other_s, total_s}
-  backends.<name>.profile with --profile N: {available, trace, tool, steps, median_ms {step, device, host,
-                          call, wait, input}, our_clock_median_ms, loop_step_median_ms, vs_loop_step,
-                          unprofiled_step_median_ms, vs_synced_step,
-                          device_source, top_device_ops_ms_per_step} (compare/profile.py), or {available: false, why}
-  compile_cache           the cache directory compare gave the backends (null with --no-compile-cache)
-  wall_time               compare_imports_s, prepare_s (arguments, a twin's preparation), backends_s, report_s,
-                          total_s (compare's own process)
-  ratios                  per backend over the reference: median step time, pipelined throughput ({} when the
-                          backends ran on different devices)
-  devices                 {devices {<name>: platform (kind)}, same, timings_comparable, note} (compare/devices.py)
-  determinism             with --check-determinism: per backend {bitwise_equal, max_abs, steps}
-  parity_mode             deterministic | exact | statistical (--parity-mode)
-  tensors                 {mode: full | summary | auto, why, second_pass {<name>: {whole [keys], not_reproduced
-                          {key: why}}}} (--tensors; compare/second_pass.py)
-  compare_peak_rss_mb      compare's own peak resident memory (its backends apart)
-  hosts                   a multi-host run's {hosts, processes_per_host, coordinator, not_made} (compare/hosts.py;
-                          null on one host)
-  statistical             with --parity-mode statistical: {test, alpha, seeds, bands {<name>: {min, mean,
-                          max} per step}, backends {<name>: {passed, p, t, mean_difference, differences}}}; it
-                          decides the numbers' verdict (compare/statistical.py)
-The verdict (verdict, status, exit_code, message) is made once from every check's result (compare/verdict.py).
-  not_built               [{part, why}]: parts of the report that could not be built (any exception while
-                          building the report or drawing a plot), left out with everything else kept
-Numbers: report.json is strict JSON; a NaN or an infinity anywhere in it is the string "nan", "inf" or
-"-inf" (`strict_json`, the one rule).
+Its keys, each with what it holds: docs/report-json.md (schema_version 2).
 """
 from __future__ import annotations
 
@@ -172,6 +88,7 @@ class ReportInputs:
     floor_policy: str = "fixed"  # "noise-floor": each run judged against its noise-floor run (compare/noise_floor.py)
     same_device: bool = False  # --require-same-device: backends on different devices are not comparable
     tensors: dict = field(default_factory=lambda: {"mode": "full"})  # --tensors: {mode, why}
+    weights: str = ""  # where the start weights came from (compare/prepare.py weights_origin)
 
 
 def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tuple = ()) -> dict:
@@ -198,7 +115,7 @@ def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tu
         "schema_version": REPORT_SCHEMA, "verdict": "pass" if code == ExitCode.OK else "fail", "status": status,
         "exit_code": code, "message": message, "run_dir": str(inputs.out),
         "backend_names": inputs.names, "reference": inputs.reference,
-        "spec_name": spec.name, "spec": spec.to_dict(), "dtype": spec.train.dtype,
+        "spec_name": spec.name, "spec": spec.to_dict(), "dtype": spec.train.dtype, "weights": inputs.weights,
         "tolerance_profile": inputs.tolerance_profile, "tolerances": inputs.policy,
         "tolerance_policy": tolerance_policy,
         "parity_mode": inputs.parity_mode, "parity": parity,

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common.weights import CheckpointError, check_params, param_infos
+from common.weights import CheckpointError, built_otherwise, check_params, param_infos
 
 
 def _name(path) -> str:
@@ -50,13 +50,16 @@ def load_canonical(params: nnx.State, canonical: dict[str, np.ndarray], model_sp
     pure = nnx.to_pure_dict(params)
     flat, treedef = jax.tree_util.tree_flatten_with_path(pure)
     expected = param_infos(model_spec)
-    if sorted(canonical) != sorted(_name(p) for p, _ in flat):
-        raise AssertionError("NNX model and canonical names differ")  # a model/weights bug, not input
+    built = {_name(p): tuple(leaf.shape) for p, leaf in flat}
+    for name in sorted(set(built) | set(canonical)):
+        start = canonical[name].shape if name in canonical else None
+        if built.get(name) != start:
+            raise built_otherwise("NNX", name, built.get(name), start)
     leaves = []
-    for path, leaf in flat:
+    for path, _ in flat:
         name = _name(path)
         value = canonical[name]
-        assert tuple(leaf.shape) == expected[name].shape == value.shape, name
+        assert expected[name].shape == value.shape, name
         leaves.append(jax.device_put(np.asarray(value), shardings[name]) if shardings else jax.numpy.asarray(value))
     nnx.replace_by_pure_dict(params, jax.tree_util.tree_unflatten(treedef, leaves))
     return params

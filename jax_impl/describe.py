@@ -14,10 +14,10 @@ from common.batches import check_forward_keys
 from common.cli import INPUT_ERRORS, Parser, exit_process, fail
 from common.data import make_dataset, rows
 from common.fsutil import write_json_atomic
-from common.outputs import choose, forward, refusal
+from common.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
 from common.presets import load_spec
 from common.spec import RunSpec
-from common.twin import TwinError, twin_of
+from common.twin import TwinError, twin_of, user_loss
 from common.vocab import ExitCode
 
 
@@ -31,7 +31,8 @@ def check_forward(model, spec: RunSpec) -> None:
     from jax_impl.models import nnx_input_axes, nnx_inputs
 
     axes = nnx_input_axes(spec)
-    inputs = nnx_inputs(rows(make_dataset(spec).global_batch(0).inputs, 0, 1), axes)
+    first = make_dataset(spec).global_batch(0)
+    inputs = nnx_inputs(rows(first.inputs, 0, 1), axes)
     if spec.task == "custom":
         check_forward_keys(spec, model.__call__, "NNX")
     model.eval()
@@ -44,14 +45,41 @@ def check_forward(model, spec: RunSpec) -> None:
     twin = twin_of(spec.model)
     if choose(out, twin.logits) is None:
         raise TwinError(f"twin {spec.model.twin!r}: the forward of nnx={twin.nnx!r} {refusal(out, twin.logits)}")
+    if twin.loss:
+        _check_loss(graphdef, state, inputs, None if first.targets is None else rows(first.targets, 0, 1), spec)
+
+
+def _check_loss(graphdef, state, inputs, targets, spec: RunSpec) -> None:
+    """The twin's own NNX loss on step 0's first example, traced abstractly: a float scalar (the torch side's
+    describe step checks its own the same way); a loss that raises is the run's."""
+    from flax import nnx
+
+    twin = twin_of(spec.model)
+    loss = user_loss(twin, "nnx")
+    try:
+        value = _abstract(lambda s, x, t: loss(forward(nnx.merge(graphdef, s), x), loss_batch(x, t)), state, inputs,
+                          targets)
+    except NoOwnLoss as e:
+        raise TwinError(f"twin {spec.model.twin!r}: the forward of nnx={twin.nnx!r} {e}") from None
+    except Exception:
+        return
+    why = loss_refusal(value, "nnx", twin)
+    if why:
+        raise TwinError(f"twin {spec.model.twin!r}: {why}")
 
 
 def _traced(graphdef, state, inputs):
-    import jax
     from flax import nnx
 
-    return jax.eval_shape(lambda s, x: forward(nnx.merge(graphdef, s), x), state,
-                          jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), inputs))
+    return _abstract(lambda s, x: forward(nnx.merge(graphdef, s), x), state, inputs)
+
+
+def _abstract(function, state, *trees):
+    """function(state, *trees) traced with shapes only (jax.eval_shape): no FLOP is spent."""
+    import jax
+
+    return jax.eval_shape(function, state, *(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), t)
+                                             for t in trees))
 
 
 def _refuse_channel_first(graphdef, state, inputs, axes, spec: RunSpec, error: Exception) -> None:

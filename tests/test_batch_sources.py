@@ -23,6 +23,15 @@ def compare(out, twin: str, *args, backends: str = "jax,torch"):
     ("out_of_range", r"batches.py:out_of_range: step 0: 'c' spans 0..4, outside its declared range \[0, 4\)"),
     ("extra_key", "batches.py:extra_key: the forward of the torch side takes no argument 'weights' .*; name the "
                   "keys only the loss reads in the twin's loss_keys"),
+    ("ignores_seed", "batches.py:ignores_seed: step 0 drawn twice differs in 'x'; a batch source gives the same "
+                     "arrays for the same seed and step"),
+    ("float_ids", "batches.py:float_ids: step 0: 'c' is float64, and its declared range .* makes it ids: give it "
+                  "as an integer array"),
+    ("beyond_int32", r"batches.py:beyond_int32: step 0: 'ids' spans 1099511627776..1099511627776, beyond int32 "
+                     r"\(JAX computes in int32 and would wrap them\); give integers within int32"),
+    ("raises_at_step_3", "batches.py:raises_at_step_3: step 3 raised ValueError: the shard for step 3 is missing"),
+    ("loss_key_missing", "batches.py:good: the twin's loss_keys name 'noise', which it does not give "
+                         r"\(it gives c, target, x\); name in loss_keys only keys of its batches"),
 ])
 def test_a_batch_source_that_breaks_its_contract_is_one_line_before_anything_trains(tmp_path, twin, message):
     out = tmp_path / "run"
@@ -88,3 +97,25 @@ def test_every_output_a_forward_returns_is_compared_by_name(tmp_path):
     parity = json.loads((tmp_path / "misported" / "report.json").read_text())["parity"]["torch"]
     assert parity["worst"][0]["name"] == "outputs/features" and parity["first_divergent_step"] == 0
     assert parity["tensors"]["outputs/logits"]["within"] and parity["loss"]["first_divergent_step"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("twin-loss-not-scalar")
+@pytest.mark.parametrize("twin, message", [
+    ("loss_per_element", r"loss\['torch'\]='models.py:torch_loss_per_element' returns shape \(1, 8\); a loss returns "
+                         r"a scalar \(reduce it, e.g. with .mean\(\)\)"),
+    ("loss_int_torch", r"loss\['torch'\]='models.py:torch_loss_int' returns torch.int64; a loss returns a float "
+                       "scalar"),
+    ("loss_int_nnx", r"loss\['nnx'\]='models.py:nnx_loss_int' returns int32; a loss returns a float scalar"),
+    ("loss_python_number", r"loss\['torch'\]='models.py:loss_python_number' returns a int; a loss returns its "
+                           "framework's float scalar"),
+    ("loss_model_without_one", r"the forward of torch='models.py:TorchNet' returns a Tensor with no scalar 'loss' "
+                               "entry or attribute; the twin's loss='model' needs a forward that computes its own"),
+])
+def test_an_own_loss_that_cannot_be_trained_on_is_refused_before_anything_trains(tmp_path, twin, message):
+    out = tmp_path / "run"
+    proc = compare(out, twin)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert __import__("re").search(rf"twin '[^']*batch_sources/twins.py:{twin}': {message}", errors[0]), errors[0]
+    assert not out.exists()

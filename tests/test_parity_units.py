@@ -202,3 +202,20 @@ def test_a_forwards_other_outputs_are_compared_by_name_and_one_of_another_layout
     shown = errors["outputs/features"]
     assert shown["within"] and shown["judged"] is False and "[2, 3, 2, 2] vs [2, 2, 2, 3]" in shown["note"]
     assert [t["name"] for t in parity.worst_tensors(errors)][0] == "outputs/hidden"
+
+
+def test_a_module_differing_only_in_shape_never_stands_before_one_differing_in_its_numbers():
+    """HF's vision tower returns a ModelOutput (hidden states [2, 17, 8], pooled [2, 8]) where the port returns
+    the pooled one: a shape-only difference, listed, while the module whose numbers differ is named."""
+    rng = np.random.default_rng(0)
+    x, h = rng.standard_normal((2, 8)).astype(np.float32), rng.standard_normal((2, 8)).astype(np.float32)
+    ref = {"vision:in": x, "vision": rng.standard_normal((2, 17, 8)).astype(np.float32), "text:in": x, "text": h,
+           "head:in": h, "head": np.tanh(h)}
+    other = {**ref, "vision": rng.standard_normal((2, 8)).astype(np.float32), "text": h * 1.5,
+             "head:in": h * 1.5, "head": np.tanh(h * 1.5)}
+    found = parity.first_divergent_module(ref, other, {"atol": 1e-5, "rtol": 1e-4})
+    assert (found["module"], found["input_agrees"], found["shapes_differ"]) == ("text", True, ["vision"])
+    assert found["modules_diverging"] == 3
+    # with no module differing in its numbers, the shape-only one is the location, said as such
+    alone = parity.first_divergent_module(ref, {**ref, "vision": other["vision"]}, {"atol": 1e-5, "rtol": 1e-4})
+    assert alone["module"] == "vision" and alone["output_error"]["note"].startswith("output shapes differ")

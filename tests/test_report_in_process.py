@@ -188,3 +188,40 @@ def test_a_culprit_whose_input_agrees_only_barely_says_the_difference_may_enter_
     assert failure_message("torch", parity).startswith(
         "torch: parity failed: first divergent step none, first divergent module fc2: its output leaves its bound "
         "though its input agrees (at 91% of its bound: the difference may enter before it)")
+
+
+@pytest.mark.error_case("report-disk-full")
+def test_a_report_whose_last_file_cannot_be_written_leaves_none_of_its_files(tmp_path, monkeypatch):
+    """report.md failing after the plots and report.json were written: the set is whole or absent, never half."""
+    import errno
+
+    from compare import output
+
+    runs = {n: write_run(tmp_path / n, n) for n in NAMES}
+    report = report_of(tmp_path, runs)
+
+    def disk_full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(output, "write_text_atomic", disk_full)
+    with pytest.raises(SystemExit) as exit_:
+        output.write_report(report, tmp_path)
+    assert exit_.value.code == ExitCode.IO
+    assert sorted(p.name for p in tmp_path.iterdir()) == NAMES  # no plot, no report.json: only the runs
+
+
+def test_the_report_says_where_the_start_weights_came_from(tmp_path):
+    from compare.prepare import weights_origin
+
+    assert weights_origin(SPEC, None) == ("the canonical init (common/weights.py, train.seed=0), built alike by "
+                                          "every backend")
+    assert weights_origin(SPEC, "hf:/models/qwen") == ("the hf checkpoint /models/qwen, read once by compare and "
+                                                        "carried to every backend as init.safetensors")
+    assert weights_origin(SPEC, "/ckpt/w.safetensors") == "the canonical checkpoint /ckpt/w.safetensors"
+    runs = {n: write_run(tmp_path / n, n) for n in NAMES}
+    inputs = ReportInputs(SPEC, load_policy("default", "float32"), NAMES, "jax", tmp_path, RUN_ID,
+                          weights=weights_origin(SPEC, "hf:/models/qwen"))
+    report = build_report(inputs, runs, False)
+    assert report["weights"] == "the hf checkpoint /models/qwen, read once by compare and carried to every " \
+                                "backend as init.safetensors"
+    assert "Start weights: the hf checkpoint /models/qwen, read once by compare" in markdown(report)

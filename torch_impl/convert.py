@@ -15,7 +15,7 @@ from common.modules import module_map, state_names
 from common.sharding import param_partition_specs
 from common.spec import MeshSpec
 from common.twin import twin_of
-from common.weights import CheckpointError, check_params, param_infos
+from common.weights import CheckpointError, built_otherwise, check_params, param_infos
 
 
 def manifest(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
@@ -105,6 +105,12 @@ def load_canonical(model: torch.nn.Module, canonical: dict[str, np.ndarray], mod
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, parts in correspondence(model, model_spec).torch_parts(canonical):
+            start = (sum(p.shape[0] for p in parts), *parts[0].shape[1:]) if parts[0].ndim else ()
+            if tuple(params[name].shape) != start:
+                raise built_otherwise("torch", name, params[name].shape, start)
+            if params[name].dim() == 0:  # a scalar (a temperature, a gate): one part, no rows
+                params[name].copy_(torch.from_numpy(np.asarray(parts[0]).reshape(())))
+                continue
             row = 0
             for part in parts:
                 params[name][row:row + part.shape[0]].copy_(torch.from_numpy(part))

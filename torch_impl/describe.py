@@ -16,10 +16,10 @@ from common.checkpoints import TORCH_BUFFERS
 from common.cli import INPUT_ERRORS, Parser, exit_process, fail
 from common.data import make_dataset, rows
 from common.fsutil import write_json_atomic
-from common.outputs import choose, forward, refusal
+from common.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
 from common.presets import load_spec
 from common.spec import RunSpec, SpecError, TwinSpec
-from common.twin import TwinError, twin_of
+from common.twin import TwinError, twin_of, user_loss
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
 from torch_impl.checkpoint_io import load_torch_side
@@ -34,9 +34,8 @@ def check_forward(model, spec: RunSpec) -> None:
     if spec.task == "custom":  # every step's batch drawn and checked before anything trains, once (this side)
         check_every_step(spec)
         check_forward_keys(spec, model.forward, "torch")
-    inputs = rows(make_dataset(spec).global_batch(0).inputs, 0, 1)
-    inputs = {k: torch.from_numpy(v) for k, v in inputs.items()} if isinstance(inputs, dict) else \
-        torch.from_numpy(inputs)
+    first = make_dataset(spec).global_batch(0)
+    inputs, targets = (_tensors(rows(part, 0, 1)) for part in (first.inputs, first.targets))
     training = model.training
     try:
         with torch.no_grad():
@@ -48,8 +47,27 @@ def check_forward(model, spec: RunSpec) -> None:
     twin = twin_of(spec.model)
     if choose(out, twin.logits) is None:
         raise TwinError(f"twin {spec.model.twin!r}: the forward of torch={twin.torch!r} {refusal(out, twin.logits)}")
+    if twin.loss:
+        try:
+            value = user_loss(twin, "torch")(out, loss_batch(inputs, targets))
+        except NoOwnLoss as e:  # loss='model' and a forward that returned none
+            value = e
+        except Exception:  # a loss that raises is left to the run, as a forward that does
+            value = None
+        why = f"the forward of torch={twin.torch!r} {value}" if isinstance(value, NoOwnLoss) else \
+            value is not None and loss_refusal(value, "torch", twin)
+        if why:
+            raise TwinError(f"twin {spec.model.twin!r}: {why}")
     if spec.train.dtype == "float64":
         check_float64(model, inputs)
+
+
+def _tensors(part):
+    import torch
+
+    if part is None:
+        return None
+    return {k: torch.from_numpy(v) for k, v in part.items()} if isinstance(part, dict) else torch.from_numpy(part)
 
 
 def check_float64(model, inputs) -> None:

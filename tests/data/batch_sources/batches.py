@@ -29,5 +29,29 @@ def out_of_range(seed, step, batch_size, features, conditions):
     return batch
 
 
+def ignores_seed(seed, step, batch_size, features, conditions):
+    batch = good(seed, step, batch_size, features, conditions)
+    batch["x"] = np.random.default_rng().standard_normal((batch_size, features)).astype(np.float32)
+    return batch
+
+
+def float_ids(seed, step, batch_size, features, conditions):
+    batch = good(seed, step, batch_size, features, conditions)
+    batch["c"] = batch["c"].astype(np.float64)
+    return batch
+
+
+def beyond_int32(seed, step, batch_size, features, conditions):
+    batch = good(seed, step, batch_size, features, conditions)
+    batch["ids"] = np.full(batch_size, 2**40, np.uint64)
+    return batch
+
+
+def raises_at_step_3(seed, step, batch_size, features, conditions):
+    if step == 3:
+        raise ValueError("the shard for step 3 is missing")
+    return good(seed, step, batch_size, features, conditions)
+
+
 def extra_key(seed, step, batch_size, features, conditions):
     return {**good(seed, step, batch_size, features, conditions), "weights": np.ones(batch_size, np.float32)}

@@ -1,0 +1,90 @@
+"""Reliability round 4 (issue 46): hostile input on the surfaces of wave 3 is one line naming it, its own exit
+code, and nothing of the user's touched."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, process_env, run_cli
+
+
+@pytest.mark.error_case("path-symlink-loop")
+@pytest.mark.parametrize("flag, ref", [("--out", "{loop}"), ("--twin", "{loop}.py:twin"), ("--jax-record", "{loop}"),
+                                       ("--checkpoint", "canonical:{loop}"), ("--spec", "{loop}.toml")])
+def test_a_symlink_loop_given_as_a_path_is_a_usage_error(tmp_path, flag, ref):
+    loop = tmp_path / "a"
+    for name, target in (("a", "b"), ("b", "a"), ("a.py", "b.py"), ("b.py", "a.py"), ("a.toml", "b.toml"),
+                         ("b.toml", "a.toml")):
+        os.symlink(target, tmp_path / name)
+    links = {p.name: os.readlink(p) for p in tmp_path.iterdir()}
+    value = ref.format(loop=loop)
+    proc = run_cli("compare", "--quiet", "--backend", "jax", "--steps", "1", flag, value)
+    shown = value.partition(":")[2] if flag == "--checkpoint" else value.rpartition(":")[0] if flag == "--twin" \
+        else value
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"error: {flag} {shown}: a loop of symbolic links; point it at a real file or folder"
+    assert {p.name: os.readlink(p) for p in tmp_path.iterdir()} == links  # nothing made, nothing followed
+
+
+@pytest.mark.slow
+def test_a_torch_backend_killed_at_its_timeout_leaves_nothing_in_tmpdir(tmp_path):
+    """torch's imports make a folder in TMPDIR that only a normal exit removes: each process group compare starts
+    has a TMPDIR of its own, removed once the group is gone, however it ended (common/procs.py)."""
+    (tmp_path / "tmp").mkdir()
+    proc = run_cli("compare", "--quiet", "--out", str(tmp_path / "run"), "--backend", "torch", "--spec",
+                   "gpt-tiny", "--steps", "5000", "--timeout", "15", env={"TMPDIR": str(tmp_path / "tmp")})
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert proc.returncode == 3 and report["backends"]["torch"]["status"] == "timeout", proc.stderr[-2000:]
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.error_case("stdout-full")
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["tables", "json"])
+def test_a_stdout_that_cannot_be_written_is_exit_7_with_the_report_whole(finished_run, tmp_path, json_flag):
+    out = tmp_path / "again"
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "compare", *json_flag, "--out", str(out), "--backend", "jax",
+                               "--spec", "mlp-tiny", "--steps", "3", "--jax-record", str(finished_run / "jax")],
+                              cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, env=process_env(), timeout=120)
+    assert proc.returncode == 7
+    assert proc.stderr.strip() == f"error: cannot write to stdout: No space left on device; the report is in {out}"
+    assert json.loads((out / "report.json").read_text())["status"] == "ok" and (out / "report.md").is_file()
+
+
+@pytest.mark.error_case("demo-platform-bad")
+@pytest.mark.parametrize("platform, device, said", [
+    ("nonsense", None, "PLATFORM=nonsense is not a platform of make demo: use cpu (the default), gpu or tpu"),
+    ("gpu", "/dev/nvidia0", "error: make demo PLATFORM=gpu needs an NVIDIA GPU, and this machine has none (no "
+                            "/dev/nvidiaN); use PLATFORM=cpu"),
+    ("tpu", "/dev/accel0", "error: make demo PLATFORM=tpu runs on a TPU VM, and this machine has no TPU (no "
+                           "/dev/accelN or /dev/vfio/N); use PLATFORM=cpu"),
+])
+def test_make_demo_on_a_platform_this_machine_lacks_says_so_before_installing(platform, device, said):
+    if device and (os.path.exists(device) or os.path.exists("/dev/vfio/0")):
+        pytest.skip(f"this machine has {device}: make demo PLATFORM={platform} would install its stack")
+    before = {p.name for p in REPO.iterdir()}
+    proc = subprocess.run(["make", "demo", f"PLATFORM={platform}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and said in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert {p.name for p in REPO.iterdir()} == before  # no environment made
+
+
+@pytest.mark.error_case("backend-output-undecodable")
+def test_a_backend_printing_bytes_that_are_not_utf8_is_read_to_its_end(tmp_path):
+    """compare's reader of a backend's stdout stopped at the first undecodable byte; the backend then blocked on
+    the full pipe until --timeout. Its bytes are now replaced, and its failure is its own."""
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport os, sys\n"
+                    "os.write(1, b'\\xff\\xfe not utf-8\\n' + b'x' * 300000 + b'\\n')\n"
+                    "print('error: the fake backend failed', file=sys.stderr)\nsys.exit(3)\n")
+    fake.chmod(0o755)
+    proc = run_cli("compare", "--quiet", "--out", str(tmp_path / "run"), "--backend", "jax", "--spec", "mlp-tiny",
+                   "--jax-python", str(fake), "--timeout", "60")
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert proc.returncode == 3 and report["backends"]["jax"]["status"] == "failed", proc.stderr
+    assert report["backends"]["jax"]["message"] == "the fake backend failed"
+    assert (tmp_path / "run" / "jax" / "stdout.log").read_text().startswith("\ufffd\ufffd not utf-8")
