@@ -151,8 +151,9 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
                            names: tuple[str, str] = ("the reference", "the other side"),
                            skipped: tuple[dict, dict] = ({}, {}), finer: tuple[set, dict] | None = None) -> dict | None:
     """Where two ports part at step 0: in the order the reference's modules finished, the first module
-    whose input agrees but whose output does not (the culprit: everything it was fed agreed), else the
-    first module whose output disagrees. None when a side captured nothing; `module` None when every compared
+    whose input agrees but whose output does not (the culprit: everything it was fed agreed; one differing in
+    its numbers before one differing only in shape, `shapes_differ`), else the first module whose output
+    disagrees. None when a side captured nothing; `module` None when every compared
     module agrees (or none could be compared). `not_compared` lists every module left out and why. `finer`:
     (keys, bounds) judged by those bounds instead (a float64 run's modules before its first float32 island)."""
     if not ref or not other:  # a side without a capture: nothing to set side by side
@@ -164,13 +165,11 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
     keys, finer_bounds = finer or (set(), bounds)
     bounds_of = lambda key: finer_bounds if key in keys else bounds  # noqa: E731
     errors = {k: module_error(ref[k], other[k], bounds_of(k), names, f"activations/{k}") for k in outputs}
-    # a module whose outputs differ only in shape (the sides return other fields of a structured output, or a
-    # padding differs) is never the location while another module differs in its numbers
     diverging = [k for k in outputs if not errors[k]["within"]]
+    # outputs that differ only in shape (the sides return other fields of a structured output, or a padding
+    # differs): such a module is not the location where a module differing in its numbers is fed agreeing input
     shape_only = [k for k in diverging if errors[k]["abs"] is None and errors[k].get("note", "").startswith(
         "output shapes differ")]
-    if len(shape_only) < len(diverging):
-        diverging = [k for k in diverging if k not in shape_only]
 
     def input_error(k: str) -> dict | None:
         a, b = ref.get(f"{k}:in"), other.get(f"{k}:in")
@@ -178,16 +177,21 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
             module_error(a, b, bounds_of(f"{k}:in"), names, f"activations/{k}:in")
 
     inputs = {}
-    for k in diverging:  # up to the first whose input agrees: the culprit
-        inputs[k] = input_error(k)
-        if inputs[k] is not None and inputs[k]["within"]:
-            break
-    culprit = next((k for k, e in inputs.items() if e is not None and e["within"]), None)
+
+    def first_fed_agreeing(candidates: list[str]) -> str | None:  # the culprit: everything it was fed agreed
+        for k in candidates:
+            inputs[k] = inputs[k] if k in inputs else input_error(k)
+            if inputs[k] is not None and inputs[k]["within"]:
+                return k
+        return None
+
+    culprit = first_fed_agreeing([k for k in diverging if k not in shape_only]) if shape_only else None
+    culprit = culprit or first_fed_agreeing(diverging)
     module = culprit or (diverging[0] if diverging else None)
     return {"step": 0, "module": module, "input_agrees": culprit is not None,
             "input_used": (inputs[culprit] or {}).get("tolerance_used") if culprit else None,
             "output_error": errors[module] if module else None, "modules_compared": len(outputs),
-            "modules_diverging": len(set(diverging) | set(shape_only)), "shapes_differ": shape_only,
+            "modules_diverging": len(diverging), "shapes_differ": shape_only,
             "not_compared": not_compared,
             **({"modules_before_islands": len([k for k in outputs if k in keys])} if finer else {}),
             "sensitivity": {k: e["sensitivity"] for k, e in errors.items() if e.get("sensitivity") is not None},
