@@ -203,7 +203,9 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     """The whole parity verdict of two runs (report.json's `parity`): settings, tensors, losses; with `floors`
     (bfloat16: each run's own float32 run), tensors and losses bounded by their noise floor."""
     differences = setting_differences(ref, other)
-    unexplained = [d for d in differences if d.split(":")[0] not in intended]
+    # a twin's hyperparameter is set as model.NAME (--jax-set model.rope_theta=...) and recorded as model.hparams.NAME
+    said = {k.replace("model.", "model.hparams.", 1) for k in intended if k.startswith("model.")} | set(intended)
+    unexplained = [d for d in differences if d.split(":")[0] not in said]
     names = (ref.backend, other.backend)
     tensors = compare_tensors(ref_tensors, other_tensors, policy, names)
     unreached = unreached_params(ref_tensors.get("grads", {}), other_tensors.get("grads", {}),

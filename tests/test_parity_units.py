@@ -219,3 +219,15 @@ def test_a_module_differing_only_in_shape_never_stands_before_one_differing_in_i
     # with no module differing in its numbers, the shape-only one is the location, said as such
     alone = parity.first_divergent_module(ref, {**ref, "vision": other["vision"]}, {"atol": 1e-5, "rtol": 1e-4})
     assert alone["module"] == "vision" and alone["output_error"]["note"].startswith("output shapes differ")
+
+
+def test_a_one_sided_set_of_a_twins_hyperparameter_is_an_intended_difference():
+    """--jax-set model.rope_theta=... on a twin is recorded as model.hparams.rope_theta: judged as a preset's
+    one-sided set is (it read not_comparable)."""
+    a, b = _record("jax", [2.0, 1.9]), _record("torch", [2.0, 1.9])
+    a.spec["model"]["hparams"], b.spec["model"]["hparams"] = {"rope_theta": 10000.0}, {"rope_theta": 500000.0}
+    policy = load_policy("default", "float32")
+    judged = parity.check_parity(a, b, {}, {}, policy, ["model.rope_theta"])
+    assert judged["comparable"] and judged["setting_differences"] == judged["intended_differences"] == [
+        "model.hparams.rope_theta: jax=10000.0 torch=500000.0"]
+    assert not parity.check_parity(a, b, {}, {}, policy, [])["comparable"]
