@@ -20,6 +20,7 @@ from common.cli import INPUT_ERRORS, backend_parser, fail, resolve_spec
 from common.fsutil import dangerous_dir
 from common.harness import RunOptions
 from common.nonfinite import input_problem, likely_cause
+from common.protocol import progress_line
 from common.record import LOG_FILES, PROCESS_LOGS, RECORD_FILE, SPEC_FILE, RunRecord, timed_from, write_record
 from common.shards import SHARDS_DIR, write_shards
 from common.tensor_file import write_tensors
@@ -32,7 +33,7 @@ def progress_printer(enabled: bool):
         return None
 
     def show(step: int, loss: float, wall_ms: float) -> None:
-        print(f"progress step={step} loss={loss:.6g} ms={wall_ms:.3f}", flush=True)
+        print(progress_line(step, loss, wall_ms), flush=True)
 
     return show
 

@@ -15,6 +15,7 @@ from typing import NoReturn
 from common.checkpoints import parse_checkpoint
 from common.data import DataError
 from common.presets import load_spec
+from common.protocol import error_text
 from common.provoke import Provocation, check_provocations, parse_provocation
 from common.record import RecordError
 from common.spec import RunSpec, SpecError
@@ -166,7 +167,7 @@ def resolve_spec(args: argparse.Namespace) -> RunSpec:
 
 
 def fail(message: str, code: ExitCode) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+    print(error_text(message), file=sys.stderr)
     sys.exit(int(code))
 
 

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from compare.orchestrate import backend_env, error_line
+from common.protocol import error_line
+from compare.orchestrate import backend_env
 from compare.rundir import default_out, new_run_id
 
 DEFAULT_BACKENDS = "jax,torch"  # the NNX port against eager PyTorch, the ground truth of the torch side

@@ -25,10 +25,11 @@ from pathlib import Path
 from common.checkpoints import parse_checkpoint
 from common.cli import INPUT_ERRORS, Parser, fail, resolve_spec
 from common.fsutil import write_json_atomic
+from common.protocol import error_line
 from common.targets import TargetWriteError, check_dir_target, check_file_target, file_target
 from common.vocab import CheckpointFormat, ExitCode
 from common.weights import CheckpointError, load_checkpoint, save_checkpoint
-from compare.orchestrate import backend_env, error_line
+from compare.orchestrate import backend_env
 from compare.prepare import INIT_FILE, prepare_start
 
 

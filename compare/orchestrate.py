@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,8 +20,9 @@ from pathlib import Path
 from common import backends
 from common.fsutil import write_json_atomic
 from common.procs import kill_group, start_group
+from common.protocol import outcome, read_progress
 from common.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
-from common.vocab import BackendStatus, ExitCode
+from common.vocab import BackendStatus
 from compare.guard import GUARD
 from compare.launch import Launch
 
@@ -66,24 +66,15 @@ def coordinator_of(group) -> str:
     return f"{host}:{int(port) + next(_LAUNCHES)}"
 
 
-def error_line(stderr: str, killed: bool = False) -> str:
-    """The line a failed backend said it failed with (its last `error:` line, else its last line). Of a process
-    killed by a signal only an `error:` line: its last line is whatever it was printing when the signal came."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error:")]
-    return (errors or ([] if killed else lines) or [""])[-1].removeprefix("error:").strip()
-
-
 def _read_progress(stream, log, on_progress) -> None:
+    """Every line to stdout.log, to its end (a reader that stopped would leave the backend blocked on a full
+    pipe); the progress lines to the live display."""
     for line in stream:
         log.write(line)
         log.flush()
-        if on_progress and line.startswith("progress "):
-            fields = dict(part.split("=", 1) for part in line.split()[1:])
-            try:
-                on_progress(int(fields["step"]), float(fields["loss"]), float(fields["ms"]))
-            except (KeyError, ValueError):
-                pass
+        progress = read_progress(line) if on_progress else None
+        if progress:
+            on_progress(*progress)
 
 
 def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s: float,
@@ -128,20 +119,7 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
         kill_group(proc, grace_s=2.0)  # children left behind by a backend that exited, and its TMPDIR
         GUARD.unwatch(proc.pid)
         reader.join(timeout=5)
-    if code == ExitCode.OK:
-        return BackendRun(name, run_dir, BackendStatus.OK, 0, "", wall, command, started_at)
-    message = error_line((run_dir / STDERR_LOG).read_text(errors="replace"), killed=code < 0)
-    if code == ExitCode.USAGE:
-        status = BackendStatus.USAGE_ERROR
-    elif code == ExitCode.NONFINITE:
-        status = BackendStatus.NONFINITE
-    elif code == ExitCode.IO:
-        status = BackendStatus.IO_ERROR
-    else:
-        status = BackendStatus.FAILED
-        if code < 0:
-            message = f"killed by {signal.Signals(-code).name}" + (f": {message}" if message else "")
-        message = message or f"exited with code {code}"
+    status, message = outcome(code, (run_dir / STDERR_LOG).read_text(errors="replace"))
     return BackendRun(name, run_dir, status, code, message, wall, command, started_at)
 
 

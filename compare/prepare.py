@@ -33,6 +33,7 @@ from common.describe_sides import THEN
 from common.fsutil import write_json_atomic
 from common.modules import module_map, state_names
 from common.procs import kill_group, start_group
+from common.protocol import error_line
 from common.record import SPEC_FILE
 from common.spec import RunSpec, TwinSpec
 from common.twin import TwinError, load_twin, twin_of
@@ -48,7 +49,7 @@ from common.weights import (
     save_checkpoint,
 )
 from compare.guard import GUARD
-from compare.orchestrate import backend_env, error_line
+from compare.orchestrate import backend_env
 
 INIT_FILE = "init.safetensors"
 

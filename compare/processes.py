@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from compare.orchestrate import error_line
+from common.protocol import error_line
 
 POLL_S = 0.1
 GRACE_S = 5.0

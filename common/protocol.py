@@ -1,0 +1,54 @@
+"""What a process compare starts says on its way out, defined once, each printer beside its parser: the progress
+line on stdout, the `error:` line on stderr, and what its exit code means (common/vocab.py ExitCode)."""
+from __future__ import annotations
+
+import signal
+
+from common.vocab import BackendStatus, ExitCode
+
+PROGRESS = "progress"
+ERROR = "error:"
+
+# what a backend's exit code says of its run: any other code (a crash, a signal) is FAILED
+STATUS_OF_EXIT = {ExitCode.OK: BackendStatus.OK, ExitCode.USAGE: BackendStatus.USAGE_ERROR,
+                  ExitCode.NONFINITE: BackendStatus.NONFINITE, ExitCode.IO: BackendStatus.IO_ERROR}
+
+
+def progress_line(step: int, loss: float, wall_ms: float) -> str:
+    return f"{PROGRESS} step={step} loss={loss:.6g} ms={wall_ms:.3f}"
+
+
+def read_progress(line: str) -> tuple[int, float, float] | None:
+    """(step, loss, ms) of a progress line; None for any other line, or a progress line cut short."""
+    if not line.startswith(f"{PROGRESS} "):
+        return None
+    try:
+        fields = dict(part.split("=", 1) for part in line.split()[1:])
+        return int(fields["step"]), float(fields["loss"]), float(fields["ms"])
+    except (KeyError, ValueError):
+        return None
+
+
+def error_text(message: str) -> str:
+    return f"{ERROR} {message}"
+
+
+def error_line(stderr: str, killed: bool = False) -> str:
+    """The line a failed process said it failed with (its last `error:` line, else its last line). Of a process
+    killed by a signal only an `error:` line: its last line is whatever it was printing when the signal came."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith(ERROR)]
+    return (errors or ([] if killed else lines) or [""])[-1].removeprefix(ERROR).strip()
+
+
+def outcome(code: int, stderr: str) -> tuple[BackendStatus, str]:
+    """(status, message) of a process that ended with `code` having written `stderr`."""
+    if code == ExitCode.OK:
+        return BackendStatus.OK, ""
+    message = error_line(stderr, killed=code < 0)
+    status = STATUS_OF_EXIT.get(code, BackendStatus.FAILED)
+    if status == BackendStatus.FAILED:
+        if code < 0:
+            message = f"killed by {signal.Signals(-code).name}" + (f": {message}" if message else "")
+        message = message or f"exited with code {code}"
+    return status, message

@@ -1,0 +1,28 @@
+"""common/protocol.py: each line a process compare starts prints, and its exit code, read back as written."""
+import signal
+
+from common.protocol import error_line, error_text, outcome, progress_line, read_progress
+from common.vocab import BackendStatus, ExitCode
+
+STRAY = "  return _C._get_float32_matmul_precision()"  # what torch printed last when the signal came
+
+
+def test_a_progress_line_reads_back_and_anything_else_is_no_progress():
+    assert read_progress(progress_line(7, 2.3456789, 12.5)) == (7, 2.34568, 12.5)
+    for line in ("progress", "progress step=1 loss=2", "progress stepless", "progress step=x loss=1 ms=2",
+                 "the user's print", "\ufffd\ufffd not utf-8"):
+        assert read_progress(line) is None, line  # the reader goes on: it must never stop on a line
+
+
+def test_the_exit_code_and_the_error_line_make_the_status_and_its_one_line():
+    said = f"warning: a framework's\n{error_text('the loss is a vector')}\n{STRAY}\n"
+    assert error_line(said) == "the loss is a vector"
+    assert outcome(ExitCode.OK, said) == (BackendStatus.OK, "")
+    assert outcome(ExitCode.USAGE, said) == (BackendStatus.USAGE_ERROR, "the loss is a vector")
+    assert outcome(ExitCode.NONFINITE, said)[0] == BackendStatus.NONFINITE
+    assert outcome(ExitCode.IO, said)[0] == BackendStatus.IO_ERROR
+    assert outcome(ExitCode.BACKEND, "Traceback ...\nValueError: x\n") == (BackendStatus.FAILED, "ValueError: x")
+    assert outcome(ExitCode.BACKEND, "") == (BackendStatus.FAILED, f"exited with code {int(ExitCode.BACKEND)}")
+    # a killed process: its reason is the signal and an error: line it printed, never its last stray line
+    assert outcome(-signal.SIGKILL, f"warning\n{STRAY}\n") == (BackendStatus.FAILED, "killed by SIGKILL")
+    assert outcome(-signal.SIGTERM, said) == (BackendStatus.FAILED, "killed by SIGTERM: the loss is a vector")
