@@ -119,3 +119,24 @@ def test_an_own_loss_that_cannot_be_trained_on_is_refused_before_anything_trains
     assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert __import__("re").search(rf"twin '[^']*batch_sources/twins.py:{twin}': {message}", errors[0]), errors[0]
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("data-file-bad")
+@pytest.mark.parametrize("change, message", [
+    (lambda a: {k: v for k, v in a.items() if k != "target"}, "the twin's loss_keys name 'target', which it does "
+                                                               r"not give \(it gives c, x\)"),
+    (lambda a: {**a, "c": a["c"].astype(np.uint64) + 2**33}, r"'c' spans 8589934592\.\.8589934595, beyond int32"),
+])
+def test_an_npz_that_breaks_the_twins_contract_is_one_line_before_anything_trains(tmp_path, change, message):
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.standard_normal((20, 8)).astype(np.float32), "c": rng.integers(0, 4, 20).astype(np.int32),
+              "target": rng.standard_normal((20, 8)).astype(np.float32)}
+    np.savez(tmp_path / "named.npz", **change(arrays))
+    users = (tmp_path / "named.npz").read_bytes()
+    proc = compare(tmp_path / "run", "good", "--set", "data.dataset=arrays", "--set",
+                   f"data.path={tmp_path / 'named.npz'}")
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert __import__("re").search(message, errors[0]), errors[0]
+    assert not (tmp_path / "run").exists() and (tmp_path / "named.npz").read_bytes() == users

@@ -14,7 +14,8 @@ from tests.helpers import REPO, process_env, run_cli
 
 @pytest.mark.error_case("path-symlink-loop")
 @pytest.mark.parametrize("flag, ref", [("--out", "{loop}"), ("--twin", "{loop}.py:twin"), ("--jax-record", "{loop}"),
-                                       ("--checkpoint", "canonical:{loop}"), ("--spec", "{loop}.toml")])
+                                       ("--checkpoint", "canonical:{loop}"), ("--spec", "{loop}.toml"),
+                                       ("--tolerance-profile", "{loop}.toml")])
 def test_a_symlink_loop_given_as_a_path_is_a_usage_error(tmp_path, flag, ref):
     loop = tmp_path / "a"
     for name, target in (("a", "b"), ("b", "a"), ("a.py", "b.py"), ("b.py", "a.py"), ("a.toml", "b.toml"),

@@ -35,6 +35,9 @@ def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path
      "--host-id 2: a run of --num-hosts 2 has hosts 0 to 1"),
     (["--coordinator", "nope"], "--coordinator nope: give it as HOST:PORT, e.g. 10.0.0.2:12355"),
     (["--coordinator", ":12355"], "--coordinator :12355: give it as HOST:PORT, e.g. 10.0.0.2:12355"),
+    (["--coordinator", "10.0.0.2:"], "--coordinator 10.0.0.2:: give it as HOST:PORT, e.g. 10.0.0.2:12355"),
+    (["--num-hosts", "2", "--coordinator", "127.0.0.1:0"], "--coordinator 127.0.0.1:0: port 0 is not one to count "
+     "up from (a run takes the ports from PORT up, one per launch); give a port from 1024 to 65279"),
     (["--num-hosts", "2", "--coordinator", "127.0.0.1:99999"], "--coordinator 127.0.0.1:99999: port 99999 is not "
      "one to count up from (a run takes the ports from PORT up, one per launch); give a port from 1024 to 65279"),
     (["--num-hosts", "2", "--coordinator", "127.0.0.1:1", "--backend", "jax"],  # the default mesh: one device
