@@ -111,6 +111,15 @@ class Capture:
     arrays: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)
     grads: dict = field(default_factory=dict)
+    # {module: how many array arguments it was called with besides the first}: those are not compared, so of
+    # such a module only "its first input agrees" can be said (HF's MoE experts take the routing's indices and
+    # weights beside the hidden states)
+    more_inputs: dict = field(default_factory=dict)
+
+
+def arrays_beyond_first(args, kwargs, is_array) -> int:
+    """How many array arguments (positional and keyword, top level) a module call had besides the first."""
+    return max(sum(map(is_array, args)) + sum(map(is_array, kwargs.values())) - 1, 0)
 
 
 class LayoutTracker:

@@ -137,4 +137,5 @@ def _capture(runtime: Runtime, record: RunRecord, tensors: dict) -> None:
     capture = runtime.step0_activations(activation_inputs(runtime.spec, batch.inputs),
                                         activation_inputs(runtime.spec, batch.targets))
     tensors["activations"], record.extra["activations_skipped"] = capture.arrays, capture.skipped
+    record.extra["activations_more_inputs"] = capture.more_inputs
     tensors["activation_grads"] = capture.grads

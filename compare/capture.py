@@ -39,17 +39,18 @@ def capture(names: list[str], pythons: dict[str, str], launches: dict, out: Path
             for name in names}
 
 
-def captured_activations(run_dir: Path, run_id: str | None) -> tuple[dict, dict, dict]:
+def captured_activations(run_dir: Path, run_id: str | None) -> tuple[dict, dict, dict, dict]:
     """The activations a capture run of this compare run left in `run_dir`, the modules it left out
     ({module: why}) and the loss's gradients at the activations, or ({}, {}, {}) (none, or not this run's)."""
     path = run_dir / CAPTURE_DIR / RECORD_FILE
     if not path.exists():
-        return {}, {}, {}
+        return {}, {}, {}, {}
     try:
         record = read_record(path)
         if run_id is not None and record.run_id != run_id:
-            return {}, {}, {}
+            return {}, {}, {}, {}
         tensors = read_tensors(path, record)
-        return tensors["activations"], record.extra.get("activations_skipped", {}), tensors["activation_grads"]
+        return tensors["activations"], record.extra.get("activations_skipped", {}), tensors["activation_grads"], \
+            record.extra.get("activations_more_inputs", {})
     except RecordError:
-        return {}, {}, {}
+        return {}, {}, {}, {}

@@ -149,13 +149,16 @@ def modules_not_compared(ref: dict, other: dict, skipped: tuple[dict, dict], nam
 
 def first_divergent_module(ref: dict, other: dict, bounds: dict,
                            names: tuple[str, str] = ("the reference", "the other side"),
-                           skipped: tuple[dict, dict] = ({}, {}), finer: tuple[set, dict] | None = None) -> dict | None:
+                           skipped: tuple[dict, dict] = ({}, {}), finer: tuple[set, dict] | None = None,
+                           more_inputs: tuple[dict, dict] = ({}, {})) -> dict | None:
     """Where two ports part at step 0: in the order the reference's modules finished, the first module
     whose input agrees but whose output does not (the culprit: everything it was fed agreed; one differing in
     its numbers before one differing only in shape, `shapes_differ`), else the first module whose output
     disagrees. None when a side captured nothing; `module` None when every compared
     module agrees (or none could be compared). `not_compared` lists every module left out and why. `finer`:
-    (keys, bounds) judged by those bounds instead (a float64 run's modules before its first float32 island)."""
+    (keys, bounds) judged by those bounds instead (a float64 run's modules before its first float32 island).
+    `more_inputs`: each side's {module: array arguments besides the first}, which are not compared: of such a
+    culprit only its first input is known to agree (`inputs_not_compared`)."""
     if not ref or not other:  # a side without a capture: nothing to set side by side
         return None
     not_compared = modules_not_compared(ref, other, skipped, names)
@@ -188,7 +191,8 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
     culprit = first_fed_agreeing([k for k in diverging if k not in shape_only]) if shape_only else None
     culprit = culprit or first_fed_agreeing(diverging)
     module = culprit or (diverging[0] if diverging else None)
-    return {"step": 0, "module": module, "input_agrees": culprit is not None,
+    uncompared = max(more_inputs[0].get(module, 0), more_inputs[1].get(module, 0)) if culprit else 0
+    return {"step": 0, "module": module, "input_agrees": culprit is not None, "inputs_not_compared": uncompared,
             "input_used": (inputs[culprit] or {}).get("tolerance_used") if culprit else None,
             "output_error": errors[module] if module else None, "modules_compared": len(outputs),
             "modules_diverging": len(diverging), "shapes_differ": shape_only,
@@ -237,7 +241,9 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
              policy["before_islands"]["forward"]) if "before_islands" in policy else None
     forward = first_divergent_module(ref_tensors.get("activations", {}), other_tensors.get("activations", {}),
                                      policy["forward"], names, (ref_tensors.get("activations_skipped", {}),
-                                                                other_tensors.get("activations_skipped", {})), finer)
+                                                                other_tensors.get("activations_skipped", {})), finer,
+                                     (ref_tensors.get("activations_more_inputs", {}),
+                                      other_tensors.get("activations_more_inputs", {})))
     # where the forwards part, the backward gradients follow from it: the backward is searched when they agree
     backward = None if forward and forward["module"] else first_divergent_module_backward(
         ref_tensors.get("activation_grads", {}), other_tensors.get("activation_grads", {}),

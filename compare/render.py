@@ -32,6 +32,9 @@ def _module(found: dict | None) -> str:
     if not found["module"]:
         return f"none ({found['modules_compared']} modules agree{left_out})"
     why = "its input agrees, its output does not" if found["input_agrees"] else "its output differs"
+    if found.get("inputs_not_compared"):  # a module called with several arrays: only the first is captured
+        why = f"its first input agrees ({found['inputs_not_compared']} more not compared: the difference may " \
+              "enter through them), its output does not"
     if (found.get("input_used") or 0) > BORDERLINE:  # agreeing, but barely: the difference may enter upstream
         why = f"its input agrees at {found['input_used']:.0%} of its bound, its output does not: the difference " \
               "may enter before it (an activation between modules, its parent's own code)"

@@ -266,9 +266,10 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
             if record.status == BackendStatus.OK and want_tensors:
                 tensors = with_second_pass(read_tensors(record_path, record), run_dir, record.run_id, name)
                 tensors["activations_skipped"] = record.extra.get("activations_skipped", {})
+                tensors["activations_more_inputs"] = record.extra.get("activations_more_inputs", {})
                 if not tensors["activations"]:  # captured apart, when step 0 parted (compare/capture.py)
-                    tensors["activations"], tensors["activations_skipped"], tensors["activation_grads"] = \
-                        captured_activations(run_dir, run_id)
+                    (tensors["activations"], tensors["activations_skipped"], tensors["activation_grads"],
+                     tensors["activations_more_inputs"]) = captured_activations(run_dir, run_id)
                 tensors = with_second_pass(tensors, run_dir / CAPTURE_DIR, record.run_id, name, "activation_pass",
                                            ACTIVATION_GROUPS)  # a location on summaries, confirmed whole
         except RecordError as e:

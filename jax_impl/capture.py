@@ -16,7 +16,15 @@ import contextlib
 import jax
 from flax import nnx
 
-from common.activations import CHANNEL_FIRST, CHANNEL_LAST, Capture, LayoutTracker, kept_float, replace_first
+from common.activations import (
+    CHANNEL_FIRST,
+    CHANNEL_LAST,
+    Capture,
+    LayoutTracker,
+    arrays_beyond_first,
+    kept_float,
+    replace_first,
+)
 from common.modules import ROOT_MODULE
 from common.outputs import forward
 
@@ -91,14 +99,16 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
     graphdef, state = nnx.split(model)
     inputs = jax.tree.map(jax.numpy.asarray, inputs)
     layouts: dict[str, str] = {}  # key -> layout, in the order the modules were kept
+    more_inputs: dict[str, int] = {}  # filled as the forward is traced
 
     def values(state, inputs, probes):
         with masks():
-            output, kept = _probed_forward(graphdef, state, inputs, probes, LayoutTracker(initial_layout), layouts)
+            output, kept = _probed_forward(graphdef, state, inputs, probes, LayoutTracker(initial_layout), layouts,
+                                           more_inputs)
         return output, kept
 
     shapes = jax.eval_shape(lambda s, x: values(s, x, {})[1], state, inputs)
-    capture = Capture()
+    capture = Capture(more_inputs=more_inputs)
     if loss_of is None:
         kept, grads = jax.jit(lambda s, x: values(s, x, {})[1])(state, inputs), {}
     else:
@@ -119,7 +129,8 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
     return capture
 
 
-def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracker, layouts: dict):
+def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracker, layouts: dict,
+                    more_inputs: dict):
     """(the output, {key: value}) of a forward of a copy of the model (`state`) that keeps each recorded module's
     first input and output (first call only), plus its probe where `probes` has one; with no probes, `layouts`
     is filled with each kept value's layout, as `tracker` follows them."""
@@ -143,6 +154,8 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
         x = _first_array(args) if in_args else _first_array(kwargs)
         in_layout, path = tracker.enter(_own_layout(self), x), paths.get(id(self))
         if path and x is not None and f"{path}:in" not in kept:  # inputs in the order the modules start
+            if arrays_beyond_first(args, kwargs, lambda v: isinstance(v, jax.Array)):
+                more_inputs[path] = arrays_beyond_first(args, kwargs, lambda v: isinstance(v, jax.Array))
             probed = keep(f"{path}:in", x, in_layout)
             if probed is not x:
                 args, kwargs = (_replace_first(args, probed), kwargs) if in_args else \

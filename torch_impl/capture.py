@@ -25,6 +25,7 @@ from common.activations import (
     NEVER_CALLED_REASON,
     Capture,
     LayoutTracker,
+    arrays_beyond_first,
     kept_float,
     replace_first,
 )
@@ -37,6 +38,10 @@ CHANNEL_FIRST_TYPES = (conv._ConvNd, batchnorm._BatchNorm, instancenorm._Instanc
                        pooling._AdaptiveMaxPoolNd, pooling._LPPoolNd, nn.Upsample, nn.PixelShuffle)
 CHANNEL_LAST_TYPES = (nn.Linear, nn.Bilinear, nn.LayerNorm, nn.RMSNorm, nn.Embedding, nn.EmbeddingBag,
                       nn.MultiheadAttention)
+
+
+def _is_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor)
 
 
 def _first_tensor(value):
@@ -126,7 +131,7 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
     that every copy is computed in one graph (fetched one by one, each would compile a graph of its own that
     runs the forward up to its module). The batch arrives channel-first, as fed. With `loss_of(output) ->
     scalar`, the same forward is differentiated too: `grads` holds the loss's gradient at each activation."""
-    tracker, held = LayoutTracker(CHANNEL_FIRST), {}  # key -> (copied tensor, layout)
+    tracker, held, more_inputs = LayoutTracker(CHANNEL_FIRST), {}, {}  # held: key -> (copied tensor, layout)
     entered: dict[int, list] = {}
     probes = _Probes(tracker) if loss_of is not None else None
 
@@ -138,6 +143,8 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
             if not name or x is None:
                 return None
             layout = entered[id(module)][-1][1]
+            if f"{name}:in" not in held and arrays_beyond_first(args, kwargs, _is_tensor):
+                more_inputs[name] = arrays_beyond_first(args, kwargs, _is_tensor)
             held.setdefault(f"{name}:in", (x.detach().clone(), layout))
             if probes is None or f"{name}:in" in probes.held:
                 return None
@@ -182,7 +189,7 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
         held = {key: (at_least_float32(value), layout) for key, (value, layout) in held.items()}
         grads = {key: (at_least_float32(value), layout) for key, (value, layout) in grads.items()}
         sync()
-    capture = Capture()
+    capture = Capture(more_inputs=more_inputs)
     for n, m in model.named_modules():  # a module whose weights its parent reads itself (torchvision's attention)
         if names.get(n) and id(m) not in entered and next(m.parameters(recurse=False), None) is not None:
             capture.skipped[names[n]] = NEVER_CALLED_REASON
