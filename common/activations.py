@@ -115,6 +115,10 @@ class Capture:
     # such a module only "its first input agrees" can be said (HF's MoE experts take the routing's indices and
     # weights beside the hidden states)
     more_inputs: dict = field(default_factory=dict)
+    # {module: arrays it returned besides the first (a tuple, dict or ModelOutput)}: the first one's gradient is
+    # compared only where it carries one on both sides (HF's router returns logits, scores and indices, and its
+    # caller reads the scores: the logits' gradient is zero there, not on a port that returns the logits alone)
+    more_outputs: dict = field(default_factory=dict)
 
 
 def arrays_beyond_first(args, kwargs, is_array) -> int:

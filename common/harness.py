@@ -138,4 +138,5 @@ def _capture(runtime: Runtime, record: RunRecord, tensors: dict) -> None:
                                         activation_inputs(runtime.spec, batch.targets))
     tensors["activations"], record.extra["activations_skipped"] = capture.arrays, capture.skipped
     record.extra["activations_more_inputs"] = capture.more_inputs
+    record.extra["activations_more_outputs"] = capture.more_outputs
     tensors["activation_grads"] = capture.grads

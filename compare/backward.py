@@ -14,20 +14,30 @@ the two losses differ (a user loss mis-ported, `in_loss`).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from common.summary import TensorSummary
 from compare.tensor_error import by_summary, module_error
 
 
 def first_divergent_module_backward(ref: dict, other: dict, order: list[str], bounds: dict,
-                                    names: tuple[str, str] = ("the reference", "the other side")) -> dict | None:
-    """{step, module, in_loss, output_grad_agrees, input_grad_error, modules_compared, modules_diverging} from the two
-    sides' step-0 activation gradients (`order`: the reference's activation keys as captured, each module's
-    input when it started, its output when it finished); None when a side has none. `module` None when every
-    compared module's gradients agree."""
+                                    names: tuple[str, str] = ("the reference", "the other side"),
+                                    more_outputs: tuple[dict, dict] = ({}, {})) -> dict | None:
+    """{step, module, in_loss, output_grad_agrees, input_grad_error, modules_compared, modules_diverging,
+    other_roles} from the two sides' step-0 activation gradients (`order`: the reference's activation keys as
+    captured, each module's input when it started, its output when it finished); None when a side has none.
+    `module` None when every compared module's gradients agree. `more_outputs`: each side's {module: arrays it
+    returned besides the captured first}; such a module whose captured output carries no gradient on that side
+    while it does on the other (its caller reads another of its outputs) is left out (`other_roles`)."""
     if not ref or not other:
         return None
     position = {k: i for i, k in enumerate(order)}
-    modules = sorted((k for k in order if not k.endswith(":in") and k in ref and k in other),
+    other_roles = sorted(k for k in order if not k.endswith(":in") and k in ref and k in other
+                         and _plays_no_part(k, (ref, other), more_outputs))
+    modules = sorted((k for k in order if not k.endswith(":in") and k in ref and k in other and k not in other_roles),
                      key=lambda m: -position.get(f"{m}:in", position[m]))  # the order their backward ends
+    if not modules:
+        return None
 
     def error(key: str) -> dict | None:
         return module_error(ref[key], other[key], bounds, names, f"activation_grads/{key}") \
@@ -42,5 +52,18 @@ def first_divergent_module_backward(ref: dict, other: dict, order: list[str], bo
     return {"step": 0, "module": module, "in_loss": in_loss, "output_grad_agrees": culprit is not None,
             "input_grad_error": (back[module] if culprit else into[module]) if module else into[modules[0]] if in_loss
             else None,
-            "modules_compared": len(modules), "modules_diverging": len(diverging),
+            "modules_compared": len(modules), "modules_diverging": len(diverging), "other_roles": other_roles,
             **by_summary([*into.values(), *back.values()])}
+
+
+def _plays_no_part(module: str, grads: tuple[dict, dict], more_outputs: tuple[dict, dict]) -> bool:
+    """Whether the output captured of `module` (its first array) carries no gradient on a side where the
+    module returned several, while it carries one on the other: the two capture outputs of other roles."""
+    zero = [_all_zero(g[module]) for g in grads]
+    return any(zero[i] and not zero[1 - i] and more_outputs[i].get(module) for i in (0, 1))
+
+
+def _all_zero(value) -> bool:
+    if isinstance(value, TensorSummary):  # kept as a summary (--tensors summary|auto): its largest magnitude
+        return value.stats["max_abs"] == 0 and not value.stats["nonfinite"]
+    return not np.any(np.asarray(value))

@@ -39,18 +39,29 @@ def capture(names: list[str], pythons: dict[str, str], launches: dict, out: Path
             for name in names}
 
 
-def captured_activations(run_dir: Path, run_id: str | None) -> tuple[dict, dict, dict, dict]:
-    """The activations a capture run of this compare run left in `run_dir`, the modules it left out
-    ({module: why}) and the loss's gradients at the activations, or ({}, {}, {}) (none, or not this run's)."""
+# what a record says of its step-0 capture besides the arrays (common.activations.Capture), by extra key
+CAPTURE_FACTS = ("activations_skipped", "activations_more_inputs", "activations_more_outputs")
+
+
+def capture_facts(record) -> dict:
+    return {k: record.extra.get(k, {}) for k in CAPTURE_FACTS}
+
+
+def captured_activations(run_dir: Path, run_id: str | None) -> dict:
+    """What a capture run of this compare run left in `run_dir`: the activations, the loss's gradients at them
+    and the capture's facts (the modules it left out, the arrays besides the first each module took and
+    returned), each empty when there is none, or not this run's."""
     path = run_dir / CAPTURE_DIR / RECORD_FILE
+    empty = {"activations": {}, "activation_grads": {}, **{k: {} for k in CAPTURE_FACTS}}
     if not path.exists():
-        return {}, {}, {}, {}
+        return empty
     try:
         record = read_record(path)
         if run_id is not None and record.run_id != run_id:
-            return {}, {}, {}, {}
+            return empty
         tensors = read_tensors(path, record)
-        return tensors["activations"], record.extra.get("activations_skipped", {}), tensors["activation_grads"], \
-            record.extra.get("activations_more_inputs", {})
+        return {"activations": tensors["activations"], "activation_grads": tensors["activation_grads"],
+                **capture_facts(record)}
     except RecordError:
-        return {}, {}, {}, {}
+        return empty
+

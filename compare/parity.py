@@ -247,7 +247,8 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     # where the forwards part, the backward gradients follow from it: the backward is searched when they agree
     backward = None if forward and forward["module"] else first_divergent_module_backward(
         ref_tensors.get("activation_grads", {}), other_tensors.get("activation_grads", {}),
-        list(ref_tensors.get("activations", {})), policy["grad"], names)
+        list(ref_tensors.get("activations", {})), policy["grad"], names,
+        (ref_tensors.get("activations_more_outputs", {}), other_tensors.get("activations_more_outputs", {})))
     activation_pass = confirm_locations(forward, backward, ref_tensors, other_tensors)
     fixed = floors is None and str(ref.numerics.get("dtype")) in ("float32", "float64")
     by_module = passed and _module_parts(forward, fixed)

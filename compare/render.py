@@ -63,12 +63,14 @@ def _backward(found: dict | None, forward: dict | None = None) -> str:
         return "not searched: the forwards part already" if forward and forward.get("module") else "-"
     if found.get("in_loss"):
         return f"the loss (the gradient it sends into the model differs: {_size(found['input_grad_error'])})"
+    roles = f"; {len(found['other_roles'])} whose captured outputs play other roles on the two sides " \
+        f"({', '.join(found['other_roles'][:3])})" if found.get("other_roles") else ""
     if not found["module"]:
-        return f"none ({found['modules_compared']} modules' gradients agree)"
+        return f"none ({found['modules_compared']} modules' gradients agree{roles})"
     why = "the gradient flowing into it agrees, the one it passes back does not" if found["output_grad_agrees"] \
         else "the gradient flowing into it differs already"
     return f"{found['module']} ({why}: {_size(found['input_grad_error'])}; {found['modules_diverging']}/" \
-           f"{found['modules_compared']} modules differ{_summaries(found)})"
+           f"{found['modules_compared']} modules differ{roles}{_summaries(found)})"
 
 
 def _summaries(found: dict) -> str:

@@ -19,7 +19,7 @@ from common.record import RECORD_FILE, RecordError, read_record
 from common.spec import RunSpec
 from common.tensor_file import read_tensors
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
-from compare.capture import CAPTURE_DIR, captured_activations
+from compare.capture import CAPTURE_DIR, capture_facts, captured_activations
 from compare.devices import devices_check, one_device
 from compare.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
 from compare.parity import check_parity, failure_message
@@ -265,11 +265,9 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
             entry["status"] = run.status if run.status != BackendStatus.OK else BackendStatus(record.status)
             if record.status == BackendStatus.OK and want_tensors:
                 tensors = with_second_pass(read_tensors(record_path, record), run_dir, record.run_id, name)
-                tensors["activations_skipped"] = record.extra.get("activations_skipped", {})
-                tensors["activations_more_inputs"] = record.extra.get("activations_more_inputs", {})
+                tensors.update(capture_facts(record))
                 if not tensors["activations"]:  # captured apart, when step 0 parted (compare/capture.py)
-                    (tensors["activations"], tensors["activations_skipped"], tensors["activation_grads"],
-                     tensors["activations_more_inputs"]) = captured_activations(run_dir, run_id)
+                    tensors.update(captured_activations(run_dir, run_id))
                 tensors = with_second_pass(tensors, run_dir / CAPTURE_DIR, record.run_id, name, "activation_pass",
                                            ACTIVATION_GROUPS)  # a location on summaries, confirmed whole
         except RecordError as e:

@@ -33,6 +33,10 @@ CHANNEL_LAST_TYPES = (nnx.Conv, nnx.ConvTranspose, nnx.Linear, nnx.LinearGeneral
                       nnx.LayerNorm, nnx.RMSNorm, nnx.GroupNorm, nnx.InstanceNorm, nnx.MultiHeadAttention)
 
 
+def _is_array(value) -> bool:
+    return isinstance(value, jax.Array)
+
+
 def _first_array(value):
     if isinstance(value, jax.Array):
         return value
@@ -99,16 +103,17 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
     graphdef, state = nnx.split(model)
     inputs = jax.tree.map(jax.numpy.asarray, inputs)
     layouts: dict[str, str] = {}  # key -> layout, in the order the modules were kept
-    more_inputs: dict[str, int] = {}  # filled as the forward is traced
+    more_inputs: dict[str, int] = {}  # filled as the forward is traced, as more_outputs
+    more_outputs: dict[str, int] = {}
 
     def values(state, inputs, probes):
         with masks():
             output, kept = _probed_forward(graphdef, state, inputs, probes, LayoutTracker(initial_layout), layouts,
-                                           more_inputs)
+                                           (more_inputs, more_outputs))
         return output, kept
 
     shapes = jax.eval_shape(lambda s, x: values(s, x, {})[1], state, inputs)
-    capture = Capture(more_inputs=more_inputs)
+    capture = Capture(more_inputs=more_inputs, more_outputs=more_outputs)
     if loss_of is None:
         kept, grads = jax.jit(lambda s, x: values(s, x, {})[1])(state, inputs), {}
     else:
@@ -130,7 +135,7 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
 
 
 def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracker, layouts: dict,
-                    more_inputs: dict):
+                    more: tuple[dict, dict]):
     """(the output, {key: value}) of a forward of a copy of the model (`state`) that keeps each recorded module's
     first input and output (first call only), plus its probe where `probes` has one; with no probes, `layouts`
     is filled with each kept value's layout, as `tracker` follows them."""
@@ -154,8 +159,8 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
         x = _first_array(args) if in_args else _first_array(kwargs)
         in_layout, path = tracker.enter(_own_layout(self), x), paths.get(id(self))
         if path and x is not None and f"{path}:in" not in kept:  # inputs in the order the modules start
-            if arrays_beyond_first(args, kwargs, lambda v: isinstance(v, jax.Array)):
-                more_inputs[path] = arrays_beyond_first(args, kwargs, lambda v: isinstance(v, jax.Array))
+            if arrays_beyond_first(args, kwargs, _is_array):
+                more[0][path] = arrays_beyond_first(args, kwargs, _is_array)
             probed = keep(f"{path}:in", x, in_layout)
             if probed is not x:
                 args, kwargs = (_replace_first(args, probed), kwargs) if in_args else \
@@ -165,6 +170,9 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
         own = CHANNEL_LAST if self is model else _own_layout(self)  # the model's output: as returned
         layout = tracker.leave(own, id(self) in leaves, in_layout, y, x=x)
         if path and y is not None and path not in kept:
+            items = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else (out,)
+            if sum(map(_is_array, items)) > 1:
+                more[1][path] = sum(map(_is_array, items)) - 1
             probed = keep(path, y, layout)
             if probed is not y:
                 out = _replace_first(out, probed)

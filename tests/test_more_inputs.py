@@ -1,5 +1,7 @@
 """A module called with several arrays (Hugging Face's MoE experts: hidden states, the routing's indices and
-weights) has only its first input captured: of it, only "its first input agrees" may be said (issue 45)."""
+weights) has only its first input captured: of it, only "its first input agrees" may be said. A module that
+returns several (its router: logits, scores, indices) has only its first output captured: its gradient is
+compared only where it carries one on both sides (issue 45)."""
 import numpy as np
 import pytest
 
@@ -7,8 +9,9 @@ torch = pytest.importorskip("torch")
 jnp = pytest.importorskip("jax.numpy")
 from flax import nnx  # noqa: E402
 
+from compare.backward import first_divergent_module_backward  # noqa: E402
 from compare.parity import first_divergent_module  # noqa: E402
-from compare.render import _module  # noqa: E402
+from compare.render import _backward, _module  # noqa: E402
 from jax_impl.capture import capture_activations as nnx_capture  # noqa: E402
 from torch_impl.capture import capture_activations as torch_capture  # noqa: E402
 
@@ -22,13 +25,24 @@ class TorchExperts(torch.nn.Module):
         return self.up(hidden) * top_k_weights
 
 
+class TorchRouter(torch.nn.Module):  # as Hugging Face's: (logits, scores, indices), its caller reads the scores
+    def __init__(self):
+        super().__init__()
+        self.gate = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        logits = self.gate(x)
+        scores, index = torch.topk(logits.softmax(-1), 1)
+        return logits, scores, index
+
+
 class TorchMoe(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.router, self.experts = torch.nn.Linear(4, 2), TorchExperts()
+        self.router, self.experts = TorchRouter(), TorchExperts()
 
     def forward(self, x):
-        weights, index = torch.topk(self.router(x).softmax(-1), 1)
+        _, weights, index = self.router(x)
         return self.experts(x, index, top_k_weights=weights)
 
 
@@ -53,6 +67,7 @@ def test_each_capture_counts_the_arrays_a_module_is_called_with_besides_its_firs
     captured = torch_capture(torch_model, torch.randn(3, 4), {n: n or "(model)" for n, _ in
                                                                  torch_model.named_modules()})
     assert captured.more_inputs == {"experts": 2}  # the indices positionally, the weights by keyword
+    assert captured.more_outputs == {"router": 2}  # scores and indices beside the logits
     nnx_captured = nnx_capture(NnxMoe(rngs=nnx.Rngs(0)), np.ones((3, 4), np.float32), "channel_last")
     assert nnx_captured.more_inputs == {"experts": 1}
     assert {"experts:in", "experts", "router:in", "router"} <= set(nnx_captured.arrays)
@@ -69,3 +84,20 @@ def test_a_culprit_with_inputs_not_compared_is_said_to_agree_only_in_its_first()
                                      "enter through them), its output does not")
     plain = first_divergent_module(ref, other, {"atol": 1e-5, "rtol": 1e-4}, ("jax", "torch"))
     assert plain["inputs_not_compared"] == 0 and _module(plain).startswith("experts (its input agrees, its output")
+
+
+def test_a_module_whose_captured_output_plays_another_role_on_one_side_is_left_out_of_the_backward():
+    """HF's router returns its logits first and its caller reads the scores: the logits' gradient is zero there;
+    the port's router returns the logits its caller reads. A passing run names no backward module."""
+    g = np.full((3, 2), 0.25, np.float32)
+    ref = {"router:in": np.ones((3, 4), np.float32), "router": g, "experts:in": g, "experts": g}
+    other = {**ref, "router": np.zeros_like(g)}
+    order = ["router:in", "router", "experts:in", "experts"]
+    found = first_divergent_module_backward(ref, other, order, {"atol": 1e-6, "rtol": 1e-5}, ("jax", "torch"),
+                                            ({}, {"router": 2}))
+    assert (found["module"], found["other_roles"], found["modules_compared"]) == (None, ["router"], 1)
+    assert _backward(found) == ("none (1 modules' gradients agree; 1 whose captured outputs play other roles on "
+                                "the two sides (router))")
+    # the same zero gradient where the module returned one array: a port's difference, named
+    named = first_divergent_module_backward(ref, other, order, {"atol": 1e-6, "rtol": 1e-5}, ("jax", "torch"))
+    assert named["module"] == "router" and named["other_roles"] == []

@@ -44,6 +44,12 @@ def _is_tensor(value) -> bool:
     return isinstance(value, torch.Tensor)
 
 
+def _tensors_in(value) -> int:
+    """The tensors a module returned: one, or those of its tuple, list or dict (a ModelOutput), top level."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else (value,)
+    return sum(map(_is_tensor, items))
+
+
 def _first_tensor(value):
     if isinstance(value, torch.Tensor):
         return value
@@ -131,7 +137,8 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
     that every copy is computed in one graph (fetched one by one, each would compile a graph of its own that
     runs the forward up to its module). The batch arrives channel-first, as fed. With `loss_of(output) ->
     scalar`, the same forward is differentiated too: `grads` holds the loss's gradient at each activation."""
-    tracker, held, more_inputs = LayoutTracker(CHANNEL_FIRST), {}, {}  # held: key -> (copied tensor, layout)
+    tracker, held = LayoutTracker(CHANNEL_FIRST), {}  # key -> (copied tensor, layout)
+    more_inputs, more_outputs = {}, {}
     entered: dict[int, list] = {}
     probes = _Probes(tracker) if loss_of is not None else None
 
@@ -162,6 +169,8 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
             layout = tracker.leave(own, leaf, in_layout, y, leaf and _permuted_view(x, y), x)
             if not name or y is None:
                 return None
+            if name not in held and _tensors_in(out) > 1:
+                more_outputs[name] = _tensors_in(out) - 1
             held.setdefault(name, (y.detach().clone(), layout))
             if probes is None or name in probes.held:
                 return None
@@ -189,7 +198,7 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
         held = {key: (at_least_float32(value), layout) for key, (value, layout) in held.items()}
         grads = {key: (at_least_float32(value), layout) for key, (value, layout) in grads.items()}
         sync()
-    capture = Capture(more_inputs=more_inputs)
+    capture = Capture(more_inputs=more_inputs, more_outputs=more_outputs)
     for n, m in model.named_modules():  # a module whose weights its parent reads itself (torchvision's attention)
         if names.get(n) and id(m) not in entered and next(m.parameters(recurse=False), None) is not None:
             capture.skipped[names[n]] = NEVER_CALLED_REASON
