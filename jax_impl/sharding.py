@@ -87,11 +87,39 @@ def join(spec, options) -> bool:
     return jax.process_index() == 0
 
 
+# how long a process waits for its coordinator to answer: jax's own default, which ends in a native abort
+COORDINATOR_WAIT_S = float(os.environ.get("XLA_TWINS_COORDINATOR_WAIT_S", 300))
+
+
 def initialize_distributed(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
-    """Join a multi-process run: explicit coordinator flags, or automatic on a TPU pod slice."""
+    """Join a multi-process run: explicit coordinator flags, or automatic on a TPU pod slice. A process other
+    than 0 first waits for the coordinator to accept a connection: one it cannot reach is one line naming it,
+    not jax's abort with a native stack after five minutes."""
     if coordinator:
+        waited = wait_for_coordinator(coordinator, process_id or 0, COORDINATOR_WAIT_S)
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                                   process_id=process_id)
+                                   process_id=process_id, initialization_timeout=int(COORDINATOR_WAIT_S - waited) + 1)
+
+
+def wait_for_coordinator(address: str, process_id: int, seconds: float) -> float:
+    """Seconds spent until `address` (host:port) accepted a TCP connection; process 0 serves it, no wait."""
+    import socket
+    import time
+
+    if process_id == 0:
+        return 0.0
+    host, _, port = address.rpartition(":")
+    start = time.monotonic()
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+            return time.monotonic() - start
+        except OSError as e:
+            if time.monotonic() - start > seconds:
+                raise SpecError(f"process {process_id} cannot reach the coordinator {address} within {seconds:g} s "
+                                f"({e.strerror or e}): host 0 not started, another --coordinator, or a firewall "
+                                "between the hosts") from None
+            time.sleep(0.25)
 
 
 def make_mesh(mesh: MeshSpec) -> Mesh:

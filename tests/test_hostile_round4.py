@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -89,3 +90,20 @@ def test_a_backend_printing_bytes_that_are_not_utf8_is_read_to_its_end(tmp_path)
     assert proc.returncode == 3 and report["backends"]["jax"]["status"] == "failed", proc.stderr
     assert report["backends"]["jax"]["message"] == "the fake backend failed"
     assert (tmp_path / "run" / "jax" / "stdout.log").read_text().startswith("\ufffd\ufffd not utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("coordinator-unreachable")
+def test_a_process_that_cannot_reach_its_coordinator_says_so_in_one_line(tmp_path):
+    """jax.distributed ended such a process with a native abort and stack after five minutes; it now waits for
+    the coordinator to accept a connection and says which it could not reach (the wait shortened here)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    proc = run_cli("jax_impl", "--spec", "mlp-tiny", "--steps", "2", "--mesh", "data=2", "--coordinator",
+                   f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "1", "--out", str(tmp_path / "run"),
+                   env={"XLA_TWINS_COORDINATOR_WAIT_S": "3"})
+    assert proc.returncode == 2 and "Check failure" not in proc.stderr + proc.stdout, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: process 1 cannot reach the coordinator 127.0.0.1:{port} within 3 s (Connection refused): host 0 "
+        "not started, another --coordinator, or a firewall between the hosts")
