@@ -83,8 +83,27 @@ def join(spec, options) -> bool:
     global RUN
     if processes > 1:  # the number every process's shard files carry (common/shards.py)
         from jax.experimental import multihost_utils
+        check_same_settings(spec, processes)
         RUN = int(multihost_utils.broadcast_one_to_all(np.int32(np.random.default_rng().integers(2 ** 31))))
     return jax.process_index() == 0
+
+
+def check_same_settings(spec, processes: int) -> None:
+    """Every process of the run was given the same training settings and mesh (hosts given other --steps
+    would wait on each other's collectives until --timeout): each one's digest, gathered by all."""
+    import hashlib
+    import json
+
+    from jax.experimental import multihost_utils
+
+    ours = spec.to_dict()
+    text = json.dumps({"train": ours["train"], "mesh": ours["mesh"]}, sort_keys=True)
+    digest = np.int32(int(hashlib.sha256(text.encode()).hexdigest()[:7], 16))
+    if len(set(np.asarray(multihost_utils.process_allgather(digest)).ravel().tolist())) > 1:
+        mesh = f"data={spec.mesh.data},fsdp={spec.mesh.fsdp},tensor={spec.mesh.tensor}"
+        raise SpecError(f"the {processes} processes of this run were given other training settings (this one, "
+                        f"process {jax.process_index()}: train.steps={spec.train.steps}, train.dtype="
+                        f"{spec.train.dtype}, --mesh {mesh}); run the same command with the same flags on every host")
 
 
 # how long a process waits for its coordinator to answer: jax's own default, which ends in a native abort

@@ -107,3 +107,25 @@ def test_a_process_that_cannot_reach_its_coordinator_says_so_in_one_line(tmp_pat
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: process 1 cannot reach the coordinator 127.0.0.1:{port} within 3 s (Connection refused): host 0 "
         "not started, another --coordinator, or a firewall between the hosts")
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("hosts-disagree")
+def test_processes_given_other_settings_refuse_together_instead_of_waiting_out_the_timeout(tmp_path):
+    """Two processes of one run (as two hosts' compares start them) with other --steps: each waited on the
+    other's collectives until --timeout; each now says so at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-m", "jax_impl", "--spec", "mlp-tiny", "--steps", steps, "--mesh",
+                               "data=2", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id",
+                               str(i), "--out", str(tmp_path / f"p{i}")], cwd=REPO, env=process_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, steps in enumerate(("3", "5"))]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [2, 2], outputs
+    for i, steps in enumerate(("3", "5")):
+        assert outputs[i][1].strip().splitlines()[-1] == (
+            f"error: the 2 processes of this run were given other training settings (this one, process {i}: "
+            f"train.steps={steps}, train.dtype=float32, --mesh data=2,fsdp=1,tensor=1); run the same command with the "
+            "same flags on every host")
