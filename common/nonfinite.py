@@ -23,6 +23,20 @@ def input_problem(spec: RunSpec, step: int) -> str | None:
     return None
 
 
+def _own_loss(spec: RunSpec) -> str:
+    """A twin's own loss, named first among the suspects: the user's code computes it."""
+    from common.spec import TwinSpec
+
+    if not isinstance(spec.model, TwinSpec):
+        return ""
+    from common.twin import twin_of
+
+    loss = twin_of(spec.model).loss
+    named = "loss='model' (the forward's own)" if loss == "model" else \
+        f"the twin's own loss ({', '.join(f'{k}={v!r}' for k, v in loss.items())})" if loss else ""
+    return f"{named}, " if named else ""
+
+
 def likely_cause(spec: RunSpec, losses: list[float | None], inputs_problem: str | None = None) -> str:
     """Words for the record's message: what most likely made the loss non-finite, and what to change."""
     step = len(losses) - 1
@@ -38,7 +52,7 @@ def likely_cause(spec: RunSpec, losses: list[float | None], inputs_problem: str 
         return ("the loss was not climbing, and the run computes in bfloat16 (float32's range, an 8-bit "
                 "mantissa): an overflow or a lost softmax maximum is likely; run it in float32 to confirm")
     if step == 0:
-        return ("the very first loss is non-finite with finite inputs: the model's forward (a log of 0, a "
-                "division by 0) or its start weights")
+        return (f"the very first loss is non-finite with finite inputs: {_own_loss(spec)}the model's forward (a "
+                "log of 0, a division by 0) or its start weights")
     return ("no cause the toolkit can see: the inputs were finite and the loss was not climbing; look for "
             "a log of 0 or a division by 0 in the model (JAX_DEBUG_NANS=1 stops JAX at the first NaN)")

@@ -25,3 +25,12 @@ def test_the_data_comes_first():
     assert input_problem(spec, 3) is None  # the built-in data is finite
     assert likely_cause(spec, [2.3, 9.1, None], "the batch of step 2 holds NaN or Inf inputs: ...") == \
         "the batch of step 2 holds NaN or Inf inputs: ..."
+
+
+def test_a_twins_own_loss_is_named_first_when_the_very_first_loss_is_not_finite():
+    from common.presets import load_spec
+
+    spec = load_spec("", [], twin="tests/data/batch_sources/twins.py:good")
+    assert likely_cause(spec, [None]) == (
+        "the very first loss is non-finite with finite inputs: the twin's own loss (torch='models.py:torch_loss', "
+        "nnx='models.py:nnx_loss'), the model's forward (a log of 0, a division by 0) or its start weights")
