@@ -33,9 +33,14 @@ def error_text(message: str) -> str:
     return f"{ERROR} {message}"
 
 
+# signals sent from outside (a kill, a timeout, Ctrl-C): the last line of a process they end says nothing of why;
+# one that ended itself (an abort on a failed check, a segfault) said why last
+FROM_OUTSIDE = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def error_line(stderr: str, killed: bool = False) -> str:
     """The line a failed process said it failed with (its last `error:` line, else its last line). Of a process
-    killed by a signal only an `error:` line: its last line is whatever it was printing when the signal came."""
+    killed from outside only an `error:` line: its last line is whatever it was printing when the signal came."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith(ERROR)]
     return (errors or ([] if killed else lines) or [""])[-1].removeprefix(ERROR).strip()
@@ -45,7 +50,7 @@ def outcome(code: int, stderr: str) -> tuple[BackendStatus, str]:
     """(status, message) of a process that ended with `code` having written `stderr`."""
     if code == ExitCode.OK:
         return BackendStatus.OK, ""
-    message = error_line(stderr, killed=code < 0)
+    message = error_line(stderr, killed=code < 0 and -code in FROM_OUTSIDE)
     status = STATUS_OF_EXIT.get(code, BackendStatus.FAILED)
     if status == BackendStatus.FAILED:
         if code < 0:

@@ -188,7 +188,9 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
                 return k
         return None
 
-    culprit = first_fed_agreeing([k for k in diverging if k not in shape_only]) if shape_only else None
+    # not a module holding the shape-only one (the whole model is fed agreeing input, always)
+    apart = [k for k in diverging if k not in shape_only and not any(_holds(k, s) for s in shape_only)]
+    culprit = first_fed_agreeing(apart) if shape_only else None
     culprit = culprit or first_fed_agreeing(diverging)
     module = culprit or (diverging[0] if diverging else None)
     uncompared = max(more_inputs[0].get(module, 0), more_inputs[1].get(module, 0)) if culprit else 0
@@ -200,6 +202,10 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
             **({"modules_before_islands": len([k for k in outputs if k in keys])} if finer else {}),
             "sensitivity": {k: e["sensitivity"] for k, e in errors.items() if e.get("sensitivity") is not None},
             **by_summary([*errors.values(), *inputs.values()])}
+
+
+def _holds(module: str, inner: str) -> bool:
+    return module == ROOT_MODULE or inner.startswith(f"{module}.")
 
 
 def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, policy, intended: list[str],

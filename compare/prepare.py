@@ -33,7 +33,7 @@ from common.describe_sides import THEN
 from common.fsutil import write_json_atomic
 from common.modules import module_map, state_names
 from common.procs import kill_group, start_group
-from common.protocol import error_line
+from common.protocol import FROM_OUTSIDE, error_line
 from common.record import SPEC_FILE
 from common.spec import RunSpec, TwinSpec
 from common.twin import TwinError, load_twin, twin_of
@@ -117,7 +117,7 @@ def _wait(step: Step, folder: Path, spec: RunSpec, timeout_s: float) -> None:
                         "its process group")
     if proc.returncode < 0:
         raise TwinError(f"{what} was killed by {signal.Signals(-proc.returncode).name}"
-                        + (f": {error_line(stderr, killed=True)}" if error_line(stderr, killed=True) else ""))
+                        + (f": {said}" if (said := error_line(stderr, -proc.returncode in FROM_OUTSIDE)) else ""))
     if proc.returncode != 0:
         raise TwinError(error_line(stderr) or f"{what} exited with code {proc.returncode}")
     if _missing(side, folder):  # sys.exit(0) / os._exit(0) in the user's factory or forward

@@ -26,3 +26,6 @@ def test_the_exit_code_and_the_error_line_make_the_status_and_its_one_line():
     # a killed process: its reason is the signal and an error: line it printed, never its last stray line
     assert outcome(-signal.SIGKILL, f"warning\n{STRAY}\n") == (BackendStatus.FAILED, "killed by SIGKILL")
     assert outcome(-signal.SIGTERM, said) == (BackendStatus.FAILED, "killed by SIGTERM: the loss is a vector")
+    # a process that ended itself (an abort on a failed check) said why last
+    assert outcome(-signal.SIGABRT, "F0000 Check failed: x\n") == (BackendStatus.FAILED,
+                                                                    "killed by SIGABRT: F0000 Check failed: x")
