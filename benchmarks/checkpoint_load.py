@@ -40,7 +40,7 @@ def measure_backend(backend: str, spec_name: str, path: Path) -> dict:
     spec = load_spec(spec_name, ["train.dtype=float32"])
     module, cls = TRAINERS[backend].split(":")
     plain = [plain_load_s(path)]
-    from common.harness import RunOptions
+    from driver.harness import RunOptions
 
     options, factory = RunOptions(checkpoint=str(path)), getattr(__import__(module, fromlist=[cls]), cls)
     if backend in ("jax", "torchax"):

@@ -22,9 +22,9 @@ import numpy as np
 
 
 def mean_loss(spec_name: str, overrides: list[str], out: Path) -> float:
-    from common import harness
-    from common.harness import RunOptions
     from common.presets import load_spec
+    from driver import harness
+    from driver.harness import RunOptions
     from torch_impl.train import make_trainer
 
     options = RunOptions(throughput_steps=0, out_dir=out)

@@ -6,8 +6,8 @@ import json
 
 from benchmarks.timing import interleaved, parse_args, ratio, summarize
 from common.data import make_dataset
-from common.harness import RunOptions
 from common.presets import load_spec
+from driver.harness import RunOptions
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
 

@@ -4,7 +4,7 @@ compare's `--backend` choices and per-backend flags (`--<name>-python`, `-set`, 
 flag a row passes through), which interpreter describes each side of a twin, whether a backend has
 compiled programs to analyse, the benchmarks' maps and the house-rule tests all read these rows.
 
-Adding a runtime is a row plus its package (`python -m <package>` calling `common.backend_main.main`).
+Adding a runtime is a row plus its package (`python -m <package>` calling `driver.backend_main.main`).
 A row may also come from outside this repository: an installed distribution that declares an entry
 point in the group `xla_twins.backends` naming a `BackendInfo` (e.g. `[xla_twins.backends]
 torch_tpu = torch_tpu_impl.registry:ROW` in its entry_points.txt) is a backend like the built-in ones.

@@ -5,11 +5,7 @@ Exit codes are `common.vocab.ExitCode`, the same for `compare` and the backends.
 from __future__ import annotations
 
 import argparse
-import atexit
-import os
 import sys
-import threading
-from pathlib import Path
 from typing import NoReturn
 
 from common.checkpoints import parse_checkpoint
@@ -19,7 +15,6 @@ from common.protocol import error_text
 from common.provoke import Provocation, check_provocations, parse_provocation
 from common.record import RecordError
 from common.spec import RunSpec, SpecError
-from common.tensor_file import BACKEND_TENSOR_MODES
 from common.vocab import PROVOKABLE, ExitCode
 from common.weights import CheckpointError
 
@@ -100,51 +95,6 @@ def checkpoint_ref(text: str) -> str:
     return text
 
 
-def backend_parser(backend: str) -> argparse.ArgumentParser:
-    parser = Parser(prog=f"python -m {backend}", description=f"Train a spec with the {backend} twin "
-                                     "and write a run record.")
-    add_run_flags(parser)
-    parser.add_argument("--out", type=Path, help="run directory (default runs/<backend>-<time>)")
-    parser.add_argument("--parity", action="store_true",
-                        help="also save step-0 outputs and gradients and the final parameters (canonical layout)")
-    parser.add_argument("--tensors", choices=BACKEND_TENSOR_MODES, default="full",
-                        help="with --parity: keep the parameter-sized tensors (gradients, final parameters and "
-                             "state) whole (full), or as summaries: statistics and a fixed sample of their values "
-                             "(common/summary.py), for models too large to keep twice on disk")
-    parser.add_argument("--whole-tensors", type=lambda text: tuple(filter(None, text.split(","))), default=(),
-                        metavar="KEY,...", help="with --tensors summary: keep these (e.g. grads/wte.embedding) whole "
-                                                "(compare's second pass of --tensors auto)")
-    parser.add_argument("--activations", action="store_true",
-                        help="also save step 0's per-module inputs and outputs, which locate where two ports part "
-                             "(compare asks for them when step 0 disagrees or with its own --activations)")
-    parser.add_argument("--activations-only", action="store_true",
-                        help="capture step 0's per-module inputs and outputs from the start weights and train "
-                             "nothing (what compare runs to locate a divergence)")
-    parser.add_argument("--checkpoint", type=checkpoint_ref, metavar="FORMAT:PATH",
-                        help="start from these weights: canonical:PATH (or a bare path) on every backend; torch: "
-                             "and hf: on the torch runtimes, orbax: on jax (compare --checkpoint converts any of "
-                             "them once for every backend)")
-    parser.add_argument("--compile-cache", type=Path, metavar="DIR",
-                        help="the framework's persistent compile cache in DIR (default: off when run alone)")
-    parser.add_argument("--throughput-steps", type=int, default=None,
-                        help="extra steps timed pipelined (one wait at the end); default: train.steps, 0 = off")
-    add_profile_flag(parser)
-    add_no_hlo_flag(parser)
-    parser.add_argument("--run-id", help="the compare run this backend run belongs to (compare sets it; it is "
-                                          "written into the record so compare judges only its own run's records)")
-    parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
-    return parser
-
-
-def add_process_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of a multi-process run, the same on every backend whose row says `processes` (compare
-    --processes passes them): jax.distributed's for jax and torchax, torch.distributed's for eager torch."""
-    group = parser.add_argument_group("multi-process")
-    group.add_argument("--coordinator", help="host:port of process 0, e.g. 127.0.0.1:12355")
-    group.add_argument("--num-processes", type=int, default=1)
-    group.add_argument("--process-id", type=int, default=0)
-
-
 def spec_overrides(args: argparse.Namespace) -> list[str]:
     """--set first, then the dedicated flags (which win)."""
     out = list(args.overrides)
@@ -169,17 +119,3 @@ def resolve_spec(args: argparse.Namespace) -> RunSpec:
 def fail(message: str, code: ExitCode) -> NoReturn:
     print(error_text(message), file=sys.stderr)
     sys.exit(int(code))
-
-
-def exit_process(code: int) -> NoReturn:
-    """End a framework process (a backend, a describe or export step) once its files are written: the exit
-    hooks run (atexit: jax.distributed's shutdown, logging's flush), then the process ends without the
-    interpreter's teardown, which frees every module's objects one by one and runs the frameworks'
-    destructors for nothing the run needs (measured on gpt-tiny: torch_xla 0.8 s, torch 0.4 s, jax 0.17 s
-    of compare's wall time). A thread still working keeps the normal exit, which waits for it."""
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        sys.exit(code)
-    atexit._run_exitfuncs()  # noqa: SLF001  (the hooks a normal exit runs first)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

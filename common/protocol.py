@@ -8,6 +8,7 @@ from common.vocab import BackendStatus, ExitCode
 
 PROGRESS = "progress"
 ERROR = "error:"
+THEN = "--then"  # between the describe steps one process runs (python -m driver.describe_sides A ... --then B ...)
 
 # what a backend's exit code says of its run: any other code (a crash, a signal) is FAILED
 STATUS_OF_EXIT = {ExitCode.OK: BackendStatus.OK, ExitCode.USAGE: BackendStatus.USAGE_ERROR,

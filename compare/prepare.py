@@ -2,7 +2,7 @@
 exists): a user twin's torch initialisation, or a torch / Hugging Face checkpoint (`--checkpoint`).
 
 The sides describe themselves in their own interpreters (one process describes both where both have the
-same one: common/describe_sides.py; else they run in parallel): the torch side writes its
+same one: driver/describe_sides.py; else they run in parallel): the torch side writes its
 parameter tree and its start weights in torch names (`python -m torch_impl.describe`: the factory's
 initialisation, or the checkpoint it loads and checks), a user twin's NNX side its parameter tree,
 which is the canonical one (`python -m jax_impl.describe`; a built-in twin's is `param_infos`). Here,
@@ -29,11 +29,10 @@ from safetensors.numpy import load_file
 from common import hf
 from common.checkpoints import TORCH_BUFFERS, parse_checkpoint
 from common.correspond import declared_layouts, derive
-from common.describe_sides import THEN
 from common.fsutil import write_json_atomic
 from common.modules import module_map, state_names
 from common.procs import kill_group, start_group
-from common.protocol import FROM_OUTSIDE, error_line
+from common.protocol import FROM_OUTSIDE, THEN, error_line
 from common.record import SPEC_FILE
 from common.spec import RunSpec, TwinSpec
 from common.twin import TwinError, load_twin, twin_of
@@ -72,11 +71,11 @@ class Step(NamedTuple):
 def _describe(python: str, sides: list[tuple[str, list[str]]], spec_path: Path, out: Path) -> Step:
     """A describe step in its own process group (it runs the user's factories: whatever they start goes
     with it), watched by compare's guard should compare itself be killed. `sides`: [(side, its own flags)];
-    several are described one after the other in one process (common/describe_sides.py). Its stderr goes to
+    several are described one after the other in one process (driver/describe_sides.py). Its stderr goes to
     an unnamed file, not a pipe, which a process the user's code starts could hold open after the step exits."""
     commands = [[DESCRIBERS[side], "--spec", str(spec_path), "--out", str(out), *extra] for side, extra in sides]
     command = ["-m", *commands[0]] if len(commands) == 1 else \
-        ["-m", "common.describe_sides", *[arg for c in commands for arg in [THEN, *c]][1:]]
+        ["-m", "driver.describe_sides", *[arg for c in commands for arg in [THEN, *c]][1:]]
     err = tempfile.TemporaryFile("w+", errors="replace")
     try:
         proc = start_group([python, *command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,

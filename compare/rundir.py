@@ -170,7 +170,7 @@ def _refuse_finished(out: Path, marker: dict | None, overwrite: bool) -> None:
 
 def _refuse_foreign_inside(out: Path, marker: dict | None, folders: list[str]) -> None:
     """A finished run lists its files: one of the user's inside a folder a backend of this run will run in would
-    stop that backend (common/backend_main.py refuses it) after the earlier run was removed and the other
+    stop that backend (driver/backend_main.py refuses it) after the earlier run was removed and the other
     backends had run. Refused first, so that nothing is removed and nothing runs. Beside the run's files, and
     in the folder of a backend whose record is reused, a file of the user's stays, as it is. (A killed run lists
     no files: its entries are all its own.)"""

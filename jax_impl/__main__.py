@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import sys
 
-from common import backend_main
-from common.cli import add_process_flags, exit_process, fail
+from common.cli import fail
 from common.vocab import ExitCode
+from driver import backend_main
+from driver.process import add_process_flags, exit_process
 
 try:  # a missing framework is a usage error with a one-line fix, not a traceback
     import flax  # noqa: F401
@@ -17,7 +18,7 @@ except ImportError as e:
 
 
 def train(spec, options, progress):
-    from common import harness
+    from driver import harness
     from jax_impl import sharding
     from jax_impl.instrument import CompileMonitor, enable_compile_cache
     from jax_impl.train import make_trainer

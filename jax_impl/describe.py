@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.batches import check_forward_keys
-from common.cli import INPUT_ERRORS, Parser, exit_process, fail
+from common.cli import INPUT_ERRORS, Parser, fail
 from common.data import make_dataset, rows
 from common.fsutil import write_json_atomic
 from common.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
@@ -19,6 +19,7 @@ from common.presets import load_spec
 from common.spec import RunSpec
 from common.twin import TwinError, twin_of, user_loss
 from common.vocab import ExitCode
+from driver.process import exit_process
 
 
 def check_forward(model, spec: RunSpec) -> None:

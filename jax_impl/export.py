@@ -13,11 +13,12 @@ import os
 import sys
 from pathlib import Path
 
-from common.cli import INPUT_ERRORS, Parser, exit_process, fail
+from common.cli import INPUT_ERRORS, Parser, fail
 from common.presets import load_spec
 from common.targets import TargetWriteError, write_failed
 from common.vocab import ExitCode
 from common.weights import load_checkpoint, save_checkpoint
+from driver.process import exit_process
 from jax_impl.checkpoint_io import restore_orbax, save_orbax, stderr_fd
 
 

@@ -1,7 +1,7 @@
 """The trainer of every runtime that trains through one jitted JAX step: the JAX twin and torchax.
 
 Plain JAX (never flax): a runtime's trainer derives from `JittedTrainer`, which implements
-common.harness.Runtime for both: the optimizer placement, the jitted step, the batches on the mesh, the
+driver.harness.Runtime for both: the optimizer placement, the jitted step, the batches on the mesh, the
 timed step, the pipelined throughput, the profile and the HLO statistics are the same for all of them.
 """
 from __future__ import annotations
@@ -16,13 +16,13 @@ import optax
 
 from common.activations import Capture
 from common.data import Batch, held_inputs, make_dataset
-from common.harness import RunOptions, refuse_float64_on
 from common.masks import MaskFeed, draw_masks, drawing_feed, given_feed
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, throughput_summary
 from common.spec import RunSpec
 from common.tensor_file import summarized
 from common.vocab import PROFILE_DIR, MaskSource, Phase, ProfileRange, RecordStatus
+from driver.harness import RunOptions, refuse_float64_on
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor, hlo_statistics
 from jax_impl.sharding import StepBatch
@@ -46,7 +46,7 @@ def jitted_mesh(spec: RunSpec):
 
 class JittedTrainer:
     """What every one-jitted-step trainer shares: optimizer state placed like its parameters, the jitted step with
-    donation, loss-and-grads, the step-0 parity tensors, and common.harness.Runtime. A runtime calls `bind(spec,
+    donation, loss-and-grads, the step-0 parity tensors, and driver.harness.Runtime. A runtime calls `bind(spec,
     options, monitor, mesh)` first, sets `params` (placed on `mesh`), `state`, `tx` and `start`
     (common.weights.start_info), calls `compile_functions(mesh)`, and defines `_loss_and_aux(params, state, batch)
     -> (loss, (state, outputs))` (the forward's array outputs by name, logits in torch's layout),
@@ -186,7 +186,7 @@ class JittedTrainer:
                             "loss": np.asarray(sharding.to_host(loss))},
                 "grads": self.to_canonical(grads, "grads")}
 
-    # ---- common.harness.Runtime ----
+    # ---- driver.harness.Runtime ----
 
     def put(self, step: int) -> StepBatch:
         """The batch of `step` on the mesh (provoked when asked), with common's masks when the spec asks."""

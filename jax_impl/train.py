@@ -20,12 +20,12 @@ import optax
 from flax import nnx
 
 from common.activations import Capture, input_layout
-from common.harness import RunOptions
 from common.outputs import array_outputs, forward, logits_of, loss_batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
 from common.weights import start_info, start_state, widened
+from driver.harness import RunOptions
 from jax_impl import convert, masks, sharding
 from jax_impl.capture import capture_activations
 from jax_impl.checkpoint_io import start_weights
@@ -168,5 +168,5 @@ class JaxTrainer(JittedTrainer):
 
 
 def make_trainer(spec: RunSpec, options: RunOptions, monitor: CompileMonitor) -> JaxTrainer:
-    """The run's trainer (common.harness.run builds it after the process is ready)."""
+    """The run's trainer (driver.harness.run builds it after the process is ready)."""
     return JaxTrainer(spec, jitted_mesh(spec), options, monitor)

@@ -25,7 +25,7 @@ SERVERS = {
     "torch": (("numpy", "torch", "torch._dynamo", "transformers"), ("torch_impl",)),
     "torchax": (("numpy", "jax", "jax.numpy", "flax.nnx", "optax", "torch", "torch._dynamo",
                  "torch.fx.experimental.symbolic_shapes", "torchax", "transformers"),
-                ("torchax_impl", "common.describe_sides")),
+                ("torchax_impl", "driver.describe_sides")),
     "torch_xla": (("numpy", "torch", "torch._dynamo", "jax", "jax.numpy", "transformers"), ("torch_xla_impl",)),
 }
 

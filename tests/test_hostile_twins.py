@@ -291,7 +291,7 @@ def test_a_model_that_cannot_be_compared_is_refused_when_the_sides_describe_them
 @pytest.mark.parametrize("interpreters", ["one", "apart"])
 def test_a_factory_that_hangs_is_bounded_by_the_timeout(tmp_path, project, interpreters):
     """Sides with one interpreter (the CPU default) are described by one process, both in turn
-    (common/describe_sides.py); given another path to it (as a TPU VM's two environments would), each side
+    (driver/describe_sides.py); given another path to it (as a TPU VM's two environments would), each side
     by its own, in parallel. Either way the hanging side is named and its processes are taken down."""
     args = ["--jax-python", str(tmp_path / "python")] if interpreters == "apart" else []
     if args:

@@ -19,11 +19,13 @@ from common.vocab import BackendStatus, CheckpointFormat, ExitCode, ReportStatus
 REPO = Path(__file__).resolve().parents[1]
 # Our packages and what each may import, the backends' from their rows in common/backends.py.
 BACKEND_ROWS = backends.BUILT_IN
-PACKAGES = ("preload", "common", "analysis", *(r.package for r in BACKEND_ROWS), "compare", "benchmarks")
+PACKAGES = ("preload", "common", "driver", "analysis", *(r.package for r in BACKEND_ROWS), "compare", "benchmarks")
 FRAMEWORKS = tuple(sorted({f for r in BACKEND_ROWS for f in r.frameworks} - set(PACKAGES)))
 # preload (the fork server) imports the modules it preloads by name only, never at an import statement
-ALLOWED = {"preload": set(), "common": {"preload"}, "analysis": {"common"}, "compare": {"common", "analysis"},
-           **{r.package: {"common", "analysis", *r.frameworks} for r in BACKEND_ROWS}}
+# driver (the backend-process driver) is what backends run around their loop: compare never imports it
+ALLOWED = {"preload": set(), "common": {"preload"}, "driver": {"common"}, "analysis": {"common"},
+           "compare": {"common", "analysis"},
+           **{r.package: {"common", "driver", "analysis", *r.frameworks} for r in BACKEND_ROWS}}
 # The JAX twin's modules other JAX runtimes may use: they import jax and optax, never flax.
 PLAIN_JAX = {"jax_impl.optim", "jax_impl.sharding", "jax_impl.instrument", "jax_impl.loop"}
 
@@ -139,7 +141,8 @@ def test_a_backend_loads_only_what_it_runs_on(module, absent):
 
 def test_importing_common_leaves_frameworks_out():
     code = ("import sys, common, common.spec, common.presets, common.weights, common.data, common.sharding, "
-            "common.record, common.fsutil, common.vocab, common.cli\n"
+            "common.record, common.fsutil, common.vocab, common.cli, driver.backend_main, driver.harness, "
+            "driver.describe_sides, driver.process\n"
             "from common.data import make_dataset\nfrom common.presets import load_spec\n"
             "make_dataset(load_spec('cnn-digits')).global_batch(0)\n"
             f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r})\n"
@@ -239,7 +242,7 @@ def test_every_registered_backend_is_a_package_we_ship_and_document():
     """A row of common/backends.py is a shipped package whose `python -m` runs the shared driver under its
     own name, installed by the extra the row names, and listed in the README's table of backends."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    shipped = {"preload", "common", "analysis", "compare", *(r.package for r in BACKEND_ROWS)}
+    shipped = {"preload", "common", "driver", "analysis", "compare", *(r.package for r in BACKEND_ROWS)}
     assert set(project["tool"]["setuptools"]["packages"]) == shipped
     readme = (REPO / "README.md").read_text()
     for row in BACKEND_ROWS:
@@ -261,13 +264,13 @@ def test_the_twins_mirror_file_for_file():
 
 
 def test_every_trainer_implements_the_harness_runtime_with_the_same_signatures():
-    """Each backend's `<package>.train.make_trainer` builds a common.harness.Runtime: the methods the harness
+    """Each backend's `<package>.train.make_trainer` builds a driver.harness.Runtime: the methods the harness
     calls, with the same parameters on every backend (the benchmarks time the same `timed_step`)."""
     import importlib
     import inspect
     import typing
 
-    from common.harness import Runtime
+    from driver.harness import Runtime
 
     methods = {name: list(inspect.signature(f).parameters) for name, f in vars(Runtime).items()
                if inspect.isfunction(f) and not name.startswith("_")}

@@ -1,6 +1,6 @@
-"""A NaN loss gets the likely cause the toolkit can see (common/nonfinite.py)."""
-from common.nonfinite import input_problem, likely_cause
+"""A NaN loss gets the likely cause the toolkit can see (driver/nonfinite.py)."""
 from common.presets import load_spec
+from driver.nonfinite import input_problem, likely_cause
 
 
 def test_a_climbing_loss_points_at_the_learning_rate():

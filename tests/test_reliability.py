@@ -217,7 +217,7 @@ def test_a_checkpoint_that_does_not_fit_names_the_tensor(tmp_path):
 @pytest.mark.error_case("nonfinite")
 def test_a_nan_loss_stops_the_backend_and_is_reported_with_its_step(tmp_path):
     out = tmp_path / "run"
-    # the stop and its cause are common code (common/record.py, common/backend_main.py): two runtimes show it
+    # the stop and its cause are common code (common/record.py, driver/backend_main.py): two runtimes show it
     proc = compare("--out", str(out), "--backend", "jax,torch", "--spec", "mlp-tiny", "--steps", "8", "--set",
                    "train.lr=1e6", "--set", "train.grad_clip=0")
     assert proc.returncode == 3
@@ -340,7 +340,7 @@ def _no_partial_files(run_dir: Path) -> list[str]:
 @pytest.mark.error_case("backend-killed")
 def test_a_backend_killed_mid_run_leaves_nothing_half_written_and_the_others_are_judged(tmp_path):
     killer = _wrapped_backend(tmp_path, "killed", """
-import common.backend_main as bm
+import driver.backend_main as bm
 show = bm.progress_printer(True)
 def killing(enabled):
     def step(i, loss, ms):

@@ -7,9 +7,9 @@ import pytest
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 torch = pytest.importorskip("torch")
 
-from common import harness  # noqa: E402
-from common.harness import RunOptions  # noqa: E402
 from common.presets import load_spec  # noqa: E402
+from driver import harness  # noqa: E402
+from driver.harness import RunOptions  # noqa: E402
 
 
 def test_the_loop_consumes_mp_device_loader_and_calls_optimizer_step(tmp_path, monkeypatch):

@@ -69,7 +69,7 @@ def torch_side(spec, batches):
 
 def jax_side(spec, batches):
     """The JAX backend's own trainer on one CPU device."""
-    from common.harness import RunOptions
+    from driver.harness import RunOptions
     from jax_impl import sharding
     from jax_impl.instrument import CompileMonitor
     from jax_impl.train import make_trainer

@@ -4,10 +4,11 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from common import backend_main
-from common.cli import add_process_flags, exit_process, fail
+from common.cli import fail
 from common.spec import SpecError
 from common.vocab import ExitCode
+from driver import backend_main
+from driver.process import add_process_flags, exit_process
 
 if importlib.util.find_spec("torch") is None:
     fail(f"the torch backend needs torch, which is not installed in {sys.executable}; install the extra "
@@ -15,7 +16,7 @@ if importlib.util.find_spec("torch") is None:
 
 
 def train(spec, options, progress):
-    from common import harness
+    from driver import harness
     from torch_impl import distributed
     from torch_impl.train import make_trainer
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from common.batches import check_every_step, check_forward_keys
 from common.checkpoints import TORCH_BUFFERS
-from common.cli import INPUT_ERRORS, Parser, exit_process, fail
+from common.cli import INPUT_ERRORS, Parser, fail
 from common.data import make_dataset, rows
 from common.fsutil import write_json_atomic
 from common.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
@@ -22,6 +22,7 @@ from common.spec import RunSpec, SpecError, TwinSpec
 from common.twin import TwinError, twin_of, user_loss
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
+from driver.process import exit_process
 from torch_impl.checkpoint_io import load_torch_side
 
 

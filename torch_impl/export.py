@@ -7,11 +7,12 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from common.cli import INPUT_ERRORS, Parser, exit_process, fail
+from common.cli import INPUT_ERRORS, Parser, fail
 from common.presets import load_spec
 from common.targets import TargetWriteError, file_target
 from common.vocab import ExitCode
 from common.weights import CheckpointError, load_checkpoint
+from driver.process import exit_process
 
 
 def main(argv=None) -> int:

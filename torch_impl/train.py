@@ -14,7 +14,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from common.activations import Capture, torch_output_layout
 from common.data import held_inputs, make_dataset
-from common.harness import RunOptions
 from common.outputs import array_outputs, forward, logits_of, loss_batch
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
@@ -22,6 +21,7 @@ from common.spec import RunSpec
 from common.twin import twin_of, user_loss
 from common.vocab import RecordStatus
 from common.weights import start_info, start_state
+from driver.harness import RunOptions
 from torch_impl import summary
 from torch_impl.capture import capture_activations, probed_or_forward_alone
 from torch_impl.checkpoint_io import start_weights
@@ -93,7 +93,7 @@ def wait(device: torch.device) -> None:
 
 
 class TorchTrainer:
-    """Model, optimizer and batches of one spec, eagerly, on this machine's device (common.harness.Runtime)."""
+    """Model, optimizer and batches of one spec, eagerly, on this machine's device (driver.harness.Runtime)."""
 
     dropout_sites = ()  # step 0's dropout calls, when fed common's masks
     captures_after_run = False  # step-0 activations are taken before the first update, from the start weights
@@ -201,7 +201,7 @@ class TorchTrainer:
     def canonical_state(self) -> dict[str, np.ndarray]:
         return canonical_state(dict(self.model.named_buffers()), self.module_names)
 
-    # ---- common.harness.Runtime (step0_tensors, step0_activations above) ----
+    # ---- driver.harness.Runtime (step0_tensors, step0_activations above) ----
 
     def batches(self, first: int, n: int):
         return (self.batch(step) for step in range(first, first + n))
@@ -294,7 +294,7 @@ def eval_logits(model: torch.nn.Module, inputs: torch.Tensor, which, autocast, s
 
 
 def make_trainer(spec: RunSpec, options: RunOptions, group: Group | None = None) -> TorchTrainer:
-    """The run's trainer (common.harness.run builds it after the process is ready): torch's float32 matmul
+    """The run's trainer (driver.harness.run builds it after the process is ready): torch's float32 matmul
     precision from the spec first."""
     precision = MATMUL_PRECISION[spec.train.matmul_precision]
     if torch.get_float32_matmul_precision() != precision:  # (the call warns even when it changes nothing)

@@ -4,9 +4,10 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from common import backend_main
-from common.cli import exit_process, fail
+from common.cli import fail
 from common.vocab import TRACE_MODE_MEANINGS, ExitCode, MaskSource, TraceMode, values
+from driver import backend_main
+from driver.process import exit_process
 
 for _module in ("torch", "torch_xla"):
     if importlib.util.find_spec(_module) is None:
@@ -51,7 +52,7 @@ def train(spec, options, progress):
     instrument.configure_debug(out_dir, hlo=options.hlo)
     import torch_xla.runtime as xr
 
-    from common import harness
+    from driver import harness
 
     harness.refuse_float64_on(xr.device_type(), spec)
     from torch_xla_impl.spawn import run_spawn

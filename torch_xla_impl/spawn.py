@@ -34,9 +34,9 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from common.cli import INPUT_ERRORS
-from common.harness import RunOptions
 from common.spec import RunSpec
 from common.spec_parse import run_spec_from_dict
+from driver.harness import RunOptions
 
 ERRORS_DIR = ".replica-errors"  # each failing replica's exception, read back by run_spawn, then removed
 
@@ -44,10 +44,10 @@ ERRORS_DIR = ".replica-errors"  # each failing replica's exception, read back by
 def _replica(index: int, spec_dict: dict, options: RunOptions, progress: bool) -> None:
     import torch_xla.runtime as xr
 
-    from common import harness
-    from common.backend_main import progress_printer
     from common.record import write_record
     from common.tensor_file import write_tensors
+    from driver import harness
+    from driver.backend_main import progress_printer
     from torch_xla_impl.instrument import CompileMonitor, NoMonitor
     from torch_xla_impl.train import make_trainer
 

@@ -36,7 +36,6 @@ import torch_xla.runtime as xr
 
 from common.activations import Capture, torch_output_layout
 from common.data import held_inputs, make_dataset
-from common.harness import RunOptions
 from common.outputs import array_outputs, forward, loss_batch
 from common.provoke import python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
@@ -44,6 +43,7 @@ from common.spec import RunSpec
 from common.twin import twin_of
 from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
 from common.weights import start_info, start_state
+from driver.harness import RunOptions
 from torch_impl import convert
 from torch_impl.capture import capture_activations, probed_or_forward_alone
 from torch_impl.checkpoint_io import start_weights
@@ -61,7 +61,7 @@ SETTLE_STEPS = 1  # one step graph from step 0 on: the optimizer state exists be
 
 
 class TorchXlaTrainer:
-    """Model, optimizer and device loaders for one spec on this process's XLA device (common.harness.Runtime).
+    """Model, optimizer and device loaders for one spec on this process's XLA device (driver.harness.Runtime).
     `mode`: single, spmd (one process over every device, `spmd_mesh`) or spawn (xmp.spawn, one replica of
     `replicas` per device); the trace mode is the options' own `trace_mode`."""
 
@@ -243,7 +243,7 @@ class TorchXlaTrainer:
         return eval_logits(convert.moved(model, self.device), on_device(inputs, self.device), self.which,
                            self.autocast, torch_xla.sync)
 
-    # ---- common.harness.Runtime (step0_tensors, step0_activations above) ----
+    # ---- driver.harness.Runtime (step0_tensors, step0_activations above) ----
 
     def batches(self, first: int, n: int):
         return self.loader(first, n)
@@ -321,7 +321,7 @@ class TorchXlaTrainer:
 
 def make_trainer(spec: RunSpec, options: RunOptions, monitor, *, mode: str, replica: int = 0,
                  replicas: int = 1) -> TorchXlaTrainer:
-    """The run's trainer (common.harness.run builds it after the process is ready): torch_xla's matmul
+    """The run's trainer (driver.harness.run builds it after the process is ready): torch_xla's matmul
     precision from the spec, and the SPMD mesh when one process runs several devices."""
     logging.getLogger("torch_xla.backends").setLevel(logging.ERROR)  # it warns on every call
     torch_xla.backends.set_mat_mul_precision(spec.train.matmul_precision)

@@ -4,9 +4,10 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from common import backend_main
-from common.cli import add_process_flags, exit_process, fail
+from common.cli import fail
 from common.vocab import ExitCode
+from driver import backend_main
+from driver.process import add_process_flags, exit_process
 
 for _module in ("torch", "jax", "optax", "torchax"):
     if importlib.util.find_spec(_module) is None:
@@ -15,7 +16,7 @@ for _module in ("torch", "jax", "optax", "torchax"):
 
 
 def train(spec, options, progress):
-    from common import harness
+    from driver import harness
     from jax_impl import sharding
     from jax_impl.instrument import CompileMonitor, enable_compile_cache
     from torchax_impl.train import make_trainer

@@ -33,12 +33,12 @@ import torchax
 from torchax import interop
 
 from common.activations import Capture, kept_float, torch_output_layout
-from common.harness import RunOptions
 from common.outputs import array_outputs, loss_batch
 from common.record import RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of
 from common.weights import start_info, start_state
+from driver.harness import RunOptions
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, jitted_mesh
@@ -200,7 +200,7 @@ class TorchaxTrainer(JittedTrainer):
 
 
 def make_trainer(spec: RunSpec, options: RunOptions, monitor: CompileMonitor) -> TorchaxTrainer:
-    """The run's trainer (common.harness.run builds it after the process is ready)."""
+    """The run's trainer (driver.harness.run builds it after the process is ready)."""
     # cross_entropy casts the targets to torch's index dtype, int64; JAX without x64 keeps int32 (every
     # class and token id fits) and would warn at each trace
     warnings.filterwarnings("ignore", message="Explicitly requested dtype int64", category=UserWarning)

@@ -23,8 +23,8 @@ if __name__ == "__main__":
     from torch_xla_impl import sharding
 
     sharding.configure_platform(2)
-    from common.harness import RunOptions
     from common.presets import load_spec
+    from driver.harness import RunOptions
     from torch_xla_impl.spawn import run_spawn
 
     spec = load_spec("mlp-tiny", ["mesh.data=2", "train.steps=3"])

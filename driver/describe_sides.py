@@ -1,4 +1,4 @@
-"""python -m common.describe_sides MODULE ARGS... [--then MODULE ARGS...]: the describe steps of a twin's
+"""python -m driver.describe_sides MODULE ARGS... [--then MODULE ARGS...]: the describe steps of a twin's
 sides run one after the other in one interpreter.
 
 compare describes each side of a twin in the interpreter of the backends that run it (compare/prepare.py).
@@ -13,9 +13,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-from common.cli import exit_process
-
-THEN = "--then"
+from common.protocol import THEN
+from driver.process import exit_process
 
 
 def steps(argv: list[str]) -> list[tuple[str, list[str]]]:

@@ -1,7 +1,7 @@
 """The `python -m <backend>` driver every backend shares: flags, run directory, record, exit code.
 
 A backend supplies `train(spec, options, progress) -> (record, tensors, is_writer)` (its trainer run through
-common.harness.run); this module reads its command line once into a common.harness.RunOptions and handles
+driver.harness.run); this module reads its command line once into a driver.harness.RunOptions and handles
 everything around the run the same way for all.
 """
 from __future__ import annotations
@@ -16,15 +16,16 @@ import traceback
 from pathlib import Path
 
 from common import backends
-from common.cli import INPUT_ERRORS, backend_parser, fail, resolve_spec
+from common.cli import INPUT_ERRORS, fail, resolve_spec
 from common.fsutil import dangerous_dir
-from common.harness import RunOptions
-from common.nonfinite import input_problem, likely_cause
 from common.protocol import progress_line
 from common.record import LOG_FILES, PROCESS_LOGS, RECORD_FILE, SPEC_FILE, RunRecord, timed_from, write_record
 from common.shards import SHARDS_DIR, write_shards
 from common.tensor_file import write_tensors
 from common.vocab import IO_ERRNOS, ExitCode, Phase, RecordStatus
+from driver.harness import RunOptions
+from driver.nonfinite import input_problem, likely_cause
+from driver.process import backend_parser
 
 
 def progress_printer(enabled: bool):

@@ -29,7 +29,7 @@ from common.twin import twin_of
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a backend process runs, read once from its command line (common/backend_main.py); its spec is
+    """How a backend process runs, read once from its command line (driver/backend_main.py); its spec is
     apart (one spec file)."""
 
     parity: bool = False  # step-0 tensors, final parameters and state, eval-mode logits
