@@ -49,7 +49,7 @@ def overhead(backend: str, preset: str, rounds: int, *flags: str, label: str | N
 def twin_overheads(refs: list[str], backends: list[str], rounds: int, tmp: Path, console) -> tuple[list, list]:
     """The step benchmark on user twins: each prepared as compare prepares it (its own torch init)."""
     from common.presets import load_spec
-    from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start
+    from compare.runs.prepare import INIT_FILE, SPEC_FILE, prepare_start
 
     results, failures = [], []
     for ref in refs:

@@ -6,7 +6,7 @@
 Each run is a whole `python -m compare --dtype bfloat16` (the noise-floor policy, every backend also run in
 float32) of gpt-tiny on the Python language reference (`common.text_data`, nothing downloaded):
 - correct ports: every backend against JAX, one compare per seed (`train.seed` and `data.seed` both set); a
-  pair that fails is a false alarm, of the per-step rule, the long-run curves (compare/curves.py) or a tensor;
+  pair that fails is a false alarm, of the per-step rule, the long-run curves (compare/judge/curves.py) or a tensor;
 - mis-ports: eager torch with one training setting off (`--torch-set`), each of which changes how the
   model trains but not its step-0 forward: what fraction of them the policy finds, and where.
 Prints a markdown table and one JSON line (every pair's worst share of its bounds, where it parted).

@@ -6,7 +6,7 @@
 A pair is the same implementation (eager torch, in this process) run twice over the same K seeds (the
 same start weights and batches per seed) with different dropout masks (train.dropout_seed differs):
 exactly the null hypothesis compare's statistical mode tests. Each pair goes through the same test
-(compare/statistical.py: per-seed mean loss, paired t-test, alpha 0.01); the share of pairs it fails
+(compare/judge/statistical.py: per-seed mean loss, paired t-test, alpha 0.01); the share of pairs it fails
 is the false-alarm rate. Prints one JSON line.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def mean_loss(spec_name: str, overrides: list[str], out: Path) -> float:
 
 
 def main() -> int:
-    from compare.statistical import ALPHA, paired_t_test
+    from compare.judge.statistical import ALPHA, paired_t_test
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.false_alarm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", default="gpt-tiny")

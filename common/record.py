@@ -31,7 +31,7 @@ from common.vocab import Phase, RecordStatus, values
 SCHEMA_VERSION = 2
 RECORD_FILE = "record.json"
 LOG_FILES = ("stdout.log", "stderr.log")  # compare's logs of a backend it runs, beside the record
-PROCESS_LOGS = "processes"  # compare --processes: the other processes' logs (compare/processes.py), beside them
+PROCESS_LOGS = "processes"  # compare --processes: the other processes' logs (compare/runs/processes.py), beside them
 SPEC_FILE = "spec.json"  # the spec compare resolved for a backend, written beside them before it starts
 # Environment variables that change numerics, devices or compilation.
 NUMERICS_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION",

@@ -222,7 +222,7 @@ class TrainSpec:
     dropout_seed: int = -1  # dropout's random masks; -1: train.seed
     dropout_masks: str = MaskSource.FRAMEWORK.value  # common.vocab.MaskSource: whose generator draws them
     # every start weight moved this many units in the last place, up or down as train.seed draws: a float32 noise
-    # floor run measures how training grows a rounding-size difference (compare/noise_floor.py); 0: none
+    # floor run measures how training grows a rounding-size difference (compare/judge/noise_floor.py); 0: none
     start_jitter_ulps: int = 0
     # "NAME*FACTOR": one start tensor scaled (one side's --torch-set: what difference compare catches); "": none
     start_scale: str = ""

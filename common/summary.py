@@ -4,7 +4,7 @@ Per tensor, in its canonical name and layout: the element count, sum, sum of squ
 number of non-finite values, and the values at a sample of element indices drawn from the tensor's name (the
 same indices on every backend, whatever its framework: a numpy generator seeded by the name's CRC-32):
 SAMPLE_SIZE elements, or for logits LOGIT_ROWS whole rows (a row is a distribution over the classes, and the
-distributions are judged on them: compare/parity.py). That is enough to judge what parity judges element by
+distributions are judged on them: compare/judge/parity.py). That is enough to judge what parity judges element by
 element, on the sample, and, exactly, what every element bounds: two tensors that agree element by element
 within `bound` have norms, sums and largest magnitudes that agree within what that bound allows
 (`summary_checks`). Those checks are necessary conditions, so a summary that fails one fails the whole tensor

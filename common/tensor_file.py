@@ -16,7 +16,8 @@ from common.record import RecordError, RunRecord
 TENSORS_FILE = "tensors.npz"
 TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations", "activation_grads")
 # --tensors: kept whole, or (summary) as summaries (common/summary.py) where larger than SUMMARIZED_GROUPS says;
-# "auto" is compare's: backends keep summaries, a second pass those leaving tolerance whole (compare/second_pass.py)
+# "auto" is compare's: backends keep summaries, a second pass those leaving tolerance whole
+# (compare/runs/second_pass.py)
 BACKEND_TENSOR_MODES = ("full", "summary")
 TENSOR_MODES = (*BACKEND_TENSOR_MODES, "auto")
 SUMMARIZED_GROUPS = {"grads": summary.SAMPLE_SIZE, "params": summary.SAMPLE_SIZE, "state": summary.SAMPLE_SIZE,

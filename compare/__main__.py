@@ -40,25 +40,25 @@ from common.vocab import (  # noqa: E402
     values,
 )
 from common.weights import param_count  # noqa: E402
-from compare import hosts  # noqa: E402
-from compare.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
-from compare.cache import default_cache_dir  # noqa: E402
-from compare.determinism import determinism_check  # noqa: E402
-from compare.extra_runs import keep_whole, locate_divergence, noise_floor_runs  # noqa: E402
-from compare.launch import floor_launch, main_launch, seed_launch, side_spec  # noqa: E402
-from compare.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
-from compare.orchestrate import Plan, run_all  # noqa: E402
-from compare.output import show, write_report  # noqa: E402
-from compare.parity import train_differences  # noqa: E402
-from compare.plots import PLOT_FILES  # noqa: E402
-from compare.prepare import INIT_FILE, SPEC_FILE, prepare_start, weights_origin  # noqa: E402
-from compare.progress import LiveProgress  # noqa: E402
-from compare.report import ReportInputs, build_report, check_belongs  # noqa: E402
-from compare.rundir import RunDirError, claim, default_out, new_run_id  # noqa: E402
-from compare.rundir import check as check_out  # noqa: E402
-from compare.second_pass import default_mode  # noqa: E402
-from compare.statistical import SEEDS_DIR, statistical_check  # noqa: E402
-from compare.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
+from compare.judge.determinism import determinism_check  # noqa: E402
+from compare.judge.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
+from compare.judge.parity import train_differences  # noqa: E402
+from compare.judge.statistical import SEEDS_DIR, statistical_check  # noqa: E402
+from compare.judge.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
+from compare.reporting.output import show, write_report  # noqa: E402
+from compare.reporting.plots import PLOT_FILES  # noqa: E402
+from compare.reporting.report import ReportInputs, build_report, check_belongs  # noqa: E402
+from compare.runs import hosts  # noqa: E402
+from compare.runs.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
+from compare.runs.cache import default_cache_dir  # noqa: E402
+from compare.runs.extra_runs import keep_whole, locate_divergence, noise_floor_runs  # noqa: E402
+from compare.runs.launch import floor_launch, main_launch, seed_launch, side_spec  # noqa: E402
+from compare.runs.orchestrate import Plan, run_all  # noqa: E402
+from compare.runs.prepare import INIT_FILE, SPEC_FILE, prepare_start, weights_origin  # noqa: E402
+from compare.runs.progress import LiveProgress  # noqa: E402
+from compare.runs.rundir import RunDirError, claim, default_out, new_run_id  # noqa: E402
+from compare.runs.rundir import check as check_out  # noqa: E402
+from compare.runs.second_pass import default_mode  # noqa: E402
 
 START_DIR = "start"  # the prepared common start (a user twin, a torch / hf checkpoint) in the run directory
 REPORT_FILES = ("report.json", "report.md")
@@ -109,12 +109,14 @@ def parse_args(argv):
                         help=f"{' | '.join(PROFILES)} or a JSON file {{dtype: {{kind: {{atol, rtol}}}}}}")
     parser.add_argument("--bf16-tolerance", choices=("noise-floor", "fixed"), default="noise-floor",
                         help="bfloat16 runs: bound each tensor and step by the larger of the two runs' own "
-                             "bf16-vs-fp32 distances (one float32 run of each backend more; compare/noise_floor.py), "
+                             "bf16-vs-fp32 distances (one float32 run of each backend more; "
+                             "compare/judge/noise_floor.py), "
                              "or by the profile's fixed bf16 atol/rtol")
     parser.add_argument("--fp32-tolerance", choices=("noise-floor", "fixed"), default="fixed",
                         help="float32 runs: the profile's fixed bounds, or (for long runs, where training grows "
                              "rounding until correct ports part) each tensor and step bounded by how far a run from "
-                             "jittered start weights drifts (one more run of each backend; compare/noise_floor.py)")
+                             "jittered start weights drifts (one more run of each backend; "
+                             "compare/judge/noise_floor.py)")
     parser.add_argument("--parity-mode", choices=values(ParityMode), default=ParityMode.DETERMINISTIC.value,
                         help="; ".join(f"{m.value}: {meaning}" for m, meaning in PARITY_MODE_MEANINGS.items()))
     parser.add_argument("--seeds", type=bounded_int(1, MAX_SEEDS, "seeds"), default=5, metavar="K",
@@ -136,7 +138,7 @@ def parse_args(argv):
     parser.add_argument("--require-same-device", action="store_true",
                         help="fail as not comparable (exit 1) when the backends ran on different platforms or device "
                              "kinds; without it their numerics are still judged, and their timings are marked as "
-                             "each one's own (compare/devices.py)")
+                             "each one's own (compare/judge/devices.py)")
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
     parser.add_argument("--json", action="store_true", help="print only the JSON report")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
@@ -267,7 +269,7 @@ def run_inputs(args, names: list[str]) -> dict[str, Path]:
 
 def prepare(args, spec, names: list[str]) -> Path | None:
     """A user twin or a torch / hf checkpoint: the sides described and matched, the common start made
-    (compare/prepare.py); None when the backends start as they are (built-in init, canonical checkpoint)."""
+    (compare/runs/prepare.py); None when the backends start as they are (built-in init, canonical checkpoint)."""
     try:
         _, folder = prepare_start(spec, args.checkpoint, python_of_family(args, names, "torch"),
                                   python_of_family(args, names, "nnx"), args.timeout)
@@ -290,7 +292,7 @@ def install_signal_handlers() -> None:
 
 
 def claim_run_dir(args, names: list[str], prepared: Path | None):
-    """The run directory, claimed for this run (compare/rundir.py), with the prepared start moved in."""
+    """The run directory, claimed for this run (compare/runs/rundir.py), with the prepared start moved in."""
     try:
         run_dir = claim(args.out, args.run_id, run_entries(names), args.overwrite, run_inputs(args, names))
         if prepared:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.protocol import error_line
-from compare.orchestrate import backend_env
-from compare.rundir import default_out, new_run_id
+from compare.runs.orchestrate import backend_env
+from compare.runs.rundir import default_out, new_run_id
 
 DEFAULT_BACKENDS = "jax,torch"  # the NNX port against eager PyTorch, the ground truth of the torch side
 

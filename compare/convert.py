@@ -29,8 +29,8 @@ from common.protocol import error_line
 from common.targets import TargetWriteError, check_dir_target, check_file_target, file_target
 from common.vocab import CheckpointFormat, ExitCode
 from common.weights import CheckpointError, load_checkpoint, save_checkpoint
-from compare.orchestrate import backend_env
-from compare.prepare import INIT_FILE, prepare_start
+from compare.runs.orchestrate import backend_env
+from compare.runs.prepare import INIT_FILE, prepare_start
 
 
 def run_side(python: str, module: str, *args: str) -> None:

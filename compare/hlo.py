@@ -26,7 +26,7 @@ from common.cli import Parser, fail
 from common.fsutil import require_regular_file
 from common.record import RECORD_FILE, RecordError, read_record
 from common.vocab import ExitCode
-from compare.program import compiled_program, metric_rows, one_sided_ops, program_of_text
+from compare.explain.program import compiled_program, metric_rows, one_sided_ops, program_of_text
 
 
 def hlo_text(path: Path) -> str:

@@ -1,7 +1,7 @@
 """python -m driver.describe_sides MODULE ARGS... [--then MODULE ARGS...]: the describe steps of a twin's
 sides run one after the other in one interpreter.
 
-compare describes each side of a twin in the interpreter of the backends that run it (compare/prepare.py).
+compare describes each side of a twin in the interpreter of the backends that run it (compare/runs/prepare.py).
 Where both sides have the same one (the CPU default, a GPU machine), one process describes both: a twin file
 imports both frameworks, so two processes paid both imports twice (~2 CPU-s a twin compare). Each MODULE's
 `main(argv)` runs in turn (`torch_impl.describe`, `jax_impl.describe`); the first that fails ends the process

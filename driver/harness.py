@@ -34,7 +34,7 @@ class RunOptions:
 
     parity: bool = False  # step-0 tensors, final parameters and state, eval-mode logits
     tensors: str = "full"  # common.tensor_file.BACKEND_TENSOR_MODES: the parameter-sized groups whole, or as summaries
-    whole_tensors: tuple[str, ...] = ()  # keys kept whole in the summary mode (compare/second_pass.py)
+    whole_tensors: tuple[str, ...] = ()  # keys kept whole in the summary mode (compare/runs/second_pass.py)
     activations: bool = False  # step 0's per-module inputs and outputs
     train: bool = True  # False: step 0's activations from the start weights, and nothing trained (a capture run)
     checkpoint: str | None = None  # the start weights, FORMAT:PATH; None: the spec's own initialisation
@@ -109,7 +109,7 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     if options.activations and not (runtime.captures_after_run and options.train):
         _capture(runtime, record, tensors)
     record.extra["start"], record.extra["provoked"] = runtime.start, [str(p) for p in options.provocations]
-    if not options.train:  # compare's capture run (compare/capture.py): no step, no compile of one
+    if not options.train:  # compare's capture run (compare/runs/capture.py): no step, no compile of one
         record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
         return record, tensors
     timeline["loop_start"] = time.time()

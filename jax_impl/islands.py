@@ -2,7 +2,7 @@
 
 flax's own attention computes its softmax in float32 (`dot_product_attention_weights`), as Hugging Face's torch
 code casts to float32 in places, so a float64 run is float32 there and its difference from the other side is
-float32's rounding, not a port error (compare/islands.py judges those modules so). Found in the traced program
+float32's rounding, not a port error (compare/judge/islands.py judges those modules so). Found in the traced program
 of one forward of step 0's batch: every module's call runs under a name scope of its path (the modules the torch
 side can name, as jax_impl/capture.py records them), and an equation whose floating output is narrower than
 float64 belongs to the innermost module scope on its name stack (the root where none is). The twin of

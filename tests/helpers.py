@@ -87,7 +87,7 @@ def assert_summary_agrees_with_the_hosts(ours, theirs) -> None:
     import numpy as np
     import pytest
 
-    from compare.second_pass import _differs
+    from compare.runs.second_pass import _differs
 
     assert ours.shape == theirs.shape and np.array_equal(ours.indices, theirs.indices)
     assert ours.values.dtype == np.float32 and np.array_equal(ours.values, theirs.values, equal_nan=True)

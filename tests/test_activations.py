@@ -15,7 +15,7 @@ from common.activations import CHANNEL_LAST, UNKNOWN_REASON  # noqa: E402
 from common.correspond import derive  # noqa: E402
 from common.modules import module_map  # noqa: E402
 from common.twin import resolve  # noqa: E402
-from compare.parity import first_divergent_module  # noqa: E402
+from compare.judge.parity import first_divergent_module  # noqa: E402
 from jax_impl.capture import capture_activations as nnx_capture  # noqa: E402
 from jax_impl.convert import to_canonical  # noqa: E402
 from torch_impl.capture import capture_activations as torch_capture  # noqa: E402
@@ -23,7 +23,7 @@ from torch_impl.convert import manifest  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "resnet"
 HPARAMS = {"input_shape": (3, 16, 16), "num_classes": 10, "layers": (1, 1, 1), "widths": (16, 32, 64)}
-BOUNDS = {"atol": 1e-5, "rtol": 1e-4}  # the default forward tolerance (compare/tolerances.py)
+BOUNDS = {"atol": 1e-5, "rtol": 1e-4}  # the default forward tolerance (compare/judge/tolerances.py)
 NAMES = ("jax", "torch")
 
 
@@ -79,7 +79,7 @@ def test_summarized_activations_name_the_same_module_and_say_they_are_summaries(
     """A capture under --tensors auto keeps summaries of the activations (statistics and a fixed sample): the
     correct port still names nothing, the padding mis-port (a difference at the borders only) the same
     convolution, and the location says it was judged on summaries."""
-    from compare.render import _module
+    from compare.reporting.render import _module
 
     ours, theirs = _captures(*_pair())
     found = first_divergent_module(_summarized(ours.arrays), _summarized(theirs.arrays), BOUNDS, NAMES)

@@ -1,5 +1,5 @@
 """Step 0's backward pass located by module: the capture differentiates the loss at every recorded module's
-input and output (zero probes), and compare/backward.py names the first module, in the order the backward
+input and output (zero probes), and compare/judge/backward.py names the first module, in the order the backward
 pass ends them, whose input gradient differs while its output gradient agrees."""
 import json
 
@@ -8,12 +8,12 @@ import pytest
 
 from common.record import read_record
 from common.tensor_file import read_tensors
-from compare.backward import first_divergent_module_backward
-from compare.capture import CAPTURE_DIR
+from compare.judge.backward import first_divergent_module_backward
+from compare.runs.capture import CAPTURE_DIR
 from tests.helpers import run_cli
 
 USER = "tests/data/user_project/twins.py"
-GRAD = {"atol": 1e-6, "rtol": 1e-3}  # the default fp32 grad tolerance (compare/tolerances.py)
+GRAD = {"atol": 1e-6, "rtol": 1e-3}  # the default fp32 grad tolerance (compare/judge/tolerances.py)
 
 
 def grads_of(broken: str | None) -> tuple[list[str], dict]:

@@ -11,8 +11,8 @@ import pytest
 from common.record import read_record
 from common.summary import TensorSummary
 from common.tensor_file import read_tensors, write_tensors
-from compare.distribution import logit_agreement
-from compare.tensor_error import tensor_error
+from compare.judge.distribution import logit_agreement
+from compare.judge.tensor_error import tensor_error
 from tests.helpers import run_cli
 
 pytestmark = pytest.mark.slow
@@ -147,7 +147,7 @@ def test_a_deliberate_difference_on_one_side_fails_parity(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["verdict"] == "fail" and report["status"] == "parity_failed"
     assert report["parity"]["torch"]["first_divergent_step"] == 0  # the forward pass already differs
-    # located by the capture runs compare made for the pair (compare/capture.py: step 0's activations, no step
+    # located by the capture runs compare made for the pair (compare/runs/capture.py: step 0's activations, no step
     # trained): the layer of the scaled kernel is the culprit, fed inputs that agree
     found = report["parity"]["torch"]["first_divergent_module"]
     assert found["module"] == "blocks.1.mlp.fc" and found["input_agrees"], found
@@ -190,7 +190,7 @@ def test_a_deliberate_difference_on_one_side_fails_parity(tmp_path):
 
 
 def check_second_pass(out: Path, report: dict) -> None:
-    """--tensors auto (compare/second_pass.py): the tensors whose summary left tolerance were kept whole by a
+    """--tensors auto (compare/runs/second_pass.py): the tensors whose summary left tolerance were kept whole by a
     second run of each side and judged element by element with their real error; the others by summary. A
     second pass whose values differ from its run's is never judged in its place."""
     assert report["tensors"]["mode"] == "auto" and report["tensors"]["why"] == "--tensors"
@@ -245,7 +245,7 @@ def test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions(t
     assert report["parity"]["torch_xla"]["loss"]["max_abs"] < 5e-2
     # the attention key biases: softmax makes their gradient 0 in exact arithmetic, rounding noise here, which
     # Adam turns into a random walk of their values (measured 120-160 % of the params tolerance after 20 steps,
-    # on every runtime): shown, not judged (compare/unreached.py); every other parameter is judged
+    # on every runtime): shown, not judged (compare/judge/unreached.py); every other parameter is judged
     keys = ["blocks.0.attn.k.bias", "blocks.1.attn.k.bias"]
     for name, parity in report["parity"].items():
         assert list(parity["unreached"]) == keys, name
@@ -255,7 +255,7 @@ def test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions(t
             assert final["judged"] is False and final["within"] and final["tolerance_used"] > 0.5, (name, final)
         assert all(t.get("judged", True) for k, t in parity["tensors"].items() if k.removeprefix("params/") not in keys)
         assert not any(w["name"].endswith("k.bias") and w["kind"] == "params" for w in parity["worst"])
-    # bf16 judged by measured noise (compare/noise_floor.py): every backend also ran in float32, and each tensor's
+    # bf16 judged by measured noise (compare/judge/noise_floor.py): every backend also ran in float32, and each tensor's
     # bound is 3x the larger of the pair's own bf16-vs-fp32 distances (at least its float32 bound)
     policy = report["tolerance_policy"]
     assert policy["policy"] == "noise-floor" and policy["factor"] == 3.0 and policy["not_measured"] == {}

@@ -1,4 +1,4 @@
-"""The long-run check of bfloat16 loss curves (compare/curves.py), on curves measured here: gpt-tiny, 300 steps
+"""The long-run check of bfloat16 loss curves (compare/judge/curves.py), on curves measured here: gpt-tiny, 300 steps
 of the Python language reference in bfloat16, JAX against eager torch (tests/data/bf16_loss_curves.json
 says the command). No backend runs."""
 import json
@@ -11,14 +11,14 @@ from common.presets import load_spec
 from common.record import RunRecord, write_record
 from common.tensor_file import write_tensors
 from common.vocab import BackendStatus, ReportStatus
-from compare.curves import WINDOW, compare_curves, curves_words
-from compare.noise_floor import FLOOR_DIR, FloorRun, Floors
-from compare.orchestrate import BackendRun
-from compare.parity import check_parity
-from compare.plots import write_plots
-from compare.render import markdown
-from compare.report import ReportInputs, build_report
-from compare.tolerances import load_policy
+from compare.judge.curves import WINDOW, compare_curves, curves_words
+from compare.judge.noise_floor import FLOOR_DIR, FloorRun, Floors
+from compare.judge.parity import check_parity
+from compare.judge.tolerances import load_policy
+from compare.reporting.plots import write_plots
+from compare.reporting.render import markdown
+from compare.reporting.report import ReportInputs, build_report
+from compare.runs.orchestrate import BackendRun
 
 CURVES = json.loads((Path(__file__).parent / "data" / "bf16_loss_curves.json").read_text())
 FP32 = load_policy("default", "float32")

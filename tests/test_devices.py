@@ -1,5 +1,5 @@
 """Backends on different devices: numerics judged, timings and compiles marked as each backend's own, and
-`--require-same-device` refusing (compare/devices.py)."""
+`--require-same-device` refusing (compare/judge/devices.py)."""
 import json
 import shutil
 
@@ -7,9 +7,9 @@ import pytest
 
 from common.record import read_record, write_record
 from common.vocab import ExitCode, ReportStatus
-from compare.render import markdown
-from compare.report import ReportInputs, build_report
-from compare.tolerances import load_policy
+from compare.judge.tolerances import load_policy
+from compare.reporting.render import markdown
+from compare.reporting.report import ReportInputs, build_report
 from tests.helpers import run_cli
 from tests.test_report_in_process import NAMES, RUN_ID, SPEC, write_run
 

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from compare.__main__ import run_entries
-from compare.rundir import LOCK, MARKER
+from compare.runs.rundir import LOCK, MARKER
 from tests.helpers import REPO, process_env, run_cli
 from tests.test_reliability import hanging_backend, one_line_error, processes_with, report_of
 
@@ -231,7 +231,7 @@ def test_a_record_shorter_than_its_spec_is_refused(finished_run, tmp_path):
 
 def test_a_record_of_another_run_is_never_judged(finished_run):
     from common.record import RecordError, read_record
-    from compare.report import check_belongs
+    from compare.reporting.report import check_belongs
 
     record = read_record(finished_run / "jax")
     check_belongs(record, finished_run / "jax", record.run_id)  # its own run: judged

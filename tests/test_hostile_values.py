@@ -13,10 +13,10 @@ from common.record import RunRecord, StepRecord, write_record
 from common.tensor_file import write_tensors
 from common.vocab import BackendStatus, ExitCode, ReportStatus
 from common.weights import CheckpointError, init_params, load_checkpoint, save_checkpoint
-from compare import distribution, parity
-from compare.report import ReportInputs, build_report, strict_json, strict_report
-from compare.tensor_error import tensor_error
-from compare.tolerances import load_policy
+from compare.judge import distribution, parity
+from compare.judge.tensor_error import tensor_error
+from compare.judge.tolerances import load_policy
+from compare.reporting.report import ReportInputs, build_report, strict_json, strict_report
 from tests.helpers import run_cli
 
 MASKED = "tests/data/masked_logits/twins.py:masked"
@@ -266,7 +266,7 @@ def test_non_finite_numbers_are_strings_by_one_rule_and_the_report_is_checked():
 
 
 def _finished_runs(out: Path, logits: dict) -> dict:
-    from compare.orchestrate import BackendRun
+    from compare.runs.orchestrate import BackendRun
 
     runs = {}
     for record in _records(2.0, 1.5):
@@ -283,7 +283,7 @@ def _report(spec, runs, out):
 @pytest.mark.error_case("report-part-fails")
 def test_a_part_that_cannot_be_built_leaves_every_file_and_the_verdicts_code(tmp_path, monkeypatch, capsys):
     from compare.__main__ import write_report
-    from compare.plots import PLOT_FILES
+    from compare.reporting.plots import PLOT_FILES
 
     logits = np.zeros((4, 3), np.float32)
     runs = _finished_runs(tmp_path, {"jax": logits, "torch": logits})
@@ -292,7 +292,8 @@ def test_a_part_that_cannot_be_built_leaves_every_file_and_the_verdicts_code(tmp
     def broken(*args, **kwargs):
         raise TypeError("unsupported format string passed to NoneType.__format__")
 
-    monkeypatch.setattr("compare.report.check_parity", broken)  # the verdict cannot be made: exit 6, still written
+    # the verdict cannot be made: exit 6, still written
+    monkeypatch.setattr("compare.reporting.report.check_parity", broken)
     report = _report(spec, runs, tmp_path)
     assert report["status"] == ReportStatus.INTERNAL_ERROR and report["exit_code"] == ExitCode.INTERNAL == 6
     assert report["not_built"] == [{"part": "parity.torch",
@@ -304,13 +305,13 @@ def test_a_part_that_cannot_be_built_leaves_every_file_and_the_verdicts_code(tmp
     assert written["exit_code"] == 6 and written["not_built"][0]["part"] == "parity.torch"
     assert "Not built, and why" in (tmp_path / "report.md").read_text()
     assert {"loss.png", "step_time.png"} <= {p.name for p in tmp_path.iterdir()}
-    monkeypatch.setattr("compare.report.read_tensors", broken)  # a backend's tensors unread: no pass either
+    monkeypatch.setattr("compare.reporting.report.read_tensors", broken)  # a backend's tensors unread: no pass either
     report = _report(spec, runs, tmp_path)
     assert report["exit_code"] == 6 and [p["part"] for p in report["not_built"]] == ["backends.jax", "backends.torch"]
     monkeypatch.undo()
 
     # a plot that cannot be drawn: the verdict is made (pass), the report and the other plots are written
-    monkeypatch.setattr("compare.plots._loss_plot", broken)
+    monkeypatch.setattr("compare.reporting.plots._loss_plot", broken)
     report = _report(spec, runs, tmp_path)
     report["statistical"] = {"t": math.inf}  # a value added after build_report: made strict before any write
     for name in ("report.json", "report.md", *PLOT_FILES):
@@ -325,7 +326,7 @@ def test_a_part_that_cannot_be_built_leaves_every_file_and_the_verdicts_code(tmp
         ["loss_diff.png", "report.json", "report.md", "step_time.png"]
 
     # the tables render what they can: a value of a shape they do not expect says so in its place
-    from compare.render import markdown
+    from compare.reporting.render import markdown
     report["parity"]["torch"]["tensors"] = {"outputs/logits": "???"}
     text = markdown(report)
     assert "parity: could not be rendered" in text and "Compiles" in text

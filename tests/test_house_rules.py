@@ -242,7 +242,8 @@ def test_every_registered_backend_is_a_package_we_ship_and_document():
     """A row of common/backends.py is a shipped package whose `python -m` runs the shared driver under its
     own name, installed by the extra the row names, and listed in the README's table of backends."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    shipped = {"preload", "common", "driver", "analysis", "compare", *(r.package for r in BACKEND_ROWS)}
+    rooms = {f"compare.{p.name}" for p in (REPO / "compare").iterdir() if (p / "__init__.py").exists()}
+    shipped = {"preload", "common", "driver", "analysis", "compare", *rooms, *(r.package for r in BACKEND_ROWS)}
     assert set(project["tool"]["setuptools"]["packages"]) == shipped
     readme = (REPO / "README.md").read_text()
     for row in BACKEND_ROWS:

@@ -41,7 +41,7 @@ def test_fixed_shapes_compile_the_loop_once(jax_single):
 @pytest.mark.parametrize("mesh", ["data=4", "data=2,tensor=2"])
 def test_two_processes_match_one_process(mesh, jax_single, tmp_path):
     """compare --processes 2: jax and torchax each run as two cooperating processes (jax.distributed, the
-    coordinator on 127.0.0.1; compare/processes.py), two of the mesh's four devices each, and eager torch as two
+    coordinator on 127.0.0.1; compare/runs/processes.py), two of the mesh's four devices each, and eager torch as two
     data-parallel processes (torch.distributed, gloo): the same losses as one process on one device, parity
     between them, and only process 0 writes. Under --tensors auto jax summarizes its sharded tensors on the
     devices (jax_impl/summary.py), never gathering one to a process."""
@@ -79,7 +79,7 @@ def test_two_processes_match_one_process(mesh, jax_single, tmp_path):
 
 def test_two_hosts_simulated_on_this_machine_write_one_report(jax_single, tmp_path):
     """The same command on two "hosts" (two compares, --host-id 0 and 1, their coordinator on 127.0.0.1), one
-    jax process each (compare/hosts.py): one run of two processes; host 0 writes the one report, host 1 none."""
+    jax process each (compare/runs/hosts.py): one run of two processes; host 0 writes the one report, host 1 none."""
     import json
     import socket
     import subprocess

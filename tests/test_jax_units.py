@@ -55,7 +55,7 @@ def test_a_summary_made_on_the_device_is_the_hosts_but_for_rounding_and_passes_a
     import numpy as np
 
     from common.summary import summarize
-    from compare.second_pass import _differs
+    from compare.runs.second_pass import _differs
     from jax_impl.summary import device_summary
     from tests.helpers import assert_summary_agrees_with_the_hosts, device_summary_case
 

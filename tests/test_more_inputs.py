@@ -9,9 +9,9 @@ torch = pytest.importorskip("torch")
 jnp = pytest.importorskip("jax.numpy")
 from flax import nnx  # noqa: E402
 
-from compare.backward import first_divergent_module_backward  # noqa: E402
-from compare.parity import first_divergent_module  # noqa: E402
-from compare.render import _backward, _module  # noqa: E402
+from compare.judge.backward import first_divergent_module_backward  # noqa: E402
+from compare.judge.parity import first_divergent_module  # noqa: E402
+from compare.reporting.render import _backward, _module  # noqa: E402
 from jax_impl.capture import capture_activations as nnx_capture  # noqa: E402
 from torch_impl.capture import capture_activations as torch_capture  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Bounds from measured noise (compare/noise_floor.py), on hand-made runs: a tensor is within max(FACTOR * the
+"""Bounds from measured noise (compare/judge/noise_floor.py), on hand-made runs: a tensor is within max(FACTOR * the
 larger of the two runs' own distances to their floor runs, its float32 bound); and a long float32 run on real
 text judged by its jittered floor."""
 import json
@@ -9,10 +9,10 @@ import pytest
 from common.presets import load_spec
 from common.record import RunRecord, read_record
 from common.text_data import pydoc_text, write_tokens
-from compare import noise_floor
-from compare.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors
-from compare.parity import check_parity, compare_tensors, failure_message
-from compare.tolerances import load_policy
+from compare.judge import noise_floor
+from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors
+from compare.judge.parity import check_parity, compare_tensors, failure_message
+from compare.judge.tolerances import load_policy
 from tests.helpers import run_cli
 
 FP32 = load_policy("default", "float32")
@@ -77,7 +77,7 @@ def test_only_this_runs_float32_runs_set_the_floor(tmp_path, floor_run_id, judge
     """A noise-floor/ folder another compare run left (another run id) is never read as this run's floor: its
     pairs are judged by the fixed bounds, and the report says why; alike for either dtype's floor runs."""
     from common.record import write_record
-    from compare.report import ReportInputs
+    from compare.reporting.report import ReportInputs
     from tests.test_report_in_process import NAMES, RUN_ID, build_report, write_run
 
     runs = {n: write_run(tmp_path / n, n) for n in NAMES}

@@ -6,9 +6,9 @@ import pytest
 
 from common.presets import load_spec
 from common.record import RunRecord, StepRecord
-from compare import distribution, parity
-from compare.tensor_error import passes_with_words, tensor_error
-from compare.tolerances import ToleranceError, load_policy
+from compare.judge import distribution, parity
+from compare.judge.tensor_error import passes_with_words, tensor_error
+from compare.judge.tolerances import ToleranceError, load_policy
 
 
 def _record(backend, losses, overrides=(), dtype="float32"):
@@ -159,7 +159,7 @@ def test_a_tolerance_file_may_allow_a_fraction_of_tensor_elements(tmp_path):
 
 def test_a_parameter_gradients_do_not_reach_is_shown_not_judged_by_its_final_value():
     """A key bias: its gradient is rounding noise on both sides, so Adam random-walks its value; its final
-    value is not judged (compare/unreached.py), while a reached parameter with the same final difference fails,
+    value is not judged (compare/judge/unreached.py), while a reached parameter with the same final difference fails,
     and a parameter one side leaves unreached but the other reaches is judged by its gradient."""
     policy = load_policy("default", "bfloat16")  # params: 2e-2 + 2e-2 * max|ref|
     rng = np.random.default_rng(0)

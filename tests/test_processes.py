@@ -1,4 +1,4 @@
-"""compare --processes N (compare/processes.py): which backends and meshes it runs, and a launcher that never
+"""compare --processes N (compare/runs/processes.py): which backends and meshes it runs, and a launcher that never
 leaves a process waiting on a failed one. The run itself: tests/test_jax_backend.py (jax, eager torch and torchax
 as two processes)."""
 import sys
@@ -64,7 +64,7 @@ def test_a_process_that_fails_stops_the_others_and_says_why(tmp_path):
     """))
     (tmp_path / "logs").mkdir()
     start = time.monotonic()
-    proc = run_cli("compare.processes", "--processes", "2", "--coordinator", "127.0.0.1:1", "--logs",
+    proc = run_cli("compare.runs.processes", "--processes", "2", "--coordinator", "127.0.0.1:1", "--logs",
                    str(tmp_path / "logs"), "--", sys.executable, str(fake))
     assert proc.returncode == 1 and time.monotonic() - start < 30
     assert proc.stderr.strip() == "error: process 1 of 2 exited with code 1: shard 1 is missing"
@@ -114,8 +114,8 @@ def test_eager_torch_captures_on_one_device_whatever_the_mesh(tmp_path):
     run with --processes is located like any other; a capture that fails anyway says so in the report."""
     from common.record import read_record
     from common.tensor_file import read_tensors
-    from compare.extra_runs import mark_failed_captures
-    from compare.orchestrate import BackendRun
+    from compare.runs.extra_runs import mark_failed_captures
+    from compare.runs.orchestrate import BackendRun
 
     proc = run_cli("torch_impl", "--spec", "gpt-tiny", "--mesh", "data=4", "--activations-only", "--out",
                    str(tmp_path / "capture"))

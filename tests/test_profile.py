@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from common.vocab import ProfileRange
-from compare import xplane
-from compare.profile import _busy_ns, step_breakdown
+from compare.explain import xplane
+from compare.explain.profile import _busy_ns, step_breakdown
 from tests.helpers import run_cli
 
 MS = 1_000_000  # ns

@@ -1,6 +1,6 @@
 """Report building and rendering in this process, no backend started: run records and tensor files written
-the way a backend writes them (common.record), judged by compare.report.build_report, rendered by
-compare.render.markdown."""
+the way a backend writes them (common.record), judged by compare.reporting.report.build_report, rendered by
+compare.reporting.render.markdown."""
 
 import numpy as np
 import pytest
@@ -9,11 +9,11 @@ from common.presets import load_spec
 from common.record import RunRecord, write_record
 from common.tensor_file import write_tensors
 from common.vocab import BackendStatus, ExitCode, ReportStatus
-from compare.capture import CAPTURE_DIR
-from compare.orchestrate import BackendRun
-from compare.render import markdown
-from compare.report import ReportInputs, build_report
-from compare.tolerances import load_policy
+from compare.judge.tolerances import load_policy
+from compare.reporting.render import markdown
+from compare.reporting.report import ReportInputs, build_report
+from compare.runs.capture import CAPTURE_DIR
+from compare.runs.orchestrate import BackendRun
 
 SPEC = load_spec("mlp-tiny", ["train.steps=3"])
 RUN_ID = "in-process"
@@ -127,8 +127,8 @@ def test_a_difference_only_the_whole_model_shows_names_the_modules_left_out_as_s
     """No compared submodule parts with agreeing inputs, so the whole model is named; a container left out of the
     comparison (only one side has it: its name did not match) may hold the difference, and the location says so."""
     from common.modules import ROOT_MODULE
-    from compare.parity import first_divergent_module
-    from compare.render import _module
+    from compare.judge.parity import first_divergent_module
+    from compare.reporting.render import _module
 
     ours = activations(None)
     ours.update({f"{ROOT_MODULE}:in": ours["layers.0:in"], ROOT_MODULE: ours["head"], "block.1": ours["layers.1"]})
@@ -138,7 +138,7 @@ def test_a_difference_only_the_whole_model_shows_names_the_modules_left_out_as_s
     assert found["module"] == ROOT_MODULE and found["input_agrees"] and list(found["not_compared"]) == ["block.1"]
     assert _module(found).startswith("(model) (the model's own forward code or a module not compared (block.1): "
                                      "each compared submodule that differs was fed a differing input")
-    from compare.parity import failure_message
+    from compare.judge.parity import failure_message
 
     parity = {"worst": [], "first_divergent_step": 0, "first_divergent_module": found, "tensors": {}}
     assert failure_message("torch", parity) == ("torch: parity failed: first divergent step 0, first divergent "
@@ -153,7 +153,7 @@ def test_a_narrow_terminal_wraps_the_tables_names_and_never_cuts_them(tmp_path):
 
     from rich.console import Console
 
-    from compare.render import print_tables
+    from compare.reporting.render import print_tables
 
     runs = {"jax": write_run(tmp_path / "jax", "jax"), "torch": write_run(tmp_path / "torch", "torch", broken="head")}
     out = io.StringIO()
@@ -173,8 +173,8 @@ def test_a_culprit_whose_input_agrees_only_barely_says_the_difference_may_enter_
     """A new user's Wav2Vec2 port with a tanh GELU between two Linears (a function, not a module) was named at the
     second Linear, whose input "agreed" at 98 % of its bound: the location now says the difference may enter
     before it."""
-    from compare.parity import failure_message, first_divergent_module
-    from compare.render import _module
+    from compare.judge.parity import failure_message, first_divergent_module
+    from compare.reporting.render import _module
 
     x = np.linspace(-1.0, 1.0, 16, dtype=np.float32).reshape(2, 8)
     ours = {"fc1:in": x, "fc1": x, "fc2:in": x, "fc2": x}
@@ -195,7 +195,7 @@ def test_a_report_whose_last_file_cannot_be_written_leaves_none_of_its_files(tmp
     """report.md failing after the plots and report.json were written: the set is whole or absent, never half."""
     import errno
 
-    from compare import output
+    from compare.reporting import output
 
     runs = {n: write_run(tmp_path / n, n) for n in NAMES}
     report = report_of(tmp_path, runs)
@@ -211,7 +211,7 @@ def test_a_report_whose_last_file_cannot_be_written_leaves_none_of_its_files(tmp
 
 
 def test_the_report_says_where_the_start_weights_came_from(tmp_path):
-    from compare.prepare import weights_origin
+    from compare.runs.prepare import weights_origin
 
     assert weights_origin(SPEC, None) == ("the canonical init (common/weights.py, train.seed=0), built alike by "
                                           "every backend")

@@ -14,7 +14,7 @@ from flax import nnx  # noqa: E402
 from common.modules import module_map  # noqa: E402
 from common.twin import resolve  # noqa: E402
 from common.weights import CheckpointError  # noqa: E402
-from compare.prepare import running_statistics  # noqa: E402
+from compare.runs.prepare import running_statistics  # noqa: E402
 from jax_impl import convert as jax_convert  # noqa: E402
 from jax_impl.convert import to_canonical  # noqa: E402
 from torch_impl import convert as torch_convert  # noqa: E402

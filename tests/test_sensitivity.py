@@ -1,4 +1,4 @@
-"""What a verdict could have seen (compare/sensitivity.py), and the float64 policy, in this process: tensors and
+"""What a verdict could have seen (compare/judge/sensitivity.py), and the float64 policy, in this process: tensors and
 runs written as backends write them, perturbed just over and just under the sensitivity the report states."""
 
 import numpy as np
@@ -8,12 +8,12 @@ from common.presets import load_spec
 from common.record import RunRecord, write_record
 from common.tensor_file import write_tensors
 from common.vocab import BackendStatus
-from compare.orchestrate import BackendRun
-from compare.parity import check_parity, compare_tensors
-from compare.render import markdown
-from compare.report import ReportInputs, build_report
-from compare.sensitivity import sensitivity_line
-from compare.tolerances import load_policy, runtime_policy
+from compare.judge.parity import check_parity, compare_tensors
+from compare.judge.sensitivity import sensitivity_line
+from compare.judge.tolerances import load_policy, runtime_policy
+from compare.reporting.render import markdown
+from compare.reporting.report import ReportInputs, build_report
+from compare.runs.orchestrate import BackendRun
 
 RNG = np.random.default_rng(7)
 REF = {"outputs": {"logits": RNG.standard_normal((4, 10)), "loss": np.asarray(2.3)},

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from common.vocab import ReportStatus
-from compare.statistical import ALPHA, paired_t_test
+from compare.judge.statistical import ALPHA, paired_t_test
 from tests.helpers import run_cli
 
 
@@ -20,10 +20,10 @@ def test_paired_t_test_matches_scipy():
 
 def test_the_statistical_verdict_decides_and_failures_keep_their_status(monkeypatch):
     """In the statistical mode the parity check judges the settings and the statistical test the numbers: one
-    verdict, made once (compare/verdict.py)."""
-    import compare.statistical as statistical
-    from compare.report import parity_check, runs_check
-    from compare.verdict import decide
+    verdict, made once (compare/judge/verdict.py)."""
+    import compare.judge.statistical as statistical
+    from compare.judge.verdict import decide
+    from compare.reporting.report import parity_check, runs_check
 
     ok = {"backends": {"torch": {"passed": True, "p": 0.4, "mean_difference": 1e-4}}}
     bad = {"backends": {"torch": {"passed": False, "p": 0.001, "mean_difference": 0.05}}}

@@ -10,8 +10,8 @@ import pytest
 from common.record import RecordError, read_record
 from common.summary import LOGIT_ROWS, SAMPLE_SIZE, TensorSummary, sample_indices, summarize
 from common.tensor_file import read_tensors, write_tensors
-from compare.parity import compare_tensors
-from compare.tolerances import load_policy
+from compare.judge.parity import compare_tensors
+from compare.judge.tolerances import load_policy
 from tests.helpers import run_cli
 
 POLICY = load_policy("default", "float32")
@@ -136,7 +136,7 @@ def test_a_tensor_file_read_lazily_gives_what_was_checked_even_if_another_run_re
                                         (["--spec", "gpt2-small", "--tensors", "full"], "full")])
 def test_the_tensor_mode_defaults_to_auto_above_its_size_and_says_why(argv, mode):
     from compare.__main__ import parse_args, tensor_mode
-    from compare.second_pass import AUTO_ABOVE_PARAMS
+    from compare.runs.second_pass import AUTO_ABOVE_PARAMS
 
     args = parse_args(argv)
     chosen = tensor_mode(args, ["jax", "torch"])
@@ -151,7 +151,7 @@ def test_the_tensor_mode_defaults_to_auto_above_its_size_and_says_why(argv, mode
 def test_large_logits_keep_whole_rows_and_their_distributions_are_judged_on_them(tmp_path):
     """Logits larger than 4 MiB are kept as LOGIT_ROWS whole rows (each a distribution over the classes) and
     their statistics; smaller ones whole. KL and top-1 are judged on the kept rows, the same on both sides."""
-    from compare.distribution import judge_distribution, logit_agreement
+    from compare.judge.distribution import judge_distribution, logit_agreement
 
     rng = np.random.default_rng(2)
     logits = rng.standard_normal((8, 256, 600)).astype(np.float32)  # 1,228,800 elements: over 2**20

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 from common.data import activation_inputs, make_dataset  # noqa: E402
 from common.presets import load_spec  # noqa: E402
 from common.weights import init_params, param_infos  # noqa: E402
-from compare.backward import first_divergent_module_backward  # noqa: E402
-from compare.parity import first_divergent_module  # noqa: E402
+from compare.judge.backward import first_divergent_module_backward  # noqa: E402
+from compare.judge.parity import first_divergent_module  # noqa: E402
 
 CASES = [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []),
          pytest.param("gpt-tiny", ["model.tied_embeddings=false"], marks=pytest.mark.slow),  # (make test-fast: 2 min)
@@ -29,7 +29,7 @@ CASES = [("mlp-tiny", []), ("cnn-digits", []), ("gpt-tiny", []),
 # division by sqrt(v) magnifies the tiny differences of near-zero gradients).
 LOGITS_ATOL, GRAD_RTOL, GRAD_ATOL, PARAM_ATOL, LOSS_ATOL = 1e-5, 1e-5, 1e-9, 5e-5, 1e-5
 STEPS = 5
-ACTIVATION_BOUNDS = {"atol": 1e-5, "rtol": 1e-4}  # the default forward tolerance (compare/tolerances.py)
+ACTIVATION_BOUNDS = {"atol": 1e-5, "rtol": 1e-4}  # the default forward tolerance (compare/judge/tolerances.py)
 GRAD_BOUNDS = {"atol": 1e-6, "rtol": 1e-3}  # and the gradients' one
 
 

@@ -2,7 +2,7 @@
 
 Hugging Face's code casts to float32 in places (RMSNorm's variance, rotary tables, a softmax with
 dtype=torch.float32), so a float64 run of it is float32 there, and its difference from a port is float32's
-rounding, not a port error (compare/islands.py judges those modules so). Found by watching every aten op of one
+rounding, not a port error (compare/judge/islands.py judges those modules so). Found by watching every aten op of one
 forward of step 0's batch (a TorchDispatchMode) while module hooks keep the stack of modules running: an op whose
 floating output is narrower than float64 belongs to the innermost module that maps to an NNX module (the root
 where none does). The twin of jax_impl/islands.py (same function, same result).

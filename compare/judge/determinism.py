@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from common.record import RecordError, read_record
 from common.vocab import ReportStatus
-from compare.verdict import CheckResult
+from compare.judge.verdict import CheckResult
 
 
 def determinism_check(runs: dict, repeats: dict) -> CheckResult:

@@ -19,7 +19,7 @@ import numpy as np
 
 from common.record import RecordError, read_record
 from common.vocab import ReportStatus
-from compare.verdict import CheckResult
+from compare.judge.verdict import CheckResult
 
 ALPHA = 0.01
 SEEDS_DIR = "seeds"
@@ -82,7 +82,7 @@ def judge(out: Path, names: list[str], reference: str, seeds: list[int]) -> dict
 
 
 def statistical_check(out: Path, names: list[str], reference: str, seeds: list[int]) -> CheckResult:
-    """The statistical test decides the numbers' verdict (compare/verdict.py): step-0 tensors and losses of one
+    """The statistical test decides the numbers' verdict (compare/judge/verdict.py): step-0 tensors and losses of one
     seed (report.parity) are shown but cannot agree when the masks differ."""
     result = judge(out, names, reference, seeds)
     failed = {n: r for n, r in result["backends"].items() if not r["passed"]}

@@ -19,7 +19,7 @@ sets it): the share of a tensor's elements allowed over the bound, as
 testing tools' "mismatched elements" allowances: a tensor passes when at
 most floor(fraction * elements) of its elements are over. Every report
 row counts the elements over, and every failing tensor says the smallest
-atol, rtol or fraction that would have passed it (compare/parity.py
+atol, rtol or fraction that would have passed it (compare/judge/parity.py
 `passes_with`), so a bound set too tight reads apart from a port error.
 
 distribution (step-0 logits read as next-token distributions, as MaxText's
@@ -42,7 +42,7 @@ from pathlib import Path
 from common import backends
 from common.fsutil import require_regular_file
 from common.record import RunRecord
-from compare.islands import island_policy, islands_of
+from compare.judge.islands import island_policy, islands_of
 
 KINDS = ("forward", "grad", "loss", "params")
 TENSOR_KINDS = ("forward", "grad", "params")  # judged element by element: a fraction may be over
@@ -80,9 +80,9 @@ def pair_policy(policy: dict, profile: str, ref: RunRecord, other: RunRecord,
     run's, of `profile`). In float64: each tensor kind's rtol no tighter than what either runtime's own lowerings
     need (its registry row's `float64_rtol`); where the two keep BatchNorm's running variance by different
     conventions and the runs have running statistics (`has_state`), those and the eval-mode forward that reads
-    them (`state` bounds, used by compare/parity.py for those groups) at float32's after-training bounds, which
+    them (`state` bounds, used by compare/judge/parity.py for those groups) at float32's after-training bounds, which
     hold the convention's 1/(n-1); with float32 islands on either side, float32's bounds from the first island
-    on (compare/islands.py)."""
+    on (compare/judge/islands.py)."""
     if str(ref.numerics.get("dtype")) != "float64":
         return policy, {}
     policy, why = runtime_policy(policy, (ref.backend, other.backend), has_state)

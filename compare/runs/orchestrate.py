@@ -23,8 +23,8 @@ from common.procs import kill_group, start_group
 from common.protocol import outcome, read_progress
 from common.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
 from common.vocab import BackendStatus
-from compare.guard import GUARD
-from compare.launch import Launch
+from compare.runs.guard import GUARD
+from compare.runs.launch import Launch
 
 REPO = Path(__file__).resolve().parents[1]
 STDOUT_LOG, STDERR_LOG = LOG_FILES
@@ -85,9 +85,9 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
     command = [python, "-m", backends.info(name).package, "--spec", str(run_dir / SPEC_FILE), *launch.flags,
                "--out", str(run_dir), "--progress"]
     group = launch.group
-    if group.total > 1:  # cooperating processes, started and watched by compare/processes.py in this group
+    if group.total > 1:  # cooperating processes, started and watched by compare/runs/processes.py in this group
         (run_dir / PROCESS_LOGS).mkdir(exist_ok=True)
-        command = [sys.executable, "-m", "compare.processes", "--processes", str(group.processes), "--first-id",
+        command = [sys.executable, "-m", "compare.runs.processes", "--processes", str(group.processes), "--first-id",
                    str(group.host * group.processes), "--total", str(group.total), "--coordinator",
                    coordinator_of(group), "--logs", str(run_dir / PROCESS_LOGS), "--", *command]
     env = backend_env()
@@ -125,7 +125,7 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
 
 @dataclass
 class Plan:
-    """What compare runs: per backend its interpreter and launch (compare/launch.py), or an existing run
+    """What compare runs: per backend its interpreter and launch (compare/runs/launch.py), or an existing run
     directory to reuse."""
 
     names: list[str]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from compare.rundir import RunDirError, check_run_id
+from compare.runs.rundir import RunDirError, check_run_id
 
 
 def bounded_int(low: int, high: int, what: str):

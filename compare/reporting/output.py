@@ -12,9 +12,9 @@ from rich.console import Console
 from common.cli import fail
 from common.fsutil import write_json_atomic, write_text_atomic
 from common.vocab import BackendStatus, ExitCode, ReportStatus
-from compare.plots import PLOT_FILES, write_plots
-from compare.render import markdown, print_tables
-from compare.report import strict_report
+from compare.reporting.plots import PLOT_FILES, write_plots
+from compare.reporting.render import markdown, print_tables
+from compare.reporting.report import strict_report
 
 
 def write_report(report: dict, out: Path) -> None:

@@ -1,4 +1,4 @@
-"""compare across processes and hosts: every backend run as cooperating processes (compare/processes.py).
+"""compare across processes and hosts: every backend run as cooperating processes (compare/runs/processes.py).
 
 `--processes N` runs each backend as N processes on this machine. A multi-host run is the same command on every
 host with `--num-hosts H --host-id I --coordinator HOST:PORT` (host 0's address): each host starts its N
@@ -15,7 +15,7 @@ import sys
 from common import backends
 from common.spec import SpecError
 from common.vocab import BackendStatus, ExitCode
-from compare.arg_types import bounded_int
+from compare.runs.arg_types import bounded_int
 
 
 def add_flags(parser) -> None:
@@ -55,7 +55,7 @@ def check(args, names: list[str], spec) -> None:
                         f"processes; give a --mesh whose device count they divide, e.g. --mesh data={total * 2}")
 
 
-# a run's launches each take the next port from the coordinator's (compare/orchestrate.py coordinator_of): room
+# a run's launches each take the next port from the coordinator's (compare/runs/orchestrate.py coordinator_of): room
 # for this many above it
 LAUNCH_PORTS = 256
 

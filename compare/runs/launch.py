@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from common import backends
 from common.cli import resolve_spec
 from common.spec import RunSpec
-from compare.cache import backend_cache_dir
-from compare.noise_floor import JITTER_ULPS
+from compare.runs.cache import backend_cache_dir
+from compare.judge.noise_floor import JITTER_ULPS
 
 
 @dataclass(frozen=True)
 class Group:
-    """The cooperating processes that run a backend (compare/processes.py): `processes` on this host, of
+    """The cooperating processes that run a backend (compare/runs/processes.py): `processes` on this host, of
     `hosts` hosts (this one is number `host`), joined through `coordinator` (None: one on 127.0.0.1)."""
 
     processes: int = 1
@@ -68,7 +68,7 @@ def _flags(args, name: str) -> list[str]:
         flags += ["--profile", str(args.profile)]
     if args.no_hlo:
         flags.append("--no-hlo")
-    # --tensors auto: the backends keep summaries, compare's second pass what it needs whole (compare/second_pass.py)
+    # --tensors auto: the backends keep summaries, compare's second pass what it needs whole (compare/runs/second_pass.py)
     return flags + ["--tensors", "summary" if args.tensors == "auto" else args.tensors, "--run-id", args.run_id]
 
 
@@ -79,9 +79,9 @@ def main_launch(args, name: str) -> Launch:
 
 
 def capture_launch(args, name: str, whole: tuple[str, ...] = ()) -> Launch:
-    """Step 0's activations from the start weights, nothing trained (compare/capture.py): no parity tensors,
+    """Step 0's activations from the start weights, nothing trained (compare/runs/capture.py): no parity tensors,
     provoked recompiles, HLO, profile or throughput; one process (its slice of step 0 is one example). `whole`:
-    activation keys kept whole under summaries (a location's confirming capture, compare/extra_runs.py)."""
+    activation keys kept whole under summaries (a location's confirming capture, compare/runs/extra_runs.py)."""
     changes = {"steps": 1, "provoke": [], "profile": 0, "no_hlo": True}
     side = argparse.Namespace(**{**vars(args), **changes})
     kept = ("--whole-tensors", ",".join(whole)) if whole else ()
@@ -89,7 +89,7 @@ def capture_launch(args, name: str, whole: tuple[str, ...] = ()) -> Launch:
 
 
 def floor_launch(args, name: str, dtype: str) -> Launch:
-    """A backend's noise-floor run (compare/noise_floor.py), with the parity tensors (no HLO, profile or
+    """A backend's noise-floor run (compare/judge/noise_floor.py), with the parity tensors (no HLO, profile or
     throughput): of a bfloat16 comparison, the same spec, start and batches in float32; of a float32 one, the
     same from start weights JITTER_ULPS off (train.start_jitter_ulps)."""
     changes = {"profile": 0, "no_hlo": True, "provoke": []}
@@ -103,7 +103,7 @@ def floor_launch(args, name: str, dtype: str) -> Launch:
 
 
 def whole_launch(args, name: str, keys: list[str], floor_dtype: str | None = None) -> Launch:
-    """--tensors auto's second pass (compare/second_pass.py) of a main run, or of a noise-floor run of
+    """--tensors auto's second pass (compare/runs/second_pass.py) of a main run, or of a noise-floor run of
     `floor_dtype`: the same spec, start and batches, so the same values, keeping `keys` whole (no HLO, profile,
     throughput or activations, which change no value)."""
     if floor_dtype:

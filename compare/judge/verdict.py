@@ -1,8 +1,9 @@
 """The verdict of a compare run, made in one place.
 
-Every check returns a CheckResult: the backends' runs themselves (`compare.report.runs_check`), parity
-(`compare.report.parity_check`), the statistical test (`compare.statistical.statistical_check`), determinism
-(`compare.determinism.determinism_check`), and whatever check comes next. `decide` folds them into the run's
+Every check returns a CheckResult: the backends' runs themselves (`compare.reporting.report.runs_check`),
+parity (`compare.reporting.report.parity_check`), the statistical test
+(`compare.judge.statistical.statistical_check`), determinism (`compare.judge.determinism.determinism_check`),
+and whatever check comes next. `decide` folds them into the run's
 one status, exit code and message by one precedence: the most serious status any check gives wins, and the
 message is what the checks giving it said. A check that cannot be made at all is an internal error (exit 6),
 which a failure found elsewhere still outranks: a verdict is never a pass without every check.

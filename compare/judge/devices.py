@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from common.record import RunRecord
 from common.vocab import ReportStatus
-from compare.verdict import CheckResult
+from compare.judge.verdict import CheckResult
 
 # what each framework calls a platform, by the one name used here (torch: cuda; torch_xla: CUDA, TPU; jax: gpu)
 PLATFORMS = {"cuda": "gpu", "gpu": "gpu", "rocm": "gpu", "tpu": "tpu", "cpu": "cpu"}

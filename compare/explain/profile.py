@@ -1,6 +1,6 @@
 """Where a profiled step goes: device time and host time per step, from a backend's `--profile` trace.
 
-The trace (XSpace, read by compare/xplane.py) holds our annotations
+The trace (XSpace, read by compare/explain/xplane.py) holds our annotations
 (common.vocab.ProfileRange) on the host's Python thread and the device's
 work: on a GPU or TPU the `/device:*` planes (their "XLA Ops" line when
 there is one); on the CPU, the XLA ops that the runtime's own threads
@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from common.vocab import ProfileRange
-from compare.xplane import Event, TraceError, read_events
+from compare.explain.xplane import Event, TraceError, read_events
 
 _WRAPPER = re.compile(r"^(call|while|conditional)(\.\d+)?$")  # XLA:CPU ops that only run other ops
 

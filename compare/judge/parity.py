@@ -6,15 +6,14 @@ import json
 from common.modules import ROOT_MODULE
 from common.record import RunRecord
 from common.summary import TensorSummary
-from compare import noise_floor
-from compare.backward import first_divergent_module_backward
-from compare.curves import compare_curves, curves_words
-from compare.distribution import judge_distribution
-from compare.islands import before_first_island, islands_of
-from compare.noise_floor import Floors, loss_sensitivity
-from compare.second_pass import location_keys, mark_second_pass
-from compare.sensitivity import group_sensitivity
-from compare.tensor_error import (
+from compare.judge import noise_floor
+from compare.judge.backward import first_divergent_module_backward
+from compare.judge.curves import compare_curves, curves_words
+from compare.judge.distribution import judge_distribution
+from compare.judge.islands import before_first_island, islands_of
+from compare.judge.noise_floor import Floors, loss_sensitivity
+from compare.judge.sensitivity import group_sensitivity
+from compare.judge.tensor_error import (
     BORDERLINE,
     by_summary,
     module_error,
@@ -22,11 +21,12 @@ from compare.tensor_error import (
     summary_error,
     tensor_error,
 )
-from compare.unreached import mark_unreached, unreached_params
+from compare.judge.unreached import mark_unreached, unreached_params
+from compare.runs.second_pass import location_keys, mark_second_pass
 
 # Record fields that must agree before numbers mean anything.
 NUMERICS_FIELDS = ("dtype", "matmul_precision")
-# what measures a dtype's noise floor (compare/noise_floor.py), for a pair judged without one
+# what measures a dtype's noise floor (compare/judge/noise_floor.py), for a pair judged without one
 FLOOR_FLAGS = {"float32": "--fp32-tolerance noise-floor", "bfloat16": "--bf16-tolerance noise-floor"}
 
 
@@ -68,7 +68,8 @@ def compare_tensors(ref: dict, other: dict, policy: dict,
     notes on non-finite values name them)."""
     out = {}
     for group, kind in KIND_OF_GROUP.items():
-        # a pair whose running variances differ by convention has `state` bounds (compare/tolerances.py pair_policy)
+        # a pair whose running variances differ by convention has `state` bounds
+        # (compare/judge/tolerances.py pair_policy)
         bounds = policy.get("state", policy[kind]) if group in ("state", "eval") else policy[kind]
         a, b = ref.get(group, {}), other.get(group, {})
         names_here = set(a) & set(b) if group in ONE_SIDED_GROUPS else set(a) | set(b)
@@ -286,7 +287,7 @@ def _module_parts(forward: dict | None, fixed_float32: bool) -> bool:
 def confirm_locations(forward: dict | None, backward: dict | None, ref: dict, other: dict) -> dict | None:
     """A location found on summaries of the activations, marked `confirmed_whole` where its module's input and
     output (or their gradients) are compared whole on both sides (kept whole, or captured whole again by
-    compare/extra_runs.py confirm_locations and reproduced), else `to_confirm`: the keys still summarized.
+    compare/runs/extra_runs.py confirm_locations and reproduced), else `to_confirm`: the keys still summarized.
     Returns what the confirming captures kept whole, or None when there were none."""
     for found, group in ((forward, "activations"), (backward, "activation_grads")):
         keys = location_keys(found, group)
@@ -327,7 +328,7 @@ def failure_message(name: str, parity: dict) -> str:
     module, backward = parity.get("first_divergent_module"), parity.get("first_divergent_module_backward")
     if module and module["module"]:
         where += f", first divergent module {module['module']}"
-        if module["module"] == ROOT_MODULE and module.get("not_compared"):  # compare/render.py: _root_culprit
+        if module["module"] == ROOT_MODULE and module.get("not_compared"):  # compare/reporting/render.py: _root_culprit
             where += f" or a module not compared ({len(module['not_compared'])})"
     elif backward and backward.get("in_loss"):  # the forwards agree, the gradient the loss sends back does not
         where += ", first divergent in the loss: every module's forward agrees, the gradient of the loss at the " \

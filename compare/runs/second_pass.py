@@ -99,7 +99,7 @@ def with_second_pass(tensors: dict, run_dir: Path, run_id: str | None, name: str
     its second pass must be of the same) with the whole arrays of its second pass in place of the summaries they
     reproduce, in `groups`, and `tensors[section]`: {"whole": keys judged whole, "not_reproduced": {key: why}}.
     Unchanged when this run has no second pass. (`section` "activation_pass", `groups` ACTIVATION_GROUPS: the
-    confirming capture of a location found on summaries, compare/extra_runs.py.)"""
+    confirming capture of a location found on summaries, compare/runs/extra_runs.py.)"""
     path = run_dir / WHOLE_DIR / RECORD_FILE
     if not path.exists():
         return tensors
@@ -145,7 +145,7 @@ def location_keys(found: dict | None, group: str) -> set[str]:
 
 def activations_to_confirm(report: dict) -> dict[str, list[str]]:
     """{backend: activation keys} a confirming capture keeps whole: for every location found on summaries, the
-    input and output (forward) or their gradients (backward) of its module still summarized (compare/parity.py
+    input and output (forward) or their gradients (backward) of its module still summarized (compare/judge/parity.py
     confirm_locations' `to_confirm`), on that backend and the reference; none once every one is whole or
     could not be reproduced."""
     wanted: dict[str, set[str]] = {}
@@ -162,7 +162,7 @@ def activations_to_confirm(report: dict) -> dict[str, list[str]]:
 
 
 def mark_second_pass(rows: dict[str, dict], ref: dict, other: dict) -> None:
-    """Parity's tensor rows (compare/parity.py) marked: `second_pass` where both sides' whole tensors were judged,
+    """Parity's tensor rows (compare/judge/parity.py) marked: `second_pass` where both sides' whole tensors were judged,
     and a note where a side's second pass did not reproduce its run."""
     a, b = ref.get("second_pass", {}), other.get("second_pass", {})
     for key in set(a.get("whole", ())) & set(b.get("whole", ())):

@@ -1,7 +1,7 @@
 """Long-run agreement of two bfloat16 loss curves: does the port train as well as the reference?
 
 Step by step, a bfloat16 run wanders from its float32 twin, and the largest wander so far (the per-step rule
-of compare/noise_floor.py) soon bounds every later step loosely: on gpt-tiny over 300 steps of the Python
+of compare/judge/noise_floor.py) soon bounds every later step loosely: on gpt-tiny over 300 steps of the Python
 reference text the raw noise peaks at 0.2 where the learning rate does, so every later step's bound is 0.6,
 while a port whose lr schedule ends elsewhere trains worse by 0.03 for good and stays under it. Over a long
 run the question is the trend, not one step: both loss curves are averaged over a trailing WINDOW of steps
@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from compare.noise_floor import FACTOR
+from compare.judge.noise_floor import FACTOR
 
 WINDOW = 25  # steps averaged: the smoothed noise of gpt-tiny's 300 bf16 steps is 1/16 of the raw one
 SPAN = 4 * WINDOW  # the band remembers the noise of the last SPAN steps (and shorter runs are judged step by step)

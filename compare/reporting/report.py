@@ -19,14 +19,14 @@ from common.record import RECORD_FILE, RecordError, read_record
 from common.spec import RunSpec
 from common.tensor_file import read_tensors
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
-from compare.capture import CAPTURE_DIR, capture_facts, captured_activations
-from compare.devices import devices_check, one_device
-from compare.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
-from compare.parity import check_parity, failure_message
-from compare.second_pass import ACTIVATION_GROUPS, with_second_pass
-from compare.summary import backend_summary, cpu_peak, wall_breakdown
-from compare.tolerances import load_policy, pair_policy
-from compare.verdict import CheckResult, decide, not_made
+from compare.explain.summary import backend_summary, cpu_peak, wall_breakdown
+from compare.judge.devices import devices_check, one_device
+from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
+from compare.judge.parity import check_parity, failure_message
+from compare.judge.tolerances import load_policy, pair_policy
+from compare.judge.verdict import CheckResult, decide, not_made
+from compare.runs.capture import CAPTURE_DIR, capture_facts, captured_activations
+from compare.runs.second_pass import ACTIVATION_GROUPS, with_second_pass
 
 REPORT_SCHEMA = 2
 
@@ -75,7 +75,7 @@ class ReportInputs:
     """What a report is built from besides the runs, set once per compare run (never an argparse Namespace)."""
 
     spec: RunSpec
-    policy: dict  # compare/tolerances.py's policy for the spec's dtype
+    policy: dict  # compare/judge/tolerances.py's policy for the spec's dtype
     names: list[str]  # the backends, in the order they ran
     reference: str
     out: Path
@@ -85,16 +85,17 @@ class ReportInputs:
     intended: dict = field(default_factory=dict)  # {backend: the spec fields its --<name>-set changed on purpose}
     parity_mode: str = ParityMode.DETERMINISTIC.value
     debug: bool = False
-    floor_policy: str = "fixed"  # "noise-floor": each run judged against its noise-floor run (compare/noise_floor.py)
+    # "noise-floor": each run judged against its noise-floor run (compare/judge/noise_floor.py)
+    floor_policy: str = "fixed"
     same_device: bool = False  # --require-same-device: backends on different devices are not comparable
     tensors: dict = field(default_factory=lambda: {"mode": "full"})  # --tensors: {mode, why}
-    weights: str = ""  # where the start weights came from (compare/prepare.py weights_origin)
+    weights: str = ""  # where the start weights came from (compare/runs/prepare.py weights_origin)
 
 
 def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tuple = ()) -> dict:
     """The report of this run, built part by part: a part that cannot be built (any Exception: a bad value,
     a bug) is left out and named in `not_built` ({part, why}) with everything else kept. The verdict is made
-    once (compare/verdict.py) from the runs, the parity and `checks` ((name, callable returning a CheckResult)
+    once (compare/judge/verdict.py) from the runs, the parity and `checks` ((name, callable returning a CheckResult)
     pairs: the statistical test, determinism); a check that cannot be made is an internal error (exit 6). The
     result is strict JSON (`strict_json`)."""
     not_built: list[dict] = []
@@ -154,7 +155,7 @@ def _entries(inputs: ReportInputs, runs: dict, attempt) -> tuple[dict, dict, dic
 
 
 def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
-    """Each backend's noise-floor run of this compare run (compare/noise_floor.py: a bfloat16 run's float32
+    """Each backend's noise-floor run of this compare run (compare/judge/noise_floor.py: a bfloat16 run's float32
     twin, a float32 run's twin from jittered start weights), when the policy asks, and what the report says of
     the policy, with the backends that have none (a pair without both floors is judged by the fixed bounds)."""
     dtype = inputs.spec.train.dtype
@@ -266,7 +267,7 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
             if record.status == BackendStatus.OK and want_tensors:
                 tensors = with_second_pass(read_tensors(record_path, record), run_dir, record.run_id, name)
                 tensors.update(capture_facts(record))
-                if not tensors["activations"]:  # captured apart, when step 0 parted (compare/capture.py)
+                if not tensors["activations"]:  # captured apart, when step 0 parted (compare/runs/capture.py)
                     tensors.update(captured_activations(run_dir, run_id))
                 tensors = with_second_pass(tensors, run_dir / CAPTURE_DIR, record.run_id, name, "activation_pass",
                                            ACTIVATION_GROUPS)  # a location on summaries, confirmed whole

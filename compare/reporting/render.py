@@ -5,9 +5,9 @@ from rich.console import Console
 from rich.table import Table
 
 from common.modules import ROOT_MODULE
-from compare.program import metric_rows
-from compare.sensitivity import sensitivity_line
-from compare.tensor_error import BORDERLINE, passes_with_words
+from compare.explain.program import metric_rows
+from compare.judge.sensitivity import sensitivity_line
+from compare.judge.tensor_error import BORDERLINE, passes_with_words
 
 # how a tensor row was judged when not element by element in full (its kind column says it)
 JUDGED_BY = {"noise-floor": ", noise floor", "summary": ", by summary"}
@@ -59,7 +59,7 @@ def _root_culprit(not_compared: dict) -> str:
 
 
 def _backward(found: dict | None, forward: dict | None = None) -> str:
-    if not found:  # the backward is searched only where the forwards agree (compare/parity.py)
+    if not found:  # the backward is searched only where the forwards agree (compare/judge/parity.py)
         return "not searched: the forwards part already" if forward and forward.get("module") else "-"
     if found.get("in_loss"):
         return f"the loss (the gradient it sends into the model differs: {_size(found['input_grad_error'])})"
@@ -74,7 +74,7 @@ def _backward(found: dict | None, forward: dict | None = None) -> str:
 
 
 def _summaries(found: dict) -> str:
-    """A location judged on summaries of the activations says so (compare/tensor_error.py by_summary)."""
+    """A location judged on summaries of the activations says so (compare/judge/tensor_error.py by_summary)."""
     if not found.get("judged_by"):
         return ""
     return "; found on summaries, confirmed whole" if found.get("confirmed_whole") else \
@@ -149,7 +149,7 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         if unreached:
             final = parity[name]["tensors"]
             out.append((f"Parameters of {name} not judged by their final value: their step-0 gradient is rounding "
-                        "noise on both sides, so Adam's updates are a random walk (compare/unreached.py)",
+                        "noise on both sides, so Adam's updates are a random walk (compare/judge/unreached.py)",
                         ["parameter", f"step-0 max abs grad, {ref}", f"step-0 max abs grad, {name}",
                          "noise threshold", "final max abs"],
                         [[p, _fmt(u["reference"], ".2e"), _fmt(u["other"], ".2e"), _fmt(u["threshold"], ".2e"),
@@ -207,7 +207,7 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
 
 
 def _apart(report: dict) -> str:
-    """A side-by-side table's title mark when the backends ran on different devices (compare/devices.py)."""
+    """A side-by-side table's title mark when the backends ran on different devices (compare/judge/devices.py)."""
     devices = report.get("devices") or {}
     if devices.get("same", True):
         return ""
@@ -230,7 +230,7 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
                  for k, v in tol.items() if "atol" in v]))
     floor = report.get("tolerance_policy") or {}
     if floor.get("policy") == "noise-floor":
-        out.append((f"bfloat16 judged by measured noise (compare/noise_floor.py): {floor['rule']}, factor "
+        out.append((f"bfloat16 judged by measured noise (compare/judge/noise_floor.py): {floor['rule']}, factor "
                     f"{floor['factor']:g}; every backend ran once more in float32 ({floor['floor_runs']})",
                     ["backend without a float32 run", "why"],
                     [[n, why] for n, why in floor["not_measured"].items()] or [["-", "-"]]))
@@ -329,7 +329,7 @@ def device_line(report: dict) -> str:
 
 
 def sensitivity_lines(report: dict) -> list[str]:
-    """What each judged backend's verdict could have seen (compare/sensitivity.py), one line each."""
+    """What each judged backend's verdict could have seen (compare/judge/sensitivity.py), one line each."""
     parity = report.get("parity") or {}
     return [f"{name}: {sensitivity_line(p, report.get('dtype', 'float32'))}" for name, p in parity.items()
             if p.get("checked")]

@@ -2,7 +2,7 @@
 
 A tensor's bound is atol + rtol * max|ref| (or a noise floor's), so a change of the tensor by a relative
 amount s moves max|a - b| by s * max|ref| and fails it once s > bound / max|ref|: that is the tensor's
-`sensitivity` (compare/tensor_error.py). A group's sensitivity is the largest over its judged tensors, the
+`sensitivity` (compare/judge/tensor_error.py). A group's sensitivity is the largest over its judged tensors, the
 change that every one of them would have caught: "this pass would have caught a relative change of 1e-9 in
 gradients". A port error smaller than that passes unseen; in float32 that is often a tanh GELU or a norm's
 epsilon (1e-5 to 1e-4 relative), in float64 (the host proof, --dtype float64) about 1e-9.
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from compare.islands import islands_words
+from compare.judge.islands import islands_words
 
 GROUPS = (("logits", "logits"), ("loss", "loss"), ("grads", "gradients"), ("activations", "module outputs"),
           ("params", "final parameters"))
-FLOAT64_RESOLVES = 1e-9  # the default float64 forward and gradient rtol (compare/tolerances.py)
+FLOAT64_RESOLVES = 1e-9  # the default float64 forward and gradient rtol (compare/judge/tolerances.py)
 
 
 def _judged(row: dict) -> bool:
@@ -24,11 +24,11 @@ def _judged(row: dict) -> bool:
 
 def group_sensitivity(tensors: dict, loss: dict | None, forward: dict | None,
                       unreached: set[str] = frozenset()) -> dict[str, dict[str, float]]:
-    """{group: {every, median}} of one backend's parity (compare/parity.py's check_parity: its tensor rows,
+    """{group: {every, median}} of one backend's parity (compare/judge/parity.py's check_parity: its tensor rows,
     losses and first divergent module): the relative change that every tensor of the group would have failed
     (the largest of their sensitivities) and that half of them would have. Groups: logits, loss (step 0's,
     and every step's against its own bound), gradients, module outputs (--activations), final parameters. The
-    `unreached` parameters (compare/unreached.py: a step-0 gradient of rounding noise on both sides, below the
+    `unreached` parameters (compare/judge/unreached.py: a step-0 gradient of rounding noise on both sides, below the
     absolute bound) are left out: no relative change of theirs is measurable."""
     found: dict[str, list[float]] = {}
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from common.summary import TensorSummary
-from compare.tensor_error import by_summary, module_error
+from compare.judge.tensor_error import by_summary, module_error
 
 
 def first_divergent_module_backward(ref: dict, other: dict, order: list[str], bounds: dict,

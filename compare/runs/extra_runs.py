@@ -5,17 +5,17 @@ found on their summaries."""
 from __future__ import annotations
 
 from common.vocab import BackendStatus, ParityMode
-from compare.capture import CAPTURE_DIR, capture, parted_at_step0
-from compare.launch import capture_launch, whole_launch
-from compare.noise_floor import FLOOR_DIR
-from compare.orchestrate import Plan, run_backend
-from compare.second_pass import WHOLE_DIR, activations_to_confirm, needs_whole
+from compare.runs.capture import CAPTURE_DIR, capture, parted_at_step0
+from compare.runs.launch import capture_launch, whole_launch
+from compare.judge.noise_floor import FLOOR_DIR
+from compare.runs.orchestrate import Plan, run_backend
+from compare.runs.second_pass import WHOLE_DIR, activations_to_confirm, needs_whole
 
 CONFIRM_PASSES = 3  # captures confirming a location found on summaries, at most
 
 
 def noise_floor_runs(args, policy: str, plan: Plan, outcome) -> list[str]:
-    """The backends run once more for their noise floor (compare/noise_floor.py: bfloat16 in float32, float32
+    """The backends run once more for their noise floor (compare/judge/noise_floor.py: bfloat16 in float32, float32
     from jittered start weights) when their dtype's policy asks: every one that ran here (not a reused record)
     and finished, in the deterministic or exact mode (the statistical test judges its own way)."""
     if policy != "noise-floor" or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
@@ -25,11 +25,11 @@ def noise_floor_runs(args, policy: str, plan: Plan, outcome) -> list[str]:
 
 def keep_whole(args, plan: Plan, outcome, floored: list[str], dtype: str, report: dict, build) -> dict:
     """The report (`report`, built from the runs), built again (`build(interrupted)`) after a second pass of
-    the backends whose summarized tensors left tolerance (compare/second_pass.py), and of their noise-floor
+    the backends whose summarized tensors left tolerance (compare/runs/second_pass.py), and of their noise-floor
     runs when they have one; unchanged when none did or the tensors were not summarized by `auto`. A reused
     record is not run again: its tensors are judged as it kept them."""
     if args.tensors != "auto" or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL \
-            or args.num_hosts > 1:  # every host would have to run it: compare/hosts.py
+            or args.num_hosts > 1:  # every host would have to run it: compare/runs/hosts.py
         return report
     wanted = {n: keys for n, keys in needs_whole(report).items() if n in plan.launches}
     if not wanted:
@@ -52,7 +52,7 @@ def locate_divergence(args, plan: Plan, outcome, report: dict, build) -> dict:
     confirmed whole. Not in the statistical mode: each framework draws its own dropout masks, so step 0 parts
     by design and its activations locate nothing."""
     if outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL \
-            or args.num_hosts > 1:  # every host would have to run it: compare/hosts.py
+            or args.num_hosts > 1:  # every host would have to run it: compare/runs/hosts.py
         return report
     parted = [] if args.activations else [n for n in parted_at_step0(report) if n in plan.launches]
     try:
@@ -79,7 +79,7 @@ def mark_failed_captures(report: dict, runs: dict) -> dict:
 
 def confirm_locations(args, plan: Plan, report: dict, build) -> dict:
     """A location found on summaries of the activations (a capture under --tensors summary|auto) confirmed by a
-    capture that keeps its module's input and output whole on both sides (compare/second_pass.py
+    capture that keeps its module's input and output whole on both sides (compare/runs/second_pass.py
     activations_to_confirm), into `<backend>/activations/whole-tensors/`. Whole, the input may turn out to
     differ in elements no summary sampled: the search then moves on, and the next location is confirmed in turn,
     up to CONFIRM_PASSES captures (each keeping every key asked so far); one left unconfirmed says so."""

@@ -7,7 +7,7 @@ from the other side is float32's rounding, and everything computed after them ca
 every gradient (the backward passes back through them) and every module that starts after the first island. So
 a pair with islands on either side is judged at float32's bounds there, and at float64's only in the modules
 that start before the first island (a port error there is still found at ~1e-9). The report lists the islands
-and says which parts float64 resolved (compare/sensitivity.py).
+and says which parts float64 resolved (compare/judge/sensitivity.py).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def island_policy(policy: dict, float32: dict) -> dict:
     for the modules that start before the first island."""
     out = {k: dict(v) for k, v in float32.items()}
     out["before_islands"] = {"forward": dict(policy["forward"]), "grad": dict(policy["grad"])}
-    if "state" in policy:  # a running-variance convention apart (compare/tolerances.py pair_policy)
+    if "state" in policy:  # a running-variance convention apart (compare/judge/tolerances.py pair_policy)
         out["state"] = dict(policy["state"])
     return out
 

@@ -1,7 +1,7 @@
 """Step 0's per-module activations, captured only where a divergence needs locating.
 
 The activations name the first module where two ports part at step 0, and nothing else: in the forward,
-or, when every activation agrees, in the backward pass (compare/backward.py: each side also takes the
+or, when every activation agrees, in the backward pass (compare/judge/backward.py: each side also takes the
 loss's gradient at every activation). Capturing them costs a forward through every module's hooks, run
 eagerly (gpt-tiny on this CPU: 1.3 s on jax, 1.5 s on torchax, 0.55 s on torch_xla, which computes every
 copy in one graph), and the gradients one backward more (jax: one jitted program, a capture process 2.9 s
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from common.record import RECORD_FILE, RecordError, read_record
 from common.tensor_file import read_tensors
-from compare.orchestrate import BackendRun, run_backend
+from compare.runs.orchestrate import BackendRun, run_backend
 
 CAPTURE_DIR = "activations"
 

@@ -1,6 +1,6 @@
 """One tensor against its reference: max abs / rel error under atol + rtol * max|ref| (with a fraction of
 elements allowed over), non-finite values compared by rule, and the smallest tolerance that would pass a
-failing tensor. compare/parity.py judges whole runs with it, compare/backward.py the backward pass."""
+failing tensor. compare/judge/parity.py judges whole runs with it, compare/judge/backward.py the backward pass."""
 from __future__ import annotations
 
 import math

@@ -11,7 +11,7 @@ PLOT_FILES = ("loss.png", "loss_diff.png", "step_time.png")  # every file write_
 
 
 def write_plots(report: dict, run_dir: Path) -> list[str]:
-    """Draw and write the plots of a strict report (compare/report.py strict_report); returns the files
+    """Draw and write the plots of a strict report (compare/reporting/report.py strict_report); returns the files
     written. A plot that cannot be drawn (any exception but a failed write, OSError, which is the caller's
     exit 7) is left out and named in `report["not_built"]`."""
     written = []
@@ -89,7 +89,7 @@ def _loss_diff_plot(report: dict, path: Path) -> bool:
             ax.semilogy(range(len(floor_bounds)), floor_bounds, color=line.get_color(), linestyle=":",
                         label=f"{name}: step bound (noise floor)")
         curves = report["parity"][name].get("curves")
-        if curves:  # the long-run check (compare/curves.py): the averaged gap against its band
+        if curves:  # the long-run check (compare/judge/curves.py): the averaged gap against its band
             steps = range(curves["window"] - 1, curves["window"] - 1 + len(curves["gap"]))
             ax.semilogy(steps, [abs(g) or float("nan") for g in curves["gap"]], color=line.get_color(),
                         linestyle="--", label=f"{name}: |mean gap| over {curves['window']} steps")

@@ -36,7 +36,7 @@ from common.summary import TensorSummary
 FACTOR = 3.0
 FLOOR_DIR = "noise-floor"
 JITTER_ULPS = 16  # a float32 floor run's start: every weight 16 units in the last place up or down
-# each dtype's floor run, beside the run itself: what it differs by (compare/launch.py's floor_launch makes it)
+# each dtype's floor run, beside the run itself: what it differs by (compare/runs/launch.py's floor_launch makes it)
 FLOOR_TWIN = {"bfloat16": "its own float32 run", "float32": f"its own run from start weights {JITTER_ULPS} ulps off"}
 
 
@@ -56,9 +56,9 @@ def _max_abs(a, b) -> float | None:
 
 
 def judge_tensors(tensors: dict, ref: dict, other: dict, floors: Floors, factor: float = FACTOR) -> None:
-    """Each tensor row of `tensors` (compare/parity.py's compare_tensors) judged again against the noise
+    """Each tensor row of `tensors` (compare/judge/parity.py's compare_tensors) judged again against the noise
     floor of the two runs. Rows that are unmeasurable (a non-finite mismatch, shapes that differ), not judged
-    (compare/unreached.py), judged by a summary (--tensors summary) or the logits (judged as distributions)
+    (compare/judge/unreached.py), judged by a summary (--tensors summary) or the logits (judged as distributions)
     keep their verdict."""
     for key, entry in tensors.items():
         group, _, name = key.partition("/")
@@ -84,7 +84,7 @@ def judge_tensors(tensors: dict, ref: dict, other: dict, floors: Floors, factor:
 
 
 def judge_losses(loss: dict, ref: list, other: list, floors: Floors, factor: float = FACTOR) -> dict:
-    """compare/parity.py's loss comparison judged again: step s's bound is FACTOR times the largest loss noise
+    """compare/judge/parity.py's loss comparison judged again: step s's bound is FACTOR times the largest loss noise
     of either run up to s (the noise grows as each run drifts from its float32 twin), at least the float32
     bound."""
     running, bounds, first = 0.0, [], None
@@ -105,7 +105,7 @@ def judge_losses(loss: dict, ref: list, other: list, floors: Floors, factor: flo
 
 def loss_sensitivity(ref: list, bounds: list) -> float | None:
     """The relative change of a step's loss that its bound would have failed, at the least sensitive step
-    (compare/sensitivity.py)."""
+    (compare/judge/sensitivity.py)."""
     shares = [b / abs(a) for a, b in zip(ref, bounds) if a is not None and a != 0]
     return max(shares) if shares else None
 

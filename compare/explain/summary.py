@@ -10,9 +10,9 @@ import numpy as np
 from common.fsutil import write_json_atomic
 from common.record import RunRecord, timed_from
 from common.vocab import Phase
-from compare.cache import cpu_identity
-from compare.profile import step_breakdown
-from compare.program import compiled_program
+from compare.explain.profile import step_breakdown
+from compare.explain.program import compiled_program
+from compare.runs.cache import cpu_identity
 
 # Peak dense bf16 flop/s per chip (the vendors' figures).
 TPU_PEAK_FLOPS = {"v4": 2.75e14, "v5e": 1.97e14, "v5 lite": 1.97e14, "v5p": 4.59e14, "v6e": 9.2e14, "v6 lite": 9.2e14}

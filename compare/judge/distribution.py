@@ -1,5 +1,5 @@
 """Step-0 logits judged as next-token distributions, as MaxText's logit checker does: KL divergence and top-k
-agreement (compare/tolerances.py `distribution`); in bfloat16 they decide whether the logits are within."""
+agreement (compare/judge/tolerances.py `distribution`); in bfloat16 they decide whether the logits are within."""
 from __future__ import annotations
 
 import numpy as np

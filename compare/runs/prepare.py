@@ -47,8 +47,8 @@ from common.weights import (
     read_safetensors,
     save_checkpoint,
 )
-from compare.guard import GUARD
-from compare.orchestrate import backend_env
+from compare.runs.guard import GUARD
+from compare.runs.orchestrate import backend_env
 
 INIT_FILE = "init.safetensors"
 

@@ -1,4 +1,4 @@
-"""python -m compare.processes: a backend run as cooperating processes (`compare --processes N`, compare/hosts.py).
+"""python -m compare.runs.processes: a backend run as cooperating processes (`compare --processes N`, compare/runs/hosts.py).
 
 compare runs this launcher where it would run the backend, in the backend's own process group: it starts N
 copies of the backend command, each told its place in the run (`--coordinator HOST:PORT --num-processes TOTAL
@@ -25,7 +25,7 @@ GRACE_S = 5.0
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m compare.processes", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m compare.runs.processes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, required=True, help="how many processes this launcher starts")
     parser.add_argument("--first-id", type=int, default=0, help="the process id of the first (host I of a "
                                                                     "multi-host run: I x --processes)")

@@ -1,0 +1,1 @@
+"""Explaining performance: compiled programs, profiles (XProf traces), per-backend figures."""
