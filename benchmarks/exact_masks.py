@@ -26,7 +26,7 @@ from rich.table import Table
 from common import backends
 from common.record import read_record
 from common.vocab import MaskSource, values
-from compare.explain.summary import step_times
+from compare.explain.figures import step_times
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from benchmarks.timing import spread
 from common import backends
 from common.record import read_record
-from compare.explain.summary import compile_summary, step_times
+from compare.explain.figures import compile_summary, step_times
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PRESET = "gpt-tiny"  # what `python -m compare --backend both` runs

@@ -20,7 +20,7 @@ from pathlib import Path
 from common import backends
 from common.fsutil import write_json_atomic
 from common.record import read_record
-from compare.explain.summary import step_times
+from compare.explain.figures import step_times
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {  # name: --set overrides of gpt-tiny

@@ -109,7 +109,7 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     if options.activations and not (runtime.captures_after_run and options.train):
         _capture(runtime, record, tensors)
     record.extra["start"], record.extra["provoked"] = runtime.start, [str(p) for p in options.provocations]
-    if not options.train:  # compare's capture run (compare/runs/capture.py): no step, no compile of one
+    if not options.train:  # compare's capture run (compare/runs/capture_runs.py): no step, no compile of one
         record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
         return record, tensors
     timeline["loop_start"] = time.time()

@@ -9,7 +9,7 @@ import pytest
 from common.record import read_record
 from common.tensor_file import read_tensors
 from compare.judge.backward import first_divergent_module_backward
-from compare.runs.capture import CAPTURE_DIR
+from compare.runs.capture_runs import CAPTURE_DIR
 from tests.helpers import run_cli
 
 USER = "tests/data/user_project/twins.py"

@@ -147,7 +147,7 @@ def test_a_deliberate_difference_on_one_side_fails_parity(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["verdict"] == "fail" and report["status"] == "parity_failed"
     assert report["parity"]["torch"]["first_divergent_step"] == 0  # the forward pass already differs
-    # located by the capture runs compare made for the pair (compare/runs/capture.py: step 0's activations, no step
+    # located by the capture runs compare made for the pair (compare/runs/capture_runs.py: step 0's activations, no step
     # trained): the layer of the scaled kernel is the culprit, fed inputs that agree
     found = report["parity"]["torch"]["first_divergent_module"]
     assert found["module"] == "blocks.1.mlp.fc" and found["input_agrees"], found

@@ -9,7 +9,7 @@ from analysis.hlo import matmul_flops
 from benchmarks.runs import summarize_repeats
 from benchmarks.timing import ratio, spread, summarize
 from common.record import CompileEvent, RunRecord, peak_rss_mb
-from compare.explain.summary import wall_breakdown
+from compare.explain.figures import wall_breakdown
 from tests.helpers import REPO
 
 MODULE = """HloModule {name}
@@ -105,7 +105,7 @@ def test_peak_rss_is_this_process_in_mib():
 def test_an_unreadable_or_stale_cached_cpu_peak_is_measured_again_and_replaced(tmp_path):
     import json
 
-    from compare.explain.summary import CPU_PEAK_FILE, CPU_PEAK_SOURCE, cpu_peak
+    from compare.explain.figures import CPU_PEAK_FILE, CPU_PEAK_SOURCE, cpu_peak
     from compare.runs.cache import cpu_identity
 
     path = tmp_path / CPU_PEAK_FILE

@@ -12,7 +12,7 @@ from common.vocab import BackendStatus, ExitCode, ReportStatus
 from compare.judge.tolerances import load_policy
 from compare.reporting.render import markdown
 from compare.reporting.report import ReportInputs, build_report
-from compare.runs.capture import CAPTURE_DIR
+from compare.runs.capture_runs import CAPTURE_DIR
 from compare.runs.orchestrate import BackendRun
 
 SPEC = load_spec("mlp-tiny", ["train.steps=3"])

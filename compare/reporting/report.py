@@ -19,13 +19,13 @@ from common.record import RECORD_FILE, RecordError, read_record
 from common.spec import RunSpec
 from common.tensor_file import read_tensors
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
-from compare.explain.summary import backend_summary, cpu_peak, wall_breakdown
+from compare.explain.figures import backend_summary, cpu_peak, wall_breakdown
 from compare.judge.devices import devices_check, one_device
 from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
 from compare.judge.parity import check_parity, failure_message
 from compare.judge.tolerances import load_policy, pair_policy
 from compare.judge.verdict import CheckResult, decide, not_made
-from compare.runs.capture import CAPTURE_DIR, capture_facts, captured_activations
+from compare.runs.capture_runs import CAPTURE_DIR, capture_facts, captured_activations
 from compare.runs.second_pass import ACTIVATION_GROUPS, with_second_pass
 
 REPORT_SCHEMA = 2
@@ -267,7 +267,7 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
             if record.status == BackendStatus.OK and want_tensors:
                 tensors = with_second_pass(read_tensors(record_path, record), run_dir, record.run_id, name)
                 tensors.update(capture_facts(record))
-                if not tensors["activations"]:  # captured apart, when step 0 parted (compare/runs/capture.py)
+                if not tensors["activations"]:  # captured apart, when step 0 parted (compare/runs/capture_runs.py)
                     tensors.update(captured_activations(run_dir, run_id))
                 tensors = with_second_pass(tensors, run_dir / CAPTURE_DIR, record.run_id, name, "activation_pass",
                                            ACTIVATION_GROUPS)  # a location on summaries, confirmed whole

@@ -5,7 +5,7 @@ found on their summaries."""
 from __future__ import annotations
 
 from common.vocab import BackendStatus, ParityMode
-from compare.runs.capture import CAPTURE_DIR, capture, parted_at_step0
+from compare.runs.capture_runs import CAPTURE_DIR, capture, parted_at_step0
 from compare.runs.launch import capture_launch, whole_launch
 from compare.judge.noise_floor import FLOOR_DIR
 from compare.runs.orchestrate import Plan, run_backend

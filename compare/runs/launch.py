@@ -79,7 +79,7 @@ def main_launch(args, name: str) -> Launch:
 
 
 def capture_launch(args, name: str, whole: tuple[str, ...] = ()) -> Launch:
-    """Step 0's activations from the start weights, nothing trained (compare/runs/capture.py): no parity tensors,
+    """Step 0's activations from the start weights, nothing trained (compare/runs/capture_runs.py): no parity tensors,
     provoked recompiles, HLO, profile or throughput; one process (its slice of step 0 is one example). `whole`:
     activation keys kept whole under summaries (a location's confirming capture, compare/runs/extra_runs.py)."""
     changes = {"steps": 1, "provoke": [], "profile": 0, "no_hlo": True}
