@@ -292,8 +292,7 @@ def test_a_part_that_cannot_be_built_leaves_every_file_and_the_verdicts_code(tmp
     def broken(*args, **kwargs):
         raise TypeError("unsupported format string passed to NoneType.__format__")
 
-    # the verdict cannot be made: exit 6, still written
-    monkeypatch.setattr("compare.reporting.report.check_parity", broken)
+    monkeypatch.setattr("compare.reporting.report.check_parity", broken)  # no verdict: exit 6, still written
     report = _report(spec, runs, tmp_path)
     assert report["status"] == ReportStatus.INTERNAL_ERROR and report["exit_code"] == ExitCode.INTERNAL == 6
     assert report["not_built"] == [{"part": "parity.torch",
