@@ -9,6 +9,7 @@ whose chosen output is not an array is refused when the sides describe themselve
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 
@@ -77,7 +78,8 @@ def loss_refusal(value, side: str, twin) -> str:
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is None or dtype is None:
         return f"{what} returns a {type(value).__name__}; a loss returns its framework's float scalar"
-    if len(shape):
+    # jax.grad takes a scalar only; torch's backward any one-element tensor (a loss kept as shape (1,) trains)
+    if (len(shape) != 0) if side == "nnx" else math.prod(shape) != 1:
         return f"{what} returns shape {tuple(shape)}; a loss returns a scalar (reduce it, e.g. with .mean())"
     if "float" not in str(dtype):
         return f"{what} returns {dtype}; a loss returns a float scalar"

@@ -129,3 +129,21 @@ def test_processes_given_other_settings_refuse_together_instead_of_waiting_out_t
             f"error: the 2 processes of this run were given other training settings (this one, process {i}: "
             f"train.steps={steps}, train.dtype=float32, --mesh data=2,fsdp=1,tensor=1); run the same command with the "
             "same flags on every host")
+
+
+def test_a_one_element_loss_is_refused_only_where_it_cannot_train():
+    """torch's backward takes any one-element tensor (a loss kept as shape (1,) trains); jax.grad a scalar only:
+    a correct torch side is never refused for it (common.outputs.loss_refusal)."""
+    import numpy as np
+
+    from common.outputs import loss_refusal
+
+    class Twin:
+        loss = {"torch": "losses.py:mse", "nnx": "losses.py:mse"}
+
+    one = np.zeros((1,), np.float32)
+    assert loss_refusal(one, "torch", Twin) == "" and loss_refusal(np.float32(0.5), "nnx", Twin) == ""
+    assert loss_refusal(one, "nnx", Twin) == ("loss['nnx']='losses.py:mse' returns shape (1,); a loss returns a "
+                                              "scalar (reduce it, e.g. with .mean())")
+    assert loss_refusal(np.zeros((1, 8), np.float32), "torch", Twin).endswith("returns shape (1, 8); a loss returns "
+                                                                             "a scalar (reduce it, e.g. with .mean())")
