@@ -121,9 +121,17 @@ class Capture:
     more_outputs: dict = field(default_factory=dict)
 
 
-def arrays_beyond_first(args, kwargs, is_array) -> int:
-    """How many array arguments (positional and keyword, top level) a module call had besides the first."""
-    return max(sum(map(is_array, args)) + sum(map(is_array, kwargs.values())) - 1, 0)
+def count_beyond_first(found: dict, key: str, args, kwargs, out, is_array) -> None:
+    """found[key] = how many arrays a module call had besides the first: of its arguments (positional and
+    keyword, top level) when `out` is None, else of what it returned (one array, or a tuple, list or dict's);
+    nothing when there are none (Capture.more_inputs, more_outputs)."""
+    if out is None:
+        items = [*args, *kwargs.values()]
+    else:
+        items = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else (out,)
+    more = sum(map(is_array, items)) - 1
+    if more > 0:
+        found[key] = more
 
 
 class LayoutTracker:

@@ -21,7 +21,7 @@ from common.activations import (
     CHANNEL_LAST,
     Capture,
     LayoutTracker,
-    arrays_beyond_first,
+    count_beyond_first,
     kept_float,
     replace_first,
 )
@@ -159,8 +159,7 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
         x = _first_array(args) if in_args else _first_array(kwargs)
         in_layout, path = tracker.enter(_own_layout(self), x), paths.get(id(self))
         if path and x is not None and f"{path}:in" not in kept:  # inputs in the order the modules start
-            if arrays_beyond_first(args, kwargs, _is_array):
-                more[0][path] = arrays_beyond_first(args, kwargs, _is_array)
+            count_beyond_first(more[0], path, args, kwargs, None, _is_array)
             probed = keep(f"{path}:in", x, in_layout)
             if probed is not x:
                 args, kwargs = (_replace_first(args, probed), kwargs) if in_args else \
@@ -170,9 +169,7 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
         own = CHANNEL_LAST if self is model else _own_layout(self)  # the model's output: as returned
         layout = tracker.leave(own, id(self) in leaves, in_layout, y, x=x)
         if path and y is not None and path not in kept:
-            items = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else (out,)
-            if sum(map(_is_array, items)) > 1:
-                more[1][path] = sum(map(_is_array, items)) - 1
+            count_beyond_first(more[1], path, (), {}, out, _is_array)
             probed = keep(path, y, layout)
             if probed is not y:
                 out = _replace_first(out, probed)

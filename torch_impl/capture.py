@@ -25,7 +25,7 @@ from common.activations import (
     NEVER_CALLED_REASON,
     Capture,
     LayoutTracker,
-    arrays_beyond_first,
+    count_beyond_first,
     kept_float,
     replace_first,
 )
@@ -42,12 +42,6 @@ CHANNEL_LAST_TYPES = (nn.Linear, nn.Bilinear, nn.LayerNorm, nn.RMSNorm, nn.Embed
 
 def _is_tensor(value) -> bool:
     return isinstance(value, torch.Tensor)
-
-
-def _tensors_in(value) -> int:
-    """The tensors a module returned: one, or those of its tuple, list or dict (a ModelOutput), top level."""
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else (value,)
-    return sum(map(_is_tensor, items))
 
 
 def _first_tensor(value):
@@ -150,8 +144,8 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
             if not name or x is None:
                 return None
             layout = entered[id(module)][-1][1]
-            if f"{name}:in" not in held and arrays_beyond_first(args, kwargs, _is_tensor):
-                more_inputs[name] = arrays_beyond_first(args, kwargs, _is_tensor)
+            if f"{name}:in" not in held:
+                count_beyond_first(more_inputs, name, args, kwargs, None, _is_tensor)
             held.setdefault(f"{name}:in", (x.detach().clone(), layout))
             if probes is None or f"{name}:in" in probes.held:
                 return None
@@ -169,8 +163,8 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
             layout = tracker.leave(own, leaf, in_layout, y, leaf and _permuted_view(x, y), x)
             if not name or y is None:
                 return None
-            if name not in held and _tensors_in(out) > 1:
-                more_outputs[name] = _tensors_in(out) - 1
+            if name not in held:
+                count_beyond_first(more_outputs, name, (), {}, out, _is_tensor)
             held.setdefault(name, (y.detach().clone(), layout))
             if probes is None or name in probes.held:
                 return None
