@@ -75,6 +75,7 @@ def sensitivity_line(parity: dict, dtype: str) -> str:
         line += "; " + islands_words(parity["float32_islands"], forward.get("modules_before_islands"),
                                      forward.get("modules_compared"))
     if dtype != "float64":
-        line += (f"; smaller port differences pass unseen: a float64 run on the host (--dtype float64) resolves "
+        line += (f"; smaller port differences pass unseen: a float64 run (--dtype float64; on the host where the "
+                 f"device has no float64) resolves "
                  f"about {FLOAT64_RESOLVES:.0e}")
     return line
