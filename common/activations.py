@@ -119,6 +119,7 @@ class Capture:
     # compared only where it carries one on both sides (HF's router returns logits, scores and indices, and its
     # caller reads the scores: the logits' gradient is zero there, not on a port that returns the logits alone)
     more_outputs: dict = field(default_factory=dict)
+    decisions: list = field(default_factory=list)  # its top-k, argmax and sort calls (common/decisions.py)
 
 
 def count_beyond_first(found: dict, key: str, args, kwargs, out, is_array) -> None:

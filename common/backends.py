@@ -56,6 +56,9 @@ class BackendInfo:
     # the running variance its BatchNorm keeps: torch's is unbiased (n / (n - 1) times the batch's), Flax's and
     # torch_xla's biased; a pair that differs has running statistics 1/(n-1) apart, which float64 would see
     running_var: str = "biased"
+    # its step-0 capture can take another side's top-k/argmax/sort choices instead of its own (--impose-decisions,
+    # common/decisions.py): the check compare makes where every choice that differs is a tie flipped by rounding
+    imposes_decisions: bool = False
 
     @property
     def flag(self) -> str:
@@ -86,7 +89,7 @@ BUILT_IN = (
                 frozenset({"jax", "jaxlib", "flax", "optax"}), in_both=True, processes=True),
     BackendInfo("torch", "torch_impl", "torch", False, "torch-xla",
                 "the torch.nn twin in eager PyTorch, CPU or CUDA: the ground truth of the PyTorch side (torch_impl)",
-                frozenset({"torch"}), processes=True, running_var="unbiased"),
+                frozenset({"torch"}), processes=True, running_var="unbiased", imposes_decisions=True),
     BackendInfo("torch_xla", "torch_xla_impl", "torch", True, "torch-xla",
                 "the same torch.nn twin on PyTorch/XLA (torch_xla_impl)",
                 frozenset({"torch_impl", "torch", "torch_xla"}), in_both=True, passthrough=(TRACE_MODE,),

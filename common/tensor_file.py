@@ -14,7 +14,7 @@ from common.fsutil import atomic_path, require_regular_file
 from common.record import RecordError, RunRecord
 
 TENSORS_FILE = "tensors.npz"
-TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations", "activation_grads")
+TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations", "activation_grads", "decisions")
 # --tensors: kept whole, or (summary) as summaries (common/summary.py) where larger than SUMMARIZED_GROUPS says;
 # "auto" is compare's: backends keep summaries, a second pass those leaving tolerance whole
 # (compare/runs/second_pass.py)

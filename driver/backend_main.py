@@ -103,7 +103,8 @@ def run_options(args: argparse.Namespace, own: list[str], out_dir: Path) -> RunO
                       train=not args.activations_only, checkpoint=args.checkpoint,
                       throughput_steps=args.throughput_steps, provocations=tuple(args.provoke),
                       profile_steps=args.profile, hlo=not args.no_hlo, compile_cache=args.compile_cache,
-                      out_dir=out_dir, own={dest: getattr(args, dest) for dest in own})
+                      out_dir=out_dir, own={dest: getattr(args, dest) for dest in own},
+                      impose_decisions=args.impose_decisions)
 
 
 def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...] = ()) -> int:
@@ -120,6 +121,9 @@ def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...]
     args = parser.parse_args(argv)
     out_dir = args.out or Path("runs") / f"{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
     options = run_options(args, own, out_dir)
+    if args.impose_decisions and not backends.info(name).imposes_decisions:
+        fail(f"--impose-decisions: the {name} backend cannot take another side's decisions; only "
+             + ", ".join(b.name for b in backends.registry().values() if b.imposes_decisions) + " can", ExitCode.USAGE)
     try:
         spec = resolve_spec(args)
         if check:

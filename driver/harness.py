@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from common import decisions
 from common.activations import Capture
 from common.data import activation_inputs
 from common.masks import record_sites
@@ -45,6 +46,8 @@ class RunOptions:
     compile_cache: Path | None = None
     out_dir: Path | None = None  # the run directory (profile traces, HLO dumps); None: nothing written
     own: Mapping[str, object] = field(default_factory=dict)  # the backend's own flags (its add_flags), by name
+    # a capture run whose top-k/argmax/sort choices this one's capture takes instead of its own (common/decisions.py)
+    impose_decisions: Path | None = None
 
 
 class Runtime(Protocol):
@@ -140,3 +143,4 @@ def _capture(runtime: Runtime, record: RunRecord, tensors: dict) -> None:
     record.extra["activations_more_inputs"] = capture.more_inputs
     record.extra["activations_more_outputs"] = capture.more_outputs
     tensors["activation_grads"] = capture.grads
+    tensors[decisions.GROUP], record.extra["decisions"] = decisions.to_tensors(capture.decisions)

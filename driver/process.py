@@ -34,6 +34,10 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--activations-only", action="store_true",
                         help="capture step 0's per-module inputs and outputs from the start weights and train "
                              "nothing (what compare runs to locate a divergence)")
+    parser.add_argument("--impose-decisions", type=Path, metavar="RUN_DIR",
+                        help="with --activations-only: take the top-k, argmax and sort choices of that capture run "
+                             "instead of this side's own (compare's check of choices flipped at ties; "
+                             "common/decisions.py)")
     parser.add_argument("--checkpoint", type=checkpoint_ref, metavar="FORMAT:PATH",
                         help="start from these weights: canonical:PATH (or a bare path) on every backend; torch: "
                              "and hf: on the torch runtimes, orbax: on jax (compare --checkpoint converts any of "

@@ -27,6 +27,7 @@ from common.activations import (
 )
 from common.modules import ROOT_MODULE
 from common.outputs import forward
+from jax_impl.decisions import PREFIX, decisions_of, watched_decisions
 
 # NNX's layers work on the last axis (a BatchNorm on another `axis` is said by `_own_layout`)
 CHANNEL_LAST_TYPES = (nnx.Conv, nnx.ConvTranspose, nnx.Linear, nnx.LinearGeneral, nnx.Einsum, nnx.Embed,
@@ -105,11 +106,13 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
     layouts: dict[str, str] = {}  # key -> layout, in the order the modules were kept
     more_inputs: dict[str, int] = {}  # filled as the forward is traced, as more_outputs
     more_outputs: dict[str, int] = {}
+    facts: list[dict] = []  # the decisions of the last trace (jax_impl/decisions.py)
 
     def values(state, inputs, probes):
+        facts.clear()
         with masks():
             output, kept = _probed_forward(graphdef, state, inputs, probes, LayoutTracker(initial_layout), layouts,
-                                           (more_inputs, more_outputs))
+                                           (more_inputs, more_outputs), facts)
         return output, kept
 
     shapes = jax.eval_shape(lambda s, x: values(s, x, {})[1], state, inputs)
@@ -118,13 +121,14 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
         kept, grads = jax.jit(lambda s, x: values(s, x, {})[1])(state, inputs), {}
     else:
         floating = {k: jax.numpy.zeros(v.shape, v.dtype) for k, v in shapes.items()
-                    if jax.numpy.issubdtype(v.dtype, jax.numpy.floating)}
+                    if jax.numpy.issubdtype(v.dtype, jax.numpy.floating) and not k.startswith(PREFIX)}
 
         def probed_loss(probes, state, inputs):
             output, kept = values(state, inputs, probes)
             return loss_of(output), kept
 
         grads, kept = jax.jit(jax.grad(probed_loss, has_aux=True))(floating, state, inputs)
+    capture.decisions = decisions_of(kept, facts)
     tracker = LayoutTracker(initial_layout)
     for key, layout in layouts.items():
         tracker.keep(capture, key, kept_float(kept[key]), layout)
@@ -135,15 +139,17 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
 
 
 def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracker, layouts: dict,
-                    more: tuple[dict, dict]):
+                    more: tuple[dict, dict], facts: list):
     """(the output, {key: value}) of a forward of a copy of the model (`state`) that keeps each recorded module's
     first input and output (first call only), plus its probe where `probes` has one; with no probes, `layouts`
-    is filled with each kept value's layout, as `tracker` follows them."""
+    is filled with each kept value's layout, as `tracker` follows them; each decision the forward makes is kept too
+    (its facts in `facts`)."""
     # Variables made anew in this trace (jax_impl/train.py's in_this_trace): a BatchNorm updating its statistics
     # or a dropout its RNG count refuses a Variable of the outer level
     model = nnx.merge(graphdef, jax.tree.map(lambda leaf: leaf, state))
     paths, leaves = recorded_modules(model)
     kept = {}
+    inside: list[str] = []  # the named modules the forward is in, innermost last
 
     def keep(key: str, value, layout: str):
         if key in kept:
@@ -158,6 +164,8 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
         in_args = _first_array(args) is not None
         x = _first_array(args) if in_args else _first_array(kwargs)
         in_layout, path = tracker.enter(_own_layout(self), x), paths.get(id(self))
+        if path:
+            inside.append(path)
         if path and x is not None and f"{path}:in" not in kept:  # inputs in the order the modules start
             count_beyond_first(more[0], path, args, kwargs, None, _is_array)
             probed = keep(f"{path}:in", x, in_layout)
@@ -165,6 +173,8 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
                 args, kwargs = (_replace_first(args, probed), kwargs) if in_args else \
                     (args, _replace_first(kwargs, probed))
         out = original(self, *args, **kwargs)
+        if path:
+            inside.pop()
         y = _first_array(out)
         own = CHANNEL_LAST if self is model else _own_layout(self)  # the model's output: as returned
         layout = tracker.leave(own, id(self) in leaves, in_layout, y, x=x)
@@ -175,5 +185,6 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
                 out = _replace_first(out, probed)
         return out
 
-    with wrapped_calls(model, call):
+    where = lambda: inside[-1] if inside else ROOT_MODULE  # noqa: E731
+    with wrapped_calls(model, call), watched_decisions(where, kept.__setitem__, facts):
         return forward(model, inputs), kept

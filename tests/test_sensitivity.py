@@ -72,7 +72,8 @@ def test_a_groups_sensitivity_is_the_change_every_tensor_would_catch_and_the_los
     float32 = check_parity(record("jax", "float32", losses), record("torch", "float32", losses), REF, REF,
                            load_policy("default", "float32"), [])
     assert float32["sensitivity"]["logits"]["every"] > 1e4 * found["logits"]["every"]
-    assert "a float64 run (--dtype float64; on the host where the device has no float64) resolves about 1e-09" in sensitivity_line(float32, "float32")
+    assert ("a float64 run (--dtype float64; on the host where the device has no float64) resolves about 1e-09"
+            in sensitivity_line(float32, "float32"))
 
 
 def test_float64_judges_a_pair_no_tighter_than_its_runtimes_own_rounding_and_conventions_and_says_so():

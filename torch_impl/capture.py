@@ -29,7 +29,9 @@ from common.activations import (
     kept_float,
     replace_first,
 )
+from common.modules import ROOT_MODULE
 from common.outputs import forward
+from torch_impl.decisions import DecisionWatch
 from torch_impl.models import at_least_float32
 
 # layers whose type fixes where their output's channels are (the rest: common/activations.py's rules)
@@ -124,20 +126,26 @@ def probed_or_forward_alone(capture: Callable[[bool], Capture]) -> Capture:
 
 
 def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], to_numpy=_host,
-                        sync=None, loss_of=None, output_layout: str = CHANNEL_LAST) -> Capture:
+                        sync=None, loss_of=None, output_layout: str = CHANNEL_LAST, impose=None) -> Capture:
     """{canonical module path: output, path + ':in': first input}, channel-last; `names` maps torch module
     names to NNX module paths (torch_impl.convert.modules_to_canonical); `to_numpy` brings a runtime's
     tensor to the host (torchax's are not CPU tensors); `sync` ends a lazy runtime's graph (torch_xla's), so
     that every copy is computed in one graph (fetched one by one, each would compile a graph of its own that
     runs the forward up to its module). The batch arrives channel-first, as fed. With `loss_of(output) ->
-    scalar`, the same forward is differentiated too: `grads` holds the loss's gradient at each activation."""
+    scalar`, the same forward is differentiated too: `grads` holds the loss's gradient at each activation. Its
+    top-k, argmax and sort calls are kept as `decisions` (torch_impl/decisions.py); `impose`: another side's
+    decisions, taken instead of this side's own."""
     tracker, held = LayoutTracker(CHANNEL_FIRST), {}  # key -> (copied tensor, layout)
     more_inputs, more_outputs = {}, {}
     entered: dict[int, list] = {}
+    inside: list[str] = []  # the named modules the forward is in, innermost last
+    watch = DecisionWatch(lambda: inside[-1] if inside else ROOT_MODULE, to_numpy, impose)
     probes = _Probes(tracker) if loss_of is not None else None
 
     def before(name, module, leaf):
         def record(_, args, kwargs):
+            if name:
+                inside.append(name)
             in_args = _first_tensor(args) is not None
             x = _first_tensor(args) if in_args else _first_tensor(kwargs)
             entered.setdefault(id(module), []).append((x, tracker.enter(_own_layout(module), x)))
@@ -156,6 +164,8 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
 
     def after(name, module, leaf):
         def record(_, args, kwargs, out):
+            if name:
+                inside.pop()
             x, in_layout = entered[id(module)].pop()
             y = _first_tensor(out)
             # the model's output: as returned, or channel-first images (common.activations.torch_output_layout)
@@ -178,7 +188,8 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
         handles.append(m.register_forward_hook(after(names.get(n), m, leaf), with_kwargs=True))
     try:
         with torch.enable_grad() if probes else torch.no_grad():
-            output = forward(model, inputs)
+            with watch:
+                output = forward(model, inputs)
             if probes:
                 loss_of(output).backward()
     finally:
@@ -192,7 +203,7 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
         held = {key: (at_least_float32(value), layout) for key, (value, layout) in held.items()}
         grads = {key: (at_least_float32(value), layout) for key, (value, layout) in grads.items()}
         sync()
-    capture = Capture(more_inputs=more_inputs, more_outputs=more_outputs)
+    capture = Capture(more_inputs=more_inputs, more_outputs=more_outputs, decisions=watch.made)
     for n, m in model.named_modules():  # a module whose weights its parent reads itself (torchvision's attention)
         if names.get(n) and id(m) not in entered and next(m.parameters(recurse=False), None) is not None:
             capture.skipped[names[n]] = NEVER_CALLED_REASON

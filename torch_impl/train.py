@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from common.activations import Capture, torch_output_layout
 from common.data import held_inputs, make_dataset
+from common.decisions import read_decisions
 from common.outputs import array_outputs, forward, logits_of, loss_batch
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
@@ -182,7 +183,8 @@ class TorchTrainer:
                 return capture_activations(
                     self.model, inputs, self.module_names,
                     loss_of=(lambda out: self.loss_fn(out, loss_batch(inputs, targets))) if probed else None,
-                    output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
+                    output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes),
+                    impose=read_decisions(self.options.impose_decisions) if self.options.impose_decisions else None)
         return probed_or_forward_alone(capture)
 
     def eval_logits(self, inputs: np.ndarray) -> np.ndarray:

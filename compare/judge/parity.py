@@ -9,6 +9,7 @@ from common.summary import TensorSummary
 from compare.judge import noise_floor
 from compare.judge.backward import first_divergent_module_backward
 from compare.judge.curves import compare_curves, curves_words
+from compare.judge.decided import decisions_cell, judge_decisions
 from compare.judge.distribution import judge_distribution
 from compare.judge.islands import before_first_island, islands_of
 from compare.judge.noise_floor import Floors, loss_sensitivity
@@ -246,20 +247,21 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
     islands = islands_of(ref, other)
     finer = (before_first_island(list(ref_tensors.get("activations", {})), {m for i in islands.values() for m in i}),
              policy["before_islands"]["forward"]) if "before_islands" in policy else None
-    forward = first_divergent_module(ref_tensors.get("activations", {}), other_tensors.get("activations", {}),
-                                     policy["forward"], names, (ref_tensors.get("activations_skipped", {}),
-                                                                other_tensors.get("activations_skipped", {})), finer,
-                                     (ref_tensors.get("activations_more_inputs", {}),
-                                      other_tensors.get("activations_more_inputs", {})))
-    # where the forwards part, the backward gradients follow from it: the backward is searched when they agree
-    backward = None if forward and forward["module"] else first_divergent_module_backward(
-        ref_tensors.get("activation_grads", {}), other_tensors.get("activation_grads", {}),
-        list(ref_tensors.get("activations", {})), policy["grad"], names,
-        (ref_tensors.get("activations_more_outputs", {}), other_tensors.get("activations_more_outputs", {})))
+    def locate(a: dict, b: dict) -> tuple[dict | None, dict | None]:  # two captures' first divergent modules
+        forward = first_divergent_module(a.get("activations", {}), b.get("activations", {}), policy["forward"], names,
+                                         (a.get("activations_skipped", {}), b.get("activations_skipped", {})), finer,
+                                         (a.get("activations_more_inputs", {}), b.get("activations_more_inputs", {})))
+        # where the forwards part, the backward gradients follow from it: the backward is searched when they agree
+        backward = None if forward and forward["module"] else first_divergent_module_backward(
+            a.get("activation_grads", {}), b.get("activation_grads", {}), list(a.get("activations", {})),
+            policy["grad"], names, (a.get("activations_more_outputs", {}), b.get("activations_more_outputs", {})))
+        return forward, backward
+
+    forward, backward = locate(ref_tensors, other_tensors)
     activation_pass = confirm_locations(forward, backward, ref_tensors, other_tensors)
     fixed = floors is None and str(ref.numerics.get("dtype")) in ("float32", "float64")
     by_module = passed and _module_parts(forward, fixed)
-    return {"checked": True, "comparable": comparable, "setting_differences": differences,
+    result = {"checked": True, "comparable": comparable, "setting_differences": differences,
             "intended_differences": [d for d in differences if d not in unexplained], "distribution": distribution,
             "first_divergent_step": first_step, "loss": loss, "tensors": tensors,
             "first_divergent_module": forward, "first_divergent_module_backward": backward,
@@ -271,6 +273,8 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
             else None,
             "dropout_sites": dropout_sites(ref, other), "float32_islands": islands,
             "sensitivity": group_sensitivity(tensors, loss, forward, set(unreached))}
+    judge_decisions(result, ref_tensors, other_tensors, policy["forward"], locate)
+    return result
 
 
 def _module_parts(forward: dict | None, fixed_float32: bool) -> bool:
@@ -326,6 +330,8 @@ def failure_message(name: str, parity: dict) -> str:
     step = parity["first_divergent_step"]
     where = f"{name}: parity failed: first divergent step {step if step is not None else 'none'}"
     module, backward = parity.get("first_divergent_module"), parity.get("first_divergent_module_backward")
+    if (parity.get("decisions") or {}).get("flipped"):  # the choices differ: what that says comes first
+        where += f", step-0 decisions differ: {decisions_cell(parity)}"
     if module and module["module"]:
         where += f", first divergent module {module['module']}"
         if module["module"] == ROOT_MODULE and module.get("not_compared"):  # compare/reporting/render.py: _root_culprit

@@ -6,6 +6,7 @@ from rich.table import Table
 
 from common.modules import ROOT_MODULE
 from compare.explain.program import metric_rows
+from compare.judge.decided import decisions_cell
 from compare.judge.sensitivity import sensitivity_line
 from compare.judge.tensor_error import BORDERLINE, passes_with_words
 
@@ -123,6 +124,8 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             ["first divergent module, backward pass (step 0)"]
             + [_backward(parity[n].get("first_divergent_module_backward"), parity[n].get("first_divergent_module"))
                for n in others],
+            *([["step-0 decisions (top-k, argmax, sort)"] + [decisions_cell(parity[n]) for n in others]]
+              if any(parity[n].get("decisions") for n in others) else []),
             ["max |Δloss| over steps"] + [_fmt((parity[n].get("loss") or {}).get("max_abs"), ".3e") for n in others],
             *([["loss curves (mean over steps): end gap / band, parted at"]
                + [_curves(parity[n].get("curves")) for n in others]]

@@ -25,7 +25,7 @@ from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, F
 from compare.judge.parity import check_parity, failure_message
 from compare.judge.tolerances import load_policy, pair_policy
 from compare.judge.verdict import CheckResult, decide, not_made
-from compare.runs.capture_runs import CAPTURE_DIR, capture_facts, captured_activations
+from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, capture_facts, captured_activations
 from compare.runs.second_pass import ACTIVATION_GROUPS, with_second_pass
 
 REPORT_SCHEMA = 2
@@ -269,6 +269,8 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
                 tensors.update(capture_facts(record))
                 if not tensors["activations"]:  # captured apart, when step 0 parted (compare/runs/capture_runs.py)
                     tensors.update(captured_activations(run_dir, run_id))
+                # with the reference's choices imposed, where the pair's differ at ties only (compare/judge/decided.py)
+                tensors["imposed"] = captured_activations(run_dir / CAPTURE_DIR, run_id, IMPOSED_DIR)
                 tensors = with_second_pass(tensors, run_dir / CAPTURE_DIR, record.run_id, name, "activation_pass",
                                            ACTIVATION_GROUPS)  # a location on summaries, confirmed whole
         except RecordError as e:

@@ -43,16 +43,21 @@ def capture(names: list[str], pythons: dict[str, str], launches: dict, out: Path
 CAPTURE_FACTS = ("activations_skipped", "activations_more_inputs", "activations_more_outputs")
 
 
+IMPOSED_DIR = "imposed"  # <backend>/activations/imposed: the capture with the reference's choices imposed
+
+
 def capture_facts(record) -> dict:
-    return {k: record.extra.get(k, {}) for k in CAPTURE_FACTS}
+    """The capture's facts, and its decisions' (common/decisions.py: module, op, k of each, in call order)."""
+    return {**{k: record.extra.get(k, {}) for k in CAPTURE_FACTS}, "decisions_facts": record.extra.get("decisions", [])}
 
 
-def captured_activations(run_dir: Path, run_id: str | None) -> dict:
-    """What a capture run of this compare run left in `run_dir`: the activations, the loss's gradients at them
-    and the capture's facts (the modules it left out, the arrays besides the first each module took and
-    returned), each empty when there is none, or not this run's."""
-    path = run_dir / CAPTURE_DIR / RECORD_FILE
-    empty = {"activations": {}, "activation_grads": {}, **{k: {} for k in CAPTURE_FACTS}}
+def captured_activations(run_dir: Path, run_id: str | None, capture_dir: str = CAPTURE_DIR) -> dict:
+    """What a capture run of this compare run left in `run_dir`/`capture_dir`: the activations, the loss's
+    gradients at them, its decisions and the capture's facts (the modules it left out, the arrays besides the
+    first each module took and returned), each empty when there is none, or not this run's."""
+    path = run_dir / capture_dir / RECORD_FILE
+    empty = {"activations": {}, "activation_grads": {}, "decisions": {}, "decisions_facts": [],
+             **{k: {} for k in CAPTURE_FACTS}}
     if not path.exists():
         return empty
     try:
@@ -61,7 +66,7 @@ def captured_activations(run_dir: Path, run_id: str | None) -> dict:
             return empty
         tensors = read_tensors(path, record)
         return {"activations": tensors["activations"], "activation_grads": tensors["activation_grads"],
-                **capture_facts(record)}
+                "decisions": tensors["decisions"], **capture_facts(record)}
     except RecordError:
         return empty
 

@@ -4,8 +4,11 @@ activations where a pair parts at step 0 with no module found yet, and whole act
 found on their summaries."""
 from __future__ import annotations
 
+from common import backends
+from common.record import RECORD_FILE
 from common.vocab import BackendStatus, ParityMode
-from compare.runs.capture_runs import CAPTURE_DIR, capture, parted_at_step0
+from compare.judge.decided import needs_imposing
+from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, capture, parted_at_step0
 from compare.runs.launch import capture_launch, whole_launch
 from compare.judge.noise_floor import FLOOR_DIR
 from compare.runs.orchestrate import Plan, run_backend
@@ -60,10 +63,25 @@ def locate_divergence(args, plan: Plan, outcome, report: dict, build) -> dict:
             runs = capture(parted, plan.pythons, {n: capture_launch(args, n) for n in parted}, plan.out,
                            plan.timeout_s)
             report = mark_failed_captures(build(outcome.interrupted), runs)
-        return confirm_locations(args, plan, report, build)
+        return confirm_locations(args, plan, impose_choices(args, plan, report, build), build)
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
         return build(True)
+
+
+def impose_choices(args, plan: Plan, report: dict, build) -> dict:
+    """The report built again after the capture, with the reference's top-k/argmax/sort choices imposed, of each
+    backend whose choices differ from the reference's at ties only and that can take them (compare/judge/decided.py),
+    into `<backend>/activations/imposed/`; unchanged when there is none."""
+    ref = report["reference"]
+    source = plan.out / ref / CAPTURE_DIR
+    source = source if (source / RECORD_FILE).exists() else plan.out / ref  # a run that captured its own
+    wanted = [n for n, p in (report.get("parity") or {}).items()
+              if needs_imposing(p) and n in plan.launches and backends.info(n).imposes_decisions]
+    for name in wanted:
+        run_backend(name, plan.pythons[name], capture_launch(args, name, impose=source),
+                    plan.out / name / CAPTURE_DIR / IMPOSED_DIR, plan.timeout_s)
+    return build(False) if wanted else report
 
 
 def mark_failed_captures(report: dict, runs: dict) -> dict:

@@ -10,6 +10,7 @@ cache, profile, HLO, provoked recompiles, the run id and what a registry row pas
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from dataclasses import dataclass
 
 from common import backends
@@ -78,14 +79,16 @@ def main_launch(args, name: str) -> Launch:
                   group_of(args))
 
 
-def capture_launch(args, name: str, whole: tuple[str, ...] = ()) -> Launch:
+def capture_launch(args, name: str, whole: tuple[str, ...] = (), impose: Path | None = None) -> Launch:
     """Step 0's activations from the start weights, nothing trained (compare/runs/capture_runs.py): no parity tensors,
     provoked recompiles, HLO, profile or throughput; one process (its slice of step 0 is one example). `whole`:
-    activation keys kept whole under summaries (a location's confirming capture, compare/runs/extra_runs.py)."""
+    activation keys kept whole under summaries (a location's confirming capture, compare/runs/extra_runs.py);
+    `impose`: the run directory whose decisions this capture takes instead of its own (compare/judge/decided.py)."""
     changes = {"steps": 1, "provoke": [], "profile": 0, "no_hlo": True}
     side = argparse.Namespace(**{**vars(args), **changes})
     kept = ("--whole-tensors", ",".join(whole)) if whole else ()
-    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--activations-only", *kept))
+    imposed = ("--impose-decisions", str(impose)) if impose else ()
+    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--activations-only", *kept, *imposed))
 
 
 def floor_launch(args, name: str, dtype: str) -> Launch:
