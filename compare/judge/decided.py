@@ -38,8 +38,10 @@ def judge_decisions(parity: dict, ref: dict, other: dict, forward_bound: dict, l
         if culprit and not _decided_first(list(ref.get("activations", {})), decision["module"], culprit):
             found["after"] = culprit  # a module that parts earlier changed what was ranked: the flip follows
             return
-        parity["first_divergent_module"] = {**(parity.get("first_divergent_module") or {}), "step": 0,
-                                            "module": decision["module"], "decision": decision}
+        parity["first_divergent_module"] = {"step": 0, "module": decision["module"], "decision": decision,
+                                            "input_agrees": False, "output_error": {}, "not_compared": {},
+                                            **{k: forward[k] for k in ("modules_compared", "modules_diverging")
+                                               if k in forward}}
         parity["first_divergent_module_backward"] = None
         return
     imposed = other.get(IMPOSED) or {}

@@ -32,6 +32,10 @@ def _module(found: dict | None) -> str:
         left_out += f"; {len(shapes)} differ only in shape ({', '.join(shapes[:3])})"
     if not found["module"]:
         return f"none ({found['modules_compared']} modules agree{left_out})"
+    if found.get("decision"):  # compare/judge/decided.py: its top-k/argmax/sort chose otherwise, not at a tie
+        d = found["decision"]
+        return (f"{found['module']} (its {d['op']} chose otherwise in {d['flipped']} of {d['rows']} rows, not at a "
+                f"tie: margins up to {d['widest_margin']:.2e}, scores {d['scores_max_abs']:.2e} apart)")
     why = "its input agrees, its output does not" if found["input_agrees"] else "its output differs"
     if found.get("inputs_not_compared"):  # a module called with several arrays: only the first is captured
         why = f"its first input agrees ({found['inputs_not_compared']} more not compared: the difference may " \

@@ -5,8 +5,9 @@
 Mixtral's: `jax.lax.top_k` over the router's softmax, the k weights renormalised to sum to 1. Attention with
 separate q/k/v projections, grouped-query, rotate-half rotary pairs; RMSNorm; an untied head.
 
-The factories below the model are the mis-ports `twin.py` checks: the top-k weights not renormalised (a
-routing mis-port: the router's weights differ, its choices do not) and GELU for the experts' SiLU.
+The factories below the model are the mis-ports `twin.py` checks: the router's softmax over the tokens instead of
+the experts (a routing mis-port that changes the choices), the top-k weights not renormalised (one that changes
+the weights, not the choices) and GELU for the experts' SiLU.
 """
 from __future__ import annotations
 
@@ -63,15 +64,15 @@ class Experts(nnx.Module):
 
 class MoE(nnx.Module):
     def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int, rngs: nnx.Rngs, renormalise=True,
-                 activation=jax.nn.silu):
+                 activation=jax.nn.silu, softmax_axis=-1):
         self.router = nnx.Linear(d_model, n_experts, use_bias=False, kernel_init=INIT, rngs=rngs)
         self.experts = Experts(n_experts, d_model, d_ff, rngs, activation)
-        self.n_experts, self.top_k, self.renormalise = n_experts, top_k, renormalise
+        self.n_experts, self.top_k, self.renormalise, self.softmax_axis = n_experts, top_k, renormalise, softmax_axis
 
     def __call__(self, x):  # (B, T, D)
         b, t, d = x.shape
         x = x.reshape(b * t, d)
-        probs = jax.nn.softmax(self.router(x).astype(jnp.float32), axis=-1)
+        probs = jax.nn.softmax(self.router(x).astype(jnp.float32), axis=self.softmax_axis)
         top_w, top_i = jax.lax.top_k(probs, self.top_k)
         if self.renormalise:
             top_w = top_w / top_w.sum(axis=-1, keepdims=True)
@@ -107,6 +108,11 @@ class Mixtral(nnx.Module):
         for layer in self.layers:
             x = layer(x)
         return self.lm_head(self.norm(x))
+
+
+def mixtral_softmax_over_tokens(**hparams) -> Mixtral:
+    """The routing mis-port: the router's softmax taken over the tokens (axis 0) instead of the experts."""
+    return Mixtral(**hparams, softmax_axis=0)
 
 
 def mixtral_not_renormalised(**hparams) -> Mixtral:

@@ -3,6 +3,7 @@ and an NNX port with dense expert dispatch and its own names (nnx_mixtral.py). T
 
     python -m compare --twin examples/mixtral/twin.py:mixtral_tiny --backend jax,torch
     python -m compare --twin examples/mixtral/twin.py:mixtral_router_zeroed --backend jax,torch     # routing ties
+    python -m compare --twin examples/mixtral/twin.py:mixtral_softmax_over_tokens --backend jax,torch  # layers.0.moe
     python -m compare --twin examples/mixtral/twin.py:mixtral_not_renormalised --backend jax,torch  # fails
     python -m compare --twin examples/mixtral/twin.py:mixtral_gelu_experts --backend jax,torch      # fails
 """
@@ -29,5 +30,6 @@ mixtral_tiny = Twin(
 
 mixtral_router_zeroed = dataclasses.replace(mixtral_tiny, torch="hf_mixtral.py:mixtral_router_zeroed")
 mixtral_router_near_ties = dataclasses.replace(mixtral_tiny, torch="hf_mixtral.py:mixtral_router_near_ties")
+mixtral_softmax_over_tokens = dataclasses.replace(mixtral_tiny, nnx="nnx_mixtral.py:mixtral_softmax_over_tokens")
 mixtral_not_renormalised = dataclasses.replace(mixtral_tiny, nnx="nnx_mixtral.py:mixtral_not_renormalised")
 mixtral_gelu_experts = dataclasses.replace(mixtral_tiny, nnx="nnx_mixtral.py:mixtral_gelu_experts")
