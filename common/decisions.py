@@ -121,8 +121,9 @@ def decision_words(found: dict) -> str:
     where = first["module"] + (f" (the other side: {first['other_module']})"
                                if first["other_module"] != first["module"] else "")
     words = (f"{found['flipped']} choices differ (a choice: one row ranked, e.g. one token's routing); first at "
-             f"{where}, {first['op']} k={first['k']}: {first['flipped']} of {first['rows']} rows, widest margin {first['widest_margin']:.2e} against the "
-             f"bound {first['bound']:.2e}, scores {first['scores_max_abs']:.2e} apart")
+             f"{where}, {first['op']} k={first['k']}: {first['flipped']} of {first['rows']} rows, widest margin "
+             f"{first['widest_margin']:.2e} against the bound {first['bound']:.2e}, scores "
+             f"{first['scores_max_abs']:.2e} apart")
     if found["ties_only"]:
         return words + ": every flip within rounding of a tie"
     return words + ": not a tie (a difference of the port in what is ranked or how)"
