@@ -29,6 +29,9 @@ GPT2_RENAMES = [(r"^transformer\.", ""), (r"\.h\.|^h\.", "blocks."), (r"\.ln_1\.
                 (r"\.attn\.c_attn\.", ".attn.qkv."), (r"\.attn\.c_proj\.", ".attn.o."),
                 (r"\.mlp\.c_fc\.", ".mlp.fc."), (r"\.mlp\.c_proj\.", ".mlp.proj.")]
 META_NAMES = re.compile(r"^tok_embeddings\.|\.attention\.w[qkvo]\.|\.feed_forward\.w[123]\.")
+# Mixtral's original per-expert layout, which transformers 5's save_pretrained still writes by default and its
+# from_pretrained stacks (its conversion mapping: w1 | w3 -> experts.gate_up_proj, w2 -> experts.down_proj)
+PER_EXPERT = re.compile(r"^(.*)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$")
 
 
 def read_config(path: Path) -> dict:
@@ -136,8 +139,34 @@ def to_torch_names(arrays: dict[str, np.ndarray], twin: Twin, source: str) -> di
                               "(transformers' convert_llama_weights_to_hf.py permutes the q and k rows)")
     if twin.hf.get("model_type") == "gpt2":
         return _gpt2_to_torch(arrays)
+    arrays = _stacked_experts(arrays, source)
     prefix = twin.hf.get("prefix", "")
     return {n.removeprefix(prefix): v for n, v in arrays.items()}
+
+
+def _stacked_experts(arrays: dict[str, np.ndarray], source: str) -> dict[str, np.ndarray]:
+    """Mixtral-style per-expert tensors stacked as from_pretrained stacks them: `<layer>.block_sparse_moe.` becomes
+    `<layer>.mlp.`, each layer's experts' w1 and w3 (gate, up: (I, D)) `experts.gate_up_proj` (E, 2I, D) and their
+    w2 (D, I) `experts.down_proj` (E, D, I). Names in any other layout pass as they are."""
+    experts: dict[str, dict[int, dict[str, np.ndarray]]] = {}
+    out = {}
+    for name, value in arrays.items():
+        found = PER_EXPERT.match(name)
+        if found:
+            experts.setdefault(found[1], {}).setdefault(int(found[2]), {})[found[3]] = value
+        else:
+            out[name.replace(".block_sparse_moe.", ".mlp.")] = value
+    for layer, by_expert in experts.items():
+        count = max(by_expert) + 1
+        missing = [f"experts.{e}.{w}" for e in range(count) for w in ("w1", "w2", "w3")
+                   if w not in by_expert.get(e, {})]
+        if missing:
+            raise CheckpointError(f"{source}: {layer}.block_sparse_moe lacks {', '.join(missing[:4])}: a per-expert "
+                                  "checkpoint needs w1, w2 and w3 of every expert (save it again with save_pretrained)")
+        out[f"{layer}.mlp.experts.gate_up_proj"] = np.stack(
+            [np.concatenate([by_expert[e]["w1"], by_expert[e]["w3"]], axis=0) for e in range(count)])
+        out[f"{layer}.mlp.experts.down_proj"] = np.stack([by_expert[e]["w2"] for e in range(count)])
+    return out
 
 
 def _gpt2_to_torch(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -69,3 +69,32 @@ def test_a_runtime_that_cannot_take_another_sides_choices_refuses_them_in_one_li
     assert proc.returncode == 2 and not (tmp_path / "run").exists()
     assert proc.stderr.strip().splitlines()[-1] == ("error: --impose-decisions: the jax backend cannot take another "
                                                     "side's decisions; only torch can")
+
+
+@pytest.mark.slow
+def test_transformers_default_save_pretrained_of_mixtral_loads_as_from_pretrained_loads_it(tmp_path):
+    """transformers 5 writes Mixtral's original per-expert layout (block_sparse_moe.experts.E.w1/w2/w3) by default
+    and stacks it on loading; common/hf.py stacks it the same way, bit for bit, and the port passes from it."""
+    import numpy as np
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import MixtralForCausalLM
+
+    from common.hf import to_torch_names
+    from common.twin import load_twin, resolve
+
+    twin = load_twin(f"{MIXTRAL}:mixtral_tiny")
+    torch.manual_seed(3)
+    resolve(twin.torch, twin.base_dir)(**twin.hparams).save_pretrained(tmp_path / "hf")
+    written = load_file(tmp_path / "hf" / "model.safetensors")
+    assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in written
+    users = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    loaded = MixtralForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    ours = to_torch_names(written, twin, "hf")
+    assert set(ours) == set(loaded) and all(np.array_equal(ours[k], loaded[k].numpy()) for k in loaded)
+
+    proc, report = compare(tmp_path / "run", "--twin", f"{MIXTRAL}:mixtral_tiny", "--backend", "jax,torch",
+                           "--steps", "3", "--checkpoint", f"hf:{tmp_path / 'hf'}")
+    assert proc.returncode == 0, report["message"]
+    assert report["weights"].startswith(f"the hf checkpoint {tmp_path / 'hf'}") and report["parity"]["torch"]["passed"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == users  # read, never written

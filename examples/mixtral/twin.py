@@ -15,6 +15,14 @@ from common.twin import Twin
 HPARAMS = {"vocab_size": 256, "seq_len": 32, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
            "d_ff": 96, "n_experts": 4, "top_k": 2, "rms_eps": 1e-5, "rope_theta": 1000000.0}
 
+# a save_pretrained directory of MixtralForCausalLM loads as from_pretrained loads it (common/hf.py stacks the
+# per-expert layout transformers writes by default); these config fields must equal the hparams
+HF = {"model_type": "mixtral", "prefix": "",
+      "config": {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
+                 "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads", "intermediate_size": "d_ff",
+                 "num_local_experts": "n_experts", "num_experts_per_tok": "top_k", "rms_norm_eps": "rms_eps",
+                 "rope_parameters.rope_theta": "rope_theta"}}
+
 mixtral_tiny = Twin(
     torch="hf_mixtral.py:mixtral",
     nnx="nnx_mixtral.py:Mixtral",
@@ -24,6 +32,7 @@ mixtral_tiny = Twin(
             r"\.experts\.gate_up_proj$": ".experts.gate_up", r"\.experts\.down_proj$": ".experts.down"},
     # the stacked experts: torch keeps each expert's (out, in) matrix, the port (in, out)
     layouts={"experts.gate_up": "e o i -> e i o", "experts.down": "e o i -> e i o"},
+    hf=HF,
     train=TrainSpec(optimizer="adamw", lr=3e-3, weight_decay=0.1, beta2=0.95, schedule="warmup_cosine",
                     schedule_warmup_steps=5, global_batch_size=8, steps=10),
 )
