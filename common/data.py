@@ -31,15 +31,29 @@ def _input_shape(spec: RunSpec) -> tuple[int, ...]:
 ACTIVATION_ROWS, ACTIVATION_TOKENS = 2, 64
 
 
-def activation_inputs(spec: RunSpec, inputs):
+def activation_inputs(spec: RunSpec, inputs, at: tuple[int, int] = (0, 0)):
     """The slice of step 0's inputs whose per-module activations are captured (and of its targets, whose loss
-    the capture differentiates), small enough to keep for any model: 2 examples; of a language model 1
-    sequence's first 64 tokens (it is causal: a prefix is computed as in the whole sequence)."""
-    if isinstance(inputs, dict):  # a twin's own batch (common/batches.py): each named array's first rows
-        return {k: np.ascontiguousarray(v[:ACTIVATION_ROWS]) for k, v in inputs.items()}
+    the capture differentiates), small enough to keep for any model: 2 examples from row `at[0]` on (the last two
+    where fewer are left); of a language model that row's sequence up to token `at[1]`, at least its first 64
+    tokens (it is causal: a prefix is computed as in the whole sequence). compare asks for the row and token where
+    the two sides' step-0 logits differ most (compare/runs/capture_runs.py)."""
+    row, token = at
+
+    def rows(v):
+        start = max(0, min(row, len(v) - ACTIVATION_ROWS))
+        return np.ascontiguousarray(v[start:start + ACTIVATION_ROWS])
+
+    if isinstance(inputs, dict):  # a twin's own batch (common/batches.py): each named array's rows
+        return {k: rows(v) for k, v in inputs.items()}
     if spec.is_language_model:
-        return np.ascontiguousarray(inputs[:1, :ACTIVATION_TOKENS])
-    return np.ascontiguousarray(inputs[:ACTIVATION_ROWS])
+        return np.ascontiguousarray(inputs[row:row + 1, :max(ACTIVATION_TOKENS, token + 1)])
+    return rows(inputs)
+
+
+def in_first_capture(language_model: bool, at: tuple[int, int]) -> bool:
+    """Whether the slice `activation_inputs` takes by default, (0, 0), holds the example (row, token) `at`."""
+    row, token = at
+    return row == 0 and token < ACTIVATION_TOKENS if language_model else row < ACTIVATION_ROWS
 
 
 def held_inputs(spec: RunSpec, data) -> np.ndarray:

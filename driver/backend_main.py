@@ -104,7 +104,7 @@ def run_options(args: argparse.Namespace, own: list[str], out_dir: Path) -> RunO
                       throughput_steps=args.throughput_steps, provocations=tuple(args.provoke),
                       profile_steps=args.profile, hlo=not args.no_hlo, compile_cache=args.compile_cache,
                       out_dir=out_dir, own={dest: getattr(args, dest) for dest in own},
-                      impose_decisions=args.impose_decisions)
+                      impose_decisions=args.impose_decisions, capture_at=args.capture_at)
 
 
 def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...] = ()) -> int:

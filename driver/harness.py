@@ -48,6 +48,7 @@ class RunOptions:
     own: Mapping[str, object] = field(default_factory=dict)  # the backend's own flags (its add_flags), by name
     # a capture run whose top-k/argmax/sort choices this one's capture takes instead of its own (common/decisions.py)
     impose_decisions: Path | None = None
+    capture_at: tuple[int, int] = (0, 0)  # the (row, token) of step 0's batch the capture starts at (common/data.py)
 
 
 class Runtime(Protocol):
@@ -110,7 +111,7 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     if options.parity:  # how the tensor file keeps the parameter-sized groups (common.tensor_file.SUMMARIZED_GROUPS)
         record.extra["tensors"] = options.tensors
     if options.activations and not (runtime.captures_after_run and options.train):
-        _capture(runtime, record, tensors)
+        _capture(runtime, record, tensors, options.capture_at)
     record.extra["start"], record.extra["provoked"] = runtime.start, [str(p) for p in options.provocations]
     if not options.train:  # compare's capture run (compare/runs/capture_runs.py): no step, no compile of one
         record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
@@ -126,7 +127,7 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     timeline["loop_end"] = time.time()
     runtime.analyse(record, tensors)
     if options.activations and runtime.captures_after_run:  # last: its graphs are analysis, never the run's
-        _capture(runtime, record, tensors)
+        _capture(runtime, record, tensors, options.capture_at)
     record_sites(record, spec, runtime.dropout_sites)
     if hasattr(runtime.data, "arrays_fed"):  # a twin's own batches (common/batches.py): what each array was
         record.extra["batch_arrays"] = runtime.data.arrays_fed()
@@ -135,10 +136,11 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     return record, tensors
 
 
-def _capture(runtime: Runtime, record: RunRecord, tensors: dict) -> None:
+def _capture(runtime: Runtime, record: RunRecord, tensors: dict, at: tuple[int, int]) -> None:
     batch = runtime.data.global_batch(0)
-    capture = runtime.step0_activations(activation_inputs(runtime.spec, batch.inputs),
-                                        activation_inputs(runtime.spec, batch.targets))
+    capture = runtime.step0_activations(activation_inputs(runtime.spec, batch.inputs, at),
+                                        activation_inputs(runtime.spec, batch.targets, at))
+    record.extra["capture_at"] = list(at)
     tensors["activations"], record.extra["activations_skipped"] = capture.arrays, capture.skipped
     record.extra["activations_more_inputs"] = capture.more_inputs
     record.extra["activations_more_outputs"] = capture.more_outputs

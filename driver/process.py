@@ -14,6 +14,16 @@ from common.cli import Parser, add_no_hlo_flag, add_profile_flag, add_run_flags,
 from common.tensor_file import BACKEND_TENSOR_MODES
 
 
+def _row_token(text: str) -> tuple[int, int]:
+    try:
+        row, token = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ROW,TOKEN (two integers, e.g. 3,0)") from None
+    if row < 0 or token < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: row and token are counted from 0")
+    return row, token
+
+
 def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser = Parser(prog=f"python -m {backend}", description=f"Train a spec with the {backend} twin "
                                      "and write a run record.")
@@ -34,6 +44,9 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--activations-only", action="store_true",
                         help="capture step 0's per-module inputs and outputs from the start weights and train "
                              "nothing (what compare runs to locate a divergence)")
+    parser.add_argument("--capture-at", type=_row_token, default=(0, 0), metavar="ROW,TOKEN",
+                        help="with --activations-only: capture from this row of step 0's batch (and, of a language "
+                             "model, up to this token); compare passes where the two sides' logits differ most")
     parser.add_argument("--impose-decisions", type=Path, metavar="RUN_DIR",
                         help="with --activations-only: take the top-k, argmax and sort choices of that capture run "
                              "instead of this side's own (compare's check of choices flipped at ties; "

@@ -3,6 +3,7 @@ port, on padded sentence pairs from the twin's numpy batch function, each side c
 from `labels`. The padding is honoured: every backend's step-0 loss and gradients equal those of the same
 sequences run unpadded, one by one, computed here by hand."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,3 +71,38 @@ def test_a_bert_port_that_attends_to_padding_is_named_at_its_layer(tmp_path):
     assert proc.returncode == 1, report["message"]
     parity = report["parity"]["torch"]
     assert parity["first_divergent_step"] == 0 and parity["first_divergent_module"]["module"] == "layers.0"
+
+
+@pytest.mark.slow
+def test_a_difference_only_in_later_examples_is_captured_where_the_logits_differ_most(tmp_path):
+    """The padding mis-port on a batch whose first two sequences are unpadded: those agree, so a capture of the
+    batch's first rows would find every module agreeing beside failing logits. compare captures from the row
+    where the two sides' step-0 logits differ most, and the mis-port is named at layers.0 there."""
+    example = Path("examples/bert_mlm").resolve()
+    (tmp_path / "rows.py").write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('bert_batches', {str(example / 'batches.py')!r})\n"
+        "batches = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(batches)\n\n\n"
+        "def full_first_rows(seed, step, batch_size, vocab_size, seq_len):\n"
+        "    batch = batches.mlm_batch(seed, step, batch_size, vocab_size, seq_len)\n"
+        "    full = batches.mlm_batch(seed + 1, step, 64, vocab_size, seq_len)\n"
+        "    rows = [i for i in range(64) if full['attention_mask'][i].all()][:2]  # unpadded sequences\n"
+        "    for key in batch:\n"
+        "        batch[key][:2] = full[key][rows]\n"
+        "    return batch\n")
+    (tmp_path / "twin.py").write_text(
+        "import dataclasses\nfrom common.spec import DataSpec\nfrom common.twin import load_twin\n\n"
+        f"base = load_twin({str(example / 'twin.py')!r} + ':bert_mask_ignored')\n"
+        "twin = dataclasses.replace(base, torch=base.base_dir + '/hf_bert.py:bert',\n"
+        "                           nnx=base.base_dir + '/nnx_bert.py:bert_mask_ignored',\n"
+        "                           data=DataSpec(dataset='batches', path='rows.py:full_first_rows'))\n")
+    proc, report = compare(tmp_path / "run", "--twin", f"{tmp_path / 'twin.py'}:twin", "--backend", "jax,torch",
+                           "--steps", "2")
+    parity = report["parity"]["torch"]
+    assert proc.returncode == 1, report["message"]
+    found = parity["first_divergent_module"]
+    assert found["module"] == "layers.0" and found["input_agrees"], found
+    row = found["captured_at"][0]
+    assert row >= 2  # not the unpadded rows the capture used to take
+    capture = read_record(tmp_path / "run" / "torch" / "activations")
+    assert capture.extra["capture_at"][0] == row

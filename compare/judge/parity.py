@@ -258,6 +258,8 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
         return forward, backward
 
     forward, backward = locate(ref_tensors, other_tensors)
+    if forward is not None and list(other_tensors.get("capture_at") or [0, 0]) != [0, 0]:
+        forward["captured_at"] = list(other_tensors["capture_at"])  # where the logits differ most
     activation_pass = confirm_locations(forward, backward, ref_tensors, other_tensors)
     fixed = floors is None and str(ref.numerics.get("dtype")) in ("float32", "float64")
     by_module = passed and _module_parts(forward, fixed)

@@ -30,6 +30,9 @@ def _module(found: dict | None) -> str:
     shapes = [k for k in found.get("shapes_differ") or () if k != found["module"]]
     if shapes:  # differ only in shape where another module differs in its numbers: never the location
         left_out += f"; {len(shapes)} differ only in shape ({', '.join(shapes[:3])})"
+    if found.get("captured_at"):
+        row, token = found["captured_at"]
+        left_out += f"; captured from row {row}{f', token {token}' if token else ''}, where the logits differ most"
     if not found["module"]:
         return f"none ({found['modules_compared']} modules agree{left_out})"
     if found.get("decision"):  # compare/judge/decided.py: its top-k/argmax/sort chose otherwise, not at a tie

@@ -267,8 +267,11 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
             if record.status == BackendStatus.OK and want_tensors:
                 tensors = with_second_pass(read_tensors(record_path, record), run_dir, record.run_id, name)
                 tensors.update(capture_facts(record))
-                if not tensors["activations"]:  # captured apart, when step 0 parted (compare/runs/capture_runs.py)
-                    tensors.update(captured_activations(run_dir, run_id))
+                # captured apart, when step 0 parted (compare/runs/capture_runs.py): the run's own capture is
+                # replaced by one where the logits differ most
+                captured = captured_activations(run_dir, run_id)
+                if captured["activations"]:
+                    tensors.update(captured)
                 # with the reference's choices imposed, where the pair's differ at ties only (compare/judge/decided.py)
                 tensors["imposed"] = captured_activations(run_dir / CAPTURE_DIR, run_id, IMPOSED_DIR)
                 tensors = with_second_pass(tensors, run_dir / CAPTURE_DIR, record.run_id, name, "activation_pass",

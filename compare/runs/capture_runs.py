@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from common.data import in_first_capture
 from common.record import RECORD_FILE, RecordError, read_record
 from common.tensor_file import read_tensors
 from compare.runs.orchestrate import BackendRun, run_backend
@@ -22,13 +25,57 @@ from compare.runs.orchestrate import BackendRun, run_backend
 CAPTURE_DIR = "activations"
 
 
-def parted_at_step0(report: dict) -> list[str]:
-    """The backends whose activations locate a divergence: every one whose pair parts at step 0 with no
-    module found yet, and the reference they are judged against."""
+def parted_at_step0(report: dict, out: Path, captured: bool) -> tuple[list[str], tuple[int, int]]:
+    """(the backends whose activations locate a divergence, the (row, token) their capture starts at): every one
+    whose pair parts at step 0 with no module found yet, and the reference they are judged against, captured
+    where the logits differ most (`worst_example`). `captured`: the runs captured their own (--activations) from
+    the batch's first rows; those pairs are captured again only where the logits differ most elsewhere."""
     parity = report.get("parity") or {}
-    parted = [n for n, p in parity.items() if p.get("first_divergent_step") == 0
-              and p.get("comparable") and p.get("first_divergent_module") is None]
-    return [report["reference"], *parted] if parted else []
+    parted = [n for n, p in parity.items() if p.get("first_divergent_step") == 0 and p.get("comparable")
+              and (captured or p.get("first_divergent_module") is None)]
+    names = [report["reference"], *parted] if parted else []
+    at = worst_example(report, out, names) if names else (0, 0)
+    if captured and in_first_capture(_task(report) == "lm", at):
+        return [], (0, 0)
+    return names, at
+
+
+def _task(report: dict) -> str:
+    model = (report.get("spec") or {}).get("model", {})
+    return model.get("task") or ("lm" if model.get("family") == "gpt" else "classification")
+
+
+def worst_example(report: dict, out: Path, names: list[str]) -> tuple[int, int]:
+    """The (row, token) of step 0's batch where a parting pair's logits differ most (a language model's: the
+    token too; any other task's: the row), so the capture looks where the difference is: a port that differs
+    in one example only (a padded one, say) is invisible in another. (0, 0) when no pair's logits can be set side
+    by side whole (kept as summaries, or of other shapes)."""
+    task = _task(report)
+    ref, worst, at = report["reference"], -1.0, (0, 0)
+    a = _logits(out / ref, report.get("run_id"))
+    for name in names:
+        b = _logits(out / name, report.get("run_id")) if name != ref else None
+        if a is None or b is None or a.shape != b.shape or a.ndim < 2:
+            continue
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        per = diff.reshape(*diff.shape[:2], -1).max(axis=-1) if task == "lm" and a.ndim >= 3 else \
+            diff.reshape(diff.shape[0], -1).max(axis=-1)[:, None]
+        flat = int(np.nanargmax(per)) if np.isfinite(per).any() else 0
+        if float(per.flat[flat]) > worst:
+            worst, at = float(per.flat[flat]), (flat // per.shape[1], flat % per.shape[1])
+    return at
+
+
+def _logits(run_dir: Path, run_id: str | None):
+    """A run's step-0 logits whole, or None (none, a summary, not this run's)."""
+    try:
+        record = read_record(run_dir / RECORD_FILE)
+        if run_id is not None and record.run_id != run_id:
+            return None
+        value = read_tensors(run_dir / RECORD_FILE, record)["outputs"].get("logits")
+        return np.asarray(value) if isinstance(value, np.ndarray) else None
+    except (RecordError, OSError, KeyError):
+        return None
 
 
 def capture(names: list[str], pythons: dict[str, str], launches: dict, out: Path,
@@ -48,7 +95,8 @@ IMPOSED_DIR = "imposed"  # <backend>/activations/imposed: the capture with the r
 
 def capture_facts(record) -> dict:
     """The capture's facts, and its decisions' (common/decisions.py: module, op, k of each, in call order)."""
-    return {**{k: record.extra.get(k, {}) for k in CAPTURE_FACTS}, "decisions_facts": record.extra.get("decisions", [])}
+    return {**{k: record.extra.get(k, {}) for k in CAPTURE_FACTS}, "decisions_facts": record.extra.get("decisions", []),
+            "capture_at": record.extra.get("capture_at", [0, 0])}
 
 
 def captured_activations(run_dir: Path, run_id: str | None, capture_dir: str = CAPTURE_DIR) -> dict:

@@ -57,19 +57,20 @@ def locate_divergence(args, plan: Plan, outcome, report: dict, build) -> dict:
     if outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL \
             or args.num_hosts > 1:  # every host would have to run it: compare/runs/hosts.py
         return report
-    parted = [] if args.activations else [n for n in parted_at_step0(report) if n in plan.launches]
+    parted, at = parted_at_step0(report, plan.out, args.activations)
+    parted = [n for n in parted if n in plan.launches]
     try:
         if parted:
-            runs = capture(parted, plan.pythons, {n: capture_launch(args, n) for n in parted}, plan.out,
+            runs = capture(parted, plan.pythons, {n: capture_launch(args, n, at=at) for n in parted}, plan.out,
                            plan.timeout_s)
             report = mark_failed_captures(build(outcome.interrupted), runs)
-        return confirm_locations(args, plan, impose_choices(args, plan, report, build), build)
+        return confirm_locations(args, plan, impose_choices(args, plan, report, build, at), build, at)
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
         return build(True)
 
 
-def impose_choices(args, plan: Plan, report: dict, build) -> dict:
+def impose_choices(args, plan: Plan, report: dict, build, at: tuple[int, int]) -> dict:
     """The report built again after the capture, with the reference's top-k/argmax/sort choices imposed, of each
     backend whose choices differ from the reference's at ties only and that can take them (compare/judge/decided.py),
     into `<backend>/activations/imposed/`; unchanged when there is none."""
@@ -79,7 +80,7 @@ def impose_choices(args, plan: Plan, report: dict, build) -> dict:
     wanted = [n for n, p in (report.get("parity") or {}).items()
               if needs_imposing(p) and n in plan.launches and backends.info(n).imposes_decisions]
     for name in wanted:
-        run_backend(name, plan.pythons[name], capture_launch(args, name, impose=source),
+        run_backend(name, plan.pythons[name], capture_launch(args, name, impose=source, at=at),
                     plan.out / name / CAPTURE_DIR / IMPOSED_DIR, plan.timeout_s)
     return build(False) if wanted else report
 
@@ -95,7 +96,7 @@ def mark_failed_captures(report: dict, runs: dict) -> dict:
     return report
 
 
-def confirm_locations(args, plan: Plan, report: dict, build) -> dict:
+def confirm_locations(args, plan: Plan, report: dict, build, at: tuple[int, int]) -> dict:
     """A location found on summaries of the activations (a capture under --tensors summary|auto) confirmed by a
     capture that keeps its module's input and output whole on both sides (compare/runs/second_pass.py
     activations_to_confirm), into `<backend>/activations/whole-tensors/`. Whole, the input may turn out to
@@ -108,7 +109,7 @@ def confirm_locations(args, plan: Plan, report: dict, build) -> dict:
             break
         for name, keys in wanted.items():
             kept.setdefault(name, set()).update(keys)
-            run_backend(name, plan.pythons[name], capture_launch(args, name, tuple(sorted(kept[name]))),
+            run_backend(name, plan.pythons[name], capture_launch(args, name, tuple(sorted(kept[name])), at=at),
                         plan.out / name / CAPTURE_DIR / WHOLE_DIR, plan.timeout_s)
         report = build(False)
     return report

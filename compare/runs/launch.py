@@ -79,16 +79,20 @@ def main_launch(args, name: str) -> Launch:
                   group_of(args))
 
 
-def capture_launch(args, name: str, whole: tuple[str, ...] = (), impose: Path | None = None) -> Launch:
+def capture_launch(args, name: str, whole: tuple[str, ...] = (), impose: Path | None = None,
+                   at: tuple[int, int] = (0, 0)) -> Launch:
     """Step 0's activations from the start weights, nothing trained (compare/runs/capture_runs.py): no parity tensors,
     provoked recompiles, HLO, profile or throughput; one process (its slice of step 0 is one example). `whole`:
     activation keys kept whole under summaries (a location's confirming capture, compare/runs/extra_runs.py);
-    `impose`: the run directory whose decisions this capture takes instead of its own (compare/judge/decided.py)."""
+    `impose`: the run directory whose decisions this capture takes instead of its own (compare/judge/decided.py);
+    `at`: the (row, token) of step 0's batch it captures from (compare/runs/capture_runs.py worst_example)."""
     changes = {"steps": 1, "provoke": [], "profile": 0, "no_hlo": True}
     side = argparse.Namespace(**{**vars(args), **changes})
     kept = ("--whole-tensors", ",".join(whole)) if whole else ()
     imposed = ("--impose-decisions", str(impose)) if impose else ()
-    return Launch(side_spec(args, name, **changes), (*_flags(side, name), "--activations-only", *kept, *imposed))
+    where = ("--capture-at", f"{at[0]},{at[1]}") if tuple(at) != (0, 0) else ()
+    return Launch(side_spec(args, name, **changes),
+                  (*_flags(side, name), "--activations-only", *kept, *imposed, *where))
 
 
 def floor_launch(args, name: str, dtype: str) -> Launch:
