@@ -116,8 +116,9 @@ def test_torch_records_top_k_and_argmax_and_imposes_another_sides_choice_with_gr
     with watch:
         values, indices = torch.topk(scores, 2)
         best = scores.argmax(dim=-1)
-    assert [d.op for d in watch.made] == ["topk", "argmax"] and watch.made[0].module == "router"
-    assert watch.made[1].indices.shape == (2, 1) and best.tolist() == watch.made[1].indices[:, 0].tolist()
+    made = watch.decisions()
+    assert [d.op for d in made] == ["topk", "argmax"] and made[0].module == "router"
+    assert made[1].indices.shape == (2, 1) and best.tolist() == made[1].indices[:, 0].tolist()
 
     wanted = [Decision("m", "topk", np.array([[3, 2], [2, 0]]), scores.detach().numpy()),
               Decision("m", "argmax", np.array([[3], [2]]), scores.detach().numpy())]

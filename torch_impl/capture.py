@@ -203,7 +203,7 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
         held = {key: (at_least_float32(value), layout) for key, (value, layout) in held.items()}
         grads = {key: (at_least_float32(value), layout) for key, (value, layout) in grads.items()}
         sync()
-    capture = Capture(more_inputs=more_inputs, more_outputs=more_outputs, decisions=watch.made)
+    capture = Capture(more_inputs=more_inputs, more_outputs=more_outputs, decisions=watch.decisions())
     for n, m in model.named_modules():  # a module whose weights its parent reads itself (torchvision's attention)
         if names.get(n) and id(m) not in entered and next(m.parameters(recurse=False), None) is not None:
             capture.skipped[names[n]] = NEVER_CALLED_REASON

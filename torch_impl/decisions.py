@@ -33,13 +33,21 @@ def _smallest(op: str, args, kwargs) -> bool:
 
 
 class DecisionWatch(TorchFunctionMode):
-    """Records each watched call as a Decision (on the host), `where()` naming the module it runs in; with
-    `impose`, returns those choices instead of its own, in call order."""
+    """Records each watched call, `where()` naming the module it runs in; with `impose`, returns those choices
+    instead of its own, in call order. The tensors stay on their device until `decisions()` brings them to the
+    host (after a lazy runtime's one sync: torch_xla computes every copy in one graph)."""
 
     def __init__(self, where: Callable[[], str], to_numpy, impose: list[Decision] | None = None):
         super().__init__()
         self.where, self.to_numpy, self.impose, self.made = where, to_numpy, impose, []
         self._keepdim = False
+
+    def decisions(self) -> list[Decision]:
+        out = []
+        for module, op, raw, scores, dim, smallest in self.made:
+            indices, ranked = oriented(self.to_numpy(raw), self.to_numpy(scores), dim, smallest)
+            out.append(Decision(module, op, indices, ranked))
+        return out
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -58,9 +66,7 @@ class DecisionWatch(TorchFunctionMode):
             imposed = self._imposed(op, scores, dim, _smallest(op, args, kwargs))
             out = imposed if imposed is not None else func(*args, **kwargs)
             raw = out[1] if op in ("topk", "sort") else out
-        indices, ranked = oriented(self.to_numpy(raw.detach()), self.to_numpy(scores.detach()), dim,
-                                   _smallest(op, args, kwargs))
-        self.made.append(Decision(self.where(), op, indices, ranked))
+        self.made.append((self.where(), op, raw.detach(), scores.detach(), dim, _smallest(op, args, kwargs)))
         return out
 
     def _imposed(self, op: str, scores: torch.Tensor, dim: int, smallest: bool):
