@@ -7,9 +7,11 @@ Everything downstream of such a flip then differs by far more than rounding, and
 experts) looks like the culprit. So each side's capture (jax_impl/capture.py, torch_impl/decisions.py) records
 every such call, in call order: the module it ran in, the chosen indices and the scores it ranked; compare sets
 them side by side here (`compare_decisions`). A flip is within rounding of a tie when the margin between the
-last chosen and the first passed-over score (the k-th and (k+1)-th) is within the forward bound on both sides;
-any other flip is a difference of the port. Where every flip is a tie, compare runs the torch side's capture
-once more with the reference's choices imposed (`--impose-decisions`): what then still differs is the port's.
+last chosen and the first passed-over score (the k-th and (k+1)-th) is within the forward bound on each side, of
+that side's own scores (a port may rank the router's logits where torch ranks their softmax: the same order on
+other values); any other flip is a difference of the port. Where every flip is a tie, compare runs the torch side's
+capture once more with the reference's choices imposed (`--impose-decisions`): what then still differs is the
+port's.
 
 The scores are kept oriented so that larger is chosen (argmin and ascending orders negate them) and with the
 ranked axis last; the indices as (..., k) (argmax's k is 1; a sort's k is the axis' length).
@@ -84,8 +86,8 @@ def _chosen(d: Decision) -> np.ndarray:
 
 def compare_decisions(ref: list[Decision], other: list[Decision], atol: float, rtol: float) -> dict | None:
     """The two sides' choices set side by side, in call order: per decision the rows (tokens) that chose otherwise
-    and whether each such flip is within rounding of a tie (its margin within `atol + rtol * max|scores|` on both
-    sides, and the scores themselves within that bound). None when neither side made a decision."""
+    and whether each such flip is within rounding of a tie (its margin within `atol + rtol * max|scores|` on each
+    side, of that side's scores). None when neither side made a decision."""
     if not ref and not other:
         return None
     if len(ref) != len(other) or any(a.indices.shape != b.indices.shape or a.scores.shape != b.scores.shape
@@ -96,14 +98,19 @@ def compare_decisions(ref: list[Decision], other: list[Decision], atol: float, r
     found = []
     for i, (a, b) in enumerate(zip(ref, other)):
         flipped = np.any(_chosen(a) != _chosen(b), axis=-1)
-        bound = atol + rtol * float(np.max(np.abs(a.scores))) if a.scores.size else atol
+        bound_a, bound_b = (atol + rtol * float(np.max(np.abs(d.scores))) if d.scores.size else atol for d in (a, b))
         scores_apart = float(np.max(np.abs(a.scores.astype(np.float64) - b.scores))) if a.scores.size else 0.0
         margin_a, margin_b = margins(a)[flipped], margins(b)[flipped]
-        widest = float(np.max(np.maximum(margin_a, margin_b))) if flipped.any() else None
+        # each flip's margin as a share of its side's bound: within rounding when at most 1 on both sides
+        share_a, share_b = margin_a / bound_a, margin_b / bound_b
+        margin, bound = None, bound_a
+        if flipped.any():
+            j = int(np.argmax(np.maximum(share_a, share_b)))  # the flip farthest from a tie
+            margin, bound = (margin_a[j], bound_a) if share_a[j] >= share_b[j] else (margin_b[j], bound_b)
         found.append({"index": i, "module": a.module, "other_module": b.module, "op": a.op,
                       "k": int(a.indices.shape[-1]), "rows": int(flipped.size), "flipped": int(flipped.sum()),
-                      "widest_margin": widest, "bound": bound, "scores_max_abs": scores_apart,
-                      "within_rounding": not flipped.any() or (scores_apart <= bound and widest <= bound)})
+                      "widest_margin": None if margin is None else float(margin), "bound": bound,
+                      "scores_max_abs": scores_apart, "within_rounding": margin is None or bool(margin <= bound)})
     flips = [d for d in found if d["flipped"]]
     return {"matched": True, "decisions": found, "flipped": sum(d["flipped"] for d in found),
             "ties_only": bool(flips) and all(d["within_rounding"] for d in flips),

@@ -28,6 +28,13 @@ def test_an_exact_tie_broken_otherwise_is_a_flip_within_rounding_with_a_zero_mar
     assert "every flip within rounding of a tie" in decisions_cell({"decisions": found})
 
 
+def test_a_tie_is_judged_on_each_sides_own_scores_a_port_may_rank_logits_where_torch_ranks_softmax():
+    logits = np.zeros((3, 4), np.float32)  # a zero router: the port ranks its logits, torch their softmax
+    found = compare_decisions([_topk(logits, 2)], [_topk(np.full((3, 4), 0.25, np.float32), 2, ties_low_first=False)],
+                              **BOUND)
+    assert found["flipped"] == 3 and found["ties_only"] and found["first"]["scores_max_abs"] == 0.25
+
+
 def test_a_flip_whose_margin_is_wider_than_the_bound_is_not_a_tie():
     rng = np.random.default_rng(0)
     scores = rng.normal(size=(8, 4)).astype(np.float32)
