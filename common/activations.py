@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 CHANNEL_FIRST, CHANNEL_LAST, UNKNOWN = "channel_first", "channel_last", "unknown"
+# "<module>#<field>": another field of a module's structured output (a ModelOutput's pooler_output, a tuple's item 1),
+# kept where its shape differs from the first's: the other side's module may return that one (compare/judge/parity.py)
+FIELD_MARK = "#"
 NEVER_CALLED_REASON = ("its forward never ran: its parameters were used directly (e.g. F.linear(x, self.qkv.weight)), "
                        "so it has no output of its own to compare")
 UNKNOWN_REASON = ("its layout is unknown: its output was reshaped or transposed by its own code after its "
@@ -120,6 +123,14 @@ class Capture:
     # caller reads the scores: the logits' gradient is zero there, not on a port that returns the logits alone)
     more_outputs: dict = field(default_factory=dict)
     decisions: list = field(default_factory=list)  # its top-k, argmax and sort calls (common/decisions.py)
+
+
+def other_fields(out, is_array) -> dict:
+    """{field: array} of a structured output's arrays after its first: by key (a dict, a ModelOutput) or by
+    position (a tuple, a list); empty for one array."""
+    items = out.items() if isinstance(out, dict) else enumerate(out) if isinstance(out, (tuple, list)) else ()
+    arrays = [(str(k), v) for k, v in items if is_array(v)]
+    return dict(arrays[1:])
 
 
 def count_beyond_first(found: dict, key: str, args, kwargs, out, is_array) -> None:

@@ -25,8 +25,10 @@ from common.activations import (
     NEVER_CALLED_REASON,
     Capture,
     LayoutTracker,
+    FIELD_MARK,
     count_beyond_first,
     kept_float,
+    other_fields,
     replace_first,
 )
 from common.modules import ROOT_MODULE
@@ -175,6 +177,9 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
                 return None
             if name not in held:
                 count_beyond_first(more_outputs, name, (), {}, out, _is_tensor)
+                for field, t in other_fields(out, _is_tensor).items():  # set beside a port's output of that shape
+                    if t.shape != y.shape:
+                        held[f"{name}{FIELD_MARK}{field}"] = (t.detach().clone(), layout)
             held.setdefault(name, (y.detach().clone(), layout))
             if probes is None or name in probes.held:
                 return None

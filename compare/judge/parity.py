@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from common.activations import FIELD_MARK
 from common.modules import ROOT_MODULE
 from common.record import RunRecord
 from common.summary import TensorSummary
@@ -137,9 +138,9 @@ def worst_tensors(tensors: dict[str, dict], n: int = 10) -> list[dict]:
 def modules_not_compared(ref: dict, other: dict, skipped: tuple[dict, dict], names: tuple[str, str]) -> dict:
     """{module: why} for every module whose step-0 output one side could not store or only one side has."""
     out = {k: f"{name}: {why}" for name, side in zip(names, skipped) for k, why in side.items()
-           if not k.endswith(":in")}
+           if not k.endswith(":in") and FIELD_MARK not in k}
     for k in [*ref, *(k for k in other if k not in ref)]:
-        if k.endswith(":in") or k in out:
+        if k.endswith(":in") or FIELD_MARK in k or k in out:
             continue
         if k not in other or k not in ref:
             has, lacks = names if k in ref else names[::-1]
@@ -164,12 +165,12 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
     if not ref or not other:  # a side without a capture: nothing to set side by side
         return None
     not_compared = modules_not_compared(ref, other, skipped, names)
-    outputs = [k for k in ref if not k.endswith(":in") and k not in not_compared]
+    outputs = [k for k in ref if not k.endswith(":in") and FIELD_MARK not in k and k not in not_compared]
     if not outputs and not not_compared:
         return None
     keys, finer_bounds = finer or (set(), bounds)
     bounds_of = lambda key: finer_bounds if key in keys else bounds  # noqa: E731
-    errors = {k: module_error(ref[k], other[k], bounds_of(k), names, f"activations/{k}") for k in outputs}
+    errors = {k: _output_error(ref, other, k, bounds_of(k), names) for k in outputs}
     diverging = [k for k in outputs if not errors[k]["within"]]
     # outputs that differ only in shape (the sides return other fields of a structured output, or a padding
     # differs): such a module is not the location where a module differing in its numbers is fed agreeing input
@@ -204,6 +205,22 @@ def first_divergent_module(ref: dict, other: dict, bounds: dict,
             **({"modules_before_islands": len([k for k in outputs if k in keys])} if finer else {}),
             "sensitivity": {k: e["sensitivity"] for k, e in errors.items() if e.get("sensitivity") is not None},
             **by_summary([*errors.values(), *inputs.values()])}
+
+
+def _output_error(ref: dict, other: dict, k: str, bounds: dict, names: tuple[str, str]) -> dict:
+    """Module `k`'s output against the reference's; where their shapes differ, a field of one side's structured
+    output shaped as the other's output is compared instead (HF's vision tower returns its hidden states first
+    and its pooled vector second, a port's tower the pooled vector alone), said in `field`."""
+    a, b = ref[k], other[k]
+    if tuple(a.shape) != tuple(b.shape):
+        for side, (mine, theirs) in enumerate(((ref, b), (other, a))):
+            field = next((f for f in mine if f.startswith(f"{k}{FIELD_MARK}")
+                          and tuple(mine[f].shape) == tuple(theirs.shape)), None)
+            if field:
+                a, b = (mine[field], b) if side == 0 else (a, mine[field])
+                error = module_error(a, b, bounds, names, f"activations/{field}")
+                return {**error, "field": f"{names[side]}'s {field.partition(FIELD_MARK)[2]}"}
+    return module_error(a, b, bounds, names, f"activations/{k}")
 
 
 def _holds(module: str, inner: str) -> bool:

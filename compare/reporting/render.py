@@ -50,6 +50,8 @@ def _module(found: dict | None) -> str:
         why = _root_culprit(found.get("not_compared") or {})
     error = found["output_error"]
     size = error.get("note") if error.get("abs") is None else f"max abs {_fmt(error['abs'], '.3e')}"
+    if error.get("field"):  # a field of a structured output, shaped as the other side's output
+        size += f" ({error['field']})"
     return (f"{found['module']} ({why}: {size}; "
             f"{found['modules_diverging']}/{found['modules_compared']} modules differ{left_out}{_summaries(found)})")
 
