@@ -22,10 +22,10 @@ from torch.nn.modules import batchnorm, conv, instancenorm, pooling
 from common.activations import (
     CHANNEL_FIRST,
     CHANNEL_LAST,
+    FIELD_MARK,
     NEVER_CALLED_REASON,
     Capture,
     LayoutTracker,
-    FIELD_MARK,
     count_beyond_first,
     kept_float,
     other_fields,
