@@ -78,6 +78,10 @@ def _sides(ref: Decision, other: Decision, imposed=None):
 def test_ties_only_decide_by_the_capture_with_the_reference_choices_imposed():
     scores = np.full((4, 4), 0.25, np.float32)
     ref, other = _sides(_topk(scores, 2), _topk(scores, 2, ties_low_first=False))
+    passing = _parity(passed=True)
+    judge_decisions(passing, ref, other, BOUND, locate=None)  # flips that moved no tensor: nothing to impose
+    assert passing["passed"] and not needs_imposing(passing) and "within its bound all the same" in \
+        decisions_cell(passing)
     parity = _parity(first_divergent_module={"module": "layers.0.moe.experts", "input_agrees": True})
     judge_decisions(parity, ref, other, BOUND, locate=None)
     # not yet imposed: no module is blamed for the flips, the pair does not pass, compare runs the imposed capture

@@ -29,8 +29,8 @@ def judge_decisions(parity: dict, ref: dict, other: dict, forward_bound: dict, l
     if found is None:
         return
     parity["decisions"] = found
-    if not found["matched"] or not found["flipped"]:
-        return
+    if not found["matched"] or not found["flipped"] or (found["ties_only"] and parity["passed"]):
+        return  # no choice differs, or only at ties that moved no compared tensor out of its bound
     parity["passed"] = False
     if not found["ties_only"]:
         decision, forward = found["first_not_a_tie"], parity.get("first_divergent_module") or {}
@@ -69,7 +69,7 @@ def _decided_first(order: list[str], decided_in: str, culprit: str) -> bool:
 def needs_imposing(parity: dict) -> bool:
     """Whether this pair's choices differ only at ties and no capture with the reference's choices was made."""
     found = parity.get("decisions") or {}
-    return bool(found.get("ties_only")) and not found.get("imposed")
+    return bool(found.get("ties_only")) and not found.get("imposed") and not parity.get("passed")
 
 
 def decisions_cell(parity: dict) -> str:
@@ -78,6 +78,8 @@ def decisions_cell(parity: dict) -> str:
     if not found:
         return "-"
     words = decision_words(found)
+    if found.get("ties_only") and "imposed" not in found:
+        return words + "; every compared tensor within its bound all the same"
     if found.get("after"):
         words += f", after {found['after']} parts (below): the flips follow from what it changed"
     if found.get("ties_only"):
