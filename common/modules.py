@@ -25,15 +25,20 @@ def state_names(buffers: list[str], modules: Mapping[str, str]) -> dict[str, str
 def module_map(torch_modules: list[str], canonical: Mapping[str, tuple], rename: Mapping[str, str] = {}  # noqa: B006
                ) -> dict[str, str]:
     """torch module path -> NNX module path, for the modules both sides have (by normalised path; every
-    prefix of a canonical parameter name is an NNX module). The root is ROOT_MODULE."""
+    prefix of a canonical parameter name is an NNX module). The root is ROOT_MODULE. Where several torch modules
+    come to one NNX path (a rename that flattens a container: `^text_model.embeddings.` -> `text.` makes
+    `text_model.embeddings` read `text`, as `text_model` does), the outermost one holds it: it holds the others'
+    parameters and more, as the NNX module does."""
     nnx_modules = set()
     for name in canonical:
         parts = name.split(".")
         nnx_modules.update(".".join(parts[:i]) for i in range(1, len(parts)))
     by_norm = {normalised_path(m): m for m in nnx_modules}
     out = {"": ROOT_MODULE} if "" in torch_modules else {}
-    for module in filter(None, torch_modules):
+    taken = set()
+    for module in sorted(filter(None, torch_modules), key=lambda m: m.count(".")):  # the outermost first
         path = normalised_path(renamed(module + ".", rename).rstrip("."))
-        if path in by_norm:
+        if path in by_norm and by_norm[path] not in taken:
             out[module] = by_norm[path]
-    return out
+            taken.add(by_norm[path])
+    return {m: out[m] for m in torch_modules if m in out}  # in the model's order

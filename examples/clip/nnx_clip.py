@@ -4,7 +4,8 @@ EOS token, the image's at its class token), the projections and the 0-d `logit_s
 returns {"logits_per_image", "logits_per_text"}, as Hugging Face's CLIPOutput names them.
 
 The factories below the model are the mis-ports `twin.py` checks: the text embeddings not normalised before the
-logits, and the text pooled at the last position instead of the EOS token.
+logits, and the text pooled at its first position (BOS, as a BERT-style [CLS] pooling would) instead of the EOS
+token.
 """
 from __future__ import annotations
 
@@ -48,12 +49,12 @@ class EncoderLayer(nnx.Module):
 
 
 class TextTower(nnx.Module):
-    def __init__(self, vocab_size, seq_len, d_model, n_layers, n_heads, d_ff, rngs: nnx.Rngs, pool_last=False):
+    def __init__(self, vocab_size, seq_len, d_model, n_layers, n_heads, d_ff, rngs: nnx.Rngs, pool_first=False):
         self.token_embedding = nnx.Embed(vocab_size, d_model, rngs=rngs)
         self.position_embedding = nnx.Embed(seq_len, d_model, rngs=rngs)
         self.layers = nnx.List([EncoderLayer(d_model, n_heads, d_ff, rngs) for _ in range(n_layers)])
         self.final_norm = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
-        self.eos, self.pool_last = vocab_size - 1, pool_last
+        self.eos, self.pool_first = vocab_size - 1, pool_first
 
     def __call__(self, ids, attention_mask):  # (B, T) ints -> (B, D), pooled
         t = ids.shape[1]
@@ -62,8 +63,9 @@ class TextTower(nnx.Module):
         for layer in self.layers:
             x = layer(x, mask)
         x = self.final_norm(x)
-        at = jnp.sum(attention_mask, axis=-1) - 1 if self.pool_last else jnp.argmax(ids == self.eos, axis=-1)
-        return x[jnp.arange(x.shape[0]), at]
+        if self.pool_first:
+            return x[:, 0]
+        return x[jnp.arange(x.shape[0]), jnp.argmax(ids == self.eos, axis=-1)]
 
 
 class VisionTower(nnx.Module):
@@ -88,8 +90,8 @@ class VisionTower(nnx.Module):
 
 class CLIP(nnx.Module):
     def __init__(self, vocab_size: int, seq_len: int, image_size: int, patch_size: int, d_model: int, n_layers: int,
-                 n_heads: int, d_ff: int, embed_dim: int, *, rngs: nnx.Rngs, normalise_text=True, pool_last=False):
-        self.text = TextTower(vocab_size, seq_len, d_model, n_layers, n_heads, d_ff, rngs, pool_last)
+                 n_heads: int, d_ff: int, embed_dim: int, *, rngs: nnx.Rngs, normalise_text=True, pool_first=False):
+        self.text = TextTower(vocab_size, seq_len, d_model, n_layers, n_heads, d_ff, rngs, pool_first)
         self.vision = VisionTower(image_size, patch_size, d_model, n_layers, n_heads, d_ff, rngs)
         self.text_projection = nnx.Linear(d_model, embed_dim, use_bias=False, rngs=rngs)
         self.visual_projection = nnx.Linear(d_model, embed_dim, use_bias=False, rngs=rngs)
@@ -111,6 +113,6 @@ def clip_text_not_normalised(**hparams) -> CLIP:
     return CLIP(**hparams, normalise_text=False)
 
 
-def clip_pooled_last(**hparams) -> CLIP:
-    """The mis-port: each caption pooled at its last real position (the mask's), not at its first EOS token."""
-    return CLIP(**hparams, pool_last=True)
+def clip_pooled_first(**hparams) -> CLIP:
+    """The mis-port: each caption pooled at its first position (its BOS token), not at its first EOS token."""
+    return CLIP(**hparams, pool_first=True)

@@ -5,7 +5,7 @@ of its own (batches.py) with its own contrastive loss (losses.py). This file imp
     python -m compare --twin examples/clip/twin.py:clip_tiny --backend jax,torch
     python -m compare --twin examples/clip/twin.py:clip_one_directional_loss --backend jax,torch   # in the loss
     python -m compare --twin examples/clip/twin.py:clip_text_not_normalised --backend jax,torch    # fails
-    python -m compare --twin examples/clip/twin.py:clip_pooled_last --backend jax,torch            # fails
+    python -m compare --twin examples/clip/twin.py:clip_pooled_first --backend jax,torch            # fails
 """
 import dataclasses
 
@@ -35,4 +35,4 @@ clip_tiny = Twin(
 clip_one_directional_loss = dataclasses.replace(
     clip_tiny, loss={"torch": "losses.py:torch_clip_loss", "nnx": "losses.py:nnx_one_directional"})
 clip_text_not_normalised = dataclasses.replace(clip_tiny, nnx="nnx_clip.py:clip_text_not_normalised")
-clip_pooled_last = dataclasses.replace(clip_tiny, nnx="nnx_clip.py:clip_pooled_last")
+clip_pooled_first = dataclasses.replace(clip_tiny, nnx="nnx_clip.py:clip_pooled_first")
