@@ -177,8 +177,9 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
                 return None
             if name not in held:
                 count_beyond_first(more_outputs, name, (), {}, out, _is_tensor)
-                for field, t in other_fields(out, _is_tensor).items():  # set beside a port's output of that shape
-                    if t.shape != y.shape:
+                # set beside a port's output of that shape; none larger than the first (an attention's weights)
+                for field, t in other_fields(out, _is_tensor).items():
+                    if t.shape != y.shape and t.numel() <= y.numel():
                         held[f"{name}{FIELD_MARK}{field}"] = (t.detach().clone(), layout)
             held.setdefault(name, (y.detach().clone(), layout))
             if probes is None or name in probes.held:
