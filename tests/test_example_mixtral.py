@@ -63,6 +63,7 @@ def test_a_mis_port_that_keeps_the_first_choices_fails_at_the_experts(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.error_case("impose-decisions-refused")
 def test_a_runtime_that_cannot_take_another_sides_choices_refuses_them_in_one_line(tmp_path):
     proc = run_cli("jax_impl", "--spec", "mlp-tiny", "--activations-only", "--impose-decisions", str(tmp_path),
                    "--out", str(tmp_path / "run"))
