@@ -33,6 +33,8 @@ def test_routing_flipped_at_ties_passes_with_the_flips_counted_and_the_imposed_c
     assert "steps after 0 not judged" in parity["not_judged"]
     markdown = (tmp_path / "run" / "report.md").read_text()
     assert "step-0 decisions" in markdown and "every flip within rounding of a tie" in markdown
+    # what the verdict could not see, in the line under it
+    assert "torch: would have caught" in proc.stdout + markdown and "steps after 0 not judged" in markdown
 
 
 @pytest.mark.slow
