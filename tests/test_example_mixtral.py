@@ -33,6 +33,8 @@ def test_routing_flipped_at_ties_passes_with_the_flips_counted_and_the_imposed_c
     assert "steps after 0 not judged" in parity["not_judged"]
     markdown = (tmp_path / "run" / "report.md").read_text()
     assert "step-0 decisions" in markdown and "every flip within rounding of a tie" in markdown
+    # what the verdict could not see, in the line under it
+    assert "torch: would have caught" in proc.stdout + markdown and "steps after 0 not judged" in markdown
 
 
 @pytest.mark.slow
@@ -63,6 +65,7 @@ def test_a_mis_port_that_keeps_the_first_choices_fails_at_the_experts(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.error_case("impose-decisions-refused")
 def test_a_runtime_that_cannot_take_another_sides_choices_refuses_them_in_one_line(tmp_path):
     proc = run_cli("jax_impl", "--spec", "mlp-tiny", "--activations-only", "--impose-decisions", str(tmp_path),
                    "--out", str(tmp_path / "run"))

@@ -74,6 +74,8 @@ def sensitivity_line(parity: dict, dtype: str) -> str:
         forward = parity.get("first_divergent_module") or {}
         line += "; " + islands_words(parity["float32_islands"], forward.get("modules_before_islands"),
                                      forward.get("modules_compared"))
+    if parity.get("not_judged"):  # compare/judge/decided.py: choices flipped at ties, checked with them imposed
+        line += f"; {parity['not_judged']}"
     if dtype != "float64":
         line += (f"; smaller port differences pass unseen: a float64 run (--dtype float64; on the host where the "
                  f"device has no float64) resolves "
