@@ -33,6 +33,7 @@ mixtral_tiny = Twin(
     # the stacked experts: torch keeps each expert's (out, in) matrix, the port (in, out)
     layouts={"experts.gate_up": "e o i -> e i o", "experts.down": "e o i -> e i o"},
     hf=HF,
+    nnx_dtype_arg="dtype",  # the port computes in bfloat16 under --dtype bfloat16
     train=TrainSpec(optimizer="adamw", lr=3e-3, weight_decay=0.1, beta2=0.95, schedule="warmup_cosine",
                     schedule_warmup_steps=5, global_batch_size=8, steps=10),
 )
