@@ -92,9 +92,11 @@ def compare_decisions(ref: list[Decision], other: list[Decision], atol: float, r
         return None
     if len(ref) != len(other) or any(a.indices.shape != b.indices.shape or a.scores.shape != b.scores.shape
                                      for a, b in zip(ref, other)):
+        seen = ("; a side that made none may call them under a name bound at import (`from jax.lax import "
+                "top_k`), which the capture does not see: call jax.lax.top_k" if not ref or not other else "")
         return {"matched": False, "flipped": None, "ties_only": False, "reference": len(ref), "other": len(other),
                 "why": f"the sides made {len(ref)} and {len(other)} decisions, or of other shapes: not set side by "
-                       "side"}
+                       f"side{seen}"}
     found = []
     for i, (a, b) in enumerate(zip(ref, other)):
         flipped = np.any(_chosen(a) != _chosen(b), axis=-1)
