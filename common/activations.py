@@ -133,6 +133,13 @@ def other_fields(out, is_array) -> dict:
     return dict(arrays[1:])
 
 
+def other_arguments(args, kwargs, is_array) -> dict:
+    """{position or keyword: array} of a call's array arguments after its first (top level)."""
+    arrays = [(str(i), v) for i, v in enumerate(args) if is_array(v)] + \
+        [(k, v) for k, v in kwargs.items() if is_array(v)]
+    return dict(arrays[1:])
+
+
 def count_beyond_first(found: dict, key: str, args, kwargs, out, is_array) -> None:
     """found[key] = how many arrays a module call had besides the first: of its arguments (positional and
     keyword, top level) when `out` is None, else of what it returned (one array, or a tuple, list or dict's);

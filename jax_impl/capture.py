@@ -19,10 +19,12 @@ from flax import nnx
 from common.activations import (
     CHANNEL_FIRST,
     CHANNEL_LAST,
+    FIELD_MARK,
     Capture,
     LayoutTracker,
     count_beyond_first,
     kept_float,
+    other_arguments,
     replace_first,
 )
 from common.modules import ROOT_MODULE
@@ -121,7 +123,8 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
         kept, grads = jax.jit(lambda s, x: values(s, x, {})[1])(state, inputs), {}
     else:
         floating = {k: jax.numpy.zeros(v.shape, v.dtype) for k, v in shapes.items()
-                    if jax.numpy.issubdtype(v.dtype, jax.numpy.floating) and not k.startswith(PREFIX)}
+                    if jax.numpy.issubdtype(v.dtype, jax.numpy.floating) and not k.startswith(PREFIX)
+                    and FIELD_MARK not in k}  # no probe on a module's other arguments
 
         def probed_loss(probes, state, inputs):
             output, kept = values(state, inputs, probes)
@@ -168,6 +171,9 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
             inside.append(path)
         if path and x is not None and f"{path}:in" not in kept:  # inputs in the order the modules start
             count_beyond_first(more[0], path, args, kwargs, None, _is_array)
+            for key, v in other_arguments(args, kwargs, _is_array).items():  # compare/judge/extra_inputs.py
+                if v.size <= x.size:
+                    keep(f"{path}:in{FIELD_MARK}{key}", v, in_layout)
             probed = keep(f"{path}:in", x, in_layout)
             if probed is not x:
                 args, kwargs = (_replace_first(args, probed), kwargs) if in_args else \

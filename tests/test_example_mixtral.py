@@ -53,15 +53,26 @@ def test_a_routing_mis_port_that_changes_the_choices_fails_where_it_ranks(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.parametrize("twin", ["mixtral_gelu_experts", "mixtral_not_renormalised"])
-def test_a_mis_port_that_keeps_the_first_choices_fails_at_the_experts(tmp_path, twin):
-    """GELU for the experts' SiLU, or the top-k weights not renormalised: layer 0 routes alike on both sides, its
-    experts' output differs, and a flip that difference causes downstream (layer 1's routing) is said to follow."""
+def test_a_mis_port_that_keeps_the_first_choices_is_named_at_the_experts_or_at_the_routing(tmp_path, twin):
+    """Layer 0 routes alike on both sides in both. GELU for the experts' SiLU: the experts' every input agrees (the
+    hidden states, and the routing: HF's indices and weights against the port's dense matrix), their output does
+    not. The top-k weights not renormalised: the routing weights the MoE block passes its experts differ, so the
+    block is named, not the experts ("input agrees"); a flip it causes downstream is said to follow."""
     proc, report = compare(tmp_path / "run", "--twin", f"{MIXTRAL}:{twin}", "--backend", "jax,torch")
     parity = report["parity"]["torch"]
+    found = parity["first_divergent_module"]
     assert proc.returncode == 1
-    assert parity["first_divergent_module"]["module"] == "layers.0.moe.experts", parity["first_divergent_module"]
     assert parity["decisions"]["decisions"][0]["flipped"] == 0  # layer 0 chose alike
-    assert parity["decisions"].get("after") in (None, "layers.0.moe.experts")
+    if twin == "mixtral_gelu_experts":
+        assert found["module"] == "layers.0.moe.experts" and found["input_agrees"], found
+        assert found["inputs_not_compared"] == 0 and "entered_through" not in found
+    else:
+        assert found["module"] == "layers.0.moe", found
+        via = found["entered_through"]
+        assert (via["module"], via["what"]) == ("layers.0.moe.experts", "routing weights")
+        assert not via["error"]["within"]
+        assert "(the routing weights it passes to layers.0.moe.experts differ)" in report["message"]
+        assert parity["decisions"].get("after") in (None, "layers.0.moe")
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from common.activations import (
     LayoutTracker,
     count_beyond_first,
     kept_float,
+    other_arguments,
     other_fields,
     replace_first,
 )
@@ -156,6 +157,9 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
             layout = entered[id(module)][-1][1]
             if f"{name}:in" not in held:
                 count_beyond_first(more_inputs, name, args, kwargs, None, _is_tensor)
+                for key, t in other_arguments(args, kwargs, _is_tensor).items():  # compared where the other side
+                    if t.numel() <= x.numel():  # keeps its like (compare/judge/extra_inputs.py)
+                        held[f"{name}:in{FIELD_MARK}{key}"] = (t.detach().clone(), layout)
             held.setdefault(f"{name}:in", (x.detach().clone(), layout))
             if probes is None or f"{name}:in" in probes.held:
                 return None

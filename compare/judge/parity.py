@@ -12,6 +12,7 @@ from compare.judge.backward import first_divergent_module_backward
 from compare.judge.curves import compare_curves, curves_words
 from compare.judge.decided import decisions_cell, judge_decisions
 from compare.judge.distribution import judge_distribution
+from compare.judge.extra_inputs import with_extra_inputs
 from compare.judge.islands import before_first_island, islands_of
 from compare.judge.noise_floor import Floors, loss_sensitivity
 from compare.judge.sensitivity import group_sensitivity
@@ -268,6 +269,7 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
         forward = first_divergent_module(a.get("activations", {}), b.get("activations", {}), policy["forward"], names,
                                          (a.get("activations_skipped", {}), b.get("activations_skipped", {})), finer,
                                          (a.get("activations_more_inputs", {}), b.get("activations_more_inputs", {})))
+        with_extra_inputs(forward, a.get("activations", {}), b.get("activations", {}), policy["forward"], names)
         # where the forwards part, the backward gradients follow from it: the backward is searched when they agree
         backward = None if forward and forward["module"] else first_divergent_module_backward(
             a.get("activation_grads", {}), b.get("activation_grads", {}), list(a.get("activations", {})),
@@ -353,6 +355,9 @@ def failure_message(name: str, parity: dict) -> str:
         where += f", step-0 decisions differ: {decisions_cell(parity)}"
     if module and module["module"]:
         where += f", first divergent module {module['module']}"
+        via = module.get("entered_through")  # compare/judge/extra_inputs.py
+        if via:
+            where += f" (the {via['what']} it passes to {via['module']} differ)"
         if module["module"] == ROOT_MODULE and module.get("not_compared"):  # compare/reporting/render.py: _root_culprit
             where += f" or a module not compared ({len(module['not_compared'])})"
     elif backward and backward.get("in_loss"):  # the forwards agree, the gradient the loss sends back does not

@@ -35,6 +35,11 @@ def _module(found: dict | None) -> str:
         left_out += f"; captured from row {row}{f', token {token}' if token else ''}, where the logits differ most"
     if not found["module"]:
         return f"none ({found['modules_compared']} modules agree{left_out})"
+    if found.get("entered_through"):  # compare/judge/extra_inputs.py: what it passed on differs
+        via = found["entered_through"]
+        return (f"{found['module']} (the {via['what']} it passes to {via['module']} differ: "
+                f"{_size(via['error'])}; {via['module']}'s first input agrees; "
+                f"{found['modules_diverging']}/{found['modules_compared']} modules differ{left_out})")
     if found.get("decision"):  # compare/judge/decided.py: its top-k/argmax/sort chose otherwise, not at a tie
         d = found["decision"]
         return (f"{found['module']} (its {d['op']} chose otherwise in {d['flipped']} of {d['rows']} rows, not at a "
