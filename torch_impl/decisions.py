@@ -40,7 +40,6 @@ class DecisionWatch(TorchFunctionMode):
     def __init__(self, where: Callable[[], str], to_numpy, impose: list[Decision] | None = None):
         super().__init__()
         self.where, self.to_numpy, self.impose, self.made = where, to_numpy, impose, []
-        self._keepdim = False
 
     def decisions(self) -> list[Decision]:
         out = []
@@ -62,14 +61,14 @@ class DecisionWatch(TorchFunctionMode):
             scores, dim, raw = scores.reshape(-1), 0, out.reshape(-1)
         else:
             dim = dim % scores.dim()
-            self._keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
-            imposed = self._imposed(op, scores, dim, _smallest(op, args, kwargs))
+            keepdim = op in ("argmax", "argmin") and bool(_arg(args, kwargs, 2, "keepdim", False))
+            imposed = self._imposed(op, scores, dim, keepdim)
             out = imposed if imposed is not None else func(*args, **kwargs)
             raw = out[1] if op in ("topk", "sort") else out
         self.made.append((self.where(), op, raw.detach(), scores.detach(), dim, _smallest(op, args, kwargs)))
         return out
 
-    def _imposed(self, op: str, scores: torch.Tensor, dim: int, smallest: bool):
+    def _imposed(self, op: str, scores: torch.Tensor, dim: int, keepdim: bool):
         """The call's result with the imposed choice, or None (nothing imposed, or a choice of another shape)."""
         if self.impose is None or len(self.made) >= len(self.impose):
             return None
@@ -80,7 +79,7 @@ class DecisionWatch(TorchFunctionMode):
             return None
         indices = torch.from_numpy(np.moveaxis(wanted.indices, -1, dim).copy()).to(scores.device)
         if op in ("argmax", "argmin"):
-            return indices if self._keepdim else indices.squeeze(dim)
+            return indices if keepdim else indices.squeeze(dim)
         if op == "argsort":
             return indices
         values = torch.gather(scores, dim, indices)
