@@ -132,12 +132,14 @@ def test_torch_records_top_k_and_argmax_and_imposes_another_sides_choice_with_gr
     assert made[1].indices.shape == (2, 1) and best.tolist() == made[1].indices[:, 0].tolist()
 
     wanted = [Decision("m", "topk", np.array([[3, 2], [2, 0]]), scores.detach().numpy()),
+              Decision("m", "argmax", np.array([[3], [2]]), scores.detach().numpy()),
               Decision("m", "argmax", np.array([[3], [2]]), scores.detach().numpy())]
     imposing = DecisionWatch(lambda: "router", lambda t: t.float().numpy(), impose=wanted)
     with imposing:
         values, indices = torch.topk(scores, 2)
         best = torch.argmax(scores, dim=-1)
-    assert indices.tolist() == [[3, 2], [2, 0]] and best.tolist() == [3, 2]
+        kept = scores.argmax(-1, keepdim=True)
+    assert indices.tolist() == [[3, 2], [2, 0]] and best.tolist() == [3, 2] and kept.tolist() == [[3], [2]]
     assert np.array_equal(values.detach().numpy(), scores.detach().numpy()[[[0], [1]], [[3, 2], [2, 0]]])
     values.sum().backward()  # the imposed values are this side's own scores, gathered: gradients reach them
     assert scores.grad.tolist() == [[0, 0, 1, 1], [1, 0, 1, 0]]
