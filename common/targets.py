@@ -22,6 +22,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 from common.fsutil import dangerous_dir, require_regular_file, write_json_atomic
@@ -191,8 +192,22 @@ def checkpoint_dir(path: str | Path, overwrite: bool, flag: str):
     except OSError as e:
         raise write_failed(path, e) from None
     finally:
-        if tmp is not None and tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None and os.path.lexists(tmp):  # the write failed (on success it was moved into place)
+            _remove_settled(tmp)
+
+
+def _remove_settled(tmp: Path, settle_s: float = 0.3, limit_s: float = 3.0) -> None:
+    """Remove `tmp`, and again should a writer's thread still running make it anew (orbax's go on after a failed
+    save, and one made `state.orbax-checkpoint-tmp/ocdbt.process_0` in it after its first removal): until it has
+    stayed away for `settle_s`, for `limit_s` at most."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        shutil.rmtree(tmp, ignore_errors=True)
+        gone = time.monotonic()
+        while not os.path.lexists(tmp) and time.monotonic() - gone < settle_s:
+            time.sleep(0.02)
+        if not os.path.lexists(tmp) or time.monotonic() > deadline:
+            return
 
 
 def _swap(path: Path, tmp: Path, old: list[str], new: list[str]) -> None:
