@@ -47,3 +47,8 @@ def test_arguments_of_one_key_and_shape_are_compared_as_they_are_and_none_kept_i
     found = compare_extra_inputs(a, b, "m", BOUNDS, NAMES)
     assert list(found) == ["mask"] and not found["mask"]["within"]
     assert compare_extra_inputs(a, {"m:in": np.ones(3)}, "m", BOUNDS, NAMES) is None
+    # one key may hold one value in two conventions (a boolean mask, an additive one): said, the location kept
+    located = {"module": "m", "input_agrees": True, "inputs_not_compared": 1}
+    with_extra_inputs(located, a, b, BOUNDS, NAMES)
+    assert located["module"] == "m" and located["other_input_differs"]["what"] == "mask"
+    assert "entered_through" not in located and located["inputs_not_compared"] == 0

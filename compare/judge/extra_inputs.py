@@ -7,7 +7,8 @@ in other forms: a Mixture-of-Experts' experts called with (tokens, k) expert ind
 Hugging Face's are) on one side, and with a dense (tokens, experts) weight matrix (as a dense-dispatch port's
 are) on the other: the indices and weights are scattered into the dense form and compared. Where they differ,
 the difference entered through them, so the location moves up to the module that passed them (the experts'
-parent, the MoE block that routes) and the report says so."""
+parent, the MoE block that routes) and the report says so. Another argument that differs is said beside the
+location, which stays: one key may hold one value in two conventions (a boolean mask, an additive one)."""
 from __future__ import annotations
 
 import numpy as np
@@ -58,8 +59,9 @@ def compare_extra_inputs(ref: dict, other: dict, module: str, bounds: dict, name
 
 
 def with_extra_inputs(found: dict | None, ref: dict, other: dict, bounds: dict, names: tuple[str, str]) -> None:
-    """A location whose first input agrees, checked on its other arguments: where one differs, the location
-    moves to the module that passed it (its parent) and `entered_through` says which and by how much."""
+    """A location whose first input agrees, checked on its other arguments: where the routing differs, the location
+    moves to the module that passed it (its parent) and `entered_through` says which and by how much; where
+    another differs, `other_input_differs` says so and the location stays."""
     if not found or not found.get("module") or not found.get("input_agrees") or not found.get("inputs_not_compared"):
         return
     compared = compare_extra_inputs(ref, other, found["module"], bounds, names)
@@ -70,7 +72,10 @@ def with_extra_inputs(found: dict | None, ref: dict, other: dict, bounds: dict, 
     differing = {what: e for what, e in compared.items() if not e["within"]}
     if not differing:
         return
+    what, error = next(iter(differing.items()))
+    if what != ROUTING:
+        found["other_input_differs"] = {"what": what, "error": error}
+        return
     culprit = found["module"]
     parent = culprit.rpartition(".")[0] or ROOT_MODULE
-    what, error = next(iter(differing.items()))
     found.update(module=parent, entered_through={"module": culprit, "what": what, "error": error})

@@ -45,7 +45,10 @@ def _module(found: dict | None) -> str:
         return (f"{found['module']} (its {d['op']} chose otherwise in {d['flipped']} of {d['rows']} rows, not at a "
                 f"tie: margins up to {d['widest_margin']:.2e}, scores {d['scores_max_abs']:.2e} apart)")
     why = "its input agrees, its output does not" if found["input_agrees"] else "its output differs"
-    if found.get("inputs_not_compared"):  # a module called with several arrays: only the first is captured
+    if found.get("other_input_differs"):  # compare/judge/extra_inputs.py: kept as a location, said
+        via = found["other_input_differs"]
+        why = f"its first input agrees, its {via['what']} does not ({_size(via['error'])}), its output does not"
+    elif found.get("inputs_not_compared"):  # a module called with several arrays: only the first is captured
         why = f"its first input agrees ({found['inputs_not_compared']} more not compared: the difference may " \
               "enter through them), its output does not"
     if (found.get("input_used") or 0) > BORDERLINE:  # agreeing, but barely: the difference may enter upstream
