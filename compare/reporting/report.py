@@ -20,6 +20,7 @@ from common.spec import RunSpec
 from common.tensor_file import read_tensors
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.explain.figures import backend_summary, cpu_peak, wall_breakdown
+from compare.judge.decided import IMPOSED
 from compare.judge.devices import devices_check, one_device
 from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
 from compare.judge.parity import check_parity, failure_message
@@ -273,7 +274,7 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
                 if captured["activations"]:
                     tensors.update(captured)
                 # with the reference's choices imposed, where the pair's differ at ties only (compare/judge/decided.py)
-                tensors["imposed"] = captured_activations(run_dir / CAPTURE_DIR, run_id, IMPOSED_DIR)
+                tensors[IMPOSED] = captured_activations(run_dir / CAPTURE_DIR, run_id, IMPOSED_DIR)
                 tensors = with_second_pass(tensors, run_dir / CAPTURE_DIR, record.run_id, name, "activation_pass",
                                            ACTIVATION_GROUPS)  # a location on summaries, confirmed whole
         except RecordError as e:
