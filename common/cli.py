@@ -5,7 +5,9 @@ Exit codes are `common.vocab.ExitCode`, the same for `compare` and the backends.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from common.checkpoints import parse_checkpoint
@@ -95,24 +97,53 @@ def checkpoint_ref(text: str) -> str:
     return text
 
 
-def spec_overrides(args: argparse.Namespace) -> list[str]:
-    """--set first, then the dedicated flags (which win)."""
-    out = list(args.overrides)
-    if args.steps is not None:
-        out.append(f"train.steps={args.steps}")
-    if args.mesh:
-        out += parse_mesh(args.mesh)
-    if args.dtype:
-        out.append(f"train.dtype={args.dtype}")
-    if args.seed is not None:
-        out += [f"train.seed={args.seed}", f"data.seed={args.seed}"]
-    return out
+@dataclasses.dataclass(frozen=True)
+class SpecInputs:
+    """What a run's spec is resolved from: the spec (a preset or a file) or a twin, the `--set` overrides and
+    the dedicated run flags (which win), and the provoked recompiles the spec must allow. Read once from a
+    command line (`of`), by compare and by every backend."""
+
+    spec: str = "gpt-tiny"
+    overrides: tuple[str, ...] = ()
+    steps: int | None = None
+    mesh: str | None = None
+    dtype: str | None = None
+    seed: int | None = None
+    twin: str | None = None
+    twin_timeout_s: float | None = None
+    provoke: tuple[Provocation, ...] = ()
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> SpecInputs:
+        """The spec inputs of a parsed command line (a flag it lacks keeps its default)."""
+        values = {"overrides": tuple(getattr(args, "overrides", ())), "provoke": tuple(getattr(args, "provoke", ())),
+                  "twin_timeout_s": getattr(args, "timeout", None)}
+        for name in ("spec", "steps", "mesh", "dtype", "seed", "twin"):
+            if getattr(args, name, None) is not None:
+                values[name] = getattr(args, name)
+        return cls(**values)
+
+    def overrides_applied(self) -> list[str]:
+        """--set first, then the dedicated flags (which win)."""
+        out = list(self.overrides)
+        if self.steps is not None:
+            out.append(f"train.steps={self.steps}")
+        if self.mesh:
+            out += parse_mesh(self.mesh)
+        if self.dtype:
+            out.append(f"train.dtype={self.dtype}")
+        if self.seed is not None:
+            out += [f"train.seed={self.seed}", f"data.seed={self.seed}"]
+        return out
+
+    def path_read(self) -> Path | None:
+        """The spec file this reads, if it reads one."""
+        return Path(self.spec) if Path(self.spec).suffix in (".toml", ".json") else None
 
 
-def resolve_spec(args: argparse.Namespace) -> RunSpec:
-    spec = load_spec(args.spec, spec_overrides(args), twin=getattr(args, "twin", None),
-                     twin_timeout_s=getattr(args, "timeout", None))
-    check_provocations(getattr(args, "provoke", []), spec)
+def resolve_spec(inputs: SpecInputs) -> RunSpec:
+    spec = load_spec(inputs.spec, inputs.overrides_applied(), twin=inputs.twin, twin_timeout_s=inputs.twin_timeout_s)
+    check_provocations(list(inputs.provoke), spec)
     return spec
 
 

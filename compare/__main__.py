@@ -45,6 +45,7 @@ from compare.judge.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
 from compare.judge.parity import train_differences  # noqa: E402
 from compare.judge.statistical import SEEDS_DIR, statistical_check  # noqa: E402
 from compare.judge.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
+from compare.options import CompareOptions  # noqa: E402
 from compare.reporting.output import show, write_report  # noqa: E402
 from compare.reporting.plots import PLOT_FILES  # noqa: E402
 from compare.reporting.report import ReportInputs, build_report, check_belongs  # noqa: E402
@@ -142,26 +143,19 @@ def parse_args(argv):
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
     parser.add_argument("--json", action="store_true", help="print only the JSON report")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
-    args = parser.parse_args(argv)
-    if args.parity_mode == ParityMode.EXACT:  # every backend's spec says it: recorded in each run record
-        args.overrides.append(f"train.dropout_masks={MaskSource.COMMON}")
-    return args
+    return parser.parse_args(argv)
+
+
+def parse_options(argv) -> CompareOptions:
+    """The command line, read once into the run's options (compare/options.py)."""
+    args = parse_args(argv)
+    names = backends_of(args.backend)
+    return CompareOptions.of(args, names, reference_of(args.reference, names))
 
 
 def both() -> list[str]:
     """`--backend both`, the default: one runtime of each family."""
     return [r.name for r in backends.registry().values() if r.in_both]
-
-
-def reused_records(args) -> list[backends.BackendInfo]:
-    return [r for n, r in backends.registry().items() if getattr(args, f"{n}_record", None)]
-
-
-def python_of_family(args, names: list[str], family: str) -> str:
-    """The interpreter that describes one side of a twin: that of the first backend running this family's
-    model, else that of the first registered one (its environment has the framework)."""
-    rows = [backends.info(n) for n in names] + list(backends.registry().values())
-    return getattr(args, f"{next(r.name for r in rows if r.family == family)}_python")
 
 
 def backends_of(choice: str) -> list[str]:
@@ -180,70 +174,69 @@ def backends_of(choice: str) -> list[str]:
     return names
 
 
-def reference_of(args, names: list[str]) -> str:
-    if args.reference is None:
+def reference_of(choice: str | None, names: list[str]) -> str:
+    if choice is None:
         return backends.DEFAULT_REFERENCE if backends.DEFAULT_REFERENCE in names else names[0]
-    if args.reference not in names:
-        fail(f"--reference {args.reference!r} is not among the backends that run ({', '.join(names)}); pick one "
+    if choice not in names:
+        fail(f"--reference {choice!r} is not among the backends that run ({', '.join(names)}); pick one "
              "of them or add it to --backend", ExitCode.USAGE)
-    return args.reference
+    return choice
 
 
-def check_inputs(args, names: list[str]):
+def check_inputs(opts: CompareOptions):
     """Everything that can be refused before a run directory exists: spec, per-side overrides, tolerance
-    profile, reused records. Returns (spec, tolerance policy, {backend: reused run directory})."""
+    profile, reused records. Returns (the run's spec, tolerance policy, the options with each side's spec)."""
     try:
-        spec = resolve_spec(args)
-        for name in names:  # a bad one-sided override fails before any backend runs
-            side_spec(args, name)
-        policy = load_policy(args.tolerance_profile, spec.train.dtype)
-        check_parity_mode(args, spec)
-        hosts.check(args, names, spec)
+        spec = resolve_spec(opts.run)
+        # every side's spec, derived once (a bad one-sided override fails before any backend runs)
+        opts = opts.with_specs({n: side_spec(opts, n) for n in opts.names})
+        policy = load_policy(opts.judging.profile, spec.train.dtype)
+        check_parity_mode(opts, spec)
+        hosts.check(opts, spec)
         # a user's data file is read and checked once here, before any backend starts (a twin's own batches are
         # its code, run by its describe step, never in this process: common/batches.py)
         if spec.data.path and spec.task != "custom":
             make_dataset(spec)
     except (*INPUT_ERRORS, ToleranceError) as e:
         fail(str(e), ExitCode.USAGE)
-    reuse = {n: getattr(args, f"{n}_record") for n in names if getattr(args, f"{n}_record")}
-    for name, path in reuse.items():
+    for name, path in opts.reused.items():
         flag = f"--{name.replace('_', '-')}-record"
         try:
             record = read_record(path)
             check_belongs(record, path, None)
-            if record.status == BackendStatus.OK and len(names) > 1:
+            if record.status == BackendStatus.OK and len(opts.names) > 1:
                 read_tensors(path, record)
         except RecordError as e:
             fail(f"{flag}: {e}", ExitCode.USAGE)
         if record.backend != name:  # a record must be what it claims, or the report compares a run with itself
             fail(f"{flag} {path} holds a {record.backend} run, not a {name} one; pass a {name} run directory "
                  f"(or give it as --{record.backend.replace('_', '-')}-record)", ExitCode.USAGE)
-        ran_otherwise = train_differences(record.spec, side_spec(args, name))
+        ran_otherwise = train_differences(record.spec, opts.spec_of(name))
         if ran_otherwise:  # judged under settings it never ran with (another dtype's bounds, steps it lacks)
             more = f" (and {len(ran_otherwise) - 1} more)" if len(ran_otherwise) > 1 else ""
             fail(f"{flag} {path} ran with {ran_otherwise[0]}{more}; a reused run is judged as it ran: pass the "
                  f"flags it ran with (its {SPEC_FILE}) or run {name} here instead", ExitCode.USAGE)
-    return spec, policy, reuse
+    return spec, policy, opts
 
 
-
-def check_parity_mode(args, spec) -> None:
+def check_parity_mode(opts: CompareOptions, spec) -> None:
     """A run with randomness cannot be judged bit by bit; the statistical mode needs runs of its own."""
+    mode, seeds = opts.judging.parity_mode, opts.judging.seeds
     dropout = getattr(spec.model, "dropout", 0) or dict(getattr(spec.model, "hparams", {}) or {}).get("dropout", 0)
-    if args.parity_mode == ParityMode.DETERMINISTIC and dropout and spec.train.dropout_masks != MaskSource.COMMON:
+    if mode == ParityMode.DETERMINISTIC and dropout and spec.train.dropout_masks != MaskSource.COMMON:
         raise SpecError(f"model.dropout={dropout} makes every run random (each framework draws its own masks): "
                         "judge it with --parity-mode statistical, feed every backend the same masks with "
                         "--parity-mode exact, or set model.dropout=0")
-    if args.parity_mode == ParityMode.STATISTICAL:
-        if args.seeds < 3:
-            raise SpecError(f"--seeds {args.seeds}: the statistical parity mode needs at least 3 seeds per backend")
-        if reused_records(args):
+    reused = [opts.side(n).flag for n in opts.reused]
+    if mode == ParityMode.STATISTICAL:
+        if seeds < 3:
+            raise SpecError(f"--seeds {seeds}: the statistical parity mode needs at least 3 seeds per backend")
+        if reused:
             raise SpecError(f"--parity-mode statistical runs every backend --seeds times; it cannot reuse "
-                            f"--{reused_records(args)[0].flag}-record")
-    reused = reused_records(args)
-    if args.check_determinism and reused:  # a reused run is not run again: nothing would be checked
+                            f"--{reused[0]}-record")
+    if opts.judging.check_determinism and reused:  # a reused run is not run again: nothing would be checked
         raise SpecError(f"--check-determinism runs each backend twice; it cannot reuse "
-                        f"--{reused[0].flag}-record (run that backend here instead)")
+                        f"--{reused[0]}-record (run that backend here instead)")
 
 
 def run_entries(names: list[str]) -> list[str]:
@@ -257,22 +250,23 @@ def backend_folders(launched: list[str]) -> list[str]:
     return [*launched, *(f"{n}-repeat" for n in launched), SEEDS_DIR, FLOOR_DIR] if launched else []
 
 
-def run_inputs(args, names: list[str]) -> dict[str, Path]:
+def run_inputs(opts: CompareOptions) -> dict[str, Path]:
     """The paths this run reads, by flag: they must not lie in a run that --overwrite would remove."""
-    inputs = {f"--{n.replace('_', '-')}-record": getattr(args, f"{n}_record") for n in names}
-    inputs["--spec"] = Path(args.spec) if Path(args.spec).suffix in (".toml", ".json") else None
-    inputs["--checkpoint"] = Path(args.checkpoint.partition(":")[2] or args.checkpoint) if args.checkpoint else None
-    inputs["--twin"] = Path(args.twin.rpartition(":")[0]) if args.twin and ".py:" in args.twin else None
-    inputs["--tolerance-profile"] = Path(args.tolerance_profile) if args.tolerance_profile not in PROFILES else None
+    inputs = {f"--{n.replace('_', '-')}-record": path for n, path in opts.reused.items()}
+    twin, checkpoint, profile = opts.run.twin, opts.checkpoint, opts.judging.profile
+    inputs["--spec"] = opts.run.path_read()
+    inputs["--checkpoint"] = Path(str(checkpoint).partition(":")[2] or checkpoint) if checkpoint else None
+    inputs["--twin"] = Path(twin.rpartition(":")[0]) if twin and ".py:" in twin else None
+    inputs["--tolerance-profile"] = Path(profile) if profile not in PROFILES else None
     return {flag: path for flag, path in inputs.items() if path}
 
 
-def prepare(args, spec, names: list[str]) -> Path | None:
+def prepare(opts: CompareOptions, spec) -> Path | None:
     """A user twin or a torch / hf checkpoint: the sides described and matched, the common start made
     (compare/runs/prepare.py); None when the backends start as they are (built-in init, canonical checkpoint)."""
     try:
-        _, folder = prepare_start(spec, args.checkpoint, python_of_family(args, names, "torch"),
-                                  python_of_family(args, names, "nnx"), args.timeout)
+        _, folder = prepare_start(spec, opts.checkpoint, opts.describer("torch"), opts.describer("nnx"),
+                                  opts.timeout_s)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     return folder
@@ -291,98 +285,105 @@ def install_signal_handlers() -> None:
         signal.signal(sig, _raise_interrupt)
 
 
-def claim_run_dir(args, names: list[str], prepared: Path | None):
-    """The run directory, claimed for this run (compare/runs/rundir.py), with the prepared start moved in."""
+def claim_run_dir(opts: CompareOptions, prepared: Path | None):
+    """The run directory, claimed for this run (compare/runs/rundir.py), with the prepared start moved in.
+    Returns it and the options the backends run with (the prepared start in place of the user's inputs, every
+    side's spec derived again from it)."""
+    out = opts.output.out
     try:
-        run_dir = claim(args.out, args.run_id, run_entries(names), args.overwrite, run_inputs(args, names))
+        run_dir = claim(out, opts.output.run_id, run_entries(list(opts.names)), opts.output.overwrite,
+                        run_inputs(opts))
         if prepared:
-            shutil.move(prepared, args.out / START_DIR)
+            shutil.move(prepared, out / START_DIR)
     except RunDirError as e:
         fail(str(e), ExitCode.USAGE)
     finally:
         if prepared and prepared.exists():
             shutil.rmtree(prepared, ignore_errors=True)
     if run_dir.replaced and run_dir.replaced.get("state") != "finished":
-        print(f"warning: {args.out} held run {run_dir.replaced.get('run_id')} (pid {run_dir.replaced.get('pid')}) "
+        print(f"warning: {out} held run {run_dir.replaced.get('run_id')} (pid {run_dir.replaced.get('pid')}) "
               "that never finished (killed?); its files were replaced by this run", file=sys.stderr)
     if prepared:  # the backends run the prepared spec (canonical tree filled in) from the common start
-        start = args.out / START_DIR
-        args.spec, args.twin, args.checkpoint = str(start / SPEC_FILE), None, start / INIT_FILE
-    return run_dir
+        opts = opts.with_start(out / START_DIR / SPEC_FILE, out / START_DIR / INIT_FILE)
+        try:
+            opts = opts.with_specs({n: side_spec(opts, n) for n in opts.names})
+        except INPUT_ERRORS as e:
+            fail(str(e), ExitCode.USAGE)
+    return run_dir, opts
 
 
-def tensor_mode(args, names: list[str]) -> dict:
+def tensor_mode(opts: CompareOptions) -> tuple[dict, CompareOptions]:
     """How the backends keep their parameter-sized tensors ({mode, why}): --tensors, else by the model's size
-    (the prepared spec's: a twin's parameters are known once it is described); sets args.tensors."""
-    if args.tensors:
-        return {"mode": args.tensors, "why": "--tensors"}
-    mode, why = default_mode(param_count(side_spec(args, names[0]).model))
-    args.tensors = mode
-    return {"mode": mode, "why": why}
+    (the prepared spec's: a twin's parameters are known once it is described), and the options with it."""
+    if opts.capture.tensors:
+        return {"mode": opts.capture.tensors, "why": "--tensors"}, opts
+    mode, why = default_mode(param_count(opts.spec_of(opts.names[0]).model))
+    return {"mode": mode, "why": why}, opts.with_capture(tensors=mode)
 
 
 def main(argv=None) -> int:
     install_signal_handlers()
     entered = time.time()
-    args = parse_args(argv)
-    names = backends_of(args.backend)
-    reference = reference_of(args, names)
-    for flag, path in {"--out": args.out, **run_inputs(args, names)}.items():  # before any path is resolved
+    opts = parse_options(argv)
+    names = list(opts.names)
+    for flag, path in {"--out": opts.output.out, **run_inputs(opts)}.items():  # before any path is resolved
         if path and symlink_loop(path):
             fail(f"{flag} {path}: a loop of symbolic links; point it at a real file or folder", ExitCode.USAGE)
-    spec, policy, reuse = check_inputs(args, names)
-    args.run_id = args.run_id or new_run_id()
-    args.out = args.out or default_out(args.run_id)
+    spec, policy, opts = check_inputs(opts)
+    run_id = opts.output.run_id or new_run_id()
+    opts = opts.with_output(run_id=run_id, out=opts.output.out or default_out(run_id))
+    out, reuse, judging = opts.output.out, opts.reused, opts.judging
     try:
         # before the preparation, which can take minutes
-        check_out(args.out, args.overwrite, backend_folders([n for n in names if n not in reuse]))
+        check_out(out, opts.output.overwrite, backend_folders([n for n in names if n not in reuse]))
     except RunDirError as e:
         fail(str(e), ExitCode.USAGE)
-    weights = weights_origin(spec, args.checkpoint)  # before the prepared start stands in for the user's
-    run_dir = claim_run_dir(args, names, prepare(args, spec, names))
-    tensors = tensor_mode(args, names)
-    out = args.out
-    plan = Plan(names, {n: getattr(args, f"{n}_python") for n in names},
-                {n: main_launch(args, n) for n in names if n not in reuse}, reuse, out, args.timeout,
-                args.check_determinism)
+    weights = weights_origin(spec, opts.checkpoint)  # before the prepared start stands in for the user's
+    run_dir, opts = claim_run_dir(opts, prepare(opts, spec))
+    tensors, opts = tensor_mode(opts)
+    plan = Plan(names, {n: opts.side(n).python for n in names},
+                {n: main_launch(opts, n) for n in names if n not in reuse}, reuse, out, opts.timeout_s,
+                judging.check_determinism)
     main_started = time.time()
-    seeds = [spec.train.seed + i for i in range(args.seeds)] if args.parity_mode == ParityMode.STATISTICAL else []
-    floors = floor_policy(spec.train.dtype, args.bf16_tolerance, args.fp32_tolerance)  # the spec's dtype's policy
-    with LiveProgress(not (args.quiet or args.json), spec.train.steps) as live:
+    seeds = [spec.train.seed + i for i in range(judging.seeds)] if judging.parity_mode == ParityMode.STATISTICAL else []
+    floors = floor_policy(spec.train.dtype, judging.bf16, judging.fp32)  # the spec's dtype's policy
+    with LiveProgress(not (opts.output.quiet or opts.output.json), spec.train.steps) as live:
         outcome = run_all(plan, live)
         for seed in seeds[1:]:
             if outcome.interrupted:
                 break
-            outcome.interrupted = run_all(Plan(names, plan.pythons, {n: seed_launch(args, n, seed) for n in names}, {},
-                                               out / SEEDS_DIR / str(seed), args.timeout, False), live).interrupted
-        floored = noise_floor_runs(args, floors, plan, outcome)
+            outcome.interrupted = run_all(Plan(names, plan.pythons, {n: seed_launch(opts, n, seed) for n in names}, {},
+                                               out / SEEDS_DIR / str(seed), opts.timeout_s, False), live).interrupted
+        floored = noise_floor_runs(opts, floors, plan, outcome)
         if floored:
-            launches = {n: floor_launch(args, n, spec.train.dtype) for n in floored}
-            outcome.interrupted = run_all(Plan(floored, plan.pythons, launches, {}, out / FLOOR_DIR, args.timeout,
+            launches = {n: floor_launch(opts, n, spec.train.dtype) for n in floored}
+            outcome.interrupted = run_all(Plan(floored, plan.pythons, launches, {}, out / FLOOR_DIR, opts.timeout_s,
                                                False), live).interrupted
     backends_done = time.time()
-    if hosts.follows(args):  # a host other than 0 of a multi-host run: host 0 writes the report
+    if hosts.follows(opts.hosts):  # a host other than 0 of a multi-host run: host 0 writes the report
         run_dir.finish("interrupted" if outcome.interrupted else "followed")
-        return ExitCode.INTERRUPTED if outcome.interrupted else hosts.followed(args, outcome.runs)
-    inputs = ReportInputs(spec, policy, names, reference, out, args.run_id, args.tolerance_profile,
-                          args.compile_cache, {n: [o.split("=")[0] for o in getattr(args, f"{n}_set")] for n in names},
-                          args.parity_mode, args.debug, floors, args.require_same_device, tensors, weights)
-    checks = ((("statistical", functools.partial(statistical_check, out, names, reference, seeds)),) if seeds else ()) \
+        return ExitCode.INTERRUPTED if outcome.interrupted else hosts.followed(opts.hosts, outcome.runs)
+    inputs = ReportInputs(spec, policy, names, opts.reference, out, run_id, judging.profile,
+                          opts.capture.compile_cache, {n: [o.split("=")[0] for o in opts.side(n).sets] for n in names},
+                          judging.parity_mode, opts.output.debug, floors, judging.require_same_device, tensors,
+                          weights)
+    checks = ((("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds)),)
+              if seeds else ()) \
         + ((("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)),)
-           if args.check_determinism else ())
+           if judging.check_determinism else ())
     build = functools.partial(build_report, inputs, outcome.runs, checks=checks)
-    report = keep_whole(args, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build)
-    report = locate_divergence(args, plan, outcome, report, build)
-    report["run_id"], report["replaced_run"] = args.run_id, run_dir.replaced
+    report = keep_whole(opts, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build)
+    report = locate_divergence(opts, plan, outcome, report, build)
+    report["run_id"], report["replaced_run"] = run_id, run_dir.replaced
     report["compare_peak_rss_mb"] = peak_rss_mb()  # compare's own process, its backends apart
-    report["hosts"] = hosts.section(args)
+    report["hosts"] = hosts.section(opts.hosts)
     report["wall_time"] = {"compare_imports_s": entered - STARTED_AT, "prepare_s": main_started - entered,
                            "backends_s": backends_done - main_started,
                            "report_s": time.time() - backends_done, "total_s": time.time() - STARTED_AT,
                            "note": "compare's own interpreter start (before its first line) is not included"}
     write_report(report, out)
     run_dir.finish(report["status"])
-    show(args, report, outcome.runs)
+    show(opts.output, report, outcome.runs)
     return report["exit_code"]
 
 

@@ -20,10 +20,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.checkpoints import parse_checkpoint
-from common.cli import INPUT_ERRORS, Parser, fail, resolve_spec
+from common.cli import INPUT_ERRORS, Parser, SpecInputs, fail, resolve_spec
 from common.fsutil import write_json_atomic
 from common.protocol import error_line
 from common.targets import TargetWriteError, check_dir_target, check_file_target, file_target
@@ -41,46 +42,66 @@ def run_side(python: str, module: str, *args: str) -> None:
         raise CheckpointError(error_line(proc.stderr) or f"{module} exited with code {proc.returncode}")
 
 
-def convert(args, tmp: Path) -> None:
-    src_fmt, src = parse_checkpoint(args.source)
-    dst_fmt, dst = parse_checkpoint(args.target)
+@dataclass(frozen=True)
+class Conversion:
+    """What one convert was asked, read once from its command line: the model (its spec inputs), the source and
+    target checkpoints (FORMAT:PATH, as given and parsed), whether the target may be replaced, and each side's
+    interpreter."""
+
+    run: SpecInputs
+    source: str
+    target: str
+    overwrite: bool
+    torch_python: str
+    jax_python: str
+    timeout_s: float
+
+    @property
+    def parsed(self):
+        """(source format, source path, target format, target path)."""
+        return (*parse_checkpoint(self.source), *parse_checkpoint(self.target))
+
+
+def convert(conv: Conversion, tmp: Path) -> None:
+    src_fmt, src, dst_fmt, dst = conv.parsed
     if dst_fmt == CheckpointFormat.HF:
-        raise CheckpointError(f"--to {args.target}: writing Hugging Face checkpoints is not supported; write torch: "
+        raise CheckpointError(f"--to {conv.target}: writing Hugging Face checkpoints is not supported; write torch: "
                               "and load it into the HF model with load_state_dict")
     if dst_fmt == CheckpointFormat.ORBAX:  # refused before anything is read or written
-        check_dir_target(dst, args.overwrite, f"--to {args.target}")
+        check_dir_target(dst, conv.overwrite, f"--to {conv.target}")
     else:
-        check_file_target(dst, args.overwrite, f"--to {args.target}")
-    spec = resolve_spec(args)
+        check_file_target(dst, conv.overwrite, f"--to {conv.target}")
+    spec = resolve_spec(conv.run)
     from_torch_side = src_fmt in (CheckpointFormat.TORCH, CheckpointFormat.HF, CheckpointFormat.CANONICAL)
-    spec, folder = prepare_start(spec, args.source if from_torch_side else None, args.torch_python, args.jax_python,
-                                 args.timeout)  # a user twin's canonical tree, and the source made canonical
+    spec, folder = prepare_start(spec, conv.source if from_torch_side else None, conv.torch_python, conv.jax_python,
+                                 conv.timeout_s)  # a user twin's canonical tree, and the source made canonical
     try:
-        write(args, spec, src_fmt, src, dst_fmt, dst, folder, tmp)
+        write(conv, spec, folder, tmp)
     finally:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def write(args, spec, src_fmt, src: Path, dst_fmt, dst: Path, folder: Path | None, tmp: Path) -> None:
+def write(conv: Conversion, spec, folder: Path | None, tmp: Path) -> None:
+    src_fmt, src, dst_fmt, dst = conv.parsed
     spec_file = tmp / "spec.json"
     write_json_atomic(spec_file, spec.to_dict())
     if src_fmt == CheckpointFormat.ORBAX:
         canonical = tmp / "canonical.safetensors"
-        run_side(args.jax_python, "jax_impl.export", "--spec", str(spec_file), "--orbax", str(src),
+        run_side(conv.jax_python, "jax_impl.export", "--spec", str(spec_file), "--orbax", str(src),
                  "--to-canonical", str(canonical))
     else:
         canonical = folder / INIT_FILE if folder else src
-    overwrite = ["--overwrite"] if args.overwrite else []
+    overwrite = ["--overwrite"] if conv.overwrite else []
     if dst_fmt == CheckpointFormat.CANONICAL:
         params = load_checkpoint(canonical, spec.model)
-        with file_target(dst, args.overwrite, f"--to {args.target}") as out:
+        with file_target(dst, conv.overwrite, f"--to {conv.target}") as out:
             save_checkpoint(out, params)
     elif dst_fmt == CheckpointFormat.TORCH:
-        run_side(args.torch_python, "torch_impl.export", "--spec", str(spec_file), "--canonical", str(canonical),
+        run_side(conv.torch_python, "torch_impl.export", "--spec", str(spec_file), "--canonical", str(canonical),
                  "--to", str(dst), *overwrite)
     else:
-        run_side(args.jax_python, "jax_impl.export", "--spec", str(spec_file), "--canonical", str(canonical),
+        run_side(conv.jax_python, "jax_impl.export", "--spec", str(spec_file), "--canonical", str(canonical),
                  "--to-orbax", str(dst), *overwrite)
 
 
@@ -97,10 +118,11 @@ def main(argv=None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the --to file, or the checkpoint of this toolkit in the --to directory")
     args = parser.parse_args(argv)
-    args.steps = args.mesh = args.dtype = args.seed = None  # the run flags resolve_spec reads
+    conv = Conversion(SpecInputs.of(args), args.source, args.target, args.overwrite, args.torch_python,
+                      args.jax_python, args.timeout)
     try:
         with tempfile.TemporaryDirectory(prefix="xla-twins-convert-") as tmp:
-            convert(args, Path(tmp))
+            convert(conv, Path(tmp))
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     except TargetWriteError as e:

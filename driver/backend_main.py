@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from common import backends
-from common.cli import INPUT_ERRORS, fail, resolve_spec
+from common.cli import INPUT_ERRORS, SpecInputs, fail, resolve_spec
 from common.fsutil import dangerous_dir
 from common.protocol import progress_line
 from common.record import LOG_FILES, PROCESS_LOGS, RECORD_FILE, SPEC_FILE, RunRecord, timed_from, write_record
@@ -125,7 +125,7 @@ def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...]
         fail(f"--impose-decisions: the {name} backend cannot take another side's decisions; only "
              + ", ".join(b.name for b in backends.registry().values() if b.imposes_decisions) + " can", ExitCode.USAGE)
     try:
-        spec = resolve_spec(args)
+        spec = resolve_spec(SpecInputs.of(args))
         if check:
             check(spec, options)
     except INPUT_ERRORS as e:

@@ -51,15 +51,15 @@ def test_the_built_in_rows():
 
 
 def test_an_installed_row_joins_every_list(registered_copy):
-    from compare.__main__ import backends_of, parse_args, python_of_family
+    from compare.__main__ import backends_of, parse_options
 
     assert backends.names()[-1] == COPY and backends.of_package(f"{COPY}_impl").family == "torch"
     assert backends_of("all")[-1] == COPY and backends_of("both") == ["jax", "torch_xla"]
-    args = parse_args(["--backend", f"jax,{COPY}", f"--{COPY.replace('_', '-')}-python", "/opt/py",
-                       f"--{COPY.replace('_', '-')}-set", "train.lr=0.5"])
-    assert args.torch_copy_set == ["train.lr=0.5"]
-    assert python_of_family(args, ["jax", COPY], "torch") == "/opt/py"  # its interpreter describes the torch side
-    assert python_of_family(args, ["jax", COPY], "nnx") == sys.executable
+    opts = parse_options(["--backend", f"jax,{COPY}", f"--{COPY.replace('_', '-')}-python", "/opt/py",
+                          f"--{COPY.replace('_', '-')}-set", "train.lr=0.5"])
+    assert opts.side(COPY).sets == ("train.lr=0.5",) and opts.side(COPY).python == "/opt/py"
+    assert opts.describer("torch") == "/opt/py"  # its interpreter describes the torch side
+    assert opts.describer("nnx") == sys.executable
 
 
 @pytest.mark.parametrize("field, value, why", [("name", "Torch-Copy", "not a lowercase identifier"),

@@ -135,12 +135,12 @@ def test_a_tensor_file_read_lazily_gives_what_was_checked_even_if_another_run_re
 @pytest.mark.parametrize("argv, mode", [(["--spec", "gpt2-small"], "auto"), (["--spec", "gpt-tiny"], "full"),
                                         (["--spec", "gpt2-small", "--tensors", "full"], "full")])
 def test_the_tensor_mode_defaults_to_auto_above_its_size_and_says_why(argv, mode):
-    from compare.__main__ import parse_args, tensor_mode
+    from compare.__main__ import check_inputs, parse_options, tensor_mode
     from compare.runs.second_pass import AUTO_ABOVE_PARAMS
 
-    args = parse_args(argv)
-    chosen = tensor_mode(args, ["jax", "torch"])
-    assert chosen["mode"] == args.tensors == mode
+    _, _, opts = check_inputs(parse_options([*argv, "--backend", "jax,torch"]))
+    chosen, opts = tensor_mode(opts)
+    assert chosen["mode"] == opts.capture.tensors == mode
     if "--tensors" in argv:
         assert chosen["why"] == "--tensors"
     else:  # gpt2-small: 124,439,808 parameters (GPT-2's 124M, its lm_head tied)

@@ -12,6 +12,7 @@ from rich.console import Console
 from common.cli import fail
 from common.fsutil import write_json_atomic, write_text_atomic
 from common.vocab import BackendStatus, ExitCode, ReportStatus
+from compare.options import Output
 from compare.reporting.plots import PLOT_FILES, write_plots
 from compare.reporting.render import markdown, print_tables
 from compare.reporting.report import strict_report
@@ -44,19 +45,19 @@ class _Stdout(Console):
         _reader_gone()
 
 
-def show(args, report: dict, runs: dict) -> None:
+def show(output: Output, report: dict, runs: dict) -> None:
     """The tables (or the JSON) on stdout, the failures on stderr."""
     try:
-        if args.json:
-            print((args.out / "report.json").read_text(), end="", flush=True)
-        elif not args.quiet:
+        if output.json:
+            print((output.out / "report.json").read_text(), end="", flush=True)
+        elif not output.quiet:
             print_tables(report, _Stdout())
             sys.stdout.flush()
     except BrokenPipeError:
         _reader_gone()
     except OSError as e:  # stdout itself cannot be written (a full disk, /dev/full): the report is whole
         _reader_gone()
-        fail(f"cannot write to stdout: {e.strerror or e}; the report is in {args.out}", ExitCode.IO)
+        fail(f"cannot write to stdout: {e.strerror or e}; the report is in {output.out}", ExitCode.IO)
     apart = (report.get("devices") or {}).get("note")
     if apart:  # one line naming the devices, refused (--require-same-device) or not
         print(f"warning: {apart}", file=sys.stderr)
@@ -64,5 +65,5 @@ def show(args, report: dict, runs: dict) -> None:
         if run.status != BackendStatus.OK:
             print(f"error: {run.name}: {run.status}: {run.message} (logs: {run.run_dir})", file=sys.stderr)
     if report["status"] == ReportStatus.INTERNAL_ERROR:
-        print(f"error: {report['message']} (report: {args.out / 'report.json'}; rerun with --debug for the "
+        print(f"error: {report['message']} (report: {output.out / 'report.json'}; rerun with --debug for the "
               "traceback)", file=sys.stderr)

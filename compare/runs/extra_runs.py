@@ -8,6 +8,7 @@ from common import backends
 from common.record import RECORD_FILE
 from common.vocab import BackendStatus, ParityMode
 from compare.judge.decided import needs_imposing
+from compare.options import CompareOptions
 from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, capture, parted_at_step0
 from compare.runs.launch import capture_launch, whole_launch
 from compare.judge.noise_floor import FLOOR_DIR
@@ -17,60 +18,60 @@ from compare.runs.second_pass import WHOLE_DIR, activations_to_confirm, needs_wh
 CONFIRM_PASSES = 3  # captures confirming a location found on summaries, at most
 
 
-def noise_floor_runs(args, policy: str, plan: Plan, outcome) -> list[str]:
+def noise_floor_runs(opts: CompareOptions, policy: str, plan: Plan, outcome) -> list[str]:
     """The backends run once more for their noise floor (compare/judge/noise_floor.py: bfloat16 in float32, float32
     from jittered start weights) when their dtype's policy asks: every one that ran here (not a reused record)
     and finished, in the deterministic or exact mode (the statistical test judges its own way)."""
-    if policy != "noise-floor" or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL:
+    if policy != "noise-floor" or outcome.interrupted or opts.judging.parity_mode == ParityMode.STATISTICAL:
         return []
     return [n for n in plan.launches if n in outcome.runs and outcome.runs[n].status == BackendStatus.OK]
 
 
-def keep_whole(args, plan: Plan, outcome, floored: list[str], dtype: str, report: dict, build) -> dict:
+def keep_whole(opts: CompareOptions, plan: Plan, outcome, floored: list[str], dtype: str, report: dict, build) -> dict:
     """The report (`report`, built from the runs), built again (`build(interrupted)`) after a second pass of
     the backends whose summarized tensors left tolerance (compare/runs/second_pass.py), and of their noise-floor
     runs when they have one; unchanged when none did or the tensors were not summarized by `auto`. A reused
     record is not run again: its tensors are judged as it kept them."""
-    if args.tensors != "auto" or outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL \
-            or args.num_hosts > 1:  # every host would have to run it: compare/runs/hosts.py
+    if opts.capture.tensors != "auto" or outcome.interrupted or opts.judging.parity_mode == ParityMode.STATISTICAL \
+            or opts.hosts.hosts > 1:  # every host would have to run it: compare/runs/hosts.py
         return report
     wanted = {n: keys for n, keys in needs_whole(report).items() if n in plan.launches}
     if not wanted:
         return report
     try:
         for name, keys in wanted.items():
-            run_backend(name, plan.pythons[name], whole_launch(args, name, keys), plan.out / name / WHOLE_DIR,
+            run_backend(name, plan.pythons[name], whole_launch(opts, name, keys), plan.out / name / WHOLE_DIR,
                         plan.timeout_s)
             if name in floored:
-                run_backend(name, plan.pythons[name], whole_launch(args, name, keys, dtype),
+                run_backend(name, plan.pythons[name], whole_launch(opts, name, keys, dtype),
                             plan.out / FLOOR_DIR / name / WHOLE_DIR, plan.timeout_s)
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
     return build(outcome.interrupted)
 
 
-def locate_divergence(args, plan: Plan, outcome, report: dict, build) -> dict:
+def locate_divergence(opts: CompareOptions, plan: Plan, outcome, report: dict, build) -> dict:
     """The report, built again with the activations of the backends that part at step 0 when there are any,
     captured now (not with --activations: the runs captured theirs), and with a location found on summaries
     confirmed whole. Not in the statistical mode: each framework draws its own dropout masks, so step 0 parts
     by design and its activations locate nothing."""
-    if outcome.interrupted or args.parity_mode == ParityMode.STATISTICAL \
-            or args.num_hosts > 1:  # every host would have to run it: compare/runs/hosts.py
+    if outcome.interrupted or opts.judging.parity_mode == ParityMode.STATISTICAL \
+            or opts.hosts.hosts > 1:  # every host would have to run it: compare/runs/hosts.py
         return report
-    parted, at = parted_at_step0(report, plan.out, args.activations)
+    parted, at = parted_at_step0(report, plan.out, opts.capture.activations)
     parted = [n for n in parted if n in plan.launches]
     try:
         if parted:
-            runs = capture(parted, plan.pythons, {n: capture_launch(args, n, at=at) for n in parted}, plan.out,
+            runs = capture(parted, plan.pythons, {n: capture_launch(opts, n, at=at) for n in parted}, plan.out,
                            plan.timeout_s)
             report = mark_failed_captures(build(outcome.interrupted), runs)
-        return confirm_locations(args, plan, impose_choices(args, plan, report, build, at), build, at)
+        return confirm_locations(opts, plan, impose_choices(opts, plan, report, build, at), build, at)
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
         return build(True)
 
 
-def impose_choices(args, plan: Plan, report: dict, build, at: tuple[int, int]) -> dict:
+def impose_choices(opts: CompareOptions, plan: Plan, report: dict, build, at: tuple[int, int]) -> dict:
     """The report built again after the capture, with the reference's top-k/argmax/sort choices imposed, of each
     backend whose choices differ from the reference's at ties only and that can take them (compare/judge/decided.py),
     into `<backend>/activations/imposed/`; unchanged when there is none."""
@@ -80,7 +81,7 @@ def impose_choices(args, plan: Plan, report: dict, build, at: tuple[int, int]) -
     wanted = [n for n, p in (report.get("parity") or {}).items()
               if needs_imposing(p) and n in plan.launches and backends.info(n).imposes_decisions]
     for name in wanted:
-        run_backend(name, plan.pythons[name], capture_launch(args, name, impose=source, at=at),
+        run_backend(name, plan.pythons[name], capture_launch(opts, name, impose=source, at=at),
                     plan.out / name / CAPTURE_DIR / IMPOSED_DIR, plan.timeout_s)
     return build(False) if wanted else report
 
@@ -96,7 +97,7 @@ def mark_failed_captures(report: dict, runs: dict) -> dict:
     return report
 
 
-def confirm_locations(args, plan: Plan, report: dict, build, at: tuple[int, int]) -> dict:
+def confirm_locations(opts: CompareOptions, plan: Plan, report: dict, build, at: tuple[int, int]) -> dict:
     """A location found on summaries of the activations (a capture under --tensors summary|auto) confirmed by a
     capture that keeps its module's input and output whole on both sides (compare/runs/second_pass.py
     activations_to_confirm), into `<backend>/activations/whole-tensors/`. Whole, the input may turn out to
@@ -109,7 +110,7 @@ def confirm_locations(args, plan: Plan, report: dict, build, at: tuple[int, int]
             break
         for name, keys in wanted.items():
             kept.setdefault(name, set()).update(keys)
-            run_backend(name, plan.pythons[name], capture_launch(args, name, tuple(sorted(kept[name])), at=at),
+            run_backend(name, plan.pythons[name], capture_launch(opts, name, tuple(sorted(kept[name])), at=at),
                         plan.out / name / CAPTURE_DIR / WHOLE_DIR, plan.timeout_s)
         report = build(False)
     return report

@@ -15,6 +15,7 @@ import sys
 from common import backends
 from common.spec import SpecError
 from common.vocab import BackendStatus, ExitCode
+from compare.options import CompareOptions, Group
 from compare.runs.arg_types import bounded_int
 
 
@@ -32,20 +33,20 @@ def add_flags(parser) -> None:
                                                                    "processes meet (ports from PORT up)")
 
 
-def check(args, names: list[str], spec) -> None:
+def check(opts: CompareOptions, spec) -> None:
     """The processes and hosts asked for: backends that run as several processes, a mesh they divide."""
-    total = args.processes * args.num_hosts
-    if not 0 <= args.host_id < args.num_hosts:
-        raise SpecError(f"--host-id {args.host_id}: a run of --num-hosts {args.num_hosts} has hosts 0 to "
-                        f"{args.num_hosts - 1}")
-    if args.num_hosts > 1 and not args.coordinator:
-        raise SpecError(f"--num-hosts {args.num_hosts}: give every host --coordinator HOST:PORT, host 0's address")
-    if args.coordinator:
-        check_coordinator(args.coordinator)
+    hosts = opts.hosts
+    if not 0 <= hosts.host < hosts.hosts:
+        raise SpecError(f"--host-id {hosts.host}: a run of --num-hosts {hosts.hosts} has hosts 0 to {hosts.hosts - 1}")
+    if hosts.hosts > 1 and not hosts.coordinator:
+        raise SpecError(f"--num-hosts {hosts.hosts}: give every host --coordinator HOST:PORT, host 0's address")
+    if hosts.coordinator:
+        check_coordinator(hosts.coordinator)
+    total = hosts.total
     if total == 1:
         return
-    what = f"--processes {args.processes}" + (f" on {args.num_hosts} hosts" if args.num_hosts > 1 else "")
-    single = [n for n in names if not backends.info(n).processes and not getattr(args, f"{n}_record")]
+    what = f"--processes {hosts.processes}" + (f" on {hosts.hosts} hosts" if hosts.hosts > 1 else "")
+    single = [n for n in opts.names if not backends.info(n).processes and n not in opts.reused]
     if single:
         several = [n for n in backends.names() if backends.info(n).processes]
         raise SpecError(f"{what}: the {single[0]} backend runs as one process (runs as several: "
@@ -71,24 +72,24 @@ def check_coordinator(address: str) -> None:
                         f"from PORT up, one per launch); give a port from 1024 to {65535 - LAUNCH_PORTS}")
 
 
-def section(args) -> dict | None:
+def section(hosts: Group) -> dict | None:
     """report.json's `hosts` of a multi-host run (None on one host): its layout, and what it did not run."""
-    if args.num_hosts == 1:
+    if hosts.hosts == 1:
         return None
-    return {"hosts": args.num_hosts, "processes_per_host": args.processes, "coordinator": args.coordinator,
+    return {"hosts": hosts.hosts, "processes_per_host": hosts.processes, "coordinator": hosts.coordinator,
             "not_made": "step 0's activation capture and --tensors auto's second pass need every host: a pair that "
                         "parts at step 0 is not located here; rerun it on one host (--processes) to locate it"}
 
 
-def follows(args) -> bool:
+def follows(hosts: Group) -> bool:
     """Whether this compare is a host other than 0 of a multi-host run: it runs its processes, no report."""
-    return args.host_id != 0
+    return hosts.host != 0
 
 
-def followed(args, runs: dict) -> int:
+def followed(hosts: Group, runs: dict) -> int:
     """A host other than 0, its processes done: one line, and the exit code of its backends' status."""
     failed = [n for n, run in runs.items() if run.status != BackendStatus.OK]
-    print(f"host {args.host_id} of {args.num_hosts}: ran {', '.join(runs) or 'nothing'}"
+    print(f"host {hosts.host} of {hosts.hosts}: ran {', '.join(runs) or 'nothing'}"
           + (f"; failed: {', '.join(failed)}" if failed else "") + "; host 0 writes the report", flush=True)
     for name in failed:  # the failures where a failure is looked for, as on host 0
         print(f"error: {name}: {runs[name].status}: {runs[name].message} (logs: {runs[name].run_dir})",
