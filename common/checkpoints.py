@@ -1,33 +1,16 @@
-"""`--checkpoint FORMAT:PATH`: which format, and whether a set of tensors fits a model (numpy only).
+"""Whether a set of tensors fits a model (numpy only).
 
 Every failure is a one-line CheckpointError naming the file and the tensors: missing ones, unexpected
 ones, wrong shapes, all listed at once, so one fix makes the file load.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from common.vocab import CheckpointFormat, values
 from common.weights import CONVERTED_DTYPES, PARAM_DTYPE, CheckpointError, check_param_dtype
 
 TORCH_BUFFERS = "torch_buffers.safetensors"  # a torch side's described buffers (a full state_dict's), torch names
 FLOAT_DTYPES = (PARAM_DTYPE, *CONVERTED_DTYPES)  # converted to float32 once; anything else is refused
-
-
-def parse_checkpoint(ref: str | Path) -> tuple[CheckpointFormat, Path]:
-    """'hf:DIR', 'torch:model.pt', 'canonical:x.safetensors', 'orbax:DIR', or a bare path (canonical)."""
-    text = str(ref)
-    fmt, sep, path = text.partition(":")
-    if not sep or fmt not in values(CheckpointFormat):
-        if sep and "/" not in fmt and len(fmt) > 1:  # 'xyz:path' with an unknown format (not C:\\...)
-            raise CheckpointError(f"--checkpoint {text!r}: unknown format {fmt!r}; use "
-                                  f"{' | '.join(values(CheckpointFormat))}:PATH")
-        return CheckpointFormat.CANONICAL, Path(text)
-    if not path:
-        raise CheckpointError(f"--checkpoint {text!r} names no path after {fmt}:")
-    return CheckpointFormat(fmt), Path(path)
 
 
 def check_against(arrays: dict[str, np.ndarray], expected: dict[str, tuple], source: str) -> None:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from common.checkpoints import parse_checkpoint
+from common.checkpoint_ref import CheckpointRef
 from common.data import DataError
 from common.presets import load_spec
 from common.protocol import error_text
@@ -88,13 +88,12 @@ def add_no_hlo_flag(parser: argparse.ArgumentParser) -> None:
                              "benchmarks.hlo_cost measures it costs")
 
 
-def checkpoint_ref(text: str) -> str:
-    """A backend's --checkpoint FORMAT:PATH, its format checked (each runtime reads what its framework can)."""
+def checkpoint_ref(text: str) -> CheckpointRef:
+    """A backend's --checkpoint FORMAT:PATH, parsed once (each runtime reads what its framework can)."""
     try:
-        parse_checkpoint(text)
+        return CheckpointRef.parse(text)
     except CheckpointError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    return text
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,12 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from common.checkpoint_ref import CheckpointError, CheckpointRef  # CheckpointError: imported from here too
 from common.fsutil import atomic_path, require_regular_file
 from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec, TwinSpec
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not fit the spec; the message names the tensor."""
 
 
 @dataclass(frozen=True)
@@ -197,13 +194,13 @@ def adjusted_start(params: dict[str, np.ndarray], train) -> dict[str, np.ndarray
     return {**params, name: (value * float(factor)).astype(value.dtype)}
 
 
-def start_info(checkpoint: str | Path | None, seconds: float) -> dict:
+def start_info(checkpoint: CheckpointRef | None, seconds: float) -> dict:
     """The run record's `extra.start`: where the weights came from, what reading them and converting them to
     the runtime's layout cost, and (`converted`) the dtypes a canonical checkpoint was converted from."""
+    checkpoint = CheckpointRef.of(checkpoint)
     info = {"from": str(checkpoint) if checkpoint else "the canonical init (common/weights.py)",
             "load_and_convert_s": seconds}
-    fmt, sep, rest = str(checkpoint or "").partition(":")
-    path = rest if fmt == "canonical" else (None if sep and len(fmt) > 1 else checkpoint)
+    path = checkpoint.canonical_path if checkpoint else None
     if path and str(path).endswith(".safetensors"):
         try:
             _, dtypes, metadata = read_safetensors(path, f"checkpoint {path}", header_only=True)
@@ -239,11 +236,11 @@ def load_checkpoint(path: str | Path, model: ModelSpec) -> dict[str, np.ndarray]
     return params
 
 
-def start_state(checkpoint: str | Path | None) -> dict[str, np.ndarray]:
+def start_state(checkpoint: CheckpointRef | None) -> dict[str, np.ndarray]:
     """The running statistics a start carries ({canonical state name: float32 array}; compare's prepared
     start from a full torch state_dict), {} for none: each backend loads them into its model's own."""
-    fmt, sep, rest = str(checkpoint or "").partition(":")
-    path = rest if fmt == "canonical" else (None if sep and len(fmt) > 1 else checkpoint)
+    checkpoint = CheckpointRef.of(checkpoint)
+    path = checkpoint.canonical_path if checkpoint else None
     return _read_start(path)[1] if path else {}
 
 

@@ -150,7 +150,10 @@ def parse_options(argv) -> CompareOptions:
     """The command line, read once into the run's options (compare/options.py)."""
     args = parse_args(argv)
     names = backends_of(args.backend)
-    return CompareOptions.of(args, names, reference_of(args.reference, names))
+    try:
+        return CompareOptions.of(args, names, reference_of(args.reference, names))
+    except INPUT_ERRORS as e:
+        fail(str(e), ExitCode.USAGE)
 
 
 def both() -> list[str]:
@@ -254,8 +257,7 @@ def run_inputs(opts: CompareOptions) -> dict[str, Path]:
     """The paths this run reads, by flag: they must not lie in a run that --overwrite would remove."""
     inputs = {f"--{n.replace('_', '-')}-record": path for n, path in opts.reused.items()}
     twin, checkpoint, profile = opts.run.twin, opts.checkpoint, opts.judging.profile
-    inputs["--spec"] = opts.run.path_read()
-    inputs["--checkpoint"] = Path(str(checkpoint).partition(":")[2] or checkpoint) if checkpoint else None
+    inputs["--spec"], inputs["--checkpoint"] = opts.run.path_read(), checkpoint.path if checkpoint else None
     inputs["--twin"] = Path(twin.rpartition(":")[0]) if twin and ".py:" in twin else None
     inputs["--tolerance-profile"] = Path(profile) if profile not in PROFILES else None
     return {flag: path for flag, path in inputs.items() if path}
@@ -367,11 +369,10 @@ def main(argv=None) -> int:
                           opts.capture.compile_cache, {n: [o.split("=")[0] for o in opts.side(n).sets] for n in names},
                           judging.parity_mode, opts.output.debug, floors, judging.require_same_device, tensors,
                           weights)
-    checks = ((("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds)),)
-              if seeds else ()) \
-        + ((("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)),)
-           if judging.check_determinism else ())
-    build = functools.partial(build_report, inputs, outcome.runs, checks=checks)
+    checks = [("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds))] * bool(seeds)
+    if judging.check_determinism:
+        checks.append(("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)))
+    build = functools.partial(build_report, inputs, outcome.runs, checks=tuple(checks))
     report = keep_whole(opts, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build)
     report = locate_divergence(opts, plan, outcome, report, build)
     report["run_id"], report["replaced_run"] = run_id, run_dir.replaced

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.checkpoints import parse_checkpoint
+from common.checkpoint_ref import CheckpointRef
 from common.cli import INPUT_ERRORS, Parser, SpecInputs, fail, resolve_spec
 from common.fsutil import write_json_atomic
 from common.protocol import error_line
@@ -49,21 +49,16 @@ class Conversion:
     interpreter."""
 
     run: SpecInputs
-    source: str
-    target: str
+    source: CheckpointRef
+    target: CheckpointRef
     overwrite: bool
     torch_python: str
     jax_python: str
     timeout_s: float
 
-    @property
-    def parsed(self):
-        """(source format, source path, target format, target path)."""
-        return (*parse_checkpoint(self.source), *parse_checkpoint(self.target))
-
 
 def convert(conv: Conversion, tmp: Path) -> None:
-    src_fmt, src, dst_fmt, dst = conv.parsed
+    src_fmt, dst_fmt, dst = conv.source.format, conv.target.format, conv.target.path
     if dst_fmt == CheckpointFormat.HF:
         raise CheckpointError(f"--to {conv.target}: writing Hugging Face checkpoints is not supported; write torch: "
                               "and load it into the HF model with load_state_dict")
@@ -83,7 +78,7 @@ def convert(conv: Conversion, tmp: Path) -> None:
 
 
 def write(conv: Conversion, spec, folder: Path | None, tmp: Path) -> None:
-    src_fmt, src, dst_fmt, dst = conv.parsed
+    src_fmt, src, dst_fmt, dst = conv.source.format, conv.source.path, conv.target.format, conv.target.path
     spec_file = tmp / "spec.json"
     write_json_atomic(spec_file, spec.to_dict())
     if src_fmt == CheckpointFormat.ORBAX:
@@ -118,9 +113,9 @@ def main(argv=None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the --to file, or the checkpoint of this toolkit in the --to directory")
     args = parser.parse_args(argv)
-    conv = Conversion(SpecInputs.of(args), args.source, args.target, args.overwrite, args.torch_python,
-                      args.jax_python, args.timeout)
     try:
+        conv = Conversion(SpecInputs.of(args), CheckpointRef.parse(args.source), CheckpointRef.parse(args.target),
+                          args.overwrite, args.torch_python, args.jax_python, args.timeout)
         with tempfile.TemporaryDirectory(prefix="xla-twins-convert-") as tmp:
             convert(conv, Path(tmp))
     except INPUT_ERRORS as e:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import backends
+from common.checkpoint_ref import CheckpointRef
 from common.cli import SpecInputs
 from common.spec import RunSpec
 from common.vocab import MaskSource, ParityMode
@@ -94,7 +95,7 @@ class CompareOptions:
     reference: str
     sides: tuple[Side, ...]  # one per backend in `names`
     run: SpecInputs  # the run's spec (every side's before its own sets)
-    checkpoint: str | Path | None  # the start weights, FORMAT:PATH (a Path: the prepared start's file)
+    checkpoint: CheckpointRef | None  # the start weights (the prepared start's, once it stands in)
     timeout_s: float
     hosts: Group
     judging: Judging
@@ -104,7 +105,8 @@ class CompareOptions:
 
     @classmethod
     def of(cls, args: argparse.Namespace, names: list[str], reference: str) -> CompareOptions:
-        """The options of a parsed compare command line, for the backends `names` judged against `reference`."""
+        """The options of a parsed compare command line, for the backends `names` judged against `reference`
+        (a CheckpointError for a --checkpoint of no known format)."""
         sides, run = [], SpecInputs.of(args)
         if args.parity_mode == ParityMode.EXACT:  # every backend's spec says it: recorded in each run record
             run = dataclasses.replace(run, overrides=(*run.overrides, f"train.dropout_masks={MaskSource.COMMON}"))
@@ -119,7 +121,8 @@ class CompareOptions:
         rows = [backends.info(n) for n in names] + list(backends.registry().values())
         describers = tuple((family, getattr(args, f"{next(r.name for r in rows if r.family == family)}_python"))
                            for family in backends.FAMILIES)
-        return cls(tuple(names), reference, tuple(sides), run, args.checkpoint, args.timeout,
+        checkpoint = CheckpointRef.parse(args.checkpoint) if args.checkpoint else None
+        return cls(tuple(names), reference, tuple(sides), run, checkpoint, args.timeout,
                    Group(args.processes, args.num_hosts, args.host_id, args.coordinator),
                    Judging(args.tolerance_profile, args.bf16_tolerance, args.fp32_tolerance, args.parity_mode,
                            args.seeds, args.require_same_device, args.check_determinism),
@@ -162,4 +165,4 @@ class CompareOptions:
         """The backends run the prepared start: its spec file (the twin's canonical tree filled in) and its
         weights, in place of the user's twin, spec or checkpoint."""
         return dataclasses.replace(self, run=dataclasses.replace(self.run, spec=str(spec_file), twin=None),
-                                   checkpoint=init_file)
+                                   checkpoint=CheckpointRef.parse(init_file))

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from common import decisions
 from common.activations import Capture
+from common.checkpoint_ref import CheckpointRef
 from common.data import activation_inputs
 from common.masks import record_sites
 from common.provoke import Provocation
@@ -38,7 +39,7 @@ class RunOptions:
     whole_tensors: tuple[str, ...] = ()  # keys kept whole in the summary mode (compare/runs/second_pass.py)
     activations: bool = False  # step 0's per-module inputs and outputs
     train: bool = True  # False: step 0's activations from the start weights, and nothing trained (a capture run)
-    checkpoint: str | None = None  # the start weights, FORMAT:PATH; None: the spec's own initialisation
+    checkpoint: CheckpointRef | None = None  # the start weights; None: the spec's own initialisation
     throughput_steps: int | None = None  # pipelined steps after the loop; None: train.steps, 0: none
     provocations: tuple[Provocation, ...] = ()  # recompiles provoked on purpose (common/provoke.py)
     profile_steps: int = 0  # steps under the framework's profiler after the loop

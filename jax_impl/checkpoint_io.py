@@ -85,11 +85,12 @@ def restore_orbax(spec, directory: Path) -> dict:
 def start_weights(spec, checkpoint) -> dict:
     """What the JAX twin starts from (canonical arrays): the canonical init or checkpoint, or an orbax one,
     moved as the spec says (common.weights.adjusted_start)."""
-    from common.checkpoints import parse_checkpoint
+    from common.checkpoint_ref import CheckpointRef
     from common.vocab import CheckpointFormat
     from common.weights import adjusted_start, start_params
 
-    fmt, path = parse_checkpoint(checkpoint) if checkpoint else (None, None)
+    checkpoint = CheckpointRef.of(checkpoint)
+    fmt, path = (checkpoint.format, checkpoint.path) if checkpoint else (None, None)
     if fmt in (None, CheckpointFormat.CANONICAL):
         return adjusted_start(start_params(spec.model, spec.train.seed, path), spec.train)
     if fmt == CheckpointFormat.ORBAX:

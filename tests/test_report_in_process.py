@@ -5,6 +5,7 @@ compare.reporting.render.markdown."""
 import numpy as np
 import pytest
 
+from common.checkpoint_ref import CheckpointRef
 from common.presets import load_spec
 from common.record import RunRecord, write_record
 from common.tensor_file import write_tensors
@@ -215,12 +216,13 @@ def test_the_report_says_where_the_start_weights_came_from(tmp_path):
 
     assert weights_origin(SPEC, None) == ("the canonical init (common/weights.py, train.seed=0), built alike by "
                                           "every backend")
-    assert weights_origin(SPEC, "hf:/models/qwen") == ("the hf checkpoint /models/qwen, read once by compare and "
-                                                        "carried to every backend as init.safetensors")
-    assert weights_origin(SPEC, "/ckpt/w.safetensors") == "the canonical checkpoint /ckpt/w.safetensors"
+    hub, local = CheckpointRef.parse("hf:/models/qwen"), CheckpointRef.parse("/ckpt/w.safetensors")
+    assert weights_origin(SPEC, hub) == ("the hf checkpoint /models/qwen, read once by compare and carried to every "
+                                         "backend as init.safetensors")
+    assert weights_origin(SPEC, local) == "the canonical checkpoint /ckpt/w.safetensors"
     runs = {n: write_run(tmp_path / n, n) for n in NAMES}
     inputs = ReportInputs(SPEC, load_policy("default", "float32"), NAMES, "jax", tmp_path, RUN_ID,
-                          weights=weights_origin(SPEC, "hf:/models/qwen"))
+                          weights=weights_origin(SPEC, hub))
     report = build_report(inputs, runs, False)
     assert report["weights"] == "the hf checkpoint /models/qwen, read once by compare and carried to every " \
                                 "backend as init.safetensors"

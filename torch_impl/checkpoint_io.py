@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from common import hf
-from common.checkpoints import check_against, float32_of, parse_checkpoint
+from common.checkpoint_ref import CheckpointRef
+from common.checkpoints import check_against, float32_of
 from common.fsutil import require_regular_file
 from common.twin import twin_of
 from common.vocab import CheckpointFormat
@@ -74,12 +75,13 @@ def load_hf(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def load_torch_side(ref: str, spec, shapes: dict[str, tuple], buffers: dict[str, tuple] | None = None
+def load_torch_side(ref: CheckpointRef | str, spec, shapes: dict[str, tuple], buffers: dict[str, tuple] | None = None
                     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """A torch or hf checkpoint in the torch model's names, checked against its parameters (`shapes`):
     (parameters, buffers). The model's buffers (`buffers`: name -> shape) may be in it too, as in a full
     state_dict; anything else is refused with the rest of the mismatches."""
-    fmt, path = parse_checkpoint(ref)
+    ref = CheckpointRef.of(ref)
+    fmt, path = ref.format, ref.path
     source = f"{fmt} checkpoint {path}"
     if fmt == CheckpointFormat.HF:
         twin = twin_of(spec.model)
@@ -96,21 +98,22 @@ def load_torch_side(ref: str, spec, shapes: dict[str, tuple], buffers: dict[str,
     return params, found
 
 
-def start_weights(model: torch.nn.Module, spec, checkpoint: str | Path | None) -> dict[str, np.ndarray]:
+def start_weights(model: torch.nn.Module, spec, checkpoint: CheckpointRef | None) -> dict[str, np.ndarray]:
     """What a torch runtime starts from (canonical arrays): the canonical init or checkpoint, or a torch
     or hf checkpoint read here and carried through the model's correspondence; moved as the spec says
     (common.weights.adjusted_start)."""
     from common.weights import adjusted_start, start_params
     from torch_impl.convert import correspondence
 
-    fmt, _ = parse_checkpoint(checkpoint) if checkpoint else (None, None)
+    checkpoint = CheckpointRef.of(checkpoint)
+    fmt = checkpoint.format if checkpoint else None
     if fmt in (None, CheckpointFormat.CANONICAL):
-        params = start_params(spec.model, spec.train.seed, parse_checkpoint(checkpoint)[1] if checkpoint else None)
+        params = start_params(spec.model, spec.train.seed, checkpoint.path if checkpoint else None)
     elif fmt == CheckpointFormat.ORBAX:
         raise CheckpointError(f"--checkpoint {checkpoint}: an orbax checkpoint is NNX state, which the torch runtimes "
                               "cannot read; pass it to python -m compare --checkpoint or convert it with python -m "
                               "compare.convert")
     else:
         shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        params = correspondence(model, spec.model).to_canonical(load_torch_side(str(checkpoint), spec, shapes)[0])
+        params = correspondence(model, spec.model).to_canonical(load_torch_side(checkpoint, spec, shapes)[0])
     return adjusted_start(params, spec.train)

@@ -27,7 +27,8 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from common import hf
-from common.checkpoints import TORCH_BUFFERS, parse_checkpoint
+from common.checkpoint_ref import CheckpointRef
+from common.checkpoints import TORCH_BUFFERS
 from common.correspond import declared_layouts, derive
 from common.fsutil import write_json_atomic
 from common.modules import module_map, state_names
@@ -128,11 +129,11 @@ def _name(spec: RunSpec) -> str:
     return f"twin {spec.model.twin!r}" if isinstance(spec.model, TwinSpec) else f"{spec.model.family} ({spec.name})"
 
 
-def weights_origin(spec: RunSpec, checkpoint: str | None) -> str:
+def weights_origin(spec: RunSpec, checkpoint: CheckpointRef | None) -> str:
     """Where a run's start weights come from, in words (report.json's `weights`, said in report.md)."""
     carried = f"carried to every backend as {INIT_FILE}"
     if checkpoint:
-        fmt, path = parse_checkpoint(checkpoint)
+        fmt, path = checkpoint.format, checkpoint.path
         read_once = fmt in (CheckpointFormat.TORCH, CheckpointFormat.HF) or isinstance(spec.model, TwinSpec)
         return f"the {fmt.value} checkpoint {path}" + (f", read once by compare and {carried}" if read_once else "")
     if isinstance(spec.model, TwinSpec):
@@ -141,13 +142,13 @@ def weights_origin(spec: RunSpec, checkpoint: str | None) -> str:
     return f"the canonical init (common/weights.py, train.seed={spec.train.seed}), built alike by every backend"
 
 
-def prepare_start(spec: RunSpec, checkpoint: str | None, torch_python: str, jax_python: str,
+def prepare_start(spec: RunSpec, checkpoint: CheckpointRef | None, torch_python: str, jax_python: str,
                   timeout_s: float) -> tuple[RunSpec, Path | None]:
     """What every backend starts from, when it is not the built-in canonical init: a user twin's torch
     initialisation, or a torch / Hugging Face checkpoint. Returns (the spec, with a user twin's canonical
     tree; a temporary folder with `init.safetensors` and `spec.json`, or None when the backends can read
     `checkpoint` as it is). Raises a one-line input error and leaves nothing behind."""
-    fmt, path = parse_checkpoint(checkpoint) if checkpoint else (None, None)
+    fmt, path = (checkpoint.format, checkpoint.path) if checkpoint else (None, None)
     user_twin = isinstance(spec.model, TwinSpec)
     if not user_twin and fmt in (None, CheckpointFormat.CANONICAL):
         if path:

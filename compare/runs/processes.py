@@ -41,17 +41,20 @@ def parse_args(argv):
     return args
 
 
-def start(args) -> list[tuple[subprocess.Popen, Path | None]]:
+def start(command: list[str], processes: int, first_id: int, total: int, coordinator: str,
+          logs: Path) -> list[tuple[subprocess.Popen, Path | None]]:
+    """`processes` copies of the backend `command`, with ids from `first_id`, of `total`; the first speaks on this
+    launcher's output, the others each to its `process-<I>.log` in `logs`."""
     procs = []
-    for i in range(args.processes):
-        command = [*args.command, "--coordinator", args.coordinator, "--num-processes", str(args.total),
-                   "--process-id", str(args.first_id + i)]
+    for i in range(processes):
+        command_i = [*command, "--coordinator", coordinator, "--num-processes", str(total),
+                     "--process-id", str(first_id + i)]
         if i == 0:  # this host's first process speaks on the launcher's output
-            procs.append((subprocess.Popen(command), None))
+            procs.append((subprocess.Popen(command_i), None))
             continue
-        log = args.logs / f"process-{args.first_id + i}.log"
+        log = logs / f"process-{first_id + i}.log"
         with open(log, "w") as out:
-            procs.append((subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+            procs.append((subprocess.Popen(command_i, stdout=out, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL), log))
     return procs
 
@@ -72,7 +75,7 @@ def stop(procs) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    procs = start(args)
+    procs = start(args.command, args.processes, args.first_id, args.total, args.coordinator, args.logs)
     try:
         while True:
             codes = [proc.poll() for proc, _ in procs]
