@@ -38,6 +38,15 @@ def test_the_canonical_layout_made_on_the_device_is_the_hosts_bit_for_bit():
         assert isinstance(value, torch.Tensor) and np.array_equal(value.numpy(), on_host[name]), name
 
 
+def test_a_0d_parameter_keeps_its_shape_through_the_canonical_layout_made_on_the_device():
+    """CLIP's `logit_scale` under --tensors summary|auto: an empty permutation (a GPU run crashed on it)."""
+    corr = derive({"logit_scale": (), "proj.weight": (3, 2)}, {"logit_scale": (), "proj.kernel": (2, 3)})
+    tensors = {"logit_scale": torch.tensor(2.5), "proj.weight": torch.randn(3, 2)}
+    on_device = canonical_on_device(tensors, corr)
+    assert on_device["logit_scale"].shape == () and float(on_device["logit_scale"]) == 2.5
+    assert np.array_equal(on_device["proj.kernel"].numpy(), tensors["proj.weight"].numpy().T)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_summary_made_on_the_device_agrees_with_the_hosts(dtype):
     name, host = device_summary_case()

@@ -41,7 +41,7 @@ class _Array:
         return tuple(self.tensor.shape)
 
     def transpose(self, axes) -> _Array:
-        return _Array(self.tensor.permute(*(int(a) for a in axes)))
+        return _Array(self.tensor.permute(tuple(int(a) for a in axes)))  # a tuple: a 0-d tensor's is empty
 
     def reshape(self, *shape) -> _Array:
         return _Array(self.tensor.reshape(*shape))
