@@ -15,6 +15,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from common import backends  # noqa: E402
+from common.backends import FAMILIES  # noqa: E402
 from common.cli import (  # noqa: E402
     INPUT_ERRORS,
     Parser,
@@ -27,7 +28,7 @@ from common.cli import (  # noqa: E402
 from common.data import make_dataset  # noqa: E402
 from common.fsutil import symlink_loop  # noqa: E402
 from common.record import RecordError, peak_rss_mb, read_record  # noqa: E402
-from common.spec import SpecError  # noqa: E402
+from common.start_state import STATE_LINKS  # noqa: E402
 from common.tensor_file import TENSOR_MODES, read_tensors  # noqa: E402
 from common.vocab import (  # noqa: E402
     CHECKPOINT_FORMAT_MEANINGS,
@@ -35,7 +36,6 @@ from common.vocab import (  # noqa: E402
     BackendStatus,
     CheckpointFormat,
     ExitCode,
-    MaskSource,
     ParityMode,
     values,
 )
@@ -43,6 +43,7 @@ from common.weights import param_count  # noqa: E402
 from compare.judge.determinism import determinism_check  # noqa: E402
 from compare.judge.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
 from compare.judge.parity import train_differences  # noqa: E402
+from compare.judge.start_state import start_state_check  # noqa: E402
 from compare.judge.statistical import SEEDS_DIR, statistical_check  # noqa: E402
 from compare.judge.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
 from compare.options import CompareOptions  # noqa: E402
@@ -194,7 +195,7 @@ def check_inputs(opts: CompareOptions):
         # every side's spec, derived once (a bad one-sided override fails before any backend runs)
         opts = opts.with_specs({n: side_spec(opts, n) for n in opts.names})
         policy = load_policy(opts.judging.profile, spec.train.dtype)
-        check_parity_mode(opts, spec)
+        opts.check_parity_mode(spec)
         hosts.check(opts, spec)
         # a user's data file is read and checked once here, before any backend starts (a twin's own batches are
         # its code, run by its describe step, never in this process: common/batches.py)
@@ -222,26 +223,6 @@ def check_inputs(opts: CompareOptions):
     return spec, policy, opts
 
 
-def check_parity_mode(opts: CompareOptions, spec) -> None:
-    """A run with randomness cannot be judged bit by bit; the statistical mode needs runs of its own."""
-    mode, seeds = opts.judging.parity_mode, opts.judging.seeds
-    dropout = getattr(spec.model, "dropout", 0) or dict(getattr(spec.model, "hparams", {}) or {}).get("dropout", 0)
-    if mode == ParityMode.DETERMINISTIC and dropout and spec.train.dropout_masks != MaskSource.COMMON:
-        raise SpecError(f"model.dropout={dropout} makes every run random (each framework draws its own masks): "
-                        "judge it with --parity-mode statistical, feed every backend the same masks with "
-                        "--parity-mode exact, or set model.dropout=0")
-    reused = [opts.side(n).flag for n in opts.reused]
-    if mode == ParityMode.STATISTICAL:
-        if seeds < 3:
-            raise SpecError(f"--seeds {seeds}: the statistical parity mode needs at least 3 seeds per backend")
-        if reused:
-            raise SpecError(f"--parity-mode statistical runs every backend --seeds times; it cannot reuse "
-                            f"--{reused[0]}-record")
-    if opts.judging.check_determinism and reused:  # a reused run is not run again: nothing would be checked
-        raise SpecError(f"--check-determinism runs each backend twice; it cannot reuse "
-                        f"--{reused[0]}-record (run that backend here instead)")
-
-
 def run_entries(names: list[str]) -> list[str]:
     """Every top-level entry a compare run may write in its directory (what replacing it may remove)."""
     return [*names, *(f"{n}-repeat" for n in names), START_DIR, SEEDS_DIR, FLOOR_DIR, *REPORT_FILES, *PLOT_FILES]
@@ -251,16 +232,6 @@ def backend_folders(launched: list[str]) -> list[str]:
     """The top-level entries of a run directory in which the backends `launched` run (each its own folder, its
     repeat's, and the seeds' and noise floor's folders)."""
     return [*launched, *(f"{n}-repeat" for n in launched), SEEDS_DIR, FLOOR_DIR] if launched else []
-
-
-def run_inputs(opts: CompareOptions) -> dict[str, Path]:
-    """The paths this run reads, by flag: they must not lie in a run that --overwrite would remove."""
-    inputs = {f"--{n.replace('_', '-')}-record": path for n, path in opts.reused.items()}
-    twin, checkpoint, profile = opts.run.twin, opts.checkpoint, opts.judging.profile
-    inputs["--spec"], inputs["--checkpoint"] = opts.run.path_read(), checkpoint.path if checkpoint else None
-    inputs["--twin"] = Path(twin.rpartition(":")[0]) if twin and ".py:" in twin else None
-    inputs["--tolerance-profile"] = Path(profile) if profile not in PROFILES else None
-    return {flag: path for flag, path in inputs.items() if path}
 
 
 def prepare(opts: CompareOptions, spec) -> Path | None:
@@ -294,7 +265,7 @@ def claim_run_dir(opts: CompareOptions, prepared: Path | None):
     out = opts.output.out
     try:
         run_dir = claim(out, opts.output.run_id, run_entries(list(opts.names)), opts.output.overwrite,
-                        run_inputs(opts))
+                        opts.paths_read())
         if prepared:
             shutil.move(prepared, out / START_DIR)
     except RunDirError as e:
@@ -328,7 +299,7 @@ def main(argv=None) -> int:
     entered = time.time()
     opts = parse_options(argv)
     names = list(opts.names)
-    for flag, path in {"--out": opts.output.out, **run_inputs(opts)}.items():  # before any path is resolved
+    for flag, path in {"--out": opts.output.out, **opts.paths_read()}.items():  # before any path is resolved
         if path and symlink_loop(path):
             fail(f"{flag} {path}: a loop of symbolic links; point it at a real file or folder", ExitCode.USAGE)
     spec, policy, opts = check_inputs(opts)
@@ -372,6 +343,8 @@ def main(argv=None) -> int:
     checks = [("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds))] * bool(seeds)
     if judging.check_determinism:
         checks.append(("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)))
+    if (out / START_DIR / STATE_LINKS).exists() and set(FAMILIES) <= {backends.info(n).family for n in names}:
+        checks.append(("start_state", functools.partial(start_state_check, out / START_DIR, judging.profile)))
     build = functools.partial(build_report, inputs, outcome.runs, checks=tuple(checks))
     report = keep_whole(opts, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build)
     report = locate_divergence(opts, plan, outcome, report, build)

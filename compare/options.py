@@ -12,8 +12,9 @@ from pathlib import Path
 from common import backends
 from common.checkpoint_ref import CheckpointRef
 from common.cli import SpecInputs
-from common.spec import RunSpec
+from common.spec import RunSpec, SpecError
 from common.vocab import MaskSource, ParityMode
+from compare.judge.tolerances import PROFILES
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,34 @@ class CompareOptions:
                    Output(args.out, args.run_id, args.overwrite, args.quiet, args.json, args.debug),
                    Capture(args.tensors, args.activations, args.profile, not args.no_hlo, tuple(args.provoke),
                            args.compile_cache), describers)
+
+    def paths_read(self) -> dict[str, Path]:
+        """The paths this run reads, by flag: they must not lie in a run that --overwrite would remove."""
+        inputs = {f"--{n.replace('_', '-')}-record": path for n, path in self.reused.items()}
+        twin, checkpoint, profile = self.run.twin, self.checkpoint, self.judging.profile
+        inputs["--spec"], inputs["--checkpoint"] = self.run.path_read(), checkpoint.path if checkpoint else None
+        inputs["--twin"] = Path(twin.rpartition(":")[0]) if twin and ".py:" in twin else None
+        inputs["--tolerance-profile"] = Path(profile) if profile not in PROFILES else None
+        return {flag: path for flag, path in inputs.items() if path}
+
+    def check_parity_mode(self, spec: RunSpec) -> None:
+        """A run with randomness cannot be judged bit by bit; the statistical mode needs runs of its own."""
+        mode, seeds = self.judging.parity_mode, self.judging.seeds
+        dropout = getattr(spec.model, "dropout", 0) or dict(getattr(spec.model, "hparams", {}) or {}).get("dropout", 0)
+        if mode == ParityMode.DETERMINISTIC and dropout and spec.train.dropout_masks != MaskSource.COMMON:
+            raise SpecError(f"model.dropout={dropout} makes every run random (each framework draws its own masks): "
+                            "judge it with --parity-mode statistical, feed every backend the same masks with "
+                            "--parity-mode exact, or set model.dropout=0")
+        reused = [self.side(n).flag for n in self.reused]
+        if mode == ParityMode.STATISTICAL:
+            if seeds < 3:
+                raise SpecError(f"--seeds {seeds}: the statistical parity mode needs at least 3 seeds per backend")
+            if reused:
+                raise SpecError(f"--parity-mode statistical runs every backend --seeds times; it cannot reuse "
+                                f"--{reused[0]}-record")
+        if self.judging.check_determinism and reused:  # a reused run is not run again: nothing would be checked
+            raise SpecError(f"--check-determinism runs each backend twice; it cannot reuse "
+                            f"--{reused[0]}-record (run that backend here instead)")
 
     def describer(self, family: str) -> str:
         """The interpreter that describes the `family` side of a twin."""

@@ -17,8 +17,10 @@ from common.fsutil import write_json_atomic
 from common.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
 from common.presets import load_spec
 from common.spec import RunSpec
+from common.start_state import NNX_STATE, storable
 from common.twin import TwinError, twin_of, user_loss
 from common.vocab import ExitCode
+from common.weights import save_checkpoint
 from driver.process import exit_process
 
 
@@ -99,6 +101,17 @@ def _refuse_channel_first(graphdef, state, inputs, axes, spec: RunSpec, error: E
                     f"nnx_input_axes={channel_last} to the twin (an NHWC port of a channel-first model)")
 
 
+def start_state(model) -> dict:
+    """Every Variable the model holds that is neither a Param, running statistics (carried apart) nor RNG state,
+    as the factory built it (common/start_state.py)."""
+    from flax import nnx
+
+    from jax_impl.convert import to_canonical
+
+    held = to_canonical(nnx.state(model, nnx.Not(nnx.Any(nnx.Param, nnx.BatchStat, nnx.RngState))))
+    return {name: value for name, value in ((n, storable(v)) for n, v in held.items()) if value is not None}
+
+
 def module_kinds(model) -> dict[str, str]:
     """{module path: the flax.nnx class it is or subclasses} of every module holding parameters of its own; an
     nnx.ConvTranspose that keeps its kernel unflipped says so."""
@@ -132,13 +145,14 @@ def main(argv=None) -> int:
         check_platform()
         model = build_model(spec.model, seed=spec.train.seed)
         params = to_canonical(nnx.state(model, nnx.Param))
-        kinds = module_kinds(model)
+        kinds, state = module_kinds(model), start_state(model)
         if params:
             check_forward(model, spec)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
     write_json_atomic(args.out / "nnx_params.json", {name: list(v.shape) for name, v in params.items()})
     write_json_atomic(args.out / "nnx_modules.json", kinds)
+    save_checkpoint(args.out / NNX_STATE, state)
     return ExitCode.OK
 
 

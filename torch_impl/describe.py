@@ -19,6 +19,7 @@ from common.fsutil import write_json_atomic
 from common.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
 from common.presets import load_spec
 from common.spec import RunSpec, SpecError, TwinSpec
+from common.start_state import TORCH_STATE, storable
 from common.twin import TwinError, twin_of, user_loss
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
@@ -96,6 +97,23 @@ def check_float64(model, inputs) -> None:
         torch.set_default_dtype(default)
 
 
+def start_state(model) -> dict:
+    """Every buffer the model holds but its BatchNorms' running statistics (carried apart), as the factory built
+    it (common/start_state.py)."""
+    import torch
+    from torch.nn.modules.batchnorm import _NormBase
+
+    out = {}
+    for name, buffer in model.named_buffers():
+        if isinstance(model.get_submodule(name.rpartition(".")[0]), _NormBase):
+            continue
+        value = buffer.detach().cpu()
+        value = storable((value.float() if value.dtype in (torch.bfloat16, torch.float16) else value).numpy())
+        if value is not None:
+            out[name] = value
+    return out
+
+
 def module_kinds(model) -> dict[str, str]:
     """{module path: the torch.nn class it is or subclasses} of every module holding parameters of its own."""
     return {name: next((c.__name__ for c in type(m).__mro__ if c.__module__.startswith("torch.nn.")),
@@ -125,6 +143,8 @@ def main(argv=None) -> int:
     write_json_atomic(args.out / "torch_params.json", {name: list(shape) for name, shape in shapes.items()})
     write_json_atomic(args.out / "torch_modules.json", module_kinds(model))
     save_checkpoint(args.out / "torch_init.safetensors", params)
+    if isinstance(spec.model, TwinSpec):
+        save_checkpoint(args.out / TORCH_STATE, start_state(model))
     if buffers:  # a full state_dict's buffers (BatchNorm's running statistics), in torch names
         save_checkpoint(args.out / TORCH_BUFFERS, buffers)
     return ExitCode.OK

@@ -36,6 +36,7 @@ from common.procs import kill_group, start_group
 from common.protocol import FROM_OUTSIDE, THEN, error_line
 from common.record import SPEC_FILE
 from common.spec import RunSpec, TwinSpec
+from common.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE, link_state
 from common.twin import TwinError, load_twin, twin_of
 from common.vocab import CheckpointFormat
 from common.weights import (
@@ -200,6 +201,7 @@ def _describe_and_convert(spec, twin, fmt, path, folder: Path, torch_python, jax
         raise TwinError(f"{_name(spec)}: {' and '.join(empty)} has no parameters; a twin trains and compares "
                         "parameters: return the whole model from the factory, its weights registered as "
                         "nn.Parameter / nnx.Param")
+    link_start_state(folder, twin.rename)
     kinds = {"torch_kinds": _read_json(folder / "torch_modules.json"),
              "nnx_kinds": _read_json(folder / "nnx_modules.json") if user_twin else {}}
     corr = derive(torch_params, canonical, packed=twin.packed, rename=twin.rename,
@@ -230,6 +232,15 @@ def _describe_and_convert(spec, twin, fmt, path, folder: Path, torch_python, jax
                     metadata={"source": source, **metadata})
     write_json_atomic(folder / SPEC_FILE, prepared.to_dict())
     return prepared
+
+
+def link_start_state(folder: Path, rename: dict) -> None:
+    """Both sides' start state described (a user twin): each torch buffer linked to its NNX Variable by name, into
+    STATE_LINKS, which compare/judge/start_state.py judges; nothing where one side was not described."""
+    paths = folder / TORCH_STATE, folder / NNX_STATE
+    if all(p.exists() for p in paths):
+        names = [list(read_safetensors(p, f"start state {p}", header_only=True)[1]) for p in paths]
+        write_json_atomic(folder / STATE_LINKS, link_state(*names, rename))
 
 
 def running_statistics(buffers: dict, canonical: dict, rename: dict, source: str) -> tuple[dict, str]:

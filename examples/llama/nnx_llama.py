@@ -7,6 +7,10 @@ layout from the two trees.
 what the torch model does) or "interleaved" (Meta's original checkpoints, pairs 2i and 2i + 1). The
 second one is the classic port mistake `twin.py:llama_tiny_misported` makes.
 
+`rope_table` holds the rotary frequencies in a `Buffer` per attention, as `torch_llama.py` holds them in its
+`inv_freq` buffer, built with that base (None: computed in the forward from `rope_theta`). `twin.py:llama_table`
+holds them; `llama_table_misported` builds them with Llama 3's base, the compare names that buffer.
+
 Parameters are float32; `dtype` is the compute dtype (bfloat16 under compare's bf16 policy: the twin's
 `nnx_dtype_arg`); the attention softmax and the rotary tables stay float32, as in `torch_llama.py` (a bf16
 query times float32 tables computes in float32 on both sides).
@@ -24,9 +28,17 @@ def _linear(n_in: int, n_out: int, rngs: nnx.Rngs, dtype) -> nnx.Linear:
     return nnx.Linear(n_in, n_out, use_bias=False, kernel_init=nnx.initializers.normal(0.02), dtype=dtype, rngs=rngs)
 
 
-def rotary(x, theta: float, layout: str):  # x (B, T, H, hd)
+class Buffer(nnx.Variable):
+    """A value the model holds and never trains, as torch's `register_buffer` (not an nnx.Param: no optimizer
+    updates it)."""
+
+
+def frequencies(theta: float, hd: int):
+    return 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
+
+
+def rotary(x, inv_freq, layout: str):  # x (B, T, H, hd)
     t, hd = x.shape[1], x.shape[-1]
-    inv_freq = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
     freqs = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # (T, hd/2)
     if layout == "rotate_half":
         cos, sin = (jnp.concatenate((f, f), axis=-1)[None, :, None, :] for f in (jnp.cos(freqs), jnp.sin(freqs)))
@@ -38,20 +50,23 @@ def rotary(x, theta: float, layout: str):  # x (B, T, H, hd)
 
 
 class Attention(nnx.Module):
-    def __init__(self, d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs: nnx.Rngs, dtype):
+    def __init__(self, d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs: nnx.Rngs, dtype, rope_table=None):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         self.q_proj = _linear(d_model, n_heads * self.head_dim, rngs, dtype)
         self.k_proj = _linear(d_model, n_kv_heads * self.head_dim, rngs, dtype)
         self.v_proj = _linear(d_model, n_kv_heads * self.head_dim, rngs, dtype)
         self.o_proj = _linear(n_heads * self.head_dim, d_model, rngs, dtype)
         self.rope_theta, self.rope_layout = rope_theta, rope_layout
+        if rope_table is not None:
+            self.inv_freq = Buffer(frequencies(rope_table, self.head_dim))
 
     def __call__(self, x):  # (B, T, D)
         b, t, _ = x.shape
         q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
-        q, k = (rotary(z, self.rope_theta, self.rope_layout) for z in (q, k))
+        inv_freq = self.inv_freq.value if hasattr(self, "inv_freq") else frequencies(self.rope_theta, self.head_dim)
+        q, k = (rotary(z, inv_freq, self.rope_layout) for z in (q, k))
         repeat = self.n_heads // self.n_kv_heads
         k, v = jnp.repeat(k, repeat, axis=2), jnp.repeat(v, repeat, axis=2)
         scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.head_dim)
@@ -72,9 +87,9 @@ class MLP(nnx.Module):
 
 class DecoderLayer(nnx.Module):
     def __init__(self, d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rope_layout, rngs: nnx.Rngs,
-                 dtype):
+                 dtype, rope_table=None):
         self.input_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
-        self.attn = Attention(d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs, dtype)
+        self.attn = Attention(d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs, dtype, rope_table)
         self.post_attention_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
         self.mlp = MLP(d_model, d_ff, rngs, dtype)
 
@@ -86,11 +101,11 @@ class DecoderLayer(nnx.Module):
 class Llama(nnx.Module):
     def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
                  d_ff: int, rms_eps: float = 1e-5, rope_theta: float = 10000.0, rope_layout: str = "rotate_half",
-                 *, rngs: nnx.Rngs, dtype=jnp.float32):
+                 rope_table: float | None = None, *, rngs: nnx.Rngs, dtype=jnp.float32):
         self.embed_tokens = nnx.Embed(vocab_size, d_model, embedding_init=nnx.initializers.normal(0.02), dtype=dtype,
                                       rngs=rngs)
         self.layers = nnx.List([DecoderLayer(d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rope_layout,
-                                             rngs, dtype) for _ in range(n_layers)])
+                                             rngs, dtype, rope_table) for _ in range(n_layers)])
         self.norm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
         self.lm_head = _linear(d_model, vocab_size, rngs, dtype)
 
@@ -104,3 +119,14 @@ class Llama(nnx.Module):
 def llama_interleaved(**hparams) -> Llama:
     """The mis-port: rotary pairs formed as Meta's original code does, while the torch model rotates halves."""
     return Llama(**hparams, rope_layout="interleaved")
+
+
+def llama_table(**hparams) -> Llama:
+    """The rotary frequencies held in a Buffer per attention, built with the model's base, as torch_llama.py holds
+    them."""
+    return Llama(**hparams, rope_table=hparams.get("rope_theta", 10000.0))
+
+
+def llama_table_misported(**hparams) -> Llama:
+    """The mis-port: the held frequencies built with Llama 3's base (500000), not the model's."""
+    return Llama(**hparams, rope_table=500000.0)

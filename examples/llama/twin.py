@@ -4,6 +4,7 @@ a subprocess of its own); the two models live in torch_llama.py and nnx_llama.py
     python -m compare --twin examples/llama/twin.py:llama_tiny --backend both
     python -m compare --twin examples/llama/twin.py:llama_tiny --mesh data=2,tensor=2
     python -m compare --twin examples/llama/twin.py:llama_tiny_misported    # fails at layer 0's attention
+    python -m compare --twin examples/llama/twin.py:llama_table_misported   # fails at a rotary buffer
     python -m compare --twin examples/llama/twin.py:llama_hf --checkpoint hf:DIR  # transformers' own class
 """
 import dataclasses
@@ -69,3 +70,8 @@ llama_hf = Twin(
 )
 
 llama_hf_misported = dataclasses.replace(llama_hf, nnx="nnx_llama.py:llama_interleaved", hf={})
+
+# the port holding its rotary frequencies in an NNX Buffer, as the torch model holds its `inv_freq` buffer: the
+# start state is compared by name (layers.N.self_attn.inv_freq meets layers.N.attn.inv_freq through the rename)
+llama_table = dataclasses.replace(llama_tiny, nnx="nnx_llama.py:llama_table")
+llama_table_misported = dataclasses.replace(llama_tiny, nnx="nnx_llama.py:llama_table_misported")

@@ -1,0 +1,43 @@
+"""A twin's start state: what each side's factory builds besides its parameters (torch buffers; NNX Variables that
+are neither Params nor running statistics nor RNG state), by name: rotary tables, position ids, masks, EMA weights.
+Each describe step writes its side's (`TORCH_STATE`, `NNX_STATE`); compare links them by name as it links
+parameters (the twin's `rename`, then the path compared as `normalised_path` does) and judges them before anything
+trains (compare/judge/start_state.py). Running statistics are not here: they are carried from the torch side
+(common/weights.py STATE_PREFIX) and compared as they train. Numpy only."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from common.correspond import normalised_path, renamed
+
+TORCH_STATE = "torch_state.safetensors"
+NNX_STATE = "nnx_state.safetensors"
+STATE_LINKS = "start_state.json"  # {"links": {torch name: NNX name}, "torch_only": [...], "nnx_only": [...]}
+
+
+def storable(value) -> np.ndarray | None:
+    """A state value as its file keeps it: floats of 16 bits widened to float32 (exactly), other numbers and
+    booleans as they are; None for what is not an array of numbers (an object, a complex number)."""
+    array = np.asarray(value)
+    if array.dtype.name in ("bfloat16", "float16"):
+        return array.astype(np.float32)
+    return array if array.dtype.kind in "fiub" else None
+
+
+def link_state(torch_names: list[str], nnx_names: list[str], rename: Mapping[str, str]) -> dict:
+    """Each torch buffer linked to the one NNX Variable of its path (the twin's renames applied, compared as
+    parameter paths are); the ones on one side only listed (they are not compared)."""
+    by_path: dict[str, list[str]] = {}
+    for name in nnx_names:
+        by_path.setdefault(normalised_path(name), []).append(name)
+    links, torch_only = {}, []
+    for name in torch_names:
+        found = by_path.get(normalised_path(renamed(name, rename)), [])
+        if len(found) == 1 and found[0] not in links.values():
+            links[name] = found[0]
+        else:
+            torch_only.append(name)
+    return {"links": links, "torch_only": torch_only,
+            "nnx_only": [n for n in nnx_names if n not in links.values()]}

@@ -1,0 +1,62 @@
+"""A twin's start state judged (common/start_state.py): each buffer linked to its NNX Variable, compared as both
+sides' factories built it, before anything trains. Floats within the forward bounds of their dtype (they are
+computed, as activations are, not trained), integers and booleans exactly; a pair whose shapes differ differs.
+What was not compared is listed: a torch buffer with no NNX Variable of its name (a port that computes its table
+in the forward) and the other way round."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from common.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE
+from common.vocab import ReportStatus
+from common.weights import read_safetensors
+from compare.judge.tolerances import load_policy
+from compare.judge.verdict import CheckResult
+
+WHEN = ("at the start, as each side's factory builds it; state that training changes (an EMA) is judged there "
+        "only, and a checkpoint's buffers other than running statistics are not carried")
+
+
+def _arrays(path: Path) -> dict[str, np.ndarray]:
+    return read_safetensors(path, f"start state {path}")[0]  # 16-bit floats widened when written: storable
+
+def _differs(torch_value: np.ndarray, nnx_value: np.ndarray, profile: str) -> dict | None:
+    """How the two values differ ({why, max_abs, bound}), or None when they agree."""
+    if torch_value.shape != nnx_value.shape:
+        return {"why": f"shape {list(torch_value.shape)} on the torch side, {list(nnx_value.shape)} on the NNX side"}
+    if torch_value.dtype.kind != "f" or nnx_value.dtype.kind != "f":
+        unequal = int(np.count_nonzero(torch_value != nnx_value))
+        return {"why": f"{unequal} of {torch_value.size} values differ (compared exactly)"} if unequal else None
+    dtype = "float64" if torch_value.dtype == nnx_value.dtype == np.float64 else "float32"
+    bound = load_policy(profile, dtype)["forward"]
+    a, b = torch_value.astype(np.float64), nnx_value.astype(np.float64)
+    error = np.abs(a - b)
+    over = error > bound["atol"] + bound["rtol"] * np.abs(a)
+    if not over.any():
+        return None
+    return {"why": f"{int(over.sum())} of {a.size} values beyond {dtype}'s bounds (atol {bound['atol']:g}, rtol "
+                   f"{bound['rtol']:g}), max |diff| {float(error.max()):.3g}", "max_abs": float(error.max())}
+
+
+def start_state_check(start_dir: Path, profile: str) -> CheckResult:
+    """The start state's check: fails the run (parity failed) when a linked pair differs, naming it; `profile`:
+    the tolerance profile, whose forward bounds of the values' dtype apply."""
+    linked = json.loads((start_dir / STATE_LINKS).read_text())
+    torch_state, nnx_state = _arrays(start_dir / TORCH_STATE), _arrays(start_dir / NNX_STATE)
+    differ = []
+    for torch_name, nnx_name in linked["links"].items():
+        found = _differs(torch_state[torch_name], nnx_state[nnx_name], profile)
+        if found:
+            differ.append({"nnx": nnx_name, "torch": torch_name, **found})
+    section = {"compared": len(linked["links"]), "differ": differ, "torch_only": linked["torch_only"],
+               "nnx_only": linked["nnx_only"], "links": linked["links"], "when": WHEN}
+    if not differ:
+        return CheckResult("start_state", ReportStatus.OK, section=section)
+    first = differ[0]
+    more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+    return CheckResult("start_state", ReportStatus.PARITY_FAILED,
+                       f"the start state differs at `{first['nnx']}` (torch `{first['torch']}`): {first['why']}{more}",
+                       section)
