@@ -59,6 +59,9 @@ class BackendInfo:
     # its step-0 capture can take another side's top-k/argmax/sort choices instead of its own (--impose-decisions,
     # common/decisions.py): the check compare makes where every choice that differs is a tie flipped by rounding
     imposes_decisions: bool = False
+    # runs one traced step of a user twin under its op watch before any backend trains (--check-ops, common/ops.py):
+    # a runtime that may lack a lowering, or fall back to the CPU, for an op the model calls
+    checks_ops: bool = False
 
     @property
     def flag(self) -> str:
@@ -93,6 +96,7 @@ BUILT_IN = (
     BackendInfo("torch_xla", "torch_xla_impl", "torch", True, "torch-xla",
                 "the same torch.nn twin on PyTorch/XLA (torch_xla_impl)",
                 frozenset({"torch_impl", "torch", "torch_xla"}), in_both=True, passthrough=(TRACE_MODE,),
+                checks_ops=True,
                 # measured on gpt-tiny (docs/findings.md): step-0 gradients up to 6.4e-9 relative, final
                 # parameters after 50 steps 1.3e-6, where JAX, eager torch and torchax agree to ~1e-14
                 float64_rtol=(("forward", 3e-8), ("grad", 3e-8), ("loss", 1e-8), ("params", 1e-5)),
@@ -102,7 +106,7 @@ BUILT_IN = (
     BackendInfo("torchax", "torchax_impl", "torch", True, "torchax",
                 "the same torch.nn twin on JAX through torchax (torchax_impl)",
                 frozenset({"torch_impl", "jax_impl", "torch", "jax", "optax", "torchax"}), processes=True,
-                running_var="unbiased"),
+                running_var="unbiased", checks_ops=True),
 )
 
 

@@ -58,6 +58,7 @@ class BackendStatus(enum.StrEnum):
     INTERRUPTED = "interrupted"
     NOT_RUN = "not_run"
     IO_ERROR = "io_error"
+    CANNOT_RUN = "cannot_run"
 
 
 # errno values that mean the disk or the directory, not the program: such a failure exits ExitCode.IO
@@ -72,6 +73,8 @@ BACKEND_STATUS_MEANINGS = {
     BackendStatus.INTERRUPTED: "running when compare was interrupted; its process group was terminated",
     BackendStatus.NOT_RUN: "not started because compare was interrupted before its turn",
     BackendStatus.IO_ERROR: "could not write its results (exit 7: disk full, or its directory became unwritable)",
+    BackendStatus.CANNOT_RUN: "refused before any backend trained: one traced step found an op it has no lowering "
+                              "for, or a CPU fallback that fails (common/ops.py)",
 }
 
 

@@ -27,6 +27,7 @@ from common.cli import (  # noqa: E402
 )
 from common.data import make_dataset  # noqa: E402
 from common.fsutil import symlink_loop  # noqa: E402
+from common.ops import OPS_DIR  # noqa: E402
 from common.record import RecordError, peak_rss_mb, read_record  # noqa: E402
 from common.start_state import STATE_LINKS  # noqa: E402
 from common.tensor_file import TENSOR_MODES, read_tensors  # noqa: E402
@@ -47,6 +48,7 @@ from compare.judge.start_state import start_state_check  # noqa: E402
 from compare.judge.statistical import SEEDS_DIR, statistical_check  # noqa: E402
 from compare.judge.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
 from compare.options import CompareOptions  # noqa: E402
+from compare.reporting.check_tables import ops_check  # noqa: E402
 from compare.reporting.output import show, write_report  # noqa: E402
 from compare.reporting.plots import PLOT_FILES  # noqa: E402
 from compare.reporting.report import ReportInputs, build_report, check_belongs  # noqa: E402
@@ -54,7 +56,7 @@ from compare.runs import hosts  # noqa: E402
 from compare.runs.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
 from compare.runs.cache import default_cache_dir  # noqa: E402
 from compare.runs.extra_runs import keep_whole, locate_divergence, noise_floor_runs  # noqa: E402
-from compare.runs.launch import floor_launch, main_launch, seed_launch, side_spec  # noqa: E402
+from compare.runs.launch import floor_launch, main_launch, op_check_launches, seed_launch, side_spec  # noqa: E402
 from compare.runs.orchestrate import Plan, run_all  # noqa: E402
 from compare.runs.prepare import INIT_FILE, SPEC_FILE, prepare_start, weights_origin  # noqa: E402
 from compare.runs.progress import LiveProgress  # noqa: E402
@@ -225,13 +227,14 @@ def check_inputs(opts: CompareOptions):
 
 def run_entries(names: list[str]) -> list[str]:
     """Every top-level entry a compare run may write in its directory (what replacing it may remove)."""
-    return [*names, *(f"{n}-repeat" for n in names), START_DIR, SEEDS_DIR, FLOOR_DIR, *REPORT_FILES, *PLOT_FILES]
+    return [*names, *(f"{n}-repeat" for n in names), START_DIR, SEEDS_DIR, FLOOR_DIR, OPS_DIR, *REPORT_FILES,
+            *PLOT_FILES]
 
 
 def backend_folders(launched: list[str]) -> list[str]:
     """The top-level entries of a run directory in which the backends `launched` run (each its own folder, its
-    repeat's, and the seeds' and noise floor's folders)."""
-    return [*launched, *(f"{n}-repeat" for n in launched), SEEDS_DIR, FLOOR_DIR] if launched else []
+    repeat's, and the seeds', noise floor's and op checks' folders)."""
+    return [*launched, *(f"{n}-repeat" for n in launched), SEEDS_DIR, FLOOR_DIR, OPS_DIR] if launched else []
 
 
 def prepare(opts: CompareOptions, spec) -> Path | None:
@@ -316,7 +319,7 @@ def main(argv=None) -> int:
     tensors, opts = tensor_mode(opts)
     plan = Plan(names, {n: opts.side(n).python for n in names},
                 {n: main_launch(opts, n) for n in names if n not in reuse}, reuse, out, opts.timeout_s,
-                judging.check_determinism)
+                judging.check_determinism, op_check_launches(opts))
     main_started = time.time()
     seeds = [spec.train.seed + i for i in range(judging.seeds)] if judging.parity_mode == ParityMode.STATISTICAL else []
     floors = floor_policy(spec.train.dtype, judging.bf16, judging.fp32)  # the spec's dtype's policy
@@ -343,6 +346,8 @@ def main(argv=None) -> int:
     checks = [("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds))] * bool(seeds)
     if judging.check_determinism:
         checks.append(("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)))
+    if plan.op_checks:
+        checks.append(("ops", functools.partial(ops_check, out, list(plan.op_checks))))
     if (out / START_DIR / STATE_LINKS).exists() and set(FAMILIES) <= {backends.info(n).family for n in names}:
         checks.append(("start_state", functools.partial(start_state_check, out / START_DIR, judging.profile)))
     build = functools.partial(build_report, inputs, outcome.runs, checks=tuple(checks))

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from common import backends
 from common.cli import INPUT_ERRORS, SpecInputs, fail, resolve_spec
-from common.fsutil import dangerous_dir
+from common.fsutil import dangerous_dir, write_json_atomic
+from common.ops import OPS_FILE
 from common.protocol import progress_line
 from common.record import LOG_FILES, PROCESS_LOGS, RECORD_FILE, SPEC_FILE, RunRecord, timed_from, write_record
 from common.shards import SHARDS_DIR, write_shards
@@ -107,11 +108,28 @@ def run_options(args: argparse.Namespace, own: list[str], out_dir: Path) -> RunO
                       impose_decisions=args.impose_decisions, capture_at=args.capture_at)
 
 
-def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...] = ()) -> int:
+def check_ops(name: str, ops_watch, step, out_dir: Path) -> int:
+    """--check-ops: the one traced step (`step`, a capture run) under the runtime's op watch; what it saw written
+    into OPS_FILE, whatever the step ended on (the file is the result: compare reads it)."""
+    watch, error = ops_watch(), None
+    try:
+        with watch:
+            step()
+    except Exception as e:  # the step's end: an op it cannot lower, a fallback that failed, or the model's own
+        error = e
+    try:
+        write_json_atomic(out_dir / OPS_FILE, watch.found(error))
+    except OSError as e:
+        io_failure(out_dir, e, False)
+    return ExitCode.OK
+
+
+def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...] = (), ops_watch=None) -> int:
     """`python -m <package>`, the backend that common/backends.py registers under that package: its row
     names the run (record.backend). `check(spec, options)`: the backend's own refusals of
     flag combinations, before a run directory exists; `logs`: files it writes beside its record, left by a
-    run that failed (a directory holding only those is its own)."""
+    run that failed (a directory holding only those is its own); `ops_watch()`: its op watch, for --check-ops
+    (common/ops.py)."""
     name, backend = backends.of_package(package).name, package
     parser: argparse.ArgumentParser = backend_parser(package)
     parser.add_argument("--progress", action="store_true", help="print a progress line per step")
@@ -124,6 +142,8 @@ def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...]
     if args.impose_decisions and not backends.info(name).imposes_decisions:
         fail(f"--impose-decisions: the {name} backend cannot take another side's decisions; only "
              + ", ".join(b.name for b in backends.registry().values() if b.imposes_decisions) + " can", ExitCode.USAGE)
+    if args.check_ops and ops_watch is None:
+        fail(f"--check-ops: the {name} backend has no op check (its registry row's checks_ops)", ExitCode.USAGE)
     try:
         spec = resolve_spec(SpecInputs.of(args))
         if check:
@@ -136,6 +156,8 @@ def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...]
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         fail(f"cannot create run directory {out_dir}: {e.strerror or e}; pass a writable --out", ExitCode.USAGE)
+    if args.check_ops:
+        return check_ops(name, ops_watch, lambda: train(spec, options, None), out_dir)
     try:
         record, tensors, is_writer = train(spec, options, progress_printer(args.progress))
     except OSError as e:

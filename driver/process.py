@@ -51,6 +51,10 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
                         help="with --activations-only: take the top-k, argmax and sort choices of that capture run "
                              "instead of this side's own (compare's check of choices flipped at ties; "
                              "common/decisions.py)")
+    parser.add_argument("--check-ops", action="store_true",
+                        help="with --activations-only: watch the ops of that one traced step and write what this "
+                             "runtime cannot lower or runs as CPU fallbacks into ops.json (compare's op check, before "
+                             "anything trains; common/ops.py)")
     parser.add_argument("--checkpoint", type=checkpoint_ref, metavar="FORMAT:PATH",
                         help="start from these weights: canonical:PATH (or a bare path) on every backend; torch: "
                              "and hf: on the torch runtimes, orbax: on jax (compare --checkpoint converts any of "

@@ -72,8 +72,10 @@ def _own_layout(module: nn.Module) -> str | None:
 def _permuted_view(x, y) -> bool | tuple:
     """Whether `y` reads `x`'s memory in another order (a permute or transpose): the order of `x`'s axes it reads
     them in (y = x.permute(order)) when the strides tell it, else True."""
+    if x is None or y is x or x.device.type not in ("cpu", "cuda"):  # XLA's, torchax's: no storage to read
+        return False
     try:
-        if x is None or y is x or y.data_ptr() != x.data_ptr() or y.stride() == x.stride():
+        if y.data_ptr() != x.data_ptr() or y.stride() == x.stride():
             return False
     except (RuntimeError, NotImplementedError, AttributeError):  # a tensor with no host storage (XLA, torchax)
         return False

@@ -71,8 +71,15 @@ def train(spec, options, progress):
     record.compile_cache = instrument.cache_summary(cache, record.extra.get("counters", {}))  # none: nothing trained
     return record, tensors, True
 
+
+def ops_watch():
+    from torch_xla_impl.ops import OpsWatch
+
+    return OpsWatch()
+
+
 if __name__ == "__main__":
     from torch_xla_impl.instrument import DEBUG_LOG  # framework-free: read before torch_xla starts
 
-    exit_process(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train, check,
-                                                logs=(DEBUG_LOG,)))
+    exit_process(backend_main.main("torch_xla_impl", sys.argv[1:], add_flags, train, check, logs=(DEBUG_LOG,),
+                                   ops_watch=ops_watch))

@@ -29,5 +29,11 @@ def train(spec, options, progress):
     return record, tensors, writer
 
 
+def ops_watch():
+    from torchax_impl.ops import OpsWatch
+
+    return OpsWatch()
+
+
 if __name__ == "__main__":
-    exit_process(backend_main.main("torchax_impl", sys.argv[1:], add_process_flags, train))
+    exit_process(backend_main.main("torchax_impl", sys.argv[1:], add_process_flags, train, ops_watch=ops_watch))

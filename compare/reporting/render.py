@@ -9,7 +9,7 @@ from compare.explain.program import metric_rows
 from compare.judge.decided import decisions_cell
 from compare.judge.sensitivity import sensitivity_line
 from compare.judge.tensor_error import BORDERLINE, passes_with_words
-from compare.reporting.state_tables import start_state_tables
+from compare.reporting.check_tables import ops_tables, start_state_tables
 
 # how a tensor row was judged when not element by element in full (its kind column says it)
 JUDGED_BY = {"noise-floor": ", noise floor", "summary": ", by summary"}
@@ -208,7 +208,7 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     is still shown."""
     out = []
     sections = [("statistical", statistical_tables, report.get("statistical")),
-                ("start state", start_state_tables, report.get("start_state")),
+                ("start state", start_state_tables, report.get("start_state")), ("ops", ops_tables, report.get("ops")),
                 ("parity", parity_tables, report.get("parity")), ("backends", backend_tables, True),
                 ("compiled step", lambda r: program_tables(r["backends"], _apart(r)), True),
                 ("profile", lambda r: profile_tables(r["backends"]), True),

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli import resolve_spec
-from common.spec import RunSpec
+from common import backends
+from common.spec import RunSpec, TwinSpec
 from common.spec_parse import apply_overrides
 from compare.judge.noise_floor import JITTER_ULPS
 from compare.options import CompareOptions, Group
@@ -104,3 +105,12 @@ def seed_launch(opts: CompareOptions, name: str, seed: int) -> Launch:
     """A statistical mode's extra seed run: the losses only (no parity tensors, HLO, profile, throughput)."""
     return Launch(_changed(opts.spec_of(name), f"train.seed={seed}", f"data.seed={seed}"),
                   (*_flags(opts, name, quiet=True), "--throughput-steps", "0"), opts.hosts)
+
+
+def op_check_launches(opts: CompareOptions) -> dict[str, Launch]:
+    """The op checks a run makes before any backend trains (common/ops.py): of each runtime whose registry row
+    `checks_ops` that runs a user twin here (our own models run on every runtime), its capture launch's one traced
+    step under the runtime's op watch."""
+    return {n: Launch(base.spec, (*base.flags, "--check-ops")) for n in opts.names
+            if backends.info(n).checks_ops and n not in opts.reused and isinstance(opts.spec_of(n).model, TwinSpec)
+            for base in [capture_launch(opts, n)]}

@@ -8,17 +8,19 @@ backend may live in its own virtual environment (`--jax-python`,
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import backends
 from common.fsutil import write_json_atomic
+from common.ops import OPS_DIR, OPS_FILE, refusal
 from common.procs import kill_group, start_group
 from common.protocol import outcome, read_progress
 from common.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
@@ -135,6 +137,7 @@ class Plan:
     out: Path
     timeout_s: float
     repeat: bool  # --check-determinism: run each backend twice
+    op_checks: dict[str, Launch] = field(default_factory=dict)  # run first, into <out>/ops/<name> (common/ops.py)
 
 
 @dataclass
@@ -142,6 +145,19 @@ class Outcome:
     runs: dict[str, BackendRun]
     repeats: dict[str, BackendRun]
     interrupted: bool
+
+
+def check_ops(name: str, python: str, launch: Launch, folder: Path, timeout_s: float) -> BackendRun | None:
+    """A runtime's op check (common/ops.py): its one traced step under its op watch; its run refused (`cannot_run`,
+    one line naming the op) when that step met an op it cannot lower or a CPU fallback that fails, else None (and
+    None when the check could not be made: the run itself then shows why)."""
+    run = run_backend(name, python, launch, folder, timeout_s)
+    try:
+        why = refusal(json.loads((folder / OPS_FILE).read_text()))
+    except (OSError, ValueError, KeyError):
+        return None
+    return BackendRun(name, folder, BackendStatus.CANNOT_RUN, run.exit_code, why, run.wall_s, run.command,
+                      run.started_at) if why else None
 
 
 def run_all(plan: Plan, live) -> Outcome:
@@ -154,7 +170,14 @@ def run_all(plan: Plan, live) -> Outcome:
     repeats: dict[str, BackendRun] = {}
     current = None
     try:
+        for name, launch in plan.op_checks.items():  # before any backend trains
+            current = name
+            refused = check_ops(name, plan.pythons[name], launch, plan.out / OPS_DIR / name, plan.timeout_s)
+            if refused:
+                runs[name] = refused
         for name in plan.names:
+            if name in runs:  # refused by its op check
+                continue
             if name in plan.reuse:
                 runs[name] = BackendRun(name, plan.reuse[name].resolve(), BackendStatus.OK, 0, "", 0.0, [])
                 continue
