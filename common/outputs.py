@@ -86,9 +86,20 @@ def loss_refusal(value, side: str, twin) -> str:
     return ""
 
 
+_FORWARD_KWARGS: dict = {}  # this process's side's constant keywords (common/twin.py Twin.forward_kwargs)
+
+
+def use_forward_kwargs(kwargs: Mapping) -> None:
+    """The constant keywords every `forward` of this process passes from now on: set where a side's model is built
+    (torch_impl/models.py, jax_impl/models.py), so that each forward of that side, in any runtime, takes them."""
+    global _FORWARD_KWARGS
+    _FORWARD_KWARGS = dict(kwargs)
+
+
 def forward(model, inputs):
-    """The forward on a batch's inputs: one array, or a twin's named arrays passed by name."""
-    return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
+    """The forward on a batch's inputs: one array, or a twin's named arrays passed by name; and the twin's constant
+    keywords (`use_forward_kwargs`)."""
+    return model(**inputs, **_FORWARD_KWARGS) if isinstance(inputs, Mapping) else model(inputs, **_FORWARD_KWARGS)
 
 
 def loss_batch(inputs, targets) -> dict:

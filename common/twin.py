@@ -81,6 +81,10 @@ class Twin:
     # which of the forward's outputs is the logits, on both sides: a key or attribute ("logits") or a
     # position (0); None: the output itself, its `logits`, or its first element (common/outputs.py)
     logits: str | int | None = None
+    # constant keywords each forward is called with besides the batch's arrays, both sides' ({"return_loss": True}:
+    # transformers' CLIPModel then computes its own loss, for loss="model") or each side's ({"torch": {...},
+    # "nnx": {...}}): numbers, strings, booleans or None
+    forward_kwargs: Mapping = field(default_factory=dict)
     # Hugging Face checkpoints it loads (common/hf.py): {"model_type": "llama", "prefix": "model.",
     # "config": {HF config key (dotted for nested): hyperparameter}}; empty: none
     hf: Mapping = field(default_factory=dict)
@@ -88,6 +92,13 @@ class Twin:
     train: TrainSpec = field(default_factory=TrainSpec)
     data: DataSpec | None = None  # None: synthetic data of the task
     base_dir: str = ""  # set by load_twin: relative factory paths resolve against it
+
+
+def forward_kwargs_of(twin: Twin, side: str) -> dict:
+    """The constant keywords `side`'s forward ("torch" or "nnx") is called with (Twin.forward_kwargs)."""
+    given = dict(twin.forward_kwargs)
+    per_side = bool(given) and set(given) <= {"torch", "nnx"} and all(isinstance(v, Mapping) for v in given.values())
+    return dict(given.get(side, {})) if per_side else given
 
 
 GPT_PACKED = {"attn.qkv": ("attn.q", "attn.k", "attn.v")}  # nanoGPT's packed projection (torch_impl.models)

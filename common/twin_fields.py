@@ -57,6 +57,19 @@ def _check_mapping(twin, name: str, ref: str, example: str) -> Mapping:
     return value
 
 
+def _check_forward_kwargs(twin, ref: str) -> None:
+    given = _check_mapping(twin, "forward_kwargs", ref, '{"return_loss": True}')
+    sides = set(given) <= {"torch", "nnx"} and all(isinstance(v, Mapping) for v in given.values())
+    for side, kwargs in (given.items() if given and sides else [("", given)]):
+        for key, value in kwargs.items():
+            where = f"forward_kwargs{f'[{side!r}]' if side else ''}[{key!r}]"
+            if not (isinstance(key, str) and key.isidentifier()):
+                raise TwinError(f"twin {ref!r}: {where}: {key!r} is not a keyword the forward can take")
+            if not (value is None or isinstance(value, (bool, int, float, str))):
+                raise TwinError(f"twin {ref!r}: {where}={value!r} must be a number, string, boolean or None (a "
+                                "constant every forward is called with; arrays come from the batch)")
+
+
 def _check_rename(twin, ref: str) -> None:
     fix = r"write rename as {regex over torch parameter names: replacement (re.sub)}, e.g. {r'\.self_attn\.': '.attn.'}"
     for pattern, replacement in _check_mapping(twin, "rename", ref, r"{r'\.self_attn\.': '.attn.'}").items():
@@ -222,5 +235,7 @@ def check_fields(twin, ref: str) -> None:
     _check_partition_rules(twin, ref)
     _check_hf(twin, ref)
     _check_custom(twin, ref)
-    for name in ("loss", "loss_keys", "ranges", "packed", "rename", "layouts", "partition_rules", "hf"):
+    _check_forward_kwargs(twin, ref)
+    for name in ("loss", "loss_keys", "ranges", "packed", "rename", "layouts", "partition_rules", "hf",
+                 "forward_kwargs"):
         plain(getattr(twin, name), name, ref)

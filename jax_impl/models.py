@@ -17,8 +17,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from common.data import input_ndim
+from common.outputs import use_forward_kwargs
 from common.spec import CNNSpec, MLPSpec, ModelSpec, RunSpec, TransformerSpec
-from common.twin import TwinError, factory_error, hparams_of, resolve, twin_of
+from common.twin import TwinError, factory_error, forward_kwargs_of, hparams_of, resolve, twin_of
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
@@ -172,6 +173,7 @@ def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0, dropo
     """
     twin = twin_of(spec)
     factory = resolve(twin.nnx, twin.base_dir)
+    use_forward_kwargs(forward_kwargs_of(twin, "nnx"))
     kwargs = hparams_of(spec)
     if twin.nnx_dtype_arg:
         kwargs[twin.nnx_dtype_arg] = compute_dtype

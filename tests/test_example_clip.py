@@ -47,3 +47,25 @@ def test_each_clip_mis_port_is_named_where_it_is(tmp_path, twin):
         assert forward["output_error"]["field"] == "torch's pooler_output"
     else:  # HF normalises the embeddings in CLIPModel.forward itself: the model's own code, nothing below it
         assert forward["module"] == "(model)" and forward["modules_diverging"] == 1, forward
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("twin, code", [("clip_own_loss", 0), ("clip_own_loss_one_directional", 1)])
+def test_clips_own_loss_is_compared_and_its_mis_port_named_in_the_loss(tmp_path, twin, code):
+    """CLIPModel's own loss (`forward_kwargs={"return_loss": True}`, loss="model"), computed in its forward, the
+    port's alike: a correct port passes (under summaries too: its 0-d logit_scale kept on the device), a
+    one-directional loss is named in the loss, not at the model whose forward computes it."""
+    proc, report = compare(tmp_path / "run", "--twin", f"{CLIP}:{twin}", "--backend", "jax,torch",
+                           *(["--tensors", "summary"] if code == 0 else []))
+    parity = report["parity"]["torch"]
+    assert proc.returncode == code, report["message"]
+    if code == 0:
+        assert parity["tensors"]["params/logit_scale"]["within"] and parity["loss"]["max_abs"] < 1e-4
+        return
+    forward = parity["first_divergent_module"]
+    assert forward["in_loss"].startswith("the model's own loss, computed in its forward") and \
+        forward["modules_diverging"] == 1, forward
+    assert "first divergent in the loss: the model's own loss" in report["message"]
+    assert "would pass with" not in report["message"]  # a located difference: no tolerance is offered
+    assert "| first divergent module (step 0) | in the loss: the model's own loss" in \
+        (tmp_path / "run" / "report.md").read_text()

@@ -10,8 +10,9 @@ from common.presets import load_spec
 from common.record import RunRecord, read_record
 from common.text_data import pydoc_text, write_tokens
 from compare.judge import noise_floor
+from compare.judge.messages import failure_message
 from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors
-from compare.judge.parity import check_parity, compare_tensors, failure_message
+from compare.judge.parity import check_parity, compare_tensors
 from compare.judge.tolerances import load_policy
 from tests.helpers import run_cli
 

@@ -139,7 +139,7 @@ def test_a_difference_only_the_whole_model_shows_names_the_modules_left_out_as_s
     assert found["module"] == ROOT_MODULE and found["input_agrees"] and list(found["not_compared"]) == ["block.1"]
     assert _module(found).startswith("(model) (the model's own forward code or a module not compared (block.1): "
                                      "each compared submodule that differs was fed a differing input")
-    from compare.judge.parity import failure_message
+    from compare.judge.messages import failure_message
 
     parity = {"worst": [], "first_divergent_step": 0, "first_divergent_module": found, "tensors": {}}
     assert failure_message("torch", parity) == ("torch: parity failed: first divergent step 0, first divergent "
@@ -174,7 +174,8 @@ def test_a_culprit_whose_input_agrees_only_barely_says_the_difference_may_enter_
     """A new user's Wav2Vec2 port with a tanh GELU between two Linears (a function, not a module) was named at the
     second Linear, whose input "agreed" at 98 % of its bound: the location now says the difference may enter
     before it."""
-    from compare.judge.parity import failure_message, first_divergent_module
+    from compare.judge.messages import failure_message
+    from compare.judge.parity import first_divergent_module
     from compare.reporting.render import _module
 
     x = np.linspace(-1.0, 1.0, 16, dtype=np.float32).reshape(2, 8)

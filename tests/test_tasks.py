@@ -120,3 +120,23 @@ def test_regression_arrays_feed_float_targets_and_classifier_labels_stay_whole(t
 def test_a_malformed_loss_declaration_is_one_line(loss, message):
     with pytest.raises(TwinError, match=message):
         check_fields(Twin(torch="m.py:T", nnx="m.py:N", task="regression", loss=loss), "twins.py:t")
+
+
+def test_a_twins_constant_forward_keywords_reach_each_side_as_declared():
+    from common.twin import forward_kwargs_of
+
+    shared = Twin(torch="m.py:T", nnx="m.py:N", forward_kwargs={"return_loss": True})
+    assert forward_kwargs_of(shared, "torch") == forward_kwargs_of(shared, "nnx") == {"return_loss": True}
+    apart = Twin(torch="m.py:T", nnx="m.py:N", forward_kwargs={"torch": {"return_dict": False}, "nnx": {}})
+    assert forward_kwargs_of(apart, "torch") == {"return_dict": False} and forward_kwargs_of(apart, "nnx") == {}
+
+
+@pytest.mark.error_case("twin-field-malformed")
+@pytest.mark.parametrize("kwargs, message", [
+    ({"return_loss": [True]}, r"forward_kwargs\['return_loss'\]=\[True\] must be a number, string, boolean or None"),
+    ({"torch": {"not a name": 1}}, r"forward_kwargs\['torch'\]\['not a name'\]: 'not a name' is not a keyword"),
+    ("return_loss", "forward_kwargs is a str, not a dict"),
+])
+def test_a_malformed_forward_keyword_is_one_line(kwargs, message):
+    with pytest.raises(TwinError, match=message):
+        check_fields(Twin(torch="m.py:T", nnx="m.py:N", forward_kwargs=kwargs), "twins.py:t")

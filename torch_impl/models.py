@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.outputs import use_forward_kwargs
 from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec
-from common.twin import TwinError, factory_error, hparams_of, resolve, twin_of
+from common.twin import TwinError, factory_error, forward_kwargs_of, hparams_of, resolve, twin_of
 
 
 def at_least_float32(t: torch.Tensor) -> torch.Tensor:
@@ -170,6 +171,7 @@ def build_model(spec: ModelSpec, seed: int = 0, dtype: str = "float32") -> nn.Mo
         torch.set_default_dtype(torch.float64)
     twin = twin_of(spec)
     factory = resolve(twin.torch, twin.base_dir)
+    use_forward_kwargs(forward_kwargs_of(twin, "torch"))
     torch.manual_seed(seed)
     kwargs = hparams_of(spec)
     try:

@@ -9,18 +9,17 @@ from common.record import RunRecord
 from common.summary import TensorSummary
 from compare.judge import noise_floor
 from compare.judge.backward import first_divergent_module_backward
-from compare.judge.curves import compare_curves, curves_words
-from compare.judge.decided import decisions_cell, judge_decisions
+from compare.judge.curves import compare_curves
+from compare.judge.decided import judge_decisions
 from compare.judge.distribution import judge_distribution
 from compare.judge.extra_inputs import with_extra_inputs
 from compare.judge.islands import before_first_island, islands_of
 from compare.judge.noise_floor import Floors, loss_sensitivity
+from compare.judge.own_loss import mark_own_loss
 from compare.judge.sensitivity import group_sensitivity
 from compare.judge.tensor_error import (
-    BORDERLINE,
     by_summary,
     module_error,
-    passes_with_words,
     summary_error,
     tensor_error,
 )
@@ -277,6 +276,7 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
         return forward, backward
 
     forward, backward = locate(ref_tensors, other_tensors)
+    mark_own_loss(forward, ref, tensors, ref_tensors.get("activations", {}))
     if forward is not None and list(other_tensors.get("capture_at") or [0, 0]) != [0, 0]:
         forward["captured_at"] = list(other_tensors["capture_at"])  # where the logits differ most
     activation_pass = confirm_locations(forward, backward, ref_tensors, other_tensors)
@@ -343,57 +343,3 @@ def dropout_sites(ref: RunRecord, other: RunRecord) -> dict | None:
     if a is None or b is None:
         return None
     return {"reference": a, "other": b, "equal": a == b}
-
-
-def failure_message(name: str, parity: dict) -> str:
-    """The one line that says where `name`'s parity (check_parity's result) failed, and by how much."""
-    worst = parity["worst"][0] if parity["worst"] else None
-    step = parity["first_divergent_step"]
-    where = f"{name}: parity failed: first divergent step {step if step is not None else 'none'}"
-    module, backward = parity.get("first_divergent_module"), parity.get("first_divergent_module_backward")
-    if (parity.get("decisions") or {}).get("flipped"):  # the choices differ: what that says comes first
-        where += f", step-0 decisions differ: {decisions_cell(parity)}"
-    if module and module["module"]:
-        where += f", first divergent module {module['module']}"
-        via = module.get("entered_through")  # compare/judge/extra_inputs.py
-        if via:
-            where += f" (the {via['what']} it passes to {via['module']} differ)"
-        if module["module"] == ROOT_MODULE and module.get("not_compared"):  # compare/reporting/render.py: _root_culprit
-            where += f" or a module not compared ({len(module['not_compared'])})"
-    elif backward and backward.get("in_loss"):  # the forwards agree, the gradient the loss sends back does not
-        where += ", first divergent in the loss: every module's forward agrees, the gradient of the loss at the " \
-                 "model's output differs (the two losses compute differently: the twin's loss or task)"
-    elif backward and backward["module"]:  # the forwards agree: where the backward passes part
-        where += f", first divergent module in the backward pass {backward['module']}"
-    failing = [k for k, t in parity["tensors"].items() if not t["within"]]
-    if failing and all(k.startswith(("eval/", "state/")) for k in failing) and step is None:
-        stats = [k.removeprefix("state/") for k in failing if k.startswith("state/")]
-        where += ", though training agrees: " + "; ".join(filter(None, [
-            stats and f"the running statistics differ ({len(stats)}, e.g. {stats[0]}: a momentum or variance "
-                      "convention)",
-            any(k.startswith("eval/") for k in failing) and "the trained model's eval-mode forward differs"]))
-    if parity.get("by_module"):
-        used = module.get("input_used") or 0
-        where += (": its output leaves its bound though its input agrees"
-                  + (f" (at {used:.0%} of its bound: the difference may enter before it)" if used > BORDERLINE else "")
-                  + ", and every compared tensor is within tolerance (a difference too small to move them: a norm's "
-                  "eps, an approximated activation; --tolerance-profile strict judges every module tighter and may "
-                  "place it earlier)")
-    curves = parity.get("curves")
-    if curves and not curves["within"]:
-        where += ", " + curves_words(curves)
-    sites = parity.get("dropout_sites")
-    if sites and not sites["equal"]:
-        where += (f", dropout calls differ ({len(sites['reference'])} in the reference, {len(sites['other'])} "
-                  f"here: run records' extra.dropout_sites)")
-    if parity.get("unmeasured_noise"):
-        where += (f" (step 0 agreed and no noise floor was measured: {parity['unmeasured_noise']} tells rounding "
-                  "that training grew from a port error)")
-    if not worst:
-        return where
-    size = worst.get("note") or (f"max abs {worst['abs']:.3g}" if isinstance(worst.get("abs"), (int, float))
-                                 else "not measurable")
-    # a module that parts with its input agreeing is a port difference: no tolerance to loosen is offered then
-    located = bool(module and module["module"] and module["input_agrees"])
-    return where + f"; worst tensor {worst['name']} ({size}, within={worst['within']}" + \
-        (f"; {passes_with_words(worst['passes_with'])}" if worst.get("passes_with") and not located else "") + ")"

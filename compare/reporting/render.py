@@ -34,6 +34,8 @@ def _module(found: dict | None) -> str:
     if found.get("captured_at"):
         row, token = found["captured_at"]
         left_out += f"; captured from row {row}{f', token {token}' if token else ''}, where the logits differ most"
+    if found.get("in_loss"):  # compare/judge/own_loss.py
+        return f"in the loss: {found['in_loss']}"
     if not found["module"]:
         return f"none ({found['modules_compared']} modules agree{left_out})"
     if found.get("entered_through"):  # compare/judge/extra_inputs.py: what it passed on differs

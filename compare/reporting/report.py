@@ -22,8 +22,9 @@ from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.explain.figures import backend_summary, cpu_peak, wall_breakdown
 from compare.judge.decided import IMPOSED
 from compare.judge.devices import devices_check, one_device
+from compare.judge.messages import failure_message
 from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
-from compare.judge.parity import check_parity, failure_message
+from compare.judge.parity import check_parity
 from compare.judge.tolerances import load_policy, pair_policy
 from compare.judge.verdict import CheckResult, decide, not_made
 from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, capture_facts, captured_activations

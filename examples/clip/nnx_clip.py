@@ -13,6 +13,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 
@@ -90,22 +91,30 @@ class VisionTower(nnx.Module):
 
 class CLIP(nnx.Module):
     def __init__(self, vocab_size: int, seq_len: int, image_size: int, patch_size: int, d_model: int, n_layers: int,
-                 n_heads: int, d_ff: int, embed_dim: int, *, rngs: nnx.Rngs, normalise_text=True, pool_first=False):
+                 n_heads: int, d_ff: int, embed_dim: int, *, rngs: nnx.Rngs, normalise_text=True, pool_first=False,
+                 one_directional=False):
         self.text = TextTower(vocab_size, seq_len, d_model, n_layers, n_heads, d_ff, rngs, pool_first)
         self.vision = VisionTower(image_size, patch_size, d_model, n_layers, n_heads, d_ff, rngs)
         self.text_projection = nnx.Linear(d_model, embed_dim, use_bias=False, rngs=rngs)
         self.visual_projection = nnx.Linear(d_model, embed_dim, use_bias=False, rngs=rngs)
         self.logit_scale = nnx.Param(jnp.asarray(math.log(1 / 0.07), jnp.float32))
-        self.normalise_text = normalise_text
+        self.normalise_text, self.one_directional = normalise_text, one_directional
 
-    def __call__(self, input_ids, pixel_values, attention_mask):
+    def __call__(self, input_ids, pixel_values, attention_mask, return_loss=False):
         text = self.text_projection(self.text(input_ids, attention_mask))
         image = self.visual_projection(self.vision(pixel_values))
         image = image / jnp.linalg.norm(image, axis=-1, keepdims=True)
         if self.normalise_text:
             text = text / jnp.linalg.norm(text, axis=-1, keepdims=True)
         logits_per_text = text @ image.T * jnp.exp(self.logit_scale[...])
-        return {"logits_per_image": logits_per_text.T, "logits_per_text": logits_per_text}
+        out = {"logits_per_image": logits_per_text.T, "logits_per_text": logits_per_text}
+        if not return_loss:
+            return out
+        # as CLIPModel(return_loss=True): each caption's cross-entropy over the images, each image's over captions
+        labels = jnp.arange(logits_per_text.shape[0])
+        per_text = optax.softmax_cross_entropy_with_integer_labels(logits_per_text, labels).mean()
+        per_image = optax.softmax_cross_entropy_with_integer_labels(logits_per_text.T, labels).mean()
+        return {"loss": per_image if self.one_directional else (per_text + per_image) / 2, **out}
 
 
 def clip_text_not_normalised(**hparams) -> CLIP:
@@ -116,3 +125,8 @@ def clip_text_not_normalised(**hparams) -> CLIP:
 def clip_pooled_first(**hparams) -> CLIP:
     """The mis-port: each caption pooled at its first position (its BOS token), not at its first EOS token."""
     return CLIP(**hparams, pool_first=True)
+
+
+def clip_loss_one_directional(**hparams) -> CLIP:
+    """The mis-port of CLIPModel's own loss (return_loss=True): the images' direction alone."""
+    return CLIP(**hparams, one_directional=True)

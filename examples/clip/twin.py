@@ -6,6 +6,7 @@ of its own (batches.py) with its own contrastive loss (losses.py). This file imp
     python -m compare --twin examples/clip/twin.py:clip_one_directional_loss --backend jax,torch   # in the loss
     python -m compare --twin examples/clip/twin.py:clip_text_not_normalised --backend jax,torch    # fails
     python -m compare --twin examples/clip/twin.py:clip_pooled_first --backend jax,torch            # fails
+    python -m compare --twin examples/clip/twin.py:clip_own_loss_one_directional --backend jax,torch  # in the loss
 """
 import dataclasses
 
@@ -36,3 +37,7 @@ clip_one_directional_loss = dataclasses.replace(
     clip_tiny, loss={"torch": "losses.py:torch_clip_loss", "nnx": "losses.py:nnx_one_directional"})
 clip_text_not_normalised = dataclasses.replace(clip_tiny, nnx="nnx_clip.py:clip_text_not_normalised")
 clip_pooled_first = dataclasses.replace(clip_tiny, nnx="nnx_clip.py:clip_pooled_first")
+
+# CLIPModel's own loss (forward(..., return_loss=True): its `loss`), the port computing it in its forward alike
+clip_own_loss = dataclasses.replace(clip_tiny, loss="model", forward_kwargs={"return_loss": True})
+clip_own_loss_one_directional = dataclasses.replace(clip_own_loss, nnx="nnx_clip.py:clip_loss_one_directional")
