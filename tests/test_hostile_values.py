@@ -13,7 +13,7 @@ from common.record import RunRecord, StepRecord, write_record
 from common.tensor_file import write_tensors
 from common.vocab import BackendStatus, ExitCode, ReportStatus
 from common.weights import CheckpointError, init_params, load_checkpoint, save_checkpoint
-from compare.judge import distribution, parity
+from compare.judge import distribution, messages, parity
 from compare.judge.tensor_error import tensor_error
 from compare.judge.tolerances import load_policy
 from compare.reporting.report import ReportInputs, build_report, strict_json, strict_report
@@ -236,7 +236,7 @@ def test_a_non_finite_value_on_one_side_fails_its_tensor_and_is_counted():
     verdict = parity.check_parity(a, b, {"outputs": {"logits": ref}}, {"outputs": {"logits": other}}, _policy(), [])
     assert not verdict["passed"] and verdict["first_divergent_step"] == 0 and verdict["distribution"] is None
     assert verdict["worst"][0]["name"] == "outputs/logits"
-    assert parity.failure_message("torch", verdict) == (
+    assert messages.failure_message("torch", verdict) == (
         "torch: parity failed: first divergent step 0; worst tensor outputs/logits (1 element is -inf on jax and "
         "finite on torch; 1 element is finite on jax and inf on torch; 1 element is finite on jax and nan on "
         "torch, within=False)")
