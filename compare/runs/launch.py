@@ -1,7 +1,9 @@
 """What each backend process is given: one spec file, its only spec input, and the flags that say how to run.
 
-compare resolves every backend's spec once, here, from the run's spec (a preset, a spec file, or the start
-prepared for a twin or a checkpoint) with the overrides of both sides and of its own (`--<name>-set`), and
+compare resolves every backend's spec here (`side_spec`), from the run's spec (a preset, a spec file, or the start
+prepared for a twin or a checkpoint) with the overrides of both sides and of its own (`--<name>-set`): once before
+the preparation and once after it (compare/options.py `with_specs`); each launch changes only run settings of it
+(steps, dtype, seed, start jitter), and
 `run_backend` writes it into the backend's run directory as `spec.json` (common.record.SPEC_FILE) before the
 backend starts: a twin reaches a backend as data (its canonical tree and layouts filled in), never as flags
 to resolve again. The flags carry no spec: parity tensors, activations, the start checkpoint, the compile
@@ -12,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.cli import resolve_spec
 from common import backends
+from common.cli import resolve_spec
 from common.spec import RunSpec, TwinSpec
 from common.spec_parse import apply_overrides
 from compare.judge.noise_floor import JITTER_ULPS
