@@ -2,6 +2,7 @@
 line on stdout, the `error:` line on stderr, and what its exit code means (common/vocab.py ExitCode)."""
 from __future__ import annotations
 
+import re
 import signal
 
 from common.vocab import BackendStatus, ExitCode
@@ -39,12 +40,19 @@ def error_text(message: str) -> str:
 FROM_OUTSIDE = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+# a fatal line of the glog/absl logging XLA's runtime aborts with ("F1127 05:42:36.98 1286 client.h:80] ..."); the
+# native stack it prints after it ("@ 0x7fa7... PyObject_Vectorcall") says nothing of why
+_FATAL_LOG = re.compile(r"F\d{4}\b")
+
+
 def error_line(stderr: str, killed: bool = False) -> str:
-    """The line a failed process said it failed with (its last `error:` line, else its last line). Of a process
-    killed from outside only an `error:` line: its last line is whatever it was printing when the signal came."""
+    """The line a failed process said it failed with: its last `error:` line, else its last fatal log line (an XLA
+    abort, before its native stack), else its last line. Of a process killed from outside only an `error:` line:
+    its last line is whatever it was printing when the signal came."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith(ERROR)]
-    return (errors or ([] if killed else lines) or [""])[-1].removeprefix(ERROR).strip()
+    fatal = [ln for ln in lines if _FATAL_LOG.match(ln)]
+    return (errors or ([] if killed else fatal or lines) or [""])[-1].removeprefix(ERROR).strip()
 
 
 def outcome(code: int, stderr: str) -> tuple[BackendStatus, str]:

@@ -29,3 +29,18 @@ def test_the_exit_code_and_the_error_line_make_the_status_and_its_one_line():
     # a process that ended itself (an abort on a failed check) said why last
     assert outcome(-signal.SIGABRT, "F0000 Check failed: x\n") == (BackendStatus.FAILED,
                                                                     "killed by SIGABRT: F0000 Check failed: x")
+
+
+def test_an_xla_abort_is_said_by_its_fatal_line_not_by_the_native_stack_after_it():
+    """Process 0 of a multi-host run whose other host never joined (it was refused its --out, say): the abort's
+    own line, not the last frame of the stack printed after it."""
+    stderr = ("I1127 05:42:28.1 1286 coordination_service.cc:611] Initializing CoordinationService\n"
+              "F1127 05:42:36.984636    1286 client.h:80] Terminating process because the JAX distributed service "
+              "detected fatal errors. This most likely indicates that another task died\n\n"
+              "RPC: /xla.coordination.CoordinationService/RegisterTask\n*** Check failure stack trace: ***\n"
+              "    @     0x7fa71d158ba3  PyObject_Vectorcall\n")
+    status, message = outcome(134, stderr)
+    assert status == BackendStatus.FAILED
+    assert message.startswith("F1127 05:42:36.984636    1286 client.h:80] Terminating process because the JAX "
+                              "distributed service detected fatal errors")
+    assert outcome(-signal.SIGKILL, stderr) == (BackendStatus.FAILED, "killed by SIGKILL")  # from outside: no line
