@@ -7,9 +7,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
+from compare.runs.rundir import MARKER
 from tests.helpers import REPO, process_env, run_cli
 
 
@@ -147,3 +149,32 @@ def test_a_one_element_loss_is_refused_only_where_it_cannot_train():
                                               "scalar (reduce it, e.g. with .mean())")
     assert loss_refusal(np.zeros((1, 8), np.float32), "torch", Twin).endswith("returns shape (1, 8); a loss returns "
                                                                              "a scalar (reduce it, e.g. with .mean())")
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("out-locked")
+def test_two_hosts_sharing_one_out_are_told_so_and_host_0_says_why_it_stopped(tmp_path):
+    """The same command on two hosts with one --out (here both on this machine): host 1 is refused the directory
+    at once, saying each host writes its own; host 0, whose processes then wait on host 1's at the coordinator,
+    ends by XLA's own fatal line (its abort), not by a frame of the native stack printed after it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "shared"
+    args = ["--quiet", "--out", str(out), "--backend", "jax", "--spec", "mlp-tiny", "--steps", "2", "--mesh", "data=2",
+            "--num-hosts", "2", "--coordinator", f"127.0.0.1:{port}"]
+    env = {**process_env(), "XLA_TWINS_COORDINATOR_WAIT_S": "6"}
+    host0 = subprocess.Popen([sys.executable, "-m", "compare", *args, "--host-id", "0"], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / MARKER).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    host1 = run_cli("compare", *args, "--host-id", "1", env={"XLA_TWINS_COORDINATOR_WAIT_S": "6"})
+    assert host1.returncode == 2
+    assert host1.stderr.strip().splitlines()[-1] == (
+        f"error: another compare (pid {host0.pid}, run {json.loads((out / MARKER).read_text())['run_id']}) is "
+        f"writing to {out}; each host of a multi-host run writes its own --out: pass this host another one")
+    _, stderr = host0.communicate(timeout=300)
+    assert host0.returncode == 3
+    line = next(ln for ln in stderr.splitlines() if ln.startswith("error: jax: failed: "))
+    assert line.removeprefix("error: jax: failed: ").startswith("F") and "@ 0x" not in line, line

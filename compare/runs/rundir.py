@@ -133,8 +133,11 @@ def _lock(fd: int, out: Path, release: bool = False) -> None:
     except BlockingIOError:
         os.close(fd)
         other = _read_marker(out) or {}
+        hosts = "--host-id" in (other.get("argv") or []) or "--host-id" in sys.argv  # a multi-host run's hosts
         raise RunDirError(f"another compare (pid {other.get('pid', '?')}, run {other.get('run_id', '?')}) is "
-                          f"writing to {out}; wait for it to finish or pass another --out") from None
+                          f"writing to {out}; " + ("each host of a multi-host run writes its own --out: pass this "
+                                                   "host another one" if hosts else
+                                                   "wait for it to finish or pass another --out")) from None
     if release:
         os.close(fd)
 
