@@ -23,15 +23,15 @@ WHEN = ("at the start, as each side's factory builds it; state that training cha
 def _arrays(path: Path) -> dict[str, np.ndarray]:
     return read_safetensors(path, f"start state {path}")[0]  # 16-bit floats widened when written: storable
 
-def _differs(torch_value: np.ndarray, nnx_value: np.ndarray, profile: str) -> dict | None:
-    """How the two values differ ({why, max_abs, bound}), or None when they agree."""
+def _differs(torch_value: np.ndarray, nnx_value: np.ndarray, bounds: dict) -> dict | None:
+    """How the two values differ ({why, max_abs, bound}), or None when they agree; `bounds`: {dtype: forward bound}."""
     if torch_value.shape != nnx_value.shape:
         return {"why": f"shape {list(torch_value.shape)} on the torch side, {list(nnx_value.shape)} on the NNX side"}
     if torch_value.dtype.kind != "f" or nnx_value.dtype.kind != "f":
         unequal = int(np.count_nonzero(torch_value != nnx_value))
         return {"why": f"{unequal} of {torch_value.size} values differ (compared exactly)"} if unequal else None
     dtype = "float64" if torch_value.dtype == nnx_value.dtype == np.float64 else "float32"
-    bound = load_policy(profile, dtype)["forward"]
+    bound = bounds[dtype]
     a, b = torch_value.astype(np.float64), nnx_value.astype(np.float64)
     error = np.abs(a - b)
     over = error > bound["atol"] + bound["rtol"] * np.abs(a)
@@ -46,9 +46,9 @@ def start_state_check(start_dir: Path, profile: str) -> CheckResult:
     the tolerance profile, whose forward bounds of the values' dtype apply."""
     linked = json.loads((start_dir / STATE_LINKS).read_text())
     torch_state, nnx_state = _arrays(start_dir / TORCH_STATE), _arrays(start_dir / NNX_STATE)
-    differ = []
+    differ, bounds = [], {dtype: load_policy(profile, dtype)["forward"] for dtype in ("float32", "float64")}
     for torch_name, nnx_name in linked["links"].items():
-        found = _differs(torch_state[torch_name], nnx_state[nnx_name], profile)
+        found = _differs(torch_state[torch_name], nnx_state[nnx_name], bounds)
         if found:
             differ.append({"nnx": nnx_name, "torch": torch_name, **found})
     section = {"compared": len(linked["links"]), "differ": differ, "torch_only": linked["torch_only"],
