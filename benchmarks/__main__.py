@@ -54,7 +54,7 @@ def twin_overheads(refs: list[str], backends: list[str], rounds: int, tmp: Path,
     results, failures = [], []
     for ref in refs:
         try:
-            _, folder = prepare_start(load_spec("", twin=ref), None, sys.executable, sys.executable, 600)
+            folder = prepare_start(load_spec("", twin=ref), None, sys.executable, sys.executable, 600).folder
         except ValueError as e:
             failures.append(f"twin {ref}: {e}")
             continue

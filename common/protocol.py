@@ -2,6 +2,7 @@
 line on stdout, the `error:` line on stderr, and what its exit code means (common/vocab.py ExitCode)."""
 from __future__ import annotations
 
+import json
 import re
 import signal
 
@@ -10,6 +11,10 @@ from common.vocab import BackendStatus, ExitCode
 PROGRESS = "progress"
 ERROR = "error:"
 THEN = "--then"  # between the describe steps one process runs (python -m driver.describe_sides A ... --then B ...)
+# a describe process that goes on to make its side's run (driver/describe_sides.py): the flag it is started with,
+# the line it says on stdout once its steps are done, and the one line compare answers on its stdin
+WAIT_FOR_RUN = "--wait-for-run"
+DESCRIBED = "described"
 
 # what a backend's exit code says of its run: any other code (a crash, a signal) is FAILED
 STATUS_OF_EXIT = {ExitCode.OK: BackendStatus.OK, ExitCode.USAGE: BackendStatus.USAGE_ERROR,
@@ -29,6 +34,20 @@ def read_progress(line: str) -> tuple[int, float, float] | None:
         return int(fields["step"]), float(fields["loss"]), float(fields["ms"])
     except (KeyError, ValueError):
         return None
+
+
+def run_request(module: str, argv: list[str], stderr: str) -> str:
+    """The line that hands a waiting describe process its run: `python -m MODULE ARGV...`, its stderr to the file
+    `stderr`."""
+    return json.dumps({"run": module, "argv": argv, "stderr": stderr}) + "\n"
+
+
+def read_run_request(line: str) -> tuple[str, list[str], str] | None:
+    """(module, argv, stderr) of a run request; None for the end of input (compare has no run for it)."""
+    if not line.strip():
+        return None
+    request = json.loads(line)
+    return request["run"], list(request["argv"]), request["stderr"]
 
 
 def error_text(message: str) -> str:

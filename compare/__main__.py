@@ -56,9 +56,16 @@ from compare.runs import hosts  # noqa: E402
 from compare.runs.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
 from compare.runs.cache import default_cache_dir  # noqa: E402
 from compare.runs.extra_runs import keep_whole, locate_divergence, noise_floor_runs  # noqa: E402
-from compare.runs.launch import floor_launch, main_launch, op_check_launches, seed_launch, side_spec  # noqa: E402
+from compare.runs.launch import (  # noqa: E402
+    describing_runs,
+    floor_launch,
+    main_launch,
+    op_check_launches,
+    seed_launch,
+    side_spec,
+)
 from compare.runs.orchestrate import Plan, run_all  # noqa: E402
-from compare.runs.prepare import INIT_FILE, SPEC_FILE, prepare_start, weights_origin  # noqa: E402
+from compare.runs.prepare import INIT_FILE, SPEC_FILE, Prepared, prepare_start, weights_origin  # noqa: E402
 from compare.runs.progress import LiveProgress  # noqa: E402
 from compare.runs.rundir import RunDirError, claim, default_out, new_run_id  # noqa: E402
 from compare.runs.rundir import check as check_out  # noqa: E402
@@ -237,15 +244,15 @@ def backend_folders(launched: list[str]) -> list[str]:
     return [*launched, *(f"{n}-repeat" for n in launched), SEEDS_DIR, FLOOR_DIR, OPS_DIR] if launched else []
 
 
-def prepare(opts: CompareOptions, spec) -> Path | None:
+def prepare(opts: CompareOptions, spec) -> Prepared:
     """A user twin or a torch / hf checkpoint: the sides described and matched, the common start made
-    (compare/runs/prepare.py); None when the backends start as they are (built-in init, canonical checkpoint)."""
+    (compare/runs/prepare.py; no folder when the backends start as they are: built-in init, canonical
+    checkpoint), and the described processes that go on to make their side's run."""
     try:
-        _, folder = prepare_start(spec, opts.checkpoint, opts.describer("torch"), opts.describer("nnx"),
-                                  opts.timeout_s)
+        return prepare_start(spec, opts.checkpoint, opts.describer("torch"), opts.describer("nnx"), opts.timeout_s,
+                             describing_runs(opts))
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
-    return folder
 
 
 def _raise_interrupt(signum, frame):
@@ -315,11 +322,17 @@ def main(argv=None) -> int:
     except RunDirError as e:
         fail(str(e), ExitCode.USAGE)
     weights = weights_origin(spec, opts.checkpoint)  # before the prepared start stands in for the user's
-    run_dir, opts = claim_run_dir(opts, prepare(opts, spec))
-    tensors, opts = tensor_mode(opts)
-    plan = Plan(names, {n: opts.side(n).python for n in names},
-                {n: main_launch(opts, n) for n in names if n not in reuse}, reuse, out, opts.timeout_s,
-                judging.check_determinism, op_check_launches(opts))
+    prepared = prepare(opts, spec)
+    try:
+        run_dir, opts = claim_run_dir(opts, prepared.folder)
+        tensors, opts = tensor_mode(opts)
+        plan = Plan(names, {n: opts.side(n).python for n in names},
+                    {n: main_launch(opts, n) for n in names if n not in reuse}, reuse, out, opts.timeout_s,
+                    judging.check_determinism, op_check_launches(opts), prepared.waiting)
+    except BaseException:  # no described process is left waiting for a run that never comes
+        for step in prepared.waiting.values():
+            step.stop()
+        raise
     main_started = time.time()
     seeds = [spec.train.seed + i for i in range(judging.seeds)] if judging.parity_mode == ParityMode.STATISTICAL else []
     floors = floor_policy(spec.train.dtype, judging.bf16, judging.fp32)  # the spec's dtype's policy

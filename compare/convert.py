@@ -68,8 +68,8 @@ def convert(conv: Conversion, tmp: Path) -> None:
         check_file_target(dst, conv.overwrite, f"--to {conv.target}")
     spec = resolve_spec(conv.run)
     from_torch_side = src_fmt in (CheckpointFormat.TORCH, CheckpointFormat.HF, CheckpointFormat.CANONICAL)
-    spec, folder = prepare_start(spec, conv.source if from_torch_side else None, conv.torch_python, conv.jax_python,
-                                 conv.timeout_s)  # a user twin's canonical tree, and the source made canonical
+    spec, folder, _ = prepare_start(spec, conv.source if from_torch_side else None, conv.torch_python,
+                                    conv.jax_python, conv.timeout_s)  # a twin's canonical tree, the source canonical
     try:
         write(conv, spec, folder, tmp)
     finally:

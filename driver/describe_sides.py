@@ -1,19 +1,26 @@
-"""python -m driver.describe_sides MODULE ARGS... [--then MODULE ARGS...]: the describe steps of a twin's
-sides run one after the other in one interpreter.
+"""python -m driver.describe_sides [--wait-for-run] MODULE ARGS... [--then MODULE ARGS...]: the describe steps of
+a twin's sides run one after the other in one interpreter, and, with --wait-for-run, that side's run after them.
 
 compare describes each side of a twin in the interpreter of the backends that run it (compare/runs/prepare.py).
 Where both sides have the same one (the CPU default, a GPU machine), one process describes both: a twin file
 imports both frameworks, so two processes paid both imports twice (~2 CPU-s a twin compare). Each MODULE's
 `main(argv)` runs in turn (`torch_impl.describe`, `jax_impl.describe`); the first that fails ends the process
-with its exit code, and compare tells which side it was from the files each side writes. This module imports
-no framework itself: the modules it is given do.
+with its exit code, and compare tells which side it was from the files each side writes.
+
+--wait-for-run: the process then says `described` on stdout and waits for one line on stdin: the run compare hands
+it (common/protocol.py run_request), which it makes as `python -m MODULE ARGV` would have, its stderr into the
+run's log, so a side's framework is imported and its twin file run once, not once to describe and again to train.
+The end of stdin (compare had no run for it, or is gone) ends it with 0. This module imports no framework itself:
+the modules it is given do.
 """
 from __future__ import annotations
 
 import importlib
+import os
+import runpy
 import sys
 
-from common.protocol import THEN
+from common.protocol import DESCRIBED, THEN, WAIT_FOR_RUN, read_run_request
 from driver.process import exit_process
 
 
@@ -29,12 +36,31 @@ def steps(argv: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
+def run_requested() -> int:
+    """The run compare hands this process, made as its own `python -m` would: its argv, its stderr into the run's
+    log, stdin at the end of input; 0 when compare hands it none."""
+    print(DESCRIBED, flush=True)
+    request = read_run_request(sys.stdin.readline())
+    if request is None:
+        return 0
+    module, argv, stderr = request
+    sys.stderr.flush()
+    for fd, path, flags in ((2, stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), (0, os.devnull, os.O_RDONLY)):
+        opened = os.open(path, flags, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.argv = [module, *argv]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)  # a backend's __main__ ends the process itself
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    for module, args in steps(argv):
+    wait = argv[:1] == [WAIT_FOR_RUN]
+    for module, args in steps(argv[wait:]):
         code = importlib.import_module(module).main(args)
         if code:
             return code
-    return 0
+    return run_requested() if wait else 0
 
 
 if __name__ == "__main__":

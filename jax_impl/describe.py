@@ -153,6 +153,9 @@ def main(argv=None) -> int:
     write_json_atomic(args.out / "nnx_params.json", {name: list(v.shape) for name, v in params.items()})
     write_json_atomic(args.out / "nnx_modules.json", kinds)
     save_checkpoint(args.out / NNX_STATE, state)
+    import jax
+
+    jax.clear_caches()  # a run this process goes on to make (driver/describe_sides.py) compiles as a fresh one would
     return ExitCode.OK
 
 

@@ -116,3 +116,24 @@ def op_check_launches(opts: CompareOptions) -> dict[str, Launch]:
     return {n: Launch(base.spec, (*base.flags, "--check-ops")) for n in opts.names
             if backends.info(n).checks_ops and n not in opts.reused and isinstance(opts.spec_of(n).model, TwinSpec)
             for base in [capture_launch(opts, n)]}
+
+
+def describing_runs(opts: CompareOptions) -> dict[str, str]:
+    """{family: the backend whose main run the process that describes that side of a twin goes on to make}
+    (compare/runs/prepare.py): one interpreter per side, not one to describe and one to train. The side's first
+    backend to run in that side's describing interpreter, run as one process (not --processes / hosts, not
+    reused). The NNX side only when its backend is the first thing to run: describing builds the NNX model on
+    JAX's default device, which a waiting process would hold (a TPU's chips, a GPU's preallocated memory) while
+    the op checks or other backends ran; the torch side builds on the CPU."""
+    launched = [n for n in opts.names if n not in opts.reused]
+    if opts.hosts.total > 1 or not launched:
+        return {}
+    runs = {}
+    for family in backends.FAMILIES:
+        first = next((n for n in launched if backends.info(n).family == family
+                      and opts.side(n).python == opts.describer(family)), None)
+        if first:
+            runs[family] = first
+    if runs.get("nnx") != launched[0] or op_check_launches(opts):
+        runs.pop("nnx", None)
+    return runs

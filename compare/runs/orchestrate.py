@@ -13,7 +13,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +21,10 @@ from common import backends
 from common.fsutil import write_json_atomic
 from common.ops import OPS_DIR, OPS_FILE, refusal
 from common.procs import kill_group, start_group
-from common.protocol import outcome, read_progress
+from common.protocol import outcome, run_request
 from common.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
 from common.vocab import BackendStatus
+from compare.runs.backend_output import BackendOutput
 from compare.runs.guard import GUARD
 from compare.runs.launch import Launch
 
@@ -68,20 +68,32 @@ def coordinator_of(group) -> str:
     return f"{host}:{int(port) + next(_LAUNCHES)}"
 
 
-def _read_progress(stream, log, on_progress) -> None:
-    """Every line to stdout.log, to its end (a reader that stopped would leave the backend blocked on a full
-    pipe); the progress lines to the live display."""
-    for line in stream:
-        log.write(line)
-        log.flush()
-        progress = read_progress(line) if on_progress else None
-        if progress:
-            on_progress(*progress)
+def _handed(waiting, command: list[str], stderr_log: Path):
+    """The described process `waiting` (compare/runs/prepare.py) handed the run `command` (`python -m PACKAGE
+    ARGS`), its stderr into `stderr_log`; None when it is gone (it is stopped: the run starts as a new process)."""
+    try:
+        if waiting.proc.poll() is None:
+            stderr_log.write_text("")  # there even should the process die before it opens it
+            waiting.proc.stdin.write(run_request(command[2], command[3:], str(stderr_log)))
+            waiting.proc.stdin.close()
+            waiting.stderr.close()  # what it said while describing: it was described, so nothing of the run's
+            return waiting.proc
+    except OSError:
+        pass
+    waiting.stop()
+    return None
+
+
+def _start(command: list[str], stderr_log: Path, env: dict):
+    with open(stderr_log, "w") as err_log:
+        # undecodable bytes replaced: a reader that stopped on one would leave the backend blocked on the pipe
+        return start_group(command, stdout=subprocess.PIPE, stderr=err_log, text=True, errors="replace", env=env)
 
 
 def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s: float,
-                on_progress=None) -> BackendRun:
-    """Run `name` with `launch` into `run_dir`: its spec written there first (the backend's one spec input)."""
+                on_progress=None, waiting=None) -> BackendRun:
+    """Run `name` with `launch` into `run_dir`: its spec written there first (the backend's one spec input); by
+    the described process `waiting` where one waits to make it (compare/runs/prepare.py), else a new process."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / SPEC_FILE, launch.spec.to_dict())
     command = [python, "-m", backends.info(name).package, "--spec", str(run_dir / SPEC_FILE), *launch.flags,
@@ -92,25 +104,33 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
         command = [sys.executable, "-m", "compare.runs.processes", "--processes", str(group.processes), "--first-id",
                    str(group.host * group.processes), "--total", str(group.total), "--coordinator",
                    coordinator_of(group), "--logs", str(run_dir / PROCESS_LOGS), "--", *command]
-    env = backend_env()
     start, started_at = time.perf_counter(), time.time()
-    with open(run_dir / STDOUT_LOG, "w") as out_log, open(run_dir / STDERR_LOG, "w") as err_log:
-        try:
-            # undecodable bytes replaced: a reader that stopped on one would leave the backend blocked on the pipe
-            proc = start_group(command, stdout=subprocess.PIPE, stderr=err_log, text=True, errors="replace", env=env)
-        except OSError as e:
-            return BackendRun(name, run_dir, BackendStatus.USAGE_ERROR, None,
-                              f"cannot start {python}: {e.strerror or e}; check --{name.replace('_', '-')}-python",
-                              0.0, command)
-        reader = threading.Thread(target=_read_progress, args=(proc.stdout, out_log, on_progress), daemon=True)
+    with open(run_dir / STDOUT_LOG, "w") as out_log:
+        output, proc = None, None
+        if waiting and group.total > 1:  # never bound to one (compare/runs/launch.py describing_runs)
+            waiting.stop()
+        elif waiting:
+            output = waiting.output
+            output.attach(out_log, on_progress)  # before the run is handed: no line of it is lost
+            proc = _handed(waiting, command, run_dir / STDERR_LOG)
+        if proc is None:
+            try:
+                proc = _start(command, run_dir / STDERR_LOG, backend_env())
+            except OSError as e:
+                return BackendRun(name, run_dir, BackendStatus.USAGE_ERROR, None,
+                                  f"cannot start {python}: {e.strerror or e}; check --{name.replace('_', '-')}-python",
+                                  0.0, command)
+            output = None
         try:  # from here on a signal in compare takes the group down, whenever it comes
             GUARD.watch(proc.pid)  # should compare itself be killed, the guard takes the group down
-            reader.start()
+            if output is None:
+                output = BackendOutput(proc.stdout)
+                output.attach(out_log, on_progress)
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             kill_group(proc, GRACE_S)
             GUARD.unwatch(proc.pid)
-            reader.join(timeout=5)
+            output.join(timeout=5)
             return BackendRun(name, run_dir, BackendStatus.TIMEOUT, None, f"no result after --timeout {timeout_s:g} s; "
                               "killed with its process group", time.perf_counter() - start, command, started_at)
         except BaseException:  # Ctrl-C / SIGTERM in compare: take the backend down with us
@@ -120,7 +140,7 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
         wall = time.perf_counter() - start
         kill_group(proc, grace_s=2.0)  # children left behind by a backend that exited, and its TMPDIR
         GUARD.unwatch(proc.pid)
-        reader.join(timeout=5)
+        output.join(timeout=5)
     status, message = outcome(code, (run_dir / STDERR_LOG).read_text(errors="replace"))
     return BackendRun(name, run_dir, status, code, message, wall, command, started_at)
 
@@ -138,6 +158,7 @@ class Plan:
     timeout_s: float
     repeat: bool  # --check-determinism: run each backend twice
     op_checks: dict[str, Launch] = field(default_factory=dict)  # run first, into <out>/ops/<name> (common/ops.py)
+    waiting: dict = field(default_factory=dict)  # {name: the described process that makes its run} (prepare.py)
 
 
 @dataclass
@@ -164,7 +185,8 @@ def run_all(plan: Plan, live) -> Outcome:
     """Run the backends one after the other (never together: they would share the chips and the cores).
 
     Ctrl-C or SIGTERM (raised as KeyboardInterrupt) stops the loop; `run_backend` has already taken the
-    running backend's process group down, and later backends are left `not_run`.
+    running backend's process group down, and later backends are left `not_run`. A described process that waits
+    for a run (plan.waiting) makes it; one left without (its backend refused, an interrupt) is stopped.
     """
     runs: dict[str, BackendRun] = {}
     repeats: dict[str, BackendRun] = {}
@@ -183,7 +205,7 @@ def run_all(plan: Plan, live) -> Outcome:
                 continue
             current = name
             runs[name] = run_backend(name, plan.pythons[name], plan.launches[name], plan.out / name, plan.timeout_s,
-                                     live.task(name))
+                                     live.task(name), plan.waiting.pop(name, None))
             if plan.repeat and runs[name].status == BackendStatus.OK:
                 repeats[name] = run_backend(name, plan.pythons[name], plan.launches[name], plan.out / f"{name}-repeat",
                                             plan.timeout_s, live.task(f"{name} again"))
@@ -193,4 +215,8 @@ def run_all(plan: Plan, live) -> Outcome:
             runs.setdefault(current, BackendRun(current, plan.out / current, BackendStatus.INTERRUPTED, None,
                                                 "interrupted by a signal; its process group was terminated", 0.0, []))
         return Outcome(runs, repeats, True)
+    finally:
+        for step in plan.waiting.values():
+            step.stop()
+        plan.waiting.clear()
     return Outcome(runs, repeats, False)

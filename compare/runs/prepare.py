@@ -11,17 +11,20 @@ fails now, listing every unmatched tensor, and the start weights are carried to 
 so every backend starts bit-identical. The result is a folder the backends read: `spec.json` (the spec
 with a user twin's canonical tree), `init.safetensors`, `correspondence.json` (for the user to read),
 and the two trees.
+
+A side whose describe step can go on to make a backend's run (`runs`: compare/runs/launch.py describing_runs) is
+described in a process of its own that then waits (`--wait-for-run`) and is handed to that run
+(compare/runs/orchestrate.py run_backend): one interpreter per side, its framework imported and its twin file run
+once.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import shutil
-import signal
-import subprocess
 import tempfile
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from safetensors.numpy import load_file
@@ -32,8 +35,6 @@ from common.checkpoints import TORCH_BUFFERS
 from common.correspond import declared_layouts, derive
 from common.fsutil import write_json_atomic
 from common.modules import module_map, state_names
-from common.procs import kill_group, start_group
-from common.protocol import FROM_OUTSIDE, THEN, error_line
 from common.record import SPEC_FILE
 from common.spec import RunSpec, TwinSpec
 from common.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE, link_state
@@ -49,85 +50,15 @@ from common.weights import (
     read_safetensors,
     save_checkpoint,
 )
-from compare.runs.guard import GUARD
-from compare.runs.orchestrate import backend_env
+from compare.runs.describe_steps import FAMILY_OF_SIDE, Step, model_name, start_step, wait_step
 
 INIT_FILE = "init.safetensors"
 
 
-# what each side's describe step writes; a step that exits 0 without them was stopped by the user's code
-SIDE_FILES = {"torch": ("torch_params.json", "torch_modules.json", "torch_init.safetensors"),
-              "NNX": ("nnx_params.json", "nnx_modules.json")}
-
-
-# the module that describes each side, run as `python -m` in that side's interpreter
-DESCRIBERS = {"torch": "torch_impl.describe", "NNX": "jax_impl.describe"}
-
-
-class Step(NamedTuple):
-    proc: subprocess.Popen
-    stderr: IO[str]  # an unnamed file
-    sides: tuple[str, ...]  # the sides it describes, in order
-
-
-def _describe(python: str, sides: list[tuple[str, list[str]]], spec_path: Path, out: Path) -> Step:
-    """A describe step in its own process group (it runs the user's factories: whatever they start goes
-    with it), watched by compare's guard should compare itself be killed. `sides`: [(side, its own flags)];
-    several are described one after the other in one process (driver/describe_sides.py). Its stderr goes to
-    an unnamed file, not a pipe, which a process the user's code starts could hold open after the step exits."""
-    commands = [[DESCRIBERS[side], "--spec", str(spec_path), "--out", str(out), *extra] for side, extra in sides]
-    command = ["-m", *commands[0]] if len(commands) == 1 else \
-        ["-m", "driver.describe_sides", *[arg for c in commands for arg in [THEN, *c]][1:]]
-    err = tempfile.TemporaryFile("w+", errors="replace")
-    try:
-        proc = start_group([python, *command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                           env=backend_env())
-    except OSError as e:
-        err.close()
-        raise TwinError(f"cannot start {python} to describe the twin ({', '.join(c[0] for c in commands)}): "
-                        f"{e.strerror or e}") from None
-    GUARD.watch(proc.pid)
-    return Step(proc, err, tuple(side for side, _ in sides))
-
-
-def _stop(step: Step) -> None:
-    """The describe step's whole group killed (also after it exited: children its user code left), reaped."""
-    kill_group(step.proc)
-    step.stderr.close()
-    GUARD.unwatch(step.proc.pid)
-
-
-def _missing(side: str, folder: Path) -> list[str]:
-    return [f for f in SIDE_FILES[side] if not (folder / f).is_file()]
-
-
-def _wait(step: Step, folder: Path, spec: RunSpec, timeout_s: float) -> None:
-    """Waits `timeout_s` per side the step describes; a failure is told of the side it was describing: the
-    first whose files are not all written."""
-    proc = step.proc
-    try:
-        proc.wait(timeout=timeout_s * len(step.sides))
-        step.stderr.seek(0)
-        stderr = step.stderr.read()
-    except subprocess.TimeoutExpired:
-        stderr = None
-    side = next((s for s in step.sides if _missing(s, folder)), step.sides[-1])
-    what = f"describing the {side} side of {_name(spec)}"
-    if stderr is None:
-        raise TwinError(f"{what} (building its model) did not finish within --timeout {timeout_s:g} s; killed with "
-                        "its process group")
-    if proc.returncode < 0:
-        raise TwinError(f"{what} was killed by {signal.Signals(-proc.returncode).name}"
-                        + (f": {said}" if (said := error_line(stderr, -proc.returncode in FROM_OUTSIDE)) else ""))
-    if proc.returncode != 0:
-        raise TwinError(error_line(stderr) or f"{what} exited with code {proc.returncode}")
-    if _missing(side, folder):  # sys.exit(0) / os._exit(0) in the user's factory or forward
-        raise TwinError(f"{what} exited with code 0 before writing {', '.join(_missing(side, folder))} (sys.exit "
-                        f"or os._exit in the {side} factory or its model?); a factory must return the model")
-
-
-def _name(spec: RunSpec) -> str:
-    return f"twin {spec.model.twin!r}" if isinstance(spec.model, TwinSpec) else f"{spec.model.family} ({spec.name})"
+class Prepared(NamedTuple):
+    spec: RunSpec  # with a user twin's canonical tree
+    folder: Path | None  # init.safetensors and spec.json; None when the backends read the checkpoint as it is
+    waiting: dict[str, Step]  # {backend: the described process that waits to make its run}
 
 
 def weights_origin(spec: RunSpec, checkpoint: CheckpointRef | None) -> str:
@@ -144,17 +75,18 @@ def weights_origin(spec: RunSpec, checkpoint: CheckpointRef | None) -> str:
 
 
 def prepare_start(spec: RunSpec, checkpoint: CheckpointRef | None, torch_python: str, jax_python: str,
-                  timeout_s: float) -> tuple[RunSpec, Path | None]:
+                  timeout_s: float, runs: dict[str, str] | None = None) -> Prepared:
     """What every backend starts from, when it is not the built-in canonical init: a user twin's torch
-    initialisation, or a torch / Hugging Face checkpoint. Returns (the spec, with a user twin's canonical
-    tree; a temporary folder with `init.safetensors` and `spec.json`, or None when the backends can read
-    `checkpoint` as it is). Raises a one-line input error and leaves nothing behind."""
+    initialisation, or a torch / Hugging Face checkpoint: the spec (with a user twin's canonical tree), a
+    temporary folder with `init.safetensors` and `spec.json` (None when the backends can read `checkpoint` as
+    it is), and the described processes that wait to make a run (`runs`: {family: backend}; the caller hands each
+    to its run or stops it). Raises a one-line input error and leaves nothing behind."""
     fmt, path = (checkpoint.format, checkpoint.path) if checkpoint else (None, None)
     user_twin = isinstance(spec.model, TwinSpec)
     if not user_twin and fmt in (None, CheckpointFormat.CANONICAL):
         if path:
             load_checkpoint(path, spec.model)  # checked here, before any backend starts
-        return spec, None
+        return Prepared(spec, None, {})
     if fmt == CheckpointFormat.ORBAX:
         raise CheckpointError(f"--checkpoint {checkpoint}: convert an orbax checkpoint first (python -m "
                               "compare.convert --from orbax:DIR --to canonical:FILE)")
@@ -165,40 +97,54 @@ def prepare_start(spec: RunSpec, checkpoint: CheckpointRef | None, torch_python:
                         "initialisation (init='torch')")
     if fmt == CheckpointFormat.HF:  # fails fast, before any process starts
         hf.check_config(hf.read_config(path), spec.model, twin, f"hf checkpoint {path}")
-    folder = None
+    folder, steps = None, []
     try:  # every exit but success (an input error, a timeout, Ctrl-C / SIGTERM in compare) removes the folder
-        folder = Path(tempfile.mkdtemp(prefix="xla-twins-prepare-"))
-        prepared = _describe_and_convert(spec, twin, fmt, path, folder, torch_python, jax_python, timeout_s)
+        folder = Path(tempfile.mkdtemp(prefix="xla-twins-prepare-"))  # and leaves no describe process
+        _start_steps(spec, fmt, path, folder, torch_python, jax_python, runs or {}, steps)
+        for step in steps:
+            wait_step(step, folder, spec, timeout_s)
+        prepared = _convert(spec, twin, fmt, path, folder)
     except BaseException:
+        for step in steps:
+            step.stop()
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    return prepared, folder
+    waiting = {step.runs: step for step in steps if step.runs and step.proc.poll() is None}
+    for step in steps:
+        if step.runs not in waiting:
+            step.stop()
+    return Prepared(prepared, folder, waiting)
 
 
-def _describe_and_convert(spec, twin, fmt, path, folder: Path, torch_python, jax_python, timeout_s) -> RunSpec:
-    user_twin = isinstance(spec.model, TwinSpec)
+def _start_steps(spec, fmt, path, folder: Path, torch_python, jax_python, runs: dict[str, str],
+                 steps: list[Step]) -> None:
+    """The describe steps, started into `steps` (each as it starts: a failed start leaves none unstopped): a side
+    that goes on to make a run (`runs`) in a process of its own; the others sharing an interpreter in one."""
     write_json_atomic(folder / SPEC_FILE, spec.to_dict())
     load = ["--load", f"{fmt}:{path.resolve()}"] if fmt in (CheckpointFormat.TORCH, CheckpointFormat.HF) else []
-    by_python = {torch_python: [("torch", load)]}  # sides sharing an interpreter: described in one process
-    if user_twin:
-        by_python.setdefault(jax_python, []).append(("NNX", []))
-    steps = []
-    try:  # every exit (a failed side, a timeout, Ctrl-C / SIGTERM in compare): no describe process is left
-        for python, sides in by_python.items():
-            steps.append(_describe(python, sides, folder / SPEC_FILE, folder))
-        for step in steps:
-            _wait(step, folder, spec, timeout_s)
-    finally:
-        for step in steps:
-            _stop(step)
+    sides = [("torch", torch_python, load)] + [("NNX", jax_python, [])] * isinstance(spec.model, TwinSpec)
+    by_python = {}
+    for side, python, flags in sides:
+        if FAMILY_OF_SIDE[side] in runs:
+            steps.append(start_step(python, [(side, flags)], folder / SPEC_FILE, folder, runs[FAMILY_OF_SIDE[side]]))
+        else:
+            by_python.setdefault(python, []).append((side, flags))
+    for python, group in by_python.items():
+        steps.append(start_step(python, group, folder / SPEC_FILE, folder))
+
+
+def _convert(spec, twin, fmt, path, folder: Path) -> RunSpec:
+    """From both sides' descriptions in `folder`: the correspondence, the start weights in the canonical layout,
+    and the spec with a user twin's canonical tree."""
+    user_twin = isinstance(spec.model, TwinSpec)
     canonical = _read_json(folder / "nnx_params.json") if user_twin else \
         {name: list(info.shape) for name, info in param_infos(spec.model).items()}
     torch_params = _read_json(folder / "torch_params.json")
     empty = [f"the {side} model ({factory})" for side, tree, factory in
              (("torch", torch_params, twin.torch), ("NNX", canonical, twin.nnx)) if not tree]
     if empty:
-        raise TwinError(f"{_name(spec)}: {' and '.join(empty)} has no parameters; a twin trains and compares "
+        raise TwinError(f"{model_name(spec)}: {' and '.join(empty)} has no parameters; a twin trains and compares "
                         "parameters: return the whole model from the factory, its weights registered as "
                         "nn.Parameter / nnx.Param")
     link_start_state(folder, twin.rename)
