@@ -49,9 +49,21 @@ def run_requested() -> int:
         opened = os.open(path, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)
+    if not _can_run_here(module):  # a fresh interpreter in this process's place: same pid, descriptors, group
+        os.execv(sys.executable, [sys.executable, "-m", module, *argv])
     sys.argv = [module, *argv]
     runpy.run_module(module, run_name="__main__", alter_sys=True)  # a backend's __main__ ends the process itself
     return 0
+
+
+def _can_run_here(module: str) -> bool:
+    """Whether the describing left this interpreter as the run needs it: torch_xla not yet imported (torch_xla_impl
+    sets the environment it reads at import), JAX's backends not yet initialised (a runtime sets its CPU device
+    count first), except by the NNX side's describe step, which sets the count its jax run sets. The user's
+    code could have done either while its twin was described."""
+    xla_bridge = sys.modules.get("jax._src.xla_bridge")
+    jax_started = xla_bridge is not None and xla_bridge.backends_are_initialized()
+    return "torch_xla" not in sys.modules and (module == "jax_impl" or not jax_started)
 
 
 def main(argv: list[str]) -> int:

@@ -140,9 +140,10 @@ def main(argv=None) -> int:
 
         from jax_impl.convert import to_canonical
         from jax_impl.models import build_model
-        from jax_impl.sharding import check_platform
+        from jax_impl.sharding import check_platform, set_cpu_device_count
 
-        check_platform()
+        set_cpu_device_count(spec.mesh.device_count)  # as its run sets it, before JAX initialises: the run this
+        check_platform()  # process may go on to make (driver/describe_sides.py) cannot set it after
         model = build_model(spec.model, seed=spec.train.seed)
         params = to_canonical(nnx.state(model, nnx.Param))
         kinds, state = module_kinds(model), start_state(model)

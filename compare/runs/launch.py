@@ -124,7 +124,9 @@ def describing_runs(opts: CompareOptions) -> dict[str, str]:
     backend to run in that side's describing interpreter, run as one process (not --processes / hosts, not
     reused). The NNX side only when its backend is the first thing to run: describing builds the NNX model on
     JAX's default device, which a waiting process would hold (a TPU's chips, a GPU's preallocated memory) while
-    the op checks or other backends ran; the torch side builds on the CPU."""
+    the op checks or other backends ran; the torch side builds on the CPU. Nor where that backend's mesh is its
+    own (a one-sided `mesh.` override): the describing step sets JAX's CPU device count for the run's mesh,
+    which no process can change once JAX is initialised."""
     launched = [n for n in opts.names if n not in opts.reused]
     if opts.hosts.total > 1 or not launched:
         return {}
@@ -134,6 +136,7 @@ def describing_runs(opts: CompareOptions) -> dict[str, str]:
                       and opts.side(n).python == opts.describer(family)), None)
         if first:
             runs[family] = first
-    if runs.get("nnx") != launched[0] or op_check_launches(opts):
+    own_mesh = "nnx" in runs and any(s.startswith("mesh.") for s in opts.side(runs["nnx"]).sets)
+    if runs.get("nnx") != launched[0] or own_mesh or op_check_launches(opts):
         runs.pop("nnx", None)
     return runs
