@@ -37,6 +37,7 @@ from torch_impl import convert  # noqa: E402
 from torch_impl.models import build_model  # noqa: E402
 from torch_impl.optim import make_optimizer  # noqa: E402
 from torch_impl.train import cross_entropy  # noqa: E402
+from torch_xla_impl.flags import XlaFlags  # noqa: E402
 from torch_xla_impl.instrument import CompileMonitor  # noqa: E402
 from torch_xla_impl.train import TorchXlaTrainer  # noqa: E402
 
@@ -68,8 +69,8 @@ def main() -> None:
     spec = load_spec(args.spec)
     monitor = CompileMonitor()
     modes = ("lazy", "compile", "dynamo") if args.trace_modes else ("lazy",)
-    trainers = {mode: TorchXlaTrainer(spec, RunOptions(checkpoint=args.checkpoint, own={"trace_mode": mode}), monitor)
-                for mode in modes}
+    trainers = {mode: TorchXlaTrainer(spec, RunOptions(checkpoint=args.checkpoint, own=XlaFlags(trace_mode=mode)),
+                                      monitor) for mode in modes}
     batch = trainers["lazy"].global_device_batch(0)
     trace_ms: dict[str, list[float]] = {}
 

@@ -49,7 +49,7 @@ def oriented(indices, scores, dim: int, smallest: bool) -> tuple[np.ndarray, np.
 
 
 def to_tensors(decisions: list[Decision]) -> tuple[dict, list[dict]]:
-    """({name: array} for the tensor file's group, the facts for the record's extra["decisions"])."""
+    """({name: array} for the tensor file's group, the facts for the record's extra.decisions)."""
     arrays, facts = {}, []
     for i, d in enumerate(decisions):
         arrays[f"{i}.indices"], arrays[f"{i}.scores"] = d.indices, d.scores
@@ -65,7 +65,7 @@ def from_tensors(arrays, facts: list[dict]) -> list[Decision]:
 def read_decisions(run_dir: Path) -> list[Decision]:
     """The decisions a capture run (its run directory) recorded."""
     record = read_record(Path(run_dir) / RECORD_FILE)
-    return from_tensors(read_tensors(Path(run_dir) / RECORD_FILE, record)[GROUP], record.extra.get("decisions", []))
+    return from_tensors(read_tensors(Path(run_dir) / RECORD_FILE, record)[GROUP], record.extra.decisions or [])
 
 
 def margins(d: Decision) -> np.ndarray:

@@ -40,7 +40,7 @@ def record_sites(record, spec, sites) -> None:
     """The run record's `extra.dropout_sites` (step 0's dropout calls) when the run was fed common's masks:
     compare names a port whose calls differ. Every runtime records them through this."""
     if spec.train.dropout_masks == MaskSource.COMMON:
-        record.extra["dropout_sites"] = [str(site) for site in sites]
+        record.extra.dropout_sites = [str(site) for site in sites]
 
 
 def draw_mask(seed: int, step: int, call: int, shape: tuple[int, ...], rate: float) -> np.ndarray:

@@ -60,6 +60,40 @@ class CompileEvent:
 
 
 @dataclass
+class RunExtra:
+    """A run record's `extra`: the facts the driver records of a run (driver/harness.py) and the runtime's own notes.
+    record.json keeps the object and its keys as they always were: the notes (the runtime's words for its step API,
+    mesh strategy, mode, ...) first, then each fact the run set (one left None is not written)."""
+
+    tensors: str | None = None  # --tensors: how the tensor file keeps the parameter-sized groups (with --parity)
+    capture_at: list[int] | None = None  # the (row, token) of step 0's batch the activation capture started at
+    activations_skipped: dict | None = None  # common.activations.Capture's facts besides its arrays
+    activations_more_inputs: dict | None = None
+    activations_more_outputs: dict | None = None
+    decisions: list | None = None  # step 0's top-k / argmax / sort choices (common/decisions.py)
+    start: dict | None = None  # where the weights came from and what loading them cost (common.weights.start_info)
+    provoked: list[str] | None = None  # the recompiles provoked on purpose (common/provoke.py)
+    counters: dict | None = None  # torch_xla's own metrics counters
+    eval_forward: str | None = None  # how the jax runtime's eval-mode forward ran
+    dropout_sites: list[str] | None = None  # step 0's dropout calls, fed common's masks (common/masks.py)
+    batch_arrays: dict | None = None  # a twin's own batches: what each array was (common/batches.py)
+    loss: object = None  # what the run trained on: the task's loss, a twin's own ({side: function}) or "model"
+    notes: dict = field(default_factory=dict)  # the runtime's own notes: {what: its words}
+
+    def to_dict(self) -> dict:
+        facts = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "notes"}
+        return {**self.notes, **{k: v for k, v in facts.items() if v is not None}}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> RunExtra:
+        if not isinstance(raw, dict):
+            raise TypeError(f"extra is {type(raw).__name__}, not an object")
+        facts = {f.name for f in dataclasses.fields(cls)} - {"notes"}
+        return cls(**{k: v for k, v in raw.items() if k in facts}, notes={k: v for k, v in raw.items()
+                                                                           if k not in facts})
+
+
+@dataclass
 class RunRecord:
     backend: str
     spec: dict
@@ -83,7 +117,7 @@ class RunRecord:
     flops_per_step: float | None = None  # matmul + conv flops counted by a runtime without HLO (eager torch)
     flops_source: str = ""  # how flops_per_step was counted
     profile: dict | None = None  # --profile N: {steps, dir, tool, step_ms}: the trace under dir, our clock per step
-    extra: dict = field(default_factory=dict)  # backend-specific facts (mode, loop API, counters, ...)
+    extra: RunExtra = field(default_factory=RunExtra)  # the run's facts and the runtime's notes
     # a float64 run's modules computing in a narrower float on purpose: {module path: "float32: op, ..."}
     float32_islands: dict = field(default_factory=dict)
     run_id: str | None = None  # the compare run it belongs to (`--run-id`); compare judges only its own run's
@@ -102,7 +136,7 @@ class RunRecord:
         return [s.loss for s in self.steps]
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "extra": self.extra.to_dict()}
 
 
 def timed_from(record: RunRecord) -> int:
@@ -209,6 +243,7 @@ def read_record(path: str | Path) -> RunRecord:
         record = RunRecord(**raw)
         record.steps = [StepRecord(**s) for s in raw.get("steps", [])]
         record.compile_events = [CompileEvent(**e) for e in raw.get("compile_events", [])]
+        record.extra = RunExtra.from_dict(raw.get("extra", {}))
     except TypeError as e:
         raise _fail(path, f"has a malformed entry: {e}") from None
     problem = next(filter(None, [_shape_problem(vars(s), StepRecord, f"steps[{i}].") for i, s in

@@ -7,6 +7,7 @@ everything around the run the same way for all.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import statistics
@@ -97,14 +98,14 @@ def refuse_foreign_out(out_dir: Path, logs: tuple[str, ...] = ()) -> None:
              "directory", ExitCode.USAGE)
 
 
-def run_options(args: argparse.Namespace, own: list[str], out_dir: Path) -> RunOptions:
-    """The options of this run, read once; `own`: the dests of the backend's own flags."""
+def run_options(args: argparse.Namespace, own: type, out_dir: Path) -> RunOptions:
+    """The options of this run, read once; `own`: the dataclass of the backend's own flags (its add_flags')."""
     return RunOptions(parity=args.parity, tensors=args.tensors, whole_tensors=args.whole_tensors,
                       activations=args.activations or args.activations_only,
                       train=not args.activations_only, checkpoint=args.checkpoint,
                       throughput_steps=args.throughput_steps, provocations=tuple(args.provoke),
                       profile_steps=args.profile, hlo=not args.no_hlo, compile_cache=args.compile_cache,
-                      out_dir=out_dir, own={dest: getattr(args, dest) for dest in own},
+                      out_dir=out_dir, own=own(**{f.name: getattr(args, f.name) for f in dataclasses.fields(own)}),
                       impose_decisions=args.impose_decisions, capture_at=args.capture_at)
 
 
@@ -133,9 +134,7 @@ def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...]
     name, backend = backends.of_package(package).name, package
     parser: argparse.ArgumentParser = backend_parser(package)
     parser.add_argument("--progress", action="store_true", help="print a progress line per step")
-    common_flags = {action.dest for action in parser._actions}
-    add_flags(parser)
-    own = [action.dest for action in parser._actions if action.dest not in common_flags]
+    own = add_flags(parser)  # the dataclass its own flags are read into
     args = parser.parse_args(argv)
     out_dir = args.out or Path("runs") / f"{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
     options = run_options(args, own, out_dir)

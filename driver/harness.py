@@ -13,8 +13,8 @@ Numpy only: each backend's `__main__` imports its framework, builds its trainer 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -27,6 +27,7 @@ from common.provoke import Provocation
 from common.record import RunRecord, peak_rss_mb
 from common.spec import RunSpec, SpecError
 from common.twin import twin_of
+from driver.process import ProcessFlags
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class RunOptions:
     hlo: bool = True  # read the compiled step's HLO statistics
     compile_cache: Path | None = None
     out_dir: Path | None = None  # the run directory (profile traces, HLO dumps); None: nothing written
-    own: Mapping[str, object] = field(default_factory=dict)  # the backend's own flags (its add_flags), by name
+    own: object = ProcessFlags()  # the backend's own flags, in the type its add_flags returns
     # a capture run whose top-k/argmax/sort choices this one's capture takes instead of its own (common/decisions.py)
     impose_decisions: Path | None = None
     capture_at: tuple[int, int] = (0, 0)  # the (row, token) of step 0's batch the capture starts at (common/data.py)
@@ -110,10 +111,10 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     record = runtime.new_record()
     record.float32_islands = islands
     if options.parity:  # how the tensor file keeps the parameter-sized groups (common.tensor_file.SUMMARIZED_GROUPS)
-        record.extra["tensors"] = options.tensors
+        record.extra.tensors = options.tensors
     if options.activations and not (runtime.captures_after_run and options.train):
         _capture(runtime, record, tensors, options.capture_at)
-    record.extra["start"], record.extra["provoked"] = runtime.start, [str(p) for p in options.provocations]
+    record.extra.start, record.extra.provoked = runtime.start, [str(p) for p in options.provocations]
     if not options.train:  # compare's capture run (compare/runs/capture_runs.py): no step, no compile of one
         record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
         return record, tensors
@@ -131,8 +132,8 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
         _capture(runtime, record, tensors, options.capture_at)
     record_sites(record, spec, runtime.dropout_sites)
     if hasattr(runtime.data, "arrays_fed"):  # a twin's own batches (common/batches.py): what each array was
-        record.extra["batch_arrays"] = runtime.data.arrays_fed()
-    record.extra["loss"] = twin_of(spec.model).loss or f"the task's ({spec.task})"  # what the run trained on
+        record.extra.batch_arrays = runtime.data.arrays_fed()
+    record.extra.loss = twin_of(spec.model).loss or f"the task's ({spec.task})"  # what the run trained on
     record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
     return record, tensors
 
@@ -141,9 +142,9 @@ def _capture(runtime: Runtime, record: RunRecord, tensors: dict, at: tuple[int, 
     batch = runtime.data.global_batch(0)
     capture = runtime.step0_activations(activation_inputs(runtime.spec, batch.inputs, at),
                                         activation_inputs(runtime.spec, batch.targets, at))
-    record.extra["capture_at"] = list(at)
-    tensors["activations"], record.extra["activations_skipped"] = capture.arrays, capture.skipped
-    record.extra["activations_more_inputs"] = capture.more_inputs
-    record.extra["activations_more_outputs"] = capture.more_outputs
+    record.extra.capture_at = list(at)
+    tensors["activations"], record.extra.activations_skipped = capture.arrays, capture.skipped
+    record.extra.activations_more_inputs = capture.more_inputs
+    record.extra.activations_more_outputs = capture.more_outputs
     tensors["activation_grads"] = capture.grads
-    tensors[decisions.GROUP], record.extra["decisions"] = decisions.to_tensors(capture.decisions)
+    tensors[decisions.GROUP], record.extra.decisions = decisions.to_tensors(capture.decisions)

@@ -7,6 +7,7 @@ import atexit
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -71,13 +72,24 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     return parser
 
 
-def add_process_flags(parser: argparse.ArgumentParser) -> None:
+@dataclass(frozen=True)
+class ProcessFlags:
+    """This process's place in a multi-process run: a backend's own flags (driver.harness.RunOptions.own)."""
+
+    coordinator: str | None = None  # host:port of process 0
+    num_processes: int = 1
+    process_id: int = 0
+
+
+def add_process_flags(parser: argparse.ArgumentParser) -> type[ProcessFlags]:
     """The flags of a multi-process run, the same on every backend whose row says `processes` (compare
-    --processes passes them): jax.distributed's for jax and torchax, torch.distributed's for eager torch."""
+    --processes passes them): jax.distributed's for jax and torchax, torch.distributed's for eager torch.
+    Returns the type that holds them."""
     group = parser.add_argument_group("multi-process")
     group.add_argument("--coordinator", help="host:port of process 0, e.g. 127.0.0.1:12355")
     group.add_argument("--num-processes", type=int, default=1)
     group.add_argument("--process-id", type=int, default=0)
+    return ProcessFlags
 
 
 def exit_process(code: int) -> NoReturn:

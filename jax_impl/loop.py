@@ -226,7 +226,7 @@ class JittedTrainer:
             with self.monitor.analysis():  # the eval forward's compile is not the run's
                 tensors["eval"] = {"logits": self.eval_logits(held_inputs(self.spec, self.data))}
             if self.eval_forward:
-                record.extra["eval_forward"] = self.eval_forward
+                record.extra.eval_forward = self.eval_forward
         record.throughput = _pipelined_throughput(self, self.options.throughput_steps, self.value_at(steps))
         record.profile = _profiled_steps(self, steps + record.throughput.get("steps", 0), self.options.profile_steps,
                                          self.value_at(steps), self.options.out_dir)

@@ -73,12 +73,12 @@ def _platforms_without_the_variable() -> str:
 def join(spec, options) -> bool:
     """This process's fake CPU devices and its place in a multi-process run (each process holds an equal share
     of the mesh's devices), before JAX initialises; returns whether it writes the record (process 0)."""
-    processes = options.own["num_processes"]
+    processes = options.own.num_processes
     if processes < 1 or spec.mesh.device_count % processes:
         raise SpecError(f"--num-processes {processes}: a mesh of {spec.mesh.device_count} devices cannot be split "
                         "evenly over the processes; give a mesh whose device count they divide")
     set_cpu_device_count(spec.mesh.device_count // processes)
-    initialize_distributed(options.own["coordinator"], processes, options.own["process_id"])
+    initialize_distributed(options.own.coordinator, processes, options.own.process_id)
     check_platform()  # a JAX_PLATFORMS this machine lacks: one line and exit 2, not a crash
     global RUN
     if processes > 1:  # the number every process's shard files carry (common/shards.py)

@@ -21,7 +21,7 @@ from flax import nnx
 
 from common.activations import Capture, input_layout
 from common.outputs import array_outputs, forward, logits_of, loss_batch
-from common.record import RunRecord, host_platform, numerics_env, package_versions
+from common.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
 from common.weights import start_info, start_state, widened
@@ -158,8 +158,9 @@ class JaxTrainer(JittedTrainer):
                       "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
                       "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
             settle_steps=SETTLE_STEPS,
-            extra={"step_api": "jax.jit(pure step over nnx.split state, donate params and optimizer state)",
-                   "mesh_strategy": spec.mesh.strategy, "nnx_input_axes": list(nnx_input_axes(spec))},
+            extra=RunExtra(notes={
+                "step_api": "jax.jit(pure step over nnx.split state, donate params and optimizer state)",
+                "mesh_strategy": spec.mesh.strategy, "nnx_input_axes": list(nnx_input_axes(spec))}),
         )
 
     def to_canonical(self, tree, group: str = "") -> dict:

@@ -209,7 +209,7 @@ def test_each_backend_alone_reads_what_its_framework_can(tmp_path):
                        str(tmp_path / backend))
         assert proc.returncode == 0, proc.stderr[-2000:]
         record = read_record(tmp_path / backend)
-        assert record.extra["start"]["from"] == ref
+        assert record.extra.start["from"] == ref
         losses[backend] = record.losses
     assert np.max(np.abs(np.array(losses["torch_impl"]) - np.array(losses["jax_impl"]))) < 1e-5
     proc = run_cli("jax_impl", "--checkpoint", f"hf:{tmp_path / 'hf'}", "--out", str(tmp_path / "no"))

@@ -105,4 +105,4 @@ def test_a_difference_only_in_later_examples_is_captured_where_the_logits_differ
     row = found["captured_at"][0]
     assert row >= 2  # not the unpadded rows the capture used to take
     capture = read_record(tmp_path / "run" / "torch" / "activations")
-    assert capture.extra["capture_at"][0] == row
+    assert capture.extra.capture_at[0] == row

@@ -27,7 +27,7 @@ def test_routing_flipped_at_ties_passes_with_the_flips_counted_and_the_imposed_c
     # the check that decided: torch's capture with jax's choices imposed, every module and gradient agreeing
     assert found["imposed"]["agrees"] and found["imposed"]["modules_compared"] >= 20
     imposed = read_record(tmp_path / "run" / "torch" / "activations" / "imposed" / RECORD_FILE)
-    assert imposed.run_id == report["run_id"] and len(imposed.extra["decisions"]) == len(found["decisions"])
+    assert imposed.run_id == report["run_id"] and len(imposed.extra.decisions) == len(found["decisions"])
     assert parity["first_divergent_module"]["module"] is None
     assert not (parity["first_divergent_module_backward"] or {}).get("module")  # a passing run names none
     assert "steps after 0 not judged" in parity["not_judged"]

@@ -73,7 +73,7 @@ def test_two_processes_match_one_process(mesh, jax_single, tmp_path):
             summaries = read_tensors(out / name, multi)["grads"].summaries
             assert summaries and all(s.on_device for s in summaries.values())
         assert "progress step=4" in (out / name / "processes" / "process-1.log").read_text()  # it ran every step
-    assert read_record(out / "torch").extra["mesh_strategy"].startswith("data parallel over 2 processes")
+    assert read_record(out / "torch").extra.notes["mesh_strategy"].startswith("data parallel over 2 processes")
     assert "| devices / processes | 4 / 2 | 2 / 2 | 4 / 2 |" in (out / "report.md").read_text()
 
 

@@ -7,6 +7,7 @@ from common.presets import load_spec
 from common.record import (
     CompileEvent,
     RecordError,
+    RunExtra,
     RunRecord,
     StepRecord,
     finite_or_none,
@@ -112,3 +113,26 @@ def test_a_tensor_kept_as_shards_is_assembled_from_its_own_runs_files_only(tmp_p
     shard_file(tmp_path, 1).unlink()
     with pytest.raises(RecordError, match=r"^params/w: its shards cover 24 of its 48 elements"):
         read_tensors(tmp_path, record)["params"]["w"]
+
+
+def test_extra_is_typed_and_record_json_keeps_its_keys_in_order(tmp_path):
+    """RunRecord.extra is a RunExtra (issue 44): the driver's facts as fields, the runtime's notes apart; record.json
+    holds the same object as before, keys and order (the notes first, then the facts a run set), and reads back."""
+    raw = {"step_api": "jax.jit(...)", "mesh_strategy": "replicated", "nnx_input_axes": [], "tensors": "summary",
+           "start": {"from": "canonical init"}, "provoked": [], "loss": "the task's (lm)"}
+    rec = _record(tmp_path)
+    rec.extra = RunExtra.from_dict(raw)
+    assert rec.extra.tensors == "summary" and rec.extra.notes == {k: raw[k] for k in list(raw)[:3]}
+    assert rec.extra.capture_at is None and rec.extra.decisions is None  # not set: not written
+    write_record(tmp_path, rec)
+    written = json.loads((tmp_path / "record.json").read_text())["extra"]
+    assert list(written.items()) == list(raw.items())
+    assert read_record(tmp_path).extra == rec.extra
+
+
+def test_a_record_whose_extra_is_not_an_object_is_refused(tmp_path):
+    write_record(tmp_path, _record(tmp_path))
+    raw = json.loads((tmp_path / "record.json").read_text())
+    (tmp_path / "record.json").write_text(json.dumps({**raw, "extra": ["a list"]}))
+    with pytest.raises(RecordError, match="has a malformed entry: extra is list, not an object"):
+        read_record(tmp_path)

@@ -16,7 +16,7 @@ def test_eager_torch_says_it_compiles_nothing_and_counts_its_flops(tmp_path):
     jax = train("jax_impl", tmp_path / "jax", "--spec", "mlp-tiny", "--steps", "6", "--parity")
     assert rec.backend == "torch" and rec.status == "ok" and len(rec.steps) == 6
     assert rec.compile_events == [] and rec.settle_steps == 0
-    assert rec.extra["compiles"].startswith("none: eager PyTorch")
+    assert rec.extra.notes["compiles"].startswith("none: eager PyTorch")
     # torch's FlopCounterMode and the JAX twin's HLO agree on a step's matmul flops: forward, and backward
     # twice over except the first layer's input gradient, which nobody needs
     expected = 2 * 128 * (2 * 784 * 256 + 3 * 256 * 256 + 3 * 256 * 10)
@@ -38,7 +38,7 @@ def test_torchax_on_a_mesh_matches_its_single_device_run(tmp_path):
     args = ("--spec", "gpt-tiny", "--steps", "6")
     single = train("torchax_impl", tmp_path / "single", *args)
     meshed = train("torchax_impl", tmp_path / "mesh", *args, "--mesh", "data=2,tensor=2")
-    assert meshed.platform["device_count"] == 4 and meshed.extra["mesh_strategy"] == "dpxtp"
+    assert meshed.platform["device_count"] == 4 and meshed.extra.notes["mesh_strategy"] == "dpxtp"
     assert max_loss_diff(single, meshed) <= 1e-5
     for rec in (single, meshed):
         loop = [e for e in rec.compile_events if e.phase == "loop"]

@@ -110,7 +110,7 @@ def test_compare_with_summaries_passes_gpt_tiny_and_says_what_was_judged_by_summ
     assert "outputs/logits" in tensors and "judged_by" not in tensors["outputs/logits"]  # batch-sized: whole
     for name in ("jax", "torch"):
         record = read_record(tmp_path / name)
-        assert record.extra["tensors"] == "summary"
+        assert record.extra.tensors == "summary"
         kept = read_tensors(tmp_path / name, record)
         assert {f"{g}/{k}" for g in ("grads", "params") for k, v in kept[g].items()
                 if isinstance(v, TensorSummary)} == summarized

@@ -21,7 +21,7 @@ def train(spec, options, progress):
     from torch_impl.train import make_trainer
 
     # a capture (compare's --activations-only: one example from the start weights) computes alike on one device
-    if spec.mesh.device_count > 1 and options.own["num_processes"] <= 1 and options.train:
+    if spec.mesh.device_count > 1 and options.own.num_processes <= 1 and options.train:
         raise SpecError(f"the torch backend runs eagerly on one device; mesh {spec.mesh.strategy} needs "
                         f"{spec.mesh.device_count}: drop --mesh for it, run it data parallel as processes (compare "
                         "--processes N), or compare the mesh on jax, torch_xla or torchax")

@@ -41,7 +41,7 @@ class Group:
 def join(spec: RunSpec, options) -> Group | None:
     """Join the run's process group (`--coordinator HOST:PORT --num-processes N --process-id I`, what compare
     --processes passes), after refusing what data parallelism would compute differently; None when alone."""
-    size, rank, coordinator = (options.own[k] for k in ("num_processes", "process_id", "coordinator"))
+    size, rank, coordinator = options.own.num_processes, options.own.process_id, options.own.coordinator
     if size <= 1:
         return None
     if not coordinator:

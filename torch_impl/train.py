@@ -17,7 +17,7 @@ from common.data import held_inputs, make_dataset
 from common.decisions import read_decisions
 from common.outputs import array_outputs, forward, logits_of, loss_batch
 from common.provoke import provoked_batch, python_value, with_python_value
-from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
+from common.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
 from common.vocab import RecordStatus
@@ -252,10 +252,11 @@ class TorchTrainer:
                       "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
                       "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
             settle_steps=SETTLE_STEPS,
-            extra={"compiles": "none: eager PyTorch runs op by op and compiles nothing, so it has no compile "
-                               "counts or recompile causes",
-                   "step_api": "loss.backward(), clip_grad_norm_, optimizer.step()",
-                   "mesh_strategy": strategy},
+            extra=RunExtra(notes={
+                "compiles": "none: eager PyTorch runs op by op and compiles nothing, so it has no compile counts or "
+                            "recompile causes",
+                "step_api": "loss.backward(), clip_grad_norm_, optimizer.step()",
+                "mesh_strategy": strategy}),
         )
 
     def matmul_flops(self, inputs, targets) -> float:

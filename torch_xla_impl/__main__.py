@@ -5,9 +5,10 @@ import importlib.util
 import sys
 
 from common.cli import fail
-from common.vocab import TRACE_MODE_MEANINGS, ExitCode, MaskSource, TraceMode, values
+from common.vocab import ExitCode, MaskSource, TraceMode
 from driver import backend_main
 from driver.process import exit_process
+from torch_xla_impl.flags import add_flags
 
 for _module in ("torch", "torch_xla"):
     if importlib.util.find_spec(_module) is None:
@@ -15,24 +16,15 @@ for _module in ("torch", "torch_xla"):
              "extra (pip install -e '.[torch-xla]') or pass compare --torch-xla-python", ExitCode.USAGE)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--mode", choices=("spmd", "spawn"), default="spmd",
-                        help="multi-device: one process over all devices (SPMD) or one replica per device "
-                             "(xmp.spawn, data parallel)")
-    parser.add_argument("--trace-mode", choices=values(TraceMode), default=TraceMode.LAZY.value,
-                        help="how the step becomes a graph: " + "; ".join(
-                            f"{m.value}: {meaning}" for m, meaning in TRACE_MODE_MEANINGS.items()))
-
-
 def check(spec, options) -> None:
     """What --mode spawn cannot do, refused before the run directory exists."""
-    if options.own["mode"] != "spawn":
+    if options.own.mode != "spawn":
         return
     from torch_xla_impl import sharding
 
     sharding.require_spawn_mesh(spec.mesh)
-    if options.own["trace_mode"] != TraceMode.LAZY:
-        fail(f"--trace-mode {options.own['trace_mode']} is not supported with --mode spawn (its CPU collectives need "
+    if options.own.trace_mode != TraceMode.LAZY:
+        fail(f"--trace-mode {options.own.trace_mode} is not supported with --mode spawn (its CPU collectives need "
              "the lazy sync); use --mode spmd or --trace-mode lazy", ExitCode.USAGE)
     if spec.train.dropout_masks == MaskSource.COMMON:  # a replica's slice would need its rows of each mask
         fail(f"train.dropout_masks={MaskSource.COMMON} is not supported with --mode spawn (each replica sees "
@@ -60,15 +52,15 @@ def train(spec, options, progress):
 
     with instrument.stderr_to(out_dir / instrument.DEBUG_LOG), instrument.removed_at_end(instrument.dump_dir(out_dir)):
         cache = instrument.enable_compile_cache(options.compile_cache)
-        if options.own["mode"] == "spawn":  # replica 0 writes the record, read back here
+        if options.own.mode == "spawn":  # replica 0 writes the record, read back here
             record, tensors = run_spawn(spec, options, progress is not None)
-            record.compile_cache = instrument.cache_summary(cache, record.extra.get("counters", {}))
+            record.compile_cache = instrument.cache_summary(cache, record.extra.counters or {})
             return record, tensors, True
         if spec.mesh.device_count > 1:
             xr.use_spmd()
         mode, monitor = "spmd" if spec.mesh.device_count > 1 else "single", instrument.CompileMonitor()
         record, tensors = harness.run(lambda: make_trainer(spec, options, monitor, mode=mode), options, progress)
-    record.compile_cache = instrument.cache_summary(cache, record.extra.get("counters", {}))  # none: nothing trained
+    record.compile_cache = instrument.cache_summary(cache, record.extra.counters or {})  # none: nothing trained
     return record, tensors, True
 
 

@@ -38,7 +38,7 @@ from common.activations import Capture, torch_output_layout
 from common.data import held_inputs, make_dataset
 from common.outputs import array_outputs, forward, loss_batch
 from common.provoke import python_value, with_python_value
-from common.record import RunRecord, host_platform, numerics_env, package_versions, throughput_summary
+from common.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec
 from common.twin import twin_of
 from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
@@ -71,7 +71,7 @@ class TorchXlaTrainer:
     def __init__(self, spec: RunSpec, options: RunOptions | None = None, monitor=None, *, spmd_mesh=None,
                  mode: str = "single", replica: int = 0, replicas: int = 1):
         self.options = options = options or RunOptions()
-        trace_mode = TraceMode(options.own.get("trace_mode", TraceMode.LAZY))
+        trace_mode = TraceMode(getattr(options.own, "trace_mode", TraceMode.LAZY))
         self.spec, self.mesh, self.trace_mode, self.mode = spec, spmd_mesh, trace_mode, mode
         self.monitor = monitor or NoMonitor()
         self.replica, self.replicas = replica, replicas
@@ -282,7 +282,7 @@ class TorchXlaTrainer:
 
     def analyse(self, record: RunRecord, tensors: dict) -> None:
         record.compile_events, record.trace_ms = list(self.monitor.events), self.trace_ms
-        record.extra["counters"] = self.monitor.counters()
+        record.extra.counters = self.monitor.counters()
         if self.replica != 0:  # one reader of the shared debug log and HLO dump
             return
         out_dir = self.options.out_dir
@@ -310,12 +310,12 @@ class TorchXlaTrainer:
                       "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
                       "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
             settle_steps=SETTLE_STEPS, trace_mode=self.trace_mode,
-            extra={"mode": self.mode, "replicas": replicas,
-                   "compile_counts_cover": "every replica in this process" if self.mode == "spawn" else "this process",
-                   "loader": "torch_xla.distributed.parallel_loader.MpDeviceLoader",
-                   "step_api": _step_api(replicas),
-                   "sync_api": "torch_xla.sync" if hasattr(torch_xla, "sync") else "xm.mark_step",
-                   "mesh_strategy": spec.mesh.strategy},
+            extra=RunExtra(notes={
+                "mode": self.mode, "replicas": replicas,
+                "compile_counts_cover": "every replica in this process" if self.mode == "spawn" else "this process",
+                "loader": "torch_xla.distributed.parallel_loader.MpDeviceLoader", "step_api": _step_api(replicas),
+                "sync_api": "torch_xla.sync" if hasattr(torch_xla, "sync") else "xm.mark_step",
+                "mesh_strategy": spec.mesh.strategy}),
         )
 
 

@@ -34,7 +34,7 @@ from torchax import interop
 
 from common.activations import Capture, kept_float, torch_output_layout
 from common.outputs import array_outputs, loss_batch
-from common.record import RunRecord, host_platform, numerics_env, package_versions
+from common.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of
 from common.weights import start_info, start_state
@@ -182,11 +182,12 @@ class TorchaxTrainer(JittedTrainer):
                       "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
                       "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
             settle_steps=SETTLE_STEPS,
-            extra={"optimizer": "optax with torch's semantics (jax_impl.optim) on the extracted weights, inside the "
-                                "jitted step: torchax's own training recipe; torch.optim's in-place Python updates "
-                                "cannot be traced into one jitted step",
-                   "step_api": "jax.jit(value_and_grad over torchax.extract_jax weights + optax, donated)",
-                   "mesh_strategy": spec.mesh.strategy},
+            extra=RunExtra(notes={
+                "optimizer": "optax with torch's semantics (jax_impl.optim) on the extracted weights, inside the "
+                             "jitted step: torchax's own training recipe; torch.optim's in-place Python updates "
+                             "cannot be traced into one jitted step",
+                "step_api": "jax.jit(value_and_grad over torchax.extract_jax weights + optax, donated)",
+                "mesh_strategy": spec.mesh.strategy}),
         )
 
     def to_canonical(self, tree, group: str = "") -> dict:

@@ -152,4 +152,4 @@ def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:
             "profile": step_breakdown(record_dir, record.profile, (step_ms or {}).get("median")),
             "losses": record.losses, "step_ms_all": [s.wall_ms for s in record.steps[timed_from(record):]],
             "versions": record.versions, "platform": record.platform,
-            "numerics": {k: v for k, v in record.numerics.items() if k != "env"}, "extra": record.extra}
+            "numerics": {k: v for k, v in record.numerics.items() if k != "env"}, "extra": record.extra.to_dict()}

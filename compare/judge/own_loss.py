@@ -11,7 +11,7 @@ from common.record import RunRecord
 def mark_own_loss(forward: dict | None, ref: RunRecord, tensors: dict, ref_activations: dict) -> None:
     """Marks `forward` (first_divergent_module's result) `in_loss` with why, when the model's own loss is where the
     two sides part: every module but the whole model agrees, its output is the scalar loss, the logits agree."""
-    if not forward or forward["module"] != ROOT_MODULE or ref.extra.get("loss") != "model" \
+    if not forward or forward["module"] != ROOT_MODULE or ref.extra.loss != "model" \
             or forward["modules_diverging"] != 1:
         return
     output = ref_activations.get(ROOT_MODULE)

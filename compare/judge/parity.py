@@ -339,7 +339,7 @@ def _summarized(tensors: dict, key: str) -> bool:
 def dropout_sites(ref: RunRecord, other: RunRecord) -> dict | None:
     """Runs fed common's dropout masks: the dropout calls each made (a port that drops out elsewhere, or
     not at all, takes other masks and parts at step 0: this says where to look). None without them."""
-    a, b = ref.extra.get("dropout_sites"), other.extra.get("dropout_sites")
+    a, b = ref.extra.dropout_sites, other.extra.dropout_sites
     if a is None or b is None:
         return None
     return {"reference": a, "other": b, "equal": a == b}

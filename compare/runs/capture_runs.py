@@ -95,8 +95,8 @@ IMPOSED_DIR = "imposed"  # <backend>/activations/imposed: the capture with the r
 
 def capture_facts(record) -> dict:
     """The capture's facts, and its decisions' (common/decisions.py: module, op, k of each, in call order)."""
-    return {**{k: record.extra.get(k, {}) for k in CAPTURE_FACTS}, "decisions_facts": record.extra.get("decisions", []),
-            "capture_at": record.extra.get("capture_at", [0, 0])}
+    return {**{k: getattr(record.extra, k) or {} for k in CAPTURE_FACTS}, "decisions_facts": record.extra.decisions or [],
+            "capture_at": record.extra.capture_at or [0, 0]}
 
 
 def captured_activations(run_dir: Path, run_id: str | None, capture_dir: str = CAPTURE_DIR) -> dict:
