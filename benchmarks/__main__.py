@@ -29,7 +29,7 @@ from pathlib import Path
 from rich.console import Console
 
 from benchmarks import runs, startup, tables
-from common.fsutil import write_json_atomic
+from common.files.fsutil import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"toolkit_over_minimal": 1.03, "instrumented_over_uninstrumented": 1.01, "steady_state_recompiles": 0,

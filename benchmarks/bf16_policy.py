@@ -4,7 +4,7 @@
     python -m benchmarks.bf16_policy --seeds 2 --steps 150 --backend jax,torch
 
 Each run is a whole `python -m compare --dtype bfloat16` (the noise-floor policy, every backend also run in
-float32) of gpt-tiny on the Python language reference (`common.text_data`, nothing downloaded):
+float32) of gpt-tiny on the Python language reference (`common.data.text`, nothing downloaded):
 - correct ports: every backend against JAX, one compare per seed (`train.seed` and `data.seed` both set); a
   pair that fails is a false alarm, of the per-step rule, the long-run curves (compare/judge/curves.py) or a tensor;
 - mis-ports: eager torch with one training setting off (`--torch-set`), each of which changes how the
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.text_data import pydoc_text, write_tokens
+from common.data.text import pydoc_text, write_tokens
 
 MIS_PORTS = {  # --torch-set value: what a port gets wrong (none of them changes the step-0 forward)
     "train.lr=3.15e-3": "learning rate 5 % high",

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common import backends
-from common.record import read_record
+from common.files.record import read_record
 from common.vocab import MaskSource, values
 from compare.explain.figures import step_times
 

@@ -45,7 +45,7 @@ def backend_wall_s(module: str, spec: str, steps: int, out: Path, *flags: str) -
 
 def summary_ms(run_dir: Path) -> float:
     """compare's reading of one run's compiled program (what report.json's `hlo` costs compare)."""
-    from common.record import read_record
+    from common.files.record import read_record
     from compare.explain.program import compiled_program
 
     record = read_record(run_dir)

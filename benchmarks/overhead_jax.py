@@ -19,8 +19,8 @@ import optax
 from flax import nnx
 
 from benchmarks.jitted import measure
-from common.outputs import logits_of
 from common.twin import twin_of
+from common.twin.outputs import logits_of
 from common.weights import start_params
 from jax_impl import convert
 from jax_impl.models import build_model, nnx_input_axes, nnx_inputs

@@ -15,9 +15,9 @@ import json
 import torch
 
 from benchmarks.timing import interleaved, parse_args, ratio, summarize
-from common.outputs import logits_of
 from common.presets import load_spec
 from common.twin import twin_of
+from common.twin.outputs import logits_of
 from common.weights import start_params
 from driver.harness import RunOptions
 from torch_impl.convert import load_canonical

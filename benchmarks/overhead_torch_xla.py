@@ -28,9 +28,9 @@ import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
 
 from benchmarks.timing import interleaved, parse_args, ratio, spread, summarize  # noqa: E402
-from common.outputs import logits_of  # noqa: E402
 from common.presets import load_spec  # noqa: E402
 from common.twin import twin_of  # noqa: E402
+from common.twin.outputs import logits_of  # noqa: E402
 from common.weights import start_params  # noqa: E402
 from driver.harness import RunOptions  # noqa: E402
 from torch_impl import convert  # noqa: E402

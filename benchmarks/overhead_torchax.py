@@ -16,8 +16,8 @@ import torchax
 from torchax import interop
 
 from benchmarks.jitted import measure
-from common.outputs import logits_of
 from common.twin import twin_of
+from common.twin.outputs import logits_of
 from common.weights import start_params
 from jax_impl.optim import make_optimizer
 from torch_impl.convert import load_canonical

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from benchmarks.timing import spread
 from common import backends
-from common.record import read_record
+from common.files.record import read_record
 from compare.explain.figures import compile_summary, step_times
 
 REPO = Path(__file__).resolve().parents[1]

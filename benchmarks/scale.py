@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.fsutil import write_json_atomic
+from common.files.fsutil import write_json_atomic
 from common.presets import load_spec
 from common.weights import param_count
 

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from common import backends
-from common.fsutil import write_json_atomic
-from common.record import read_record
+from common.files.fsutil import write_json_atomic
+from common.files.record import read_record
 from compare.explain.figures import step_times
 
 REPO = Path(__file__).resolve().parents[1]

@@ -57,7 +57,7 @@ class BackendInfo:
     # torch_xla's biased; a pair that differs has running statistics 1/(n-1) apart, which float64 would see
     running_var: str = "biased"
     # its step-0 capture can take another side's top-k/argmax/sort choices instead of its own (--impose-decisions,
-    # common/decisions.py): the check compare makes where every choice that differs is a tie flipped by rounding
+    # common/capture/decisions.py): the check compare makes where every choice that differs is a tie flipped by rounding
     imposes_decisions: bool = False
     # runs one traced step of a user twin under its op watch before any backend trains (--check-ops, common/ops.py):
     # a runtime that may lack a lowering, or fall back to the CPU, for an op the model calls

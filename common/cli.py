@@ -10,15 +10,15 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from common.checkpoint_ref import CheckpointRef
 from common.data import DataError
+from common.files.record import RecordError
 from common.presets import load_spec
 from common.protocol import error_text
 from common.provoke import Provocation, check_provocations, parse_provocation
-from common.record import RecordError
 from common.spec import RunSpec, SpecError
 from common.vocab import PROVOKABLE, ExitCode
 from common.weights import CheckpointError
+from common.weights.checkpoint_ref import CheckpointRef
 
 INPUT_ERRORS = (SpecError, DataError, CheckpointError, RecordError)
 

@@ -6,7 +6,7 @@ import json
 import tomllib
 from pathlib import Path
 
-from common.fsutil import require_regular_file
+from common.files.fsutil import require_regular_file
 from common.spec import (
     CNNSpec,
     DataSpec,
@@ -17,7 +17,7 @@ from common.spec import (
     TrainSpec,
     TransformerSpec,
 )
-from common.spec_parse import apply_overrides, run_spec_from_dict
+from common.spec.parse import apply_overrides, run_spec_from_dict
 from common.twin import twin_run_spec
 
 PRESETS: dict[str, RunSpec] = {

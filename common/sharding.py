@@ -15,7 +15,7 @@ Strategies follow from the mesh (`common.spec.MeshSpec`):
                     and d_ff), attn.o and mlp.proj split their input rows, so
                     each block needs one all-reduce after attention and one
                     after the MLP. MLP/CNN: layers alternate column / row.
-User twins (`common/twin.py`): dp and fsdp need nothing; tp follows the twin's `partition_rules`
+User twins (`common/twin/`): dp and fsdp need nothing; tp follows the twin's `partition_rules`
 (regex over canonical names -> spec), and a parameter no rule matches is replicated over `tensor`.
 Axes of size 1 never appear. A dimension the axis does not divide stays
 replicated (correct, only slower).

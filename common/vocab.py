@@ -155,14 +155,14 @@ class MaskSource(enum.StrEnum):
     """Where a run's dropout masks come from (`train.dropout_masks`)."""
 
     FRAMEWORK = "framework"  # each framework's own generator, seeded by train.dropout_seed
-    COMMON = "common"  # drawn in numpy by common/masks.py and fed to the framework: the same on every backend
+    COMMON = "common"  # drawn in numpy by common/data/masks.py and fed to the framework: the same on every backend
 
 
 PARITY_MODE_MEANINGS = {
     ParityMode.DETERMINISTIC: "one run per backend, every tensor and step's loss within tolerance (runs without "
                               "randomness; the default)",
     ParityMode.EXACT: "the deterministic check on runs with dropout: every backend multiplies by the same masks, "
-                      "drawn in common/masks.py from train.dropout_seed (slower; for debugging a port)",
+                      "drawn in common/data/masks.py from train.dropout_seed (slower; for debugging a port)",
     ParityMode.STATISTICAL: "K seeds per backend (--seeds), the per-seed mean losses paired by seed in a t-test "
                             "(runs with dropout: each framework draws its own masks)",
 }

@@ -26,11 +26,11 @@ from common.cli import (  # noqa: E402
     resolve_spec,
 )
 from common.data import make_dataset  # noqa: E402
-from common.fsutil import symlink_loop  # noqa: E402
+from common.files.fsutil import symlink_loop  # noqa: E402
+from common.files.record import RecordError, peak_rss_mb, read_record  # noqa: E402
+from common.files.tensor_file import TENSOR_MODES, read_tensors  # noqa: E402
 from common.ops import OPS_DIR  # noqa: E402
-from common.record import RecordError, peak_rss_mb, read_record  # noqa: E402
-from common.start_state import STATE_LINKS  # noqa: E402
-from common.tensor_file import TENSOR_MODES, read_tensors  # noqa: E402
+from common.twin.start_state import STATE_LINKS  # noqa: E402
 from common.vocab import (  # noqa: E402
     CHECKPOINT_FORMAT_MEANINGS,
     PARITY_MODE_MEANINGS,
@@ -137,9 +137,9 @@ def parse_args(argv):
     parser.add_argument("--tensors", choices=TENSOR_MODES,
                         help="full: every backend keeps its gradients and final parameters whole and they are judged "
                              "element by element; summary: as statistics and a fixed sample of values, judged on the "
-                             "sample and by norms (common/summary.py), for models too large to keep whole; auto: "
-                             "summaries, and those that leave tolerance kept whole by a second run (default: auto "
-                             "above 20M parameters, else full)")
+                             "sample and by norms (common/files/tensor_summary.py), for models too large to keep "
+                             "whole; auto: summaries, and those that leave tolerance kept whole by a second run "
+                             "(default: auto above 20M parameters, else full)")
     parser.add_argument("--activations", action="store_true",
                         help="compare every module's step-0 activations on every backend, even when parity passes "
                              "(each run captures them; by default only where step 0 parts, by one more run that "
@@ -207,7 +207,7 @@ def check_inputs(opts: CompareOptions):
         opts.check_parity_mode(spec)
         hosts.check(opts, spec)
         # a user's data file is read and checked once here, before any backend starts (a twin's own batches are
-        # its code, run by its describe step, never in this process: common/batches.py)
+        # its code, run by its describe step, never in this process: common/data/batches.py)
         if spec.data.path and spec.task != "custom":
             make_dataset(spec)
     except (*INPUT_ERRORS, ToleranceError) as e:

@@ -9,7 +9,7 @@ Reads canonical, torch (.pt/.pth/.bin/.safetensors), hf and orbax; writes canoni
 Each side runs in its own interpreter (`--torch-python`, `--jax-python`), as in compare; every step
 checks names and shapes, and round trips are bitwise. Bad input is one line and exit 2, nothing written.
 
-Never over what the user had (`common.targets`): a file target that exists, or a directory target that
+Never over what the user had (`common.data.targets`): a file target that exists, or a directory target that
 is not new, empty or a checkpoint this toolkit wrote, is refused (exit 2); `--overwrite` replaces a file,
 or a checkpoint of ours (only the entries it wrote). The new file or checkpoint is written beside the
 target and moved into place; a write that fails (disk full) is exit 7 and leaves the target as it was.
@@ -23,13 +23,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.checkpoint_ref import CheckpointRef
 from common.cli import INPUT_ERRORS, Parser, SpecInputs, fail, resolve_spec
-from common.fsutil import write_json_atomic
+from common.data.targets import TargetWriteError, check_dir_target, check_file_target, file_target
+from common.files.fsutil import write_json_atomic
 from common.protocol import error_line
-from common.targets import TargetWriteError, check_dir_target, check_file_target, file_target
 from common.vocab import CheckpointFormat, ExitCode
 from common.weights import CheckpointError, load_checkpoint, save_checkpoint
+from common.weights.checkpoint_ref import CheckpointRef
 from compare.runs.orchestrate import backend_env
 from compare.runs.prepare import INIT_FILE, prepare_start
 

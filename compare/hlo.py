@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from common.cli import Parser, fail
-from common.fsutil import require_regular_file
-from common.record import RECORD_FILE, RecordError, read_record
+from common.files.fsutil import require_regular_file
+from common.files.record import RECORD_FILE, RecordError, read_record
 from common.vocab import ExitCode
 from compare.explain.program import compiled_program, metric_rows, one_sided_ops, program_of_text
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import backends
-from common.checkpoint_ref import CheckpointRef
 from common.cli import SpecInputs
 from common.spec import RunSpec, SpecError
 from common.vocab import MaskSource, ParityMode
+from common.weights.checkpoint_ref import CheckpointRef
 from compare.judge.tolerances import PROFILES
 
 

@@ -3,5 +3,5 @@ run directory, record, exit code: backend_main; the run's bookkeeping: harness; 
 describe_sides; the cause of a loss that is not finite: nonfinite; the process's flags and exit: process).
 
 It imports no framework, and compare never imports it: compare starts these processes and reads what they write
-(common/record.py) and say (common/protocol.py). Backends import it; it imports common.
+(common/files/record.py) and say (common/protocol.py). Backends import it; it imports common.
 """

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from common import backends
 from common.cli import INPUT_ERRORS, SpecInputs, fail, resolve_spec
-from common.fsutil import dangerous_dir, write_json_atomic
+from common.files.fsutil import dangerous_dir, write_json_atomic
+from common.files.record import LOG_FILES, PROCESS_LOGS, RECORD_FILE, SPEC_FILE, RunRecord, timed_from, write_record
+from common.files.shards import SHARDS_DIR, write_shards
+from common.files.tensor_file import write_tensors
 from common.ops import OPS_FILE
 from common.protocol import progress_line
-from common.record import LOG_FILES, PROCESS_LOGS, RECORD_FILE, SPEC_FILE, RunRecord, timed_from, write_record
-from common.shards import SHARDS_DIR, write_shards
-from common.tensor_file import write_tensors
 from common.vocab import IO_ERRNOS, ExitCode, Phase, RecordStatus
 from driver.harness import RunOptions
 from driver.nonfinite import input_problem, likely_cause
@@ -174,7 +174,7 @@ def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...]
     record.backend, record.run_id = name, args.run_id  # a runtime copied under another name is that name
     if record.status == RecordStatus.NONFINITE:  # the message says what most likely did it
         record.message += f"; likely cause: {nonfinite_cause(spec, record)}"
-    try:  # a multi-process run's whole tensors: each process writes its own shards (common/shards.py)
+    try:  # a multi-process run's whole tensors: each process writes its own shards (common/files/shards.py)
         write_shards(out_dir, tensors)
     except OSError as e:
         io_failure(out_dir, e, args.debug)

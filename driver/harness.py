@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from common import decisions
-from common.activations import Capture
-from common.checkpoint_ref import CheckpointRef
+from common.capture import decisions
+from common.capture.activations import Capture
 from common.data import activation_inputs
-from common.masks import record_sites
+from common.data.masks import record_sites
+from common.files.record import RunRecord, peak_rss_mb
 from common.provoke import Provocation
-from common.record import RunRecord, peak_rss_mb
 from common.spec import RunSpec, SpecError
 from common.twin import twin_of
+from common.weights.checkpoint_ref import CheckpointRef
 from driver.process import ProcessFlags
 
 
@@ -36,7 +36,7 @@ class RunOptions:
     apart (one spec file)."""
 
     parity: bool = False  # step-0 tensors, final parameters and state, eval-mode logits
-    tensors: str = "full"  # common.tensor_file.BACKEND_TENSOR_MODES: the parameter-sized groups whole, or as summaries
+    tensors: str = "full"  # tensor_file.BACKEND_TENSOR_MODES: the parameter-sized groups whole, or as summaries
     whole_tensors: tuple[str, ...] = ()  # keys kept whole in the summary mode (compare/runs/second_pass.py)
     activations: bool = False  # step 0's per-module inputs and outputs
     train: bool = True  # False: step 0's activations from the start weights, and nothing trained (a capture run)
@@ -48,9 +48,10 @@ class RunOptions:
     compile_cache: Path | None = None
     out_dir: Path | None = None  # the run directory (profile traces, HLO dumps); None: nothing written
     own: object = ProcessFlags()  # the backend's own flags, in the type its add_flags returns
-    # a capture run whose top-k/argmax/sort choices this one's capture takes instead of its own (common/decisions.py)
+    # a capture run whose top-k/argmax/sort choices this one's capture takes instead of its own
+    # (common/capture/decisions.py)
     impose_decisions: Path | None = None
-    capture_at: tuple[int, int] = (0, 0)  # the (row, token) of step 0's batch the capture starts at (common/data.py)
+    capture_at: tuple[int, int] = (0, 0)  # the (row, token) of step 0's batch the capture starts at (common/data/)
 
 
 class Runtime(Protocol):
@@ -59,7 +60,7 @@ class Runtime(Protocol):
     spec: RunSpec
     data: object  # its dataset (common.data.make_dataset): global_batch(step)
     start: dict  # where its weights came from and what loading them cost (common.weights.start_info)
-    dropout_sites: list  # step 0's dropout calls, when fed common's masks (common/masks.py)
+    dropout_sites: list  # step 0's dropout calls, when fed common's masks (common/data/masks.py)
     captures_after_run: bool  # step-0 activations taken after the run (from the start weights) or before it
 
     def new_record(self) -> RunRecord:
@@ -110,7 +111,7 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     tensors = runtime.step0_tensors() if options.parity else {}
     record = runtime.new_record()
     record.float32_islands = islands
-    if options.parity:  # how the tensor file keeps the parameter-sized groups (common.tensor_file.SUMMARIZED_GROUPS)
+    if options.parity:  # how the tensor file keeps the parameter-sized groups (tensor_file.SUMMARIZED_GROUPS)
         record.extra.tensors = options.tensors
     if options.activations and not (runtime.captures_after_run and options.train):
         _capture(runtime, record, tensors, options.capture_at)
@@ -131,7 +132,7 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     if options.activations and runtime.captures_after_run:  # last: its graphs are analysis, never the run's
         _capture(runtime, record, tensors, options.capture_at)
     record_sites(record, spec, runtime.dropout_sites)
-    if hasattr(runtime.data, "arrays_fed"):  # a twin's own batches (common/batches.py): what each array was
+    if hasattr(runtime.data, "arrays_fed"):  # a twin's own batches (common/data/batches.py): what each array was
         record.extra.batch_arrays = runtime.data.arrays_fed()
     record.extra.loss = twin_of(spec.model).loss or f"the task's ({spec.task})"  # what the run trained on
     record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from common.cli import Parser, add_no_hlo_flag, add_profile_flag, add_run_flags, checkpoint_ref
-from common.tensor_file import BACKEND_TENSOR_MODES
+from common.files.tensor_file import BACKEND_TENSOR_MODES
 
 
 def _row_token(text: str) -> tuple[int, int]:
@@ -35,7 +35,7 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--tensors", choices=BACKEND_TENSOR_MODES, default="full",
                         help="with --parity: keep the parameter-sized tensors (gradients, final parameters and "
                              "state) whole (full), or as summaries: statistics and a fixed sample of their values "
-                             "(common/summary.py), for models too large to keep twice on disk")
+                             "(common/files/tensor_summary.py), for models too large to keep twice on disk")
     parser.add_argument("--whole-tensors", type=lambda text: tuple(filter(None, text.split(","))), default=(),
                         metavar="KEY,...", help="with --tensors summary: keep these (e.g. grads/wte.embedding) whole "
                                                 "(compare's second pass of --tensors auto)")
@@ -51,7 +51,7 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--impose-decisions", type=Path, metavar="RUN_DIR",
                         help="with --activations-only: take the top-k, argmax and sort choices of that capture run "
                              "instead of this side's own (compare's check of choices flipped at ties; "
-                             "common/decisions.py)")
+                             "common/capture/decisions.py)")
     parser.add_argument("--check-ops", action="store_true",
                         help="with --activations-only: watch the ops of that one traced step and write what this "
                              "runtime cannot lower or runs as CPU fallbacks into ops.json (compare's op check, before "

@@ -2,7 +2,7 @@
 
 Each module class's `__call__` is wrapped while the forward traces (restored after): the wrapper records
 the module's first input and its output under the module's path (`layers.0.attn`), in the order the
-modules start and end, stored channel-last (common/activations.py: the layout each module's type fixes, or the
+modules start and end, stored channel-last (common/capture/activations.py: the layout each module's type fixes, or the
 rules for the rest). flax's `nnx.capture(..., method_outputs=...)` records outputs the same way, but not
 inputs, and an input that agrees beside an output that does not is what points at the culprit.
 
@@ -16,7 +16,7 @@ import contextlib
 import jax
 from flax import nnx
 
-from common.activations import (
+from common.capture.activations import (
     CHANNEL_FIRST,
     CHANNEL_LAST,
     FIELD_MARK,
@@ -27,8 +27,8 @@ from common.activations import (
     other_arguments,
     replace_first,
 )
-from common.modules import ROOT_MODULE
-from common.outputs import forward
+from common.twin.modules import ROOT_MODULE
+from common.twin.outputs import forward
 from jax_impl.decisions import PREFIX, decisions_of, watched_decisions
 
 # NNX's layers work on the last axis (a BatchNorm on another `axis` is said by `_own_layout`)

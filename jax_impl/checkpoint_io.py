@@ -1,9 +1,9 @@
 """Orbax checkpoints of the NNX model's parameter state (`nnx.state(model, nnx.Param)`, restored with
 `nnx.update`), and what the JAX twin starts from: the twin of `torch_impl/checkpoint_io.py` (same module and
 function names). Written with orbax-checkpoint's StandardCheckpointer into a temporary directory moved into
-place (a reader never sees half a checkpoint), never over what the user had (`common.targets`: a new or empty
+place (a reader never sees half a checkpoint), never over what the user had (`common.data.targets`: a new or empty
 directory, or one of our checkpoints with --overwrite). A directory that is not an orbax checkpoint of this
-model is one line; a write that fails (disk full) is a common.targets.TargetWriteError.
+model is one line; a write that fails (disk full) is a common.data.targets.TargetWriteError.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import os
 import re
 from pathlib import Path
 
-from common.fsutil import require_regular_file
-from common.targets import checkpoint_dir
+from common.data.targets import checkpoint_dir
+from common.files.fsutil import require_regular_file
 from common.weights import CheckpointError
 
 _STDERR = 2  # where main says a failed write: fd 2, or a copy of it while orbax's threads are silenced
@@ -85,9 +85,9 @@ def restore_orbax(spec, directory: Path) -> dict:
 def start_weights(spec, checkpoint) -> dict:
     """What the JAX twin starts from (canonical arrays): the canonical init or checkpoint, or an orbax one,
     moved as the spec says (common.weights.adjusted_start)."""
-    from common.checkpoint_ref import CheckpointRef
     from common.vocab import CheckpointFormat
     from common.weights import adjusted_start, start_params
+    from common.weights.checkpoint_ref import CheckpointRef
 
     checkpoint = CheckpointRef.of(checkpoint)
     fmt, path = (checkpoint.format, checkpoint.path) if checkpoint else (None, None)

@@ -25,7 +25,7 @@ def to_canonical(params: nnx.State) -> dict[str, jax.Array]:
 
 
 def load_state(rest: nnx.State, state: dict[str, np.ndarray]) -> nnx.State:
-    """`rest` (the model's non-parameter state) with canonical running statistics (common.weights.start_state)
+    """`rest` (the model's non-parameter state) with canonical running statistics (common.twin.start_state)
     in place of its BatchStat values."""
     if not state:
         return rest

@@ -1,4 +1,4 @@
-"""The NNX side's discrete choices at step 0 (common/decisions.py): `jax.lax.top_k`, `jnp.argmax`, `jnp.argmin`,
+"""The NNX side's discrete choices at step 0 (common/capture/decisions.py): `jax.lax.top_k`, `jnp.argmax`, `jnp.argmin`,
 `jnp.argsort` replaced while the capture's forward traces (restored after), each call's choice and scores kept
 with the module it ran in. A port that bound one of them under another name at import (`from jax.lax import
 top_k`) is not seen: then the sides' decisions differ in number, and the report says they were not set side by
@@ -10,7 +10,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 
-from common.decisions import Decision, oriented
+from common.capture.decisions import Decision, oriented
 
 PREFIX = "decision:"  # kept[PREFIX + "<i>:indices" | "<i>:scores"]
 

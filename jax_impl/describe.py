@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.batches import check_forward_keys
 from common.cli import INPUT_ERRORS, Parser, fail
 from common.data import make_dataset, rows
-from common.fsutil import write_json_atomic
-from common.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
+from common.data.batches import check_forward_keys
+from common.files.fsutil import write_json_atomic
 from common.presets import load_spec
 from common.spec import RunSpec
-from common.start_state import NNX_STATE, storable
 from common.twin import TwinError, twin_of, user_loss
+from common.twin.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
+from common.twin.start_state import NNX_STATE, storable
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
 from driver.process import exit_process
@@ -26,7 +26,7 @@ from driver.process import exit_process
 
 def check_forward(model, spec: RunSpec) -> None:
     """The model's forward on step 0's first example must return the logits: an array, or an output holding
-    them (common/outputs.py). Traced abstractly (jax.eval_shape). A forward that raises is left to the run,
+    them (common/twin/outputs.py). Traced abstractly (jax.eval_shape). A forward that raises is left to the run,
     which reports it the same on every backend, unless it runs on the example transposed channel-last: then
     the twin lacks its `nnx_input_axes`, refused here before any side trains."""
     from flax import nnx
@@ -103,7 +103,7 @@ def _refuse_channel_first(graphdef, state, inputs, axes, spec: RunSpec, error: E
 
 def start_state(model) -> dict:
     """Every Variable the model holds that is neither a Param, running statistics (carried apart) nor RNG state,
-    as the factory built it (common/start_state.py)."""
+    as the factory built it (common/twin/start_state.py)."""
     from flax import nnx
 
     from jax_impl.convert import to_canonical

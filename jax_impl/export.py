@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from common.cli import INPUT_ERRORS, Parser, fail
+from common.data.targets import TargetWriteError, write_failed
 from common.presets import load_spec
-from common.targets import TargetWriteError, write_failed
 from common.vocab import ExitCode
 from common.weights import load_checkpoint, save_checkpoint
 from driver.process import exit_process

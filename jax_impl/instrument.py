@@ -23,8 +23,8 @@ import jax
 from analysis.hlo import op_histogram, reported_ops
 from analysis.recompile import classify_jax
 from analysis.recompile import entry as recompile_entry
-from common.fsutil import unusable_cache_dir
-from common.record import CompileEvent
+from common.files.fsutil import unusable_cache_dir
+from common.files.record import CompileEvent
 from common.vocab import Phase
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
-from common.modules import ROOT_MODULE
-from common.outputs import forward
+from common.twin.modules import ROOT_MODULE
+from common.twin.outputs import forward
 from jax_impl.capture import recorded_modules, wrapped_calls
 
 NARROW = (jnp.float32, jnp.float16, jnp.bfloat16)

@@ -14,13 +14,13 @@ import jax
 import numpy as np
 import optax
 
-from common.activations import Capture
+from common.capture.activations import Capture
 from common.data import Batch, held_inputs, make_dataset
-from common.masks import MaskFeed, draw_masks, drawing_feed, given_feed
+from common.data.masks import MaskFeed, draw_masks, drawing_feed, given_feed
+from common.files.record import RunRecord, throughput_summary
+from common.files.tensor_file import summarized
 from common.provoke import provoked_batch, python_value, with_python_value
-from common.record import RunRecord, throughput_summary
 from common.spec import RunSpec
-from common.tensor_file import summarized
 from common.vocab import PROFILE_DIR, MaskSource, Phase, ProfileRange, RecordStatus
 from driver.harness import RunOptions, refuse_float64_on
 from jax_impl import sharding
@@ -51,7 +51,8 @@ class JittedTrainer:
     (common.weights.start_info), calls `compile_functions(mesh)`, and defines `_loss_and_aux(params, state, batch)
     -> (loss, (state, outputs))` (the forward's array outputs by name, logits in torch's layout),
     `to_canonical(tree, group)` (its gradient or parameter tree -> {canonical name: numpy array or summary}),
-    `_activations` (inputs -> a common.activations.Capture, named like the NNX twin's modules) and `new_record`. The
+    `_activations` (inputs -> a common.capture.activations.Capture, named like the NNX twin's modules) and
+    `new_record`. The
     model's mutable state besides its parameters (dropout RNG counts, running statistics) goes through the jitted
     step as an argument and comes back updated (a Variable closed over would be mutated inside a trace: "Cannot
     mutate RngCount from a different trace level"). The step-0 outputs come from the loss's own forward: one program

@@ -1,4 +1,4 @@
-"""NNX's dropout fed common's masks (common/masks.py): the twin of torch_impl/masks.py.
+"""NNX's dropout fed common's masks (common/data/masks.py): the twin of torch_impl/masks.py.
 
 While `fed_dropout(feed)` is open, every `nnx.Dropout` multiplies its input by the feed's next mask
 instead of drawing one from its RNG stream (which then does not advance). Outside it, flax is untouched.
@@ -9,7 +9,7 @@ import contextlib
 
 from flax import nnx
 
-from common.masks import MaskFeed
+from common.data.masks import MaskFeed
 from common.spec import SpecError
 
 

@@ -1,6 +1,6 @@
 """Flax NNX twins of the spec's models: MLP, CNN, GPT.
 
-Attribute paths equal canonical names (`common/weights.py`): `hidden.0.kernel`,
+Attribute paths equal canonical names (`common/weights/`): `hidden.0.kernel`,
 `convs.1.bias`, `blocks.0.attn.q.kernel`, ... NNX keeps dense kernels
 (in, out) and conv kernels HWIO, which are the canonical layouts, so
 `convert.py` only renames. Every numeric choice comes from the spec: LayerNorm
@@ -17,9 +17,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from common.data import input_ndim
-from common.outputs import use_forward_kwargs
 from common.spec import CNNSpec, MLPSpec, ModelSpec, RunSpec, TransformerSpec
 from common.twin import TwinError, factory_error, forward_kwargs_of, hparams_of, resolve, twin_of
+from common.twin.outputs import use_forward_kwargs
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
@@ -150,7 +150,7 @@ class GPT(nnx.Module):
         return self.wte.attend(x) if self.tied else self.lm_head(x)
 
 
-# The built-in twins' NNX factories (common/twin.py BUILTIN): called with the spec's fields.
+# The built-in twins' NNX factories (common/twin/ BUILTIN): called with the spec's fields.
 def mlp(*, rngs: nnx.Rngs, compute_dtype=jnp.float32, **hparams) -> MLP:
     return MLP(MLPSpec(**hparams), compute_dtype=compute_dtype, rngs=rngs)
 

@@ -15,8 +15,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from common.data import Batch, process_slice
+from common.files.shards import ShardedTensor
 from common.sharding import batch_partition_spec, param_partition_specs
-from common.shards import ShardedTensor
 from common.spec import AXES, MeshSpec, ModelSpec, SpecError
 
 
@@ -81,7 +81,7 @@ def join(spec, options) -> bool:
     initialize_distributed(options.own.coordinator, processes, options.own.process_id)
     check_platform()  # a JAX_PLATFORMS this machine lacks: one line and exit 2, not a crash
     global RUN
-    if processes > 1:  # the number every process's shard files carry (common/shards.py)
+    if processes > 1:  # the number every process's shard files carry (common/files/shards.py)
         from jax.experimental import multihost_utils
         check_same_settings(spec, processes)
         RUN = int(multihost_utils.broadcast_one_to_all(np.int32(np.random.default_rng().integers(2 ** 31))))
@@ -165,7 +165,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 class StepBatch(NamedTuple):
     """What a jitted step takes as its batch: the batch on the devices and, when the run is fed common's
-    dropout masks (common/masks.py), the step's masks in call order."""
+    dropout masks (common/data/masks.py), the step's masks in call order."""
 
     inputs: jax.Array
     targets: jax.Array

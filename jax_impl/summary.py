@@ -1,7 +1,7 @@
 """A parity tensor's summary computed where it lives (`--tensors summary|auto` on jax): the statistics are
 reduced on the devices over every shard, the sampled values gathered there, and only those few numbers come
 to the host. A sharded tensor of a multi-process run is never assembled in one process, and a large one never
-copied to host memory whole (common/summary.py defines the summary; numpy summarizes on the host what
+copied to host memory whole (common/files/tensor_summary.py defines the summary; numpy summarizes on the host what
 another backend holds there).
 
 The reductions run in float32 (JAX without x64; float64 sums on the host): the sum and sum of squares differ
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common.summary import TensorSummary, sample_indices
+from common.files.tensor_summary import TensorSummary, sample_indices
 from jax_impl.sharding import to_host
 
 
@@ -34,8 +34,8 @@ def _take(x: jax.Array, where: tuple) -> jax.Array:
 
 
 def device_summary(name: str, x: jax.Array) -> TensorSummary:
-    """The summary of canonical tensor `name` (its tensor-file key), equal to common.summary.summarize's of the
-    same values in its shape, sampled values, count, non-finite count and largest magnitude."""
+    """The summary of canonical tensor `name` (its tensor-file key), equal to common.files.tensor_summary.summarize's
+    of the same values in its shape, sampled values, count, non-finite count and largest magnitude."""
     shape = tuple(x.shape)
     indices = sample_indices(name, shape)
     total, squares, largest, nonfinite = (float(v) for v in to_host(_stats(x)))

@@ -19,11 +19,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from common.activations import Capture, input_layout
-from common.outputs import array_outputs, forward, logits_of, loss_batch
-from common.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions
+from common.capture.activations import Capture, input_layout
+from common.files.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
+from common.twin.outputs import array_outputs, forward, logits_of, loss_batch
 from common.weights import start_info, start_state, widened
 from driver.harness import RunOptions
 from jax_impl import convert, masks, sharding

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common.record import RunRecord, read_record
+from common.files.record import RunRecord, read_record
 from preload import client as preload_client
 
 REPO = Path(__file__).resolve().parents[1]

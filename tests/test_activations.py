@@ -11,10 +11,10 @@ torch = pytest.importorskip("torch")
 
 from flax import nnx  # noqa: E402
 
-from common.activations import CHANNEL_LAST, UNKNOWN_REASON  # noqa: E402
-from common.correspond import derive  # noqa: E402
-from common.modules import module_map  # noqa: E402
+from common.capture.activations import CHANNEL_LAST, UNKNOWN_REASON  # noqa: E402
 from common.twin import resolve  # noqa: E402
+from common.twin.correspond import derive  # noqa: E402
+from common.twin.modules import module_map  # noqa: E402
 from compare.judge.parity import first_divergent_module  # noqa: E402
 from jax_impl.capture import capture_activations as nnx_capture  # noqa: E402
 from jax_impl.convert import to_canonical  # noqa: E402
@@ -68,8 +68,8 @@ def test_a_padding_misport_is_named_at_its_convolution():
 
 def _summarized(arrays: dict) -> dict:
     """What a capture under --tensors summary|auto keeps: activations larger than a sample as summaries."""
-    from common.summary import summarize
-    from common.tensor_file import SUMMARIZED_GROUPS
+    from common.files.tensor_file import SUMMARIZED_GROUPS
+    from common.files.tensor_summary import summarize
 
     limit = SUMMARIZED_GROUPS["activations"]
     return {k: summarize(f"activations/{k}", v) if v.size > limit else v for k, v in arrays.items()}

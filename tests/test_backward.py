@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from common.record import read_record
-from common.tensor_file import read_tensors
+from common.files.record import read_record
+from common.files.tensor_file import read_tensors
 from compare.judge.backward import first_divergent_module_backward
 from compare.runs.capture_runs import CAPTURE_DIR
 from tests.helpers import run_cli

@@ -1,4 +1,4 @@
-"""A twin's own batches (task custom, common/batches.py): a numpy function or an .npz of named arrays, fed to the
+"""A twin's own batches (task custom, common/data/batches.py): a numpy function or an .npz of named arrays, fed to the
 forward by name; a source that breaks its contract is one line and exit 2 before any backend trains."""
 import json
 

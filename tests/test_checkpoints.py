@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from common.data import make_dataset  # noqa: E402
+from common.files.record import read_record  # noqa: E402
+from common.files.tensor_file import read_tensors  # noqa: E402
 from common.presets import load_spec  # noqa: E402
-from common.record import read_record  # noqa: E402
-from common.tensor_file import read_tensors  # noqa: E402
 from tests.helpers import run_cli  # noqa: E402
 from tests.test_hostile_twins import assert_refused  # noqa: E402
 from tests.test_hostile_twins import compare as compare_refused  # noqa: E402
@@ -218,8 +218,8 @@ def test_each_backend_alone_reads_what_its_framework_can(tmp_path):
 
 @pytest.mark.error_case("checkpoint-hf-meta-layout")
 def test_metas_original_llama_layout_is_refused_with_what_to_do():
-    from common.hf import to_torch_names
     from common.twin import load_twin
+    from common.twin.hf import to_torch_names
     from common.weights import CheckpointError
     from tests.helpers import REPO
 

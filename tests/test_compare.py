@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.record import read_record
-from common.summary import TensorSummary
-from common.tensor_file import read_tensors, write_tensors
+from common.files.record import read_record
+from common.files.tensor_file import read_tensors, write_tensors
+from common.files.tensor_summary import TensorSummary
 from compare.judge.distribution import logit_agreement
 from compare.judge.tensor_error import tensor_error
 from tests.helpers import run_cli

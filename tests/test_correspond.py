@@ -1,4 +1,4 @@
-"""The derived parameter correspondence (common/correspond.py) and twin definitions (common/twin.py):
+"""The derived parameter correspondence (common/twin/correspond.py) and twin definitions (common/twin/):
 numpy only, no framework."""
 import subprocess
 import sys
@@ -6,11 +6,11 @@ import sys
 import numpy as np
 import pytest
 
-from common.correspond import CorrespondenceError, derive
-from common.modules import module_map, state_names
 from common.presets import load_spec
 from common.spec import SpecError
 from common.twin import BUILTIN, TwinError, hparams_of, load_twin, twin_of
+from common.twin.correspond import CorrespondenceError, derive
+from common.twin.modules import module_map, state_names
 from common.weights import init_params, param_infos
 from tests.helpers import REPO, process_env
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.files.record import RunRecord, write_record
+from common.files.tensor_file import write_tensors
 from common.presets import load_spec
-from common.record import RunRecord, write_record
-from common.tensor_file import write_tensors
 from common.vocab import BackendStatus, ReportStatus
 from compare.judge.curves import WINDOW, compare_curves, curves_words
 from compare.judge.noise_floor import FLOOR_DIR, FloorRun, Floors

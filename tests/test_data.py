@@ -109,7 +109,7 @@ def test_bad_user_data_is_explained(tmp_path):
 
 
 def test_real_text_is_the_running_pythons_language_reference(tmp_path):
-    from common.text_data import VOCAB_SIZE, pydoc_text, write_tokens
+    from common.data.text import VOCAB_SIZE, pydoc_text, write_tokens
 
     info = write_tokens(tmp_path / "pydoc.bin", pydoc_text())
     tokens = np.fromfile(tmp_path / "pydoc.bin", dtype=np.uint16)
@@ -121,7 +121,7 @@ def test_real_text_is_the_running_pythons_language_reference(tmp_path):
 @pytest.mark.slow
 def test_the_gpt_twin_learns_real_text(tmp_path):
     """gpt-tiny (vocabulary 256) on the byte-level reference: 5.48 -> 3.05 in 50 steps, measured."""
-    from common.text_data import pydoc_text, write_tokens
+    from common.data.text import pydoc_text, write_tokens
     from tests.helpers import train
 
     write_tokens(tmp_path / "pydoc.bin", pydoc_text())

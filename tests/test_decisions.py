@@ -1,11 +1,11 @@
-"""Step-0 decisions (common/decisions.py) in this process: each side's capture records its top-k, argmax and sort
-calls with the module they ran in; the torch side takes another side's choices when told to, its values gathered
+"""Step-0 decisions (common/capture/decisions.py) in this process: each side's capture records its top-k, argmax and
+sort calls with the module they ran in; the torch side takes another side's choices when told to, its values gathered
 so gradients flow; compare tells flips at ties from a port's difference, and what each does to the verdict
 (compare/judge/decided.py). The end-to-end runs on Mixtral are in tests/test_example_mixtral.py."""
 import numpy as np
 import pytest
 
-from common.decisions import Decision, compare_decisions, margins, oriented
+from common.capture.decisions import Decision, compare_decisions, margins, oriented
 from compare.judge.decided import NOT_JUDGED, decisions_cell, judge_decisions, needs_imposing
 
 BOUND = {"atol": 1e-5, "rtol": 1e-4}

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from common.record import read_record, write_record
+from common.files.record import read_record, write_record
 from common.vocab import ExitCode, ReportStatus
 from compare.judge.tolerances import load_policy
 from compare.reporting.render import markdown

@@ -1,10 +1,10 @@
-"""`--parity-mode exact`: common's dropout masks (common/masks.py) fed to every backend's dropout."""
+"""`--parity-mode exact`: common's dropout masks (common/data/masks.py) fed to every backend's dropout."""
 import json
 
 import numpy as np
 import pytest
 
-from common.masks import DropoutSite, MaskError, MaskFeed, draw_mask, draw_masks, drawing_feed, given_feed
+from common.data.masks import DropoutSite, MaskError, MaskFeed, draw_mask, draw_masks, drawing_feed, given_feed
 from tests.helpers import run_cli
 
 

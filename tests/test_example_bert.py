@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from common.data import make_dataset
-from common.record import read_record
-from common.spec_parse import run_spec_from_dict
+from common.files.record import read_record
+from common.spec.parse import run_spec_from_dict
 from tests.test_examples import compare
 
 BERT = "examples/bert_mlm/twin.py"

@@ -5,7 +5,7 @@ is named where it is: in the loss, at the text tower (its pooled output against 
 the model's own forward code (the normalisation HF does there)."""
 import pytest
 
-from common.modules import module_map
+from common.twin.modules import module_map
 from tests.test_examples import compare
 
 CLIP = "examples/clip/twin.py"

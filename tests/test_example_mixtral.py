@@ -1,10 +1,10 @@
 """examples/mixtral through the door a user takes: Hugging Face's own MixtralForCausalLM, unchanged, against an NNX
 port with dense expert dispatch. Routing that rounding flips at ties (a zero-initialised router, a router scaled to
 near-ties) passes, the flips counted and the check that decided shown; routing mis-ports fail where they rank, an
-experts' mis-port at the experts (common/decisions.py, compare/judge/decided.py)."""
+experts' mis-port at the experts (common/capture/decisions.py, compare/judge/decided.py)."""
 import pytest
 
-from common.record import RECORD_FILE, read_record
+from common.files.record import RECORD_FILE, read_record
 from tests.helpers import run_cli
 from tests.test_examples import compare
 
@@ -88,14 +88,14 @@ def test_a_runtime_that_cannot_take_another_sides_choices_refuses_them_in_one_li
 @pytest.mark.slow
 def test_transformers_default_save_pretrained_of_mixtral_loads_as_from_pretrained_loads_it(tmp_path):
     """transformers 5 writes Mixtral's original per-expert layout (block_sparse_moe.experts.E.w1/w2/w3) by default
-    and stacks it on loading; common/hf.py stacks it the same way, bit for bit, and the port passes from it."""
+    and stacks it on loading; common/twin/hf.py stacks it the same way, bit for bit, and the port passes from it."""
     import numpy as np
     import torch
     from safetensors.numpy import load_file
     from transformers import MixtralForCausalLM
 
-    from common.hf import to_torch_names
     from common.twin import load_twin, resolve
+    from common.twin.hf import to_torch_names
 
     twin = load_twin(f"{MIXTRAL}:mixtral_tiny")
     torch.manual_seed(3)

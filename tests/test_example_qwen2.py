@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from common.record import RECORD_FILE, read_record
-from common.tensor_file import read_tensors
+from common.files.record import RECORD_FILE, read_record
+from common.files.tensor_file import read_tensors
 from tests.helpers import processes_under
 from tests.test_examples import compare
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from common.data import make_dataset
-from common.record import read_record
-from common.spec_parse import run_spec_from_dict
+from common.files.record import read_record
+from common.spec.parse import run_spec_from_dict
 from tests.test_examples import compare, losses_of_every_backend
 
 T5 = "examples/t5_seq2seq/twin.py"

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.record import read_record
-from common.tensor_file import read_tensors
+from common.files.record import read_record
+from common.files.tensor_file import read_tensors
 from tests.helpers import run_cli
 
 RESNET = "examples/resnet/twin.py"

@@ -4,8 +4,8 @@ module; a Hugging Face model's own float32 code is found and named, not blamed."
 import numpy as np
 import pytest
 
-from common.record import read_record
-from common.tensor_file import read_tensors
+from common.files.record import read_record
+from common.files.tensor_file import read_tensors
 from tests.helpers import run_cli
 from tests.test_examples import compare
 

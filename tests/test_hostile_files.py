@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.fsutil import dangerous_dir, require_regular_file
+from common.data.targets import MARKER
+from common.files.fsutil import dangerous_dir, require_regular_file
 from common.presets import load_spec
-from common.targets import MARKER
 from common.weights import init_params, save_checkpoint
 from tests.helpers import REPO, run_cli
 
@@ -203,7 +203,7 @@ def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path, fmt, name):
     assert only_error(proc, 2) == (f"--to {fmt}:{work / name}: {work / name} already exists; pass --overwrite to "
                                    "replace it, or give another file")
     assert snapshot(work) == before
-    if fmt == "canonical":  # (the torch side's replacement is the same code: common.targets.file_target)
+    if fmt == "canonical":  # (the torch side's replacement is the same code: common.data.targets.file_target)
         proc = convert("--from", f"canonical:{source}", "--to", f"{fmt}:{work / name}", "--overwrite")
         assert proc.returncode == 0, proc.stderr[-2000:]
         after = snapshot(work)

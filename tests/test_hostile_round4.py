@@ -135,10 +135,10 @@ def test_processes_given_other_settings_refuse_together_instead_of_waiting_out_t
 
 def test_a_one_element_loss_is_refused_only_where_it_cannot_train():
     """torch's backward takes any one-element tensor (a loss kept as shape (1,) trains); jax.grad a scalar only:
-    a correct torch side is never refused for it (common.outputs.loss_refusal)."""
+    a correct torch side is never refused for it (common.twin.outputs.loss_refusal)."""
     import numpy as np
 
-    from common.outputs import loss_refusal
+    from common.twin.outputs import loss_refusal
 
     class Twin:
         loss = {"torch": "losses.py:mse", "nnx": "losses.py:mse"}

@@ -230,7 +230,7 @@ def test_a_record_shorter_than_its_spec_is_refused(finished_run, tmp_path):
 
 
 def test_a_record_of_another_run_is_never_judged(finished_run):
-    from common.record import RecordError, read_record
+    from common.files.record import RecordError, read_record
     from compare.reporting.report import check_belongs
 
     record = read_record(finished_run / "jax")
@@ -353,7 +353,8 @@ def test_a_directory_a_failed_run_left_is_the_backends_own(tmp_path):
     assert refused.returncode == 2 and "holds files this toolkit did not write" in one_line_error(refused)
     assert (out / "processes" / "thesis.tex").read_text() == "the user's own\n"
     (out / "processes" / "thesis.tex").unlink()
-    # so is a multi-process run's shards folder (common/shards.py): a user's file in it makes the directory foreign
+    # so is a multi-process run's shards folder (common/files/shards.py): a user's file in it makes the directory
+    # foreign
     (out / "shards").mkdir()
     (out / "shards" / "process-1.npz").write_bytes(b"a crashed run's shards")
     (out / "shards" / "data.npz").write_bytes(b"the user's own")

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.files.record import RunRecord, StepRecord, write_record
+from common.files.tensor_file import write_tensors
 from common.presets import load_spec
-from common.record import RunRecord, StepRecord, write_record
-from common.tensor_file import write_tensors
 from common.vocab import BackendStatus, ExitCode, ReportStatus
 from common.weights import CheckpointError, init_params, load_checkpoint, save_checkpoint
 from compare.judge import distribution, messages, parity
@@ -178,7 +178,7 @@ def test_malformed_inputs_are_one_line_exit_2_before_any_backend(tmp_path, args,
 @pytest.mark.error_case("set-twin-hparam-shape")
 def test_set_of_a_twin_hyperparameter_that_is_not_a_plain_value(tmp_path):
     from common.spec import RunSpec, SpecError, TwinSpec
-    from common.spec_parse import apply_overrides
+    from common.spec.parse import apply_overrides
 
     spec = RunSpec(model=TwinSpec(twin="t.py:net", task="classification",
                                   hparams={"input_shape": 4, "num_classes": 2, "act": None, "widths": [0.5, 0.25]}))
@@ -356,7 +356,7 @@ def test_float16_bfloat16_float64_checkpoints_are_converted_once_in_common(tmp_p
     assert info["converted"].startswith("checkpoint float16 -> float32 (6 of 6 tensors")
     assert start_info(tmp_path / "bf16.safetensors", 0.1)["converted"].startswith("checkpoint bfloat16 -> float32")
     with pytest.raises(CheckpointError, match=r"tensor head.bias has dtype int8; parameters must be float32"):
-        from common.checkpoints import float32_of  # the torch side's check is the same rule
+        from common.weights.checkpoints import float32_of  # the torch side's check is the same rule
         float32_of("head.bias", "int8", "checkpoint x.pt")
 
 

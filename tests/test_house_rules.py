@@ -26,6 +26,12 @@ FRAMEWORKS = tuple(sorted({f for r in BACKEND_ROWS for f in r.frameworks} - set(
 ALLOWED = {"preload": set(), "common": {"preload"}, "driver": {"common"}, "analysis": {"common"},
            "compare": {"common", "analysis"},
            **{r.package: {"common", "driver", "analysis", *r.frameworks} for r in BACKEND_ROWS}}
+# common's rooms (issue 44) and the rooms each may import from: record and tensor files and file safety at the
+# bottom, then the spec, the weights, a twin and its correspondence, the data (a twin's own batches), a step-0
+# capture's facts. The modules at common's top (vocab, backends, cli, protocol, procs, ops, sharding, presets,
+# provoke) stand beside or above them.
+COMMON_ROOMS = {"files": set(), "spec": {"files"}, "weights": {"files", "spec"},
+                "twin": {"files", "spec", "weights"}, "data": {"files", "spec", "weights", "twin"}, "capture": {"files"}}
 # The JAX twin's modules other JAX runtimes may use: they import jax and optax, never flax.
 PLAIN_JAX = {"jax_impl.optim", "jax_impl.sharding", "jax_impl.instrument", "jax_impl.loop"}
 
@@ -118,6 +124,25 @@ def test_packages_import_only_what_they_run_on():
     assert not bad, bad
 
 
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "common" and len(parts) > 1 and parts[1] in COMMON_ROOMS else None
+
+
+def test_commons_rooms_import_only_the_rooms_below_them():
+    graph = import_graph()
+    assert {room_of(m) for m in graph} >= set(COMMON_ROOMS)  # every room is there
+    bad = []
+    for module, targets in graph.items():
+        room = room_of(module)
+        for target in [t for t in targets if room and t.split(".")[0] == "common"]:
+            allowed = target in ("common.vocab", "common.procs") if room_of(target) is None else \
+                room_of(target) in (room, *COMMON_ROOMS[room])
+            if not allowed:
+                bad.append(f"{module} imports {target}")
+    assert not bad, bad
+
+
 def test_other_runtimes_use_only_the_plain_jax_modules_of_the_jax_twin():
     graph = import_graph()
     used = {t.rsplit(".", 1)[0] if t not in graph else t for m, ts in graph.items() if m.startswith("torchax_impl")
@@ -141,7 +166,7 @@ def test_a_backend_loads_only_what_it_runs_on(module, absent):
 
 def test_importing_common_leaves_frameworks_out():
     code = ("import sys, common, common.spec, common.presets, common.weights, common.data, common.sharding, "
-            "common.record, common.fsutil, common.vocab, common.cli, driver.backend_main, driver.harness, "
+            "common.files.record, common.files.fsutil, common.vocab, common.cli, driver.backend_main, driver.harness, "
             "driver.describe_sides, driver.process\n"
             "from common.data import make_dataset\nfrom common.presets import load_spec\n"
             "make_dataset(load_spec('cnn-digits')).global_batch(0)\n"
@@ -207,8 +232,8 @@ def test_every_documented_error_case_has_a_test():
 
 
 def test_atomic_writes_keep_the_umask_permissions(tmp_path):
-    from common.fsutil import write_json_atomic
-    from common.tensor_file import write_tensors
+    from common.files.fsutil import write_json_atomic
+    from common.files.tensor_file import write_tensors
     from common.weights import save_checkpoint
 
     old = os.umask(0o022)

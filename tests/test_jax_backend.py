@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from common.record import read_record
+from common.files.record import read_record
 from common.weights import init_params
 from tests.helpers import max_loss_diff, run_cli, train
 
@@ -47,7 +47,7 @@ def test_two_processes_match_one_process(mesh, jax_single, tmp_path):
     devices (jax_impl/summary.py), never gathering one to a process."""
     import json
 
-    from common.tensor_file import read_tensors
+    from common.files.tensor_file import read_tensors
 
     out = tmp_path / "multi"
     tensors = "auto" if "tensor" in mesh else "full"  # auto: jax's summaries reduced over both processes' shards
@@ -65,7 +65,7 @@ def test_two_processes_match_one_process(mesh, jax_single, tmp_path):
         assert multi.platform["process_count"] == 2 and multi.platform["device_count"] == devices, name
         assert max_loss_diff(single, multi) < 1e-5, (name, single.losses, multi.losses)
         assert [p.name for p in (out / name / "processes").iterdir()] == ["process-1.log"]
-        if name != "torch" and tensors == "full":  # its whole tensors as each process's shards (common/shards.py)
+        if name != "torch" and tensors == "full":  # its whole tensors as each process's shards (common/files/shards.py)
             assert sorted(p.name for p in (out / name / "shards").iterdir()) == ["process-0.npz", "process-1.npz"]
             kept = read_tensors(out / name, multi)["params"]["wte.embedding"]
             assert kept.shape == (256, 64) and np.isfinite(kept).all()
@@ -110,8 +110,8 @@ def test_two_hosts_simulated_on_this_machine_write_one_report(jax_single, tmp_pa
 
 
 def test_parity_tensors_are_canonical(jax_single):
+    from common.files.tensor_file import read_tensors
     from common.presets import load_spec
-    from common.tensor_file import read_tensors
 
     rec = read_record(jax_single("cnn-digits"))
     tensors = read_tensors(jax_single("cnn-digits") / "record.json", rec)

@@ -54,7 +54,7 @@ def test_a_summary_made_on_the_device_is_the_hosts_but_for_rounding_and_passes_a
     import jax.numpy as jnp
     import numpy as np
 
-    from common.summary import summarize
+    from common.files.tensor_summary import summarize
     from compare.runs.second_pass import _differs
     from jax_impl.summary import device_summary
     from tests.helpers import assert_summary_agrees_with_the_hosts, device_summary_case

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
+from common.data.text import pydoc_text, write_tokens
+from common.files.record import RunRecord, read_record
 from common.presets import load_spec
-from common.record import RunRecord, read_record
-from common.text_data import pydoc_text, write_tokens
 from compare.judge import noise_floor
 from compare.judge.messages import failure_message
 from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors
@@ -77,7 +77,7 @@ def test_a_steps_loss_is_bounded_by_the_largest_loss_noise_so_far():
 def test_only_this_runs_float32_runs_set_the_floor(tmp_path, floor_run_id, judged, dtype):
     """A noise-floor/ folder another compare run left (another run id) is never read as this run's floor: its
     pairs are judged by the fixed bounds, and the report says why; alike for either dtype's floor runs."""
-    from common.record import write_record
+    from common.files.record import write_record
     from compare.reporting.report import ReportInputs
     from tests.test_report_in_process import NAMES, RUN_ID, build_report, write_run
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common.record import read_record
+from common.files.record import read_record
 from tests.helpers import PLAIN, REPO, process_env
 
 TWIN = f"{REPO}/tests/data/user_project/twins.py:net"

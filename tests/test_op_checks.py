@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from common.files.record import RECORD_FILE
 from common.ops import OPS_DIR, found, refusal
-from common.record import RECORD_FILE
 from compare.reporting.check_tables import ops_tables
 from tests.helpers import run_cli
 from tests.test_examples import compare

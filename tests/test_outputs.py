@@ -1,8 +1,8 @@
-"""Which output is the logits (common/outputs.py), on the shapes forwards return."""
+"""Which output is the logits (common/twin/outputs.py), on the shapes forwards return."""
 import numpy as np
 import pytest
 
-from common.outputs import choose, logits_of
+from common.twin.outputs import choose, logits_of
 
 LOGITS = np.zeros((2, 3), np.float32)
 

@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
+from common.files.record import RunRecord, StepRecord
 from common.presets import load_spec
-from common.record import RunRecord, StepRecord
 from compare.judge import distribution, parity
 from compare.judge.tensor_error import passes_with_words, tensor_error
 from compare.judge.tolerances import ToleranceError, load_policy

@@ -8,7 +8,7 @@ import pytest
 from analysis.hlo import matmul_flops
 from benchmarks.runs import summarize_repeats
 from benchmarks.timing import ratio, spread, summarize
-from common.record import CompileEvent, RunRecord, peak_rss_mb
+from common.files.record import CompileEvent, RunRecord, peak_rss_mb
 from compare.explain.figures import wall_breakdown
 from tests.helpers import REPO
 

@@ -112,8 +112,8 @@ def test_eager_torch_captures_on_one_device_whatever_the_mesh(tmp_path):
     """The capture compare runs where a pair parts at step 0 (one process, one example, from the start weights)
     is the same on one device: eager torch takes it with the run's mesh instead of refusing the mesh, so a pair
     run with --processes is located like any other; a capture that fails anyway says so in the report."""
-    from common.record import read_record
-    from common.tensor_file import read_tensors
+    from common.files.record import read_record
+    from common.files.tensor_file import read_tensors
     from compare.runs.extra_runs import mark_failed_captures
     from compare.runs.orchestrate import BackendRun
 

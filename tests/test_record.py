@@ -3,8 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from common.presets import load_spec
-from common.record import (
+from common.files.record import (
     CompileEvent,
     RecordError,
     RunExtra,
@@ -15,7 +14,8 @@ from common.record import (
     read_record,
     write_record,
 )
-from common.tensor_file import read_tensors, write_tensors
+from common.files.tensor_file import read_tensors, write_tensors
+from common.presets import load_spec
 
 
 def _record(tmp_path) -> RunRecord:
@@ -87,12 +87,12 @@ def test_non_finite_json_is_refused(tmp_path):
 
 @pytest.mark.error_case("shards-foreign")
 def test_a_tensor_kept_as_shards_is_assembled_from_its_own_runs_files_only(tmp_path):
-    """A multi-process run's whole tensor (common/shards.py): each process writes its distinct shards, the tensor
+    """A multi-process run's whole tensor (common/files/shards.py): each process writes its distinct shards, the tensor
     file marks it; read back whole, tensor by tensor. Shard files of another run, or one missing, are refused in
     one line: never mixed in, never read as zeros."""
     from types import SimpleNamespace
 
-    from common.shards import ShardedTensor, shard_file, write_shards
+    from common.files.shards import ShardedTensor, shard_file, write_shards
 
     full = np.arange(48, dtype=np.float32).reshape(6, 8)
     halves = [((0, 3), (0, 8)), ((3, 6), (0, 8))]

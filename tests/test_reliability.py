@@ -217,7 +217,7 @@ def test_a_checkpoint_that_does_not_fit_names_the_tensor(tmp_path):
 @pytest.mark.error_case("nonfinite")
 def test_a_nan_loss_stops_the_backend_and_is_reported_with_its_step(tmp_path):
     out = tmp_path / "run"
-    # the stop and its cause are common code (common/record.py, driver/backend_main.py): two runtimes show it
+    # the stop and its cause are common code (common/files/record.py, driver/backend_main.py): two runtimes show it
     proc = compare("--out", str(out), "--backend", "jax,torch", "--spec", "mlp-tiny", "--steps", "8", "--set",
                    "train.lr=1e6", "--set", "train.grad_clip=0")
     assert proc.returncode == 3

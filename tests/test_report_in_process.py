@@ -1,15 +1,15 @@
 """Report building and rendering in this process, no backend started: run records and tensor files written
-the way a backend writes them (common.record), judged by compare.reporting.report.build_report, rendered by
+the way a backend writes them (common.files.record), judged by compare.reporting.report.build_report, rendered by
 compare.reporting.render.markdown."""
 
 import numpy as np
 import pytest
 
-from common.checkpoint_ref import CheckpointRef
+from common.files.record import RunRecord, write_record
+from common.files.tensor_file import write_tensors
 from common.presets import load_spec
-from common.record import RunRecord, write_record
-from common.tensor_file import write_tensors
 from common.vocab import BackendStatus, ExitCode, ReportStatus
+from common.weights.checkpoint_ref import CheckpointRef
 from compare.judge.tolerances import load_policy
 from compare.reporting.render import markdown
 from compare.reporting.report import ReportInputs, build_report
@@ -127,7 +127,7 @@ def test_a_capture_left_by_another_run_is_not_used(tmp_path):
 def test_a_difference_only_the_whole_model_shows_names_the_modules_left_out_as_suspects():
     """No compared submodule parts with agreeing inputs, so the whole model is named; a container left out of the
     comparison (only one side has it: its name did not match) may hold the difference, and the location says so."""
-    from common.modules import ROOT_MODULE
+    from common.twin.modules import ROOT_MODULE
     from compare.judge.parity import first_divergent_module
     from compare.reporting.render import _module
 
@@ -215,7 +215,7 @@ def test_a_report_whose_last_file_cannot_be_written_leaves_none_of_its_files(tmp
 def test_the_report_says_where_the_start_weights_came_from(tmp_path):
     from compare.runs.prepare import weights_origin
 
-    assert weights_origin(SPEC, None) == ("the canonical init (common/weights.py, train.seed=0), built alike by "
+    assert weights_origin(SPEC, None) == ("the canonical init (common/weights/, train.seed=0), built alike by "
                                           "every backend")
     hub, local = CheckpointRef.parse("hf:/models/qwen"), CheckpointRef.parse("/ckpt/w.safetensors")
     assert weights_origin(SPEC, hub) == ("the hf checkpoint /models/qwen, read once by compare and carried to every "

@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 
 from flax import nnx  # noqa: E402
 
-from common.modules import module_map  # noqa: E402
 from common.twin import resolve  # noqa: E402
+from common.twin.modules import module_map  # noqa: E402
 from common.weights import CheckpointError  # noqa: E402
 from compare.runs.prepare import running_statistics  # noqa: E402
 from jax_impl import convert as jax_convert  # noqa: E402

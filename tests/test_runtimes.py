@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from analysis.hlo import matmul_flops
-from common.tensor_file import read_tensors
+from common.files.tensor_file import read_tensors
 from tests.helpers import max_loss_diff, run_cli, train
 
 pytestmark = pytest.mark.slow

@@ -4,9 +4,9 @@ runs written as backends write them, perturbed just over and just under the sens
 import numpy as np
 import pytest
 
+from common.files.record import RunRecord, write_record
+from common.files.tensor_file import write_tensors
 from common.presets import load_spec
-from common.record import RunRecord, write_record
-from common.tensor_file import write_tensors
 from common.vocab import BackendStatus
 from compare.judge.parity import check_parity, compare_tensors
 from compare.judge.sensitivity import sensitivity_line

@@ -1,4 +1,4 @@
-"""A twin's start state (common/start_state.py, compare/judge/start_state.py): the buffers and non-parameter
+"""A twin's start state (common/twin/start_state.py, compare/judge/start_state.py): the buffers and non-parameter
 Variables each side's factory builds are linked by name, as parameters are, and compared before anything trains;
 a rotary table built with another base fails at that buffer, a correct one passes, what one side holds alone is
 listed as not compared."""
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from common.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE, link_state, storable
+from common.twin.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE, link_state, storable
 from common.vocab import ReportStatus
 from common.weights import save_checkpoint
 from compare.judge.start_state import start_state_check

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from flax import nnx  # noqa: E402
 
-from common.correspond import derive  # noqa: E402
+from common.twin.correspond import derive  # noqa: E402
 from jax_impl.convert import to_canonical  # noqa: E402
 from torch_impl.convert import manifest  # noqa: E402
 
@@ -184,7 +184,7 @@ class NnxUpByHand(nnx.Module):
 
 @pytest.mark.error_case("twin-conv-transpose-undeclared", "twin-layouts-unmatched")
 def test_a_conv_transpose_met_by_a_module_of_the_users_own_asks_for_its_layout_and_takes_the_declared_one():
-    from common.correspond import CorrespondenceError, declared_layouts
+    from common.twin.correspond import CorrespondenceError, declared_layouts
 
     torch.manual_seed(0)
     model, port = TorchUp(), NnxUpByHand(nnx.Rngs(0))
@@ -227,7 +227,7 @@ class NnxHeadsFirstQuery(nnx.Module):
 
 @pytest.mark.error_case("twin-layouts-unmatched")
 def test_a_declared_rearrangement_links_what_no_rule_derives_and_computes_alike():
-    from common.correspond import CorrespondenceError, declared_layouts
+    from common.twin.correspond import CorrespondenceError, declared_layouts
 
     torch.manual_seed(0)
     model, port = TorchQuery(), NnxHeadsFirstQuery(nnx.Rngs(0))
@@ -258,7 +258,7 @@ def test_a_declared_rearrangement_links_what_no_rule_derives_and_computes_alike(
 @pytest.mark.error_case("twin-layouts-bad")
 def test_a_layouts_declaration_that_cannot_be_read_is_refused_when_the_twin_loads(layouts, message):
     from common.twin import Twin
-    from common.twin_fields import TwinError, check_fields
+    from common.twin.fields import TwinError, check_fields
 
     twin = Twin(torch="m.py:T", nnx="m.py:N", task="classification", layouts=layouts)
     with pytest.raises(TwinError, match=message):

@@ -1,15 +1,15 @@
-"""`--tensors summary`: the parameter-sized tensors kept as statistics and a fixed sample (common/summary.py),
-judged on the sample and by what the statistics prove; a correct pair passes and a perturbed parameter fails,
-even where the perturbed element is not in the sample."""
+"""`--tensors summary`: the parameter-sized tensors kept as statistics and a fixed sample
+(common/files/tensor_summary.py), judged on the sample and by what the statistics prove; a correct pair passes and
+a perturbed parameter fails, even where the perturbed element is not in the sample."""
 import json
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from common.record import RecordError, read_record
-from common.summary import LOGIT_ROWS, SAMPLE_SIZE, TensorSummary, sample_indices, summarize
-from common.tensor_file import read_tensors, write_tensors
+from common.files.record import RecordError, read_record
+from common.files.tensor_file import read_tensors, write_tensors
+from common.files.tensor_summary import LOGIT_ROWS, SAMPLE_SIZE, TensorSummary, sample_indices, summarize
 from compare.judge.parity import compare_tensors
 from compare.judge.tolerances import load_policy
 from tests.helpers import run_cli
@@ -119,7 +119,7 @@ def test_compare_with_summaries_passes_gpt_tiny_and_says_what_was_judged_by_summ
 
 
 def test_a_tensor_file_read_lazily_gives_what_was_checked_even_if_another_run_replaces_it(tmp_path):
-    """compare reads each array when it asks for it (common.record.LazyTensors): a run that replaces the file
+    """compare reads each array when it asks for it (common.files.record.LazyTensors): a run that replaces the file
     meanwhile (written atomically, as every backend writes) cannot slip its values into this judgement, since
     the open file is the one that was checked."""
     first = {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}

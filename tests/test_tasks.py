@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from common.data import DataError, make_dataset
-from common.record import read_record
+from common.files.record import read_record
 from common.spec import DataSpec, RunSpec, TrainSpec, TwinSpec
-from common.spec_parse import run_spec_from_dict
+from common.spec.parse import run_spec_from_dict
 from common.twin import Twin
-from common.twin_fields import TwinError, check_fields
+from common.twin.fields import TwinError, check_fields
 from tests.helpers import run_cli
 
 TWINS = "tests/data/regression/twins.py"

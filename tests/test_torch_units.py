@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.correspond import derive
-from common.summary import summarize
+from common.files.tensor_summary import summarize
+from common.twin.correspond import derive
 from tests.helpers import assert_summary_agrees_with_the_hosts, device_summary_case
 from torch_impl.convert import to_canonical
 from torch_impl.summary import canonical_on_device, device_summary, kept

@@ -1,7 +1,7 @@
 """The PyTorch/XLA twin through `python -m torch_xla_impl`."""
 import pytest
 
-from common.record import read_record
+from common.files.record import read_record
 from tests.helpers import max_loss_diff, run_cli, train
 
 pytestmark = pytest.mark.slow

@@ -128,7 +128,7 @@ def test_pytest_plugin_in_a_throwaway_project(tmp_path):
 def test_forwards_that_return_several_outputs_are_compared_on_their_logits(tmp_path, name, backends):
     """A Hugging Face ModelOutput on the torch side and (logits, hidden) on the NNX side; a dict whose
     logits the twin names (`logits="scores"`): every runtime takes the same output and passes (the torch
-    runtimes pick it with one function, common/outputs.py: one twin runs them all)."""
+    runtimes pick it with one function, common/twin/outputs.py: one twin runs them all)."""
     proc = compare("--twin", f"{USER}:{name}", "--backend", backends, "--out", str(tmp_path / "run"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "run" / "report.json").read_text())
@@ -174,7 +174,7 @@ def test_hugging_faces_wav2vec2_is_captured_and_a_boundary_drawn_apart_does_not_
     the backward's gradient probes made a computed tensor) crashed eager torch under --activations, and so in
     every capture of a mis-port. The forward is now captured alone, with a warning. That user's first rename put
     HF's inner positional Conv1d (its output before the trim) on the port's pos_conv, as well as the whole
-    positional embedding around it: the outer one holds the path (common/modules.py), whose output is the port's,
+    positional embedding around it: the outer one holds the path (common/twin/modules.py), whose output is the port's,
     so every module agrees and nothing is named (the inner conv's untrimmed output, taken before, differed in
     shape only: a location that never failed the verdict, tests/test_parity_units.py)."""
     out = tmp_path / "run"

@@ -1,7 +1,7 @@
 """Step-0 activations of every torch module, named like the NNX twin's modules (the twin of
 `jax_impl/capture.py`: same function name). Forward hooks record each module's first input and its
 output, in the order the calls complete, copied when recorded (an in-place ReLU after a BatchNorm must
-not rewrite the BatchNorm's output) and stored channel-last (common/activations.py). Modules called with
+not rewrite the BatchNorm's output) and stored channel-last (common/capture/activations.py). Modules called with
 keyword arguments only (Hugging Face's attention) are recorded too; modules without an NNX counterpart (a
 packed `attn.qkv`, say) are left out.
 
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn.modules import batchnorm, conv, instancenorm, pooling
 
-from common.activations import (
+from common.capture.activations import (
     CHANNEL_FIRST,
     CHANNEL_LAST,
     FIELD_MARK,
@@ -32,12 +32,12 @@ from common.activations import (
     other_fields,
     replace_first,
 )
-from common.modules import ROOT_MODULE
-from common.outputs import forward
+from common.twin.modules import ROOT_MODULE
+from common.twin.outputs import forward
 from torch_impl.decisions import DecisionWatch
 from torch_impl.models import at_least_float32
 
-# layers whose type fixes where their output's channels are (the rest: common/activations.py's rules)
+# layers whose type fixes where their output's channels are (the rest: common/capture/activations.py's rules)
 CHANNEL_FIRST_TYPES = (conv._ConvNd, batchnorm._BatchNorm, instancenorm._InstanceNorm, nn.GroupNorm,
                        nn.LocalResponseNorm, pooling._MaxPoolNd, pooling._AvgPoolNd, pooling._AdaptiveAvgPoolNd,
                        pooling._AdaptiveMaxPoolNd, pooling._LPPoolNd, nn.Upsample, nn.PixelShuffle)
@@ -176,7 +176,7 @@ def capture_activations(model: torch.nn.Module, inputs, names: dict[str, str], t
                 inside.pop()
             x, in_layout = entered[id(module)].pop()
             y = _first_tensor(out)
-            # the model's output: as returned, or channel-first images (common.activations.torch_output_layout)
+            # the model's output: as returned, or channel-first images (common.capture.activations.torch_output_layout)
             own = output_layout if module is model else _own_layout(module)
             layout = tracker.leave(own, leaf, in_layout, y, leaf and _permuted_view(x, y), x)
             if not name or y is None:

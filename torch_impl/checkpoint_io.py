@@ -12,13 +12,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import hf
-from common.checkpoint_ref import CheckpointRef
-from common.checkpoints import check_against, float32_of
-from common.fsutil import require_regular_file
-from common.twin import twin_of
+from common.files.fsutil import require_regular_file
+from common.twin import hf, twin_of
 from common.vocab import CheckpointFormat
 from common.weights import CheckpointError
+from common.weights.checkpoint_ref import CheckpointRef
+from common.weights.checkpoints import check_against, float32_of
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
 

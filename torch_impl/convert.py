@@ -2,7 +2,7 @@
 
 Plain torch: every torch runtime (eager, PyTorch/XLA, torchax) loads weights through it. The mapping is
 not a table written here: it is derived from the model's own `named_parameters()` and the canonical
-(NNX) tree by `common.correspond` (renames, layouts: Linear transposed, Conv OIHW <-> HWIO, packed
+(NNX) tree by `common.twin.correspond` (renames, layouts: Linear transposed, Conv OIHW <-> HWIO, packed
 `attn.qkv` split into q|k|v rows), with the twin's declared `packed` and `rename`.
 """
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.correspond import Correspondence, derive
-from common.modules import module_map, state_names
 from common.sharding import param_partition_specs
 from common.spec import MeshSpec
 from common.twin import twin_of
+from common.twin.correspond import Correspondence, derive
+from common.twin.modules import module_map, state_names
 from common.weights import CheckpointError, built_otherwise, check_params, param_infos
 
 
@@ -51,13 +51,13 @@ def host_float(value) -> np.ndarray:
 
 def canonical_state(buffers: dict, module_names: dict[str, str]) -> dict[str, np.ndarray]:
     """BatchNorm's running statistics ({buffer name: tensor or array}, on any device) by canonical state
-    name (common.correspond.state_names); torch-only buffers are left out."""
+    name (common.twin.correspond.state_names); torch-only buffers are left out."""
     names = state_names(list(buffers), module_names)
     return {canonical: host_float(buffers[name]) for name, canonical in names.items()}
 
 
 def load_state(model: torch.nn.Module, state: dict[str, np.ndarray], module_names: dict[str, str]) -> None:
-    """Copy canonical running statistics (common.weights.start_state) into the model's BatchNorm buffers."""
+    """Copy canonical running statistics (common.twin.start_state) into the model's BatchNorm buffers."""
     buffers = dict(model.named_buffers())
     torch_name = {canonical: name for name, canonical in state_names(list(buffers), module_names).items()}
     unknown = [name for name in state if name not in torch_name]

@@ -1,4 +1,4 @@
-"""The torch side's discrete choices at step 0 (common/decisions.py): every top-k, argmax, argmin, sort and
+"""The torch side's discrete choices at step 0 (common/capture/decisions.py): every top-k, argmax, argmin, sort and
 argsort a forward calls, seen by a TorchFunctionMode (the function or the Tensor method, wherever the model's code
 calls it), recorded with the module it ran in. Given another side's decisions (`impose`), the i-th call returns
 that side's choice instead, its values gathered from this side's own scores (so gradients flow as they would):
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from common.decisions import Decision, oriented
+from common.capture.decisions import Decision, oriented
 
 # func -> (op, where its ranked axis is given: (position, keyword, default)); argmax/argmin's default None flattens
 WATCHED = {}

@@ -11,25 +11,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.batches import check_every_step, check_forward_keys
-from common.checkpoints import TORCH_BUFFERS
 from common.cli import INPUT_ERRORS, Parser, fail
 from common.data import make_dataset, rows
-from common.fsutil import write_json_atomic
-from common.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
+from common.data.batches import check_every_step, check_forward_keys
+from common.files.fsutil import write_json_atomic
 from common.presets import load_spec
 from common.spec import RunSpec, SpecError, TwinSpec
-from common.start_state import TORCH_STATE, storable
 from common.twin import TwinError, twin_of, user_loss
+from common.twin.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
+from common.twin.start_state import TORCH_STATE, storable
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
+from common.weights.checkpoints import TORCH_BUFFERS
 from driver.process import exit_process
 from torch_impl.checkpoint_io import load_torch_side
 
 
 def check_forward(model, spec: RunSpec) -> None:
     """A user twin's forward on step 0's first example (no gradients, eval mode) must return the logits: a
-    tensor, or an output holding them (common/outputs.py). A forward that raises is left to the run, which
+    tensor, or an output holding them (common/twin/outputs.py). A forward that raises is left to the run, which
     reports it the same on every backend."""
     import torch
 
@@ -99,7 +99,7 @@ def check_float64(model, inputs) -> None:
 
 def start_state(model) -> dict:
     """Every buffer the model holds but its BatchNorms' running statistics (carried apart), as the factory built
-    it (common/start_state.py)."""
+    it (common/twin/start_state.py)."""
     import torch
     from torch.nn.modules.batchnorm import _NormBase
 

@@ -1,15 +1,15 @@
 """python -m torch_impl.export --spec S --canonical IN.safetensors --to OUT: the torch side of
 `python -m compare.convert`: canonical weights loaded into the twin's torch model (through the derived
 correspondence), its parameters written as a state_dict, `.pt` (torch.save) or `.safetensors`, atomically, never over an
-existing file without --overwrite (`common.targets`); a write that fails (disk full) is exit 7."""
+existing file without --overwrite (`common.data.targets`); a write that fails (disk full) is exit 7."""
 from __future__ import annotations
 
 import io
 from pathlib import Path
 
 from common.cli import INPUT_ERRORS, Parser, fail
+from common.data.targets import TargetWriteError, file_target
 from common.presets import load_spec
-from common.targets import TargetWriteError, file_target
 from common.vocab import ExitCode
 from common.weights import CheckpointError, load_checkpoint
 from driver.process import exit_process

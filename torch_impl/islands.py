@@ -14,9 +14,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from common.modules import ROOT_MODULE
-from common.outputs import forward
 from common.spec import SpecError
+from common.twin.modules import ROOT_MODULE
+from common.twin.outputs import forward
 
 NARROW = (torch.float32, torch.float16, torch.bfloat16)
 OPS_KEPT = 6  # op names listed per module

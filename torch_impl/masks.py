@@ -1,4 +1,4 @@
-"""torch's dropout fed common's masks (common/masks.py), for every torch runtime: eager, torch_xla, torchax.
+"""torch's dropout fed common's masks (common/data/masks.py), for every torch runtime: eager, torch_xla, torchax.
 
 While `fed_dropout(feed)` is open, `torch.nn.functional.dropout` (what `nn.Dropout` and
 `nn.MultiheadAttention` call) multiplies its input by the feed's next mask instead of drawing one:
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.masks import MaskFeed, drawing_feed
+from common.data.masks import MaskFeed, drawing_feed
 from common.spec import RunSpec
 from common.vocab import MaskSource
 

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.outputs import use_forward_kwargs
 from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec
 from common.twin import TwinError, factory_error, forward_kwargs_of, hparams_of, resolve, twin_of
+from common.twin.outputs import use_forward_kwargs
 
 
 def at_least_float32(t: torch.Tensor) -> torch.Tensor:
@@ -145,7 +145,7 @@ class GPT(nn.Module):
         return F.linear(x, self.wte.weight) if self.lm_head is None else self.lm_head(x)
 
 
-# The built-in twins' torch factories (common/twin.py BUILTIN): called with the spec's fields.
+# The built-in twins' torch factories (common/twin/ BUILTIN): called with the spec's fields.
 def mlp(**hparams) -> MLP:
     return MLP(MLPSpec(**hparams))
 

@@ -1,7 +1,7 @@
 """A parity tensor's summary computed where it lives, by torch ops (`--tensors summary|auto` on eager torch): the
 canonical layout is made on the tensor's device, the statistics reduced there and the sampled values gathered
 there; only those few numbers reach the host (one copy per tensor), never the tensor whole. jax_impl/summary.py
-is the JAX twin; common/summary.py defines the summary.
+is the JAX twin; common/files/tensor_summary.py defines the summary.
 
 torch_xla summarizes on the host: on its device every summary would compile graphs of its own between the run's,
 whose order maps each compile to its cause and its HLO (torch_xla_impl/instrument.py), and its eval-mode forward
@@ -19,14 +19,14 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from common.links import Correspondence
-from common.summary import TensorSummary, sample_indices
-from common.tensor_file import summarized
+from common.files.tensor_file import summarized
+from common.files.tensor_summary import TensorSummary, sample_indices
+from common.twin.links import Correspondence
 from torch_impl.convert import host_float, to_canonical
 
 
 class _Array:
-    """A torch tensor seen through the numpy methods common/links.py and common/layouts.py call on an array
+    """A torch tensor seen through the numpy methods common/twin/links.py and common/spec/layouts.py call on an array
     (`transpose` by a permutation, `reshape`, slicing with negative steps), so that they convert it in place."""
 
     def __init__(self, tensor: torch.Tensor):
@@ -77,8 +77,8 @@ def canonical_on_device(tensors: Mapping[str, torch.Tensor], corr: Correspondenc
 
 
 def device_summary(name: str, x: torch.Tensor) -> TensorSummary:
-    """The summary of canonical tensor `name` (its tensor-file key), equal to common.summary.summarize's of the
-    same values (as float32) in its shape, sampled values, count, non-finite count and largest magnitude."""
+    """The summary of canonical tensor `name` (its tensor-file key), equal to common.files.tensor_summary.summarize's
+    of the same values (as float32) in its shape, sampled values, count, non-finite count and largest magnitude."""
     shape = tuple(x.shape)
     indices = sample_indices(name, shape)
     flat = x.detach().reshape(-1)

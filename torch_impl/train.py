@@ -12,14 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from common.activations import Capture, torch_output_layout
+from common.capture.activations import Capture, torch_output_layout
+from common.capture.decisions import read_decisions
 from common.data import held_inputs, make_dataset
-from common.decisions import read_decisions
-from common.outputs import array_outputs, forward, logits_of, loss_batch
+from common.files.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.provoke import provoked_batch, python_value, with_python_value
-from common.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
+from common.twin.outputs import array_outputs, forward, logits_of, loss_batch
 from common.vocab import RecordStatus
 from common.weights import start_info, start_state
 from driver.harness import RunOptions
@@ -136,7 +136,7 @@ class TorchTrainer:
         return torch.from_numpy(np.ascontiguousarray(part)).to(self.device)
 
     def loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:
-        """Loss and array outputs (common.outputs.array_outputs) of step 0's batch."""
+        """Loss and array outputs (common.twin.outputs.array_outputs) of step 0's batch."""
         with self.autocast(), self.masks(0):
             outputs = forward(self.model, inputs)
         return self.loss_fn(outputs, loss_batch(inputs, targets)), array_outputs(outputs, self.which)

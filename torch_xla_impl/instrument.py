@@ -26,9 +26,9 @@ from pathlib import Path
 from analysis.hlo import buffer_assignment_memory, op_histogram, reported_ops
 from analysis.recompile import classify_graph_change
 from analysis.recompile import entry as recompile_entry
-from common.fsutil import unusable_cache_dir
+from common.files.fsutil import unusable_cache_dir
+from common.files.record import CompileEvent, RunRecord
 from common.procs import pid_alive
-from common.record import CompileEvent, RunRecord
 from common.vocab import Phase, TraceMode
 
 GRAPH_NAME = "SyncTensorsGraph"  # what torch_xla calls every graph a sync cuts

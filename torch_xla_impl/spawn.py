@@ -35,7 +35,7 @@ from pathlib import Path
 
 from common.cli import INPUT_ERRORS
 from common.spec import RunSpec
-from common.spec_parse import run_spec_from_dict
+from common.spec.parse import run_spec_from_dict
 from driver.harness import RunOptions
 
 ERRORS_DIR = ".replica-errors"  # each failing replica's exception, read back by run_spawn, then removed
@@ -44,8 +44,8 @@ ERRORS_DIR = ".replica-errors"  # each failing replica's exception, read back by
 def _replica(index: int, spec_dict: dict, options: RunOptions, progress: bool) -> None:
     import torch_xla.runtime as xr
 
-    from common.record import write_record
-    from common.tensor_file import write_tensors
+    from common.files.record import write_record
+    from common.files.tensor_file import write_tensors
     from driver import harness
     from driver.backend_main import progress_printer
     from torch_xla_impl.instrument import CompileMonitor, NoMonitor
@@ -100,7 +100,7 @@ def run_spawn(spec: RunSpec, options: RunOptions, progress_enabled: bool, replic
     raised as itself, whichever way the others ended (a broken barrier, XLA's rendezvous abort)."""
     import torch_xla.distributed.xla_multiprocessing as xmp
 
-    from common.record import read_record
+    from common.files.record import read_record
 
     out_dir = options.out_dir
     try:

@@ -34,13 +34,13 @@ import torch_xla.core.xla_model as xm
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 
-from common.activations import Capture, torch_output_layout
+from common.capture.activations import Capture, torch_output_layout
 from common.data import held_inputs, make_dataset
-from common.outputs import array_outputs, forward, loss_batch
+from common.files.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.provoke import python_value, with_python_value
-from common.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions, throughput_summary
 from common.spec import RunSpec
 from common.twin import twin_of
+from common.twin.outputs import array_outputs, forward, loss_batch
 from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
 from common.weights import start_info, start_state
 from driver.harness import RunOptions
@@ -122,7 +122,7 @@ class TorchXlaTrainer:
         return batches.checked(pl.MpDeviceLoader(cpu_loader, self.device, input_sharding=self.input_sharding))
 
     def loss(self, batch) -> torch.Tensor:
-        """Loss and array outputs (common.outputs.array_outputs) of step 0's batch."""
+        """Loss and array outputs (common.twin.outputs.array_outputs) of step 0's batch."""
         with self.autocast(), step_masks(self.spec, 0, self.device):
             outputs = forward(self.model, batch["inputs"])
         loss = self.loss_fn(outputs, self.loss_batch(batch["inputs"], batch["targets"]))

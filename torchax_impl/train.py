@@ -32,11 +32,11 @@ import torch
 import torchax
 from torchax import interop
 
-from common.activations import Capture, kept_float, torch_output_layout
-from common.outputs import array_outputs, loss_batch
-from common.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions
+from common.capture.activations import Capture, kept_float, torch_output_layout
+from common.files.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions
 from common.spec import RunSpec
 from common.twin import twin_of
+from common.twin.outputs import array_outputs, loss_batch
 from common.weights import start_info, start_state
 from driver.harness import RunOptions
 from jax_impl import sharding
@@ -110,7 +110,7 @@ class TorchaxTrainer(JittedTrainer):
 
     def _call(self, states: dict, inputs, running: dict, *, training: bool = True, targets=None):
         """The torch module's forward over `states` (jax arrays by state_dict name; torchax.extract_jax's
-        call, in `training` mode): its array outputs by name (common.outputs.array_outputs), with `targets`
+        call, in `training` mode): its array outputs by name (common.twin.outputs.array_outputs), with `targets`
         after the run's loss (task_loss, in torch on the forward's whole output), and the running statistics as
         the forward left them."""
         env = torchax.default_env()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.fsutil import write_json_atomic
-from common.record import RunRecord, timed_from
+from common.files.fsutil import write_json_atomic
+from common.files.record import RunRecord, timed_from
 from common.vocab import Phase
 from compare.explain.profile import step_breakdown
 from compare.explain.program import compiled_program

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from analysis.hlo import matmul_flops, op_histogram, program_summary
 from common import backends
-from common.record import RunRecord
+from common.files.record import RunRecord
 
 NOT_COMPILED = "eager: runs op by op, no compiled program"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.summary import TensorSummary
+from common.files.tensor_summary import TensorSummary
 from compare.judge.tensor_error import by_summary, module_error
 
 

@@ -1,4 +1,4 @@
-"""A pair's step-0 decisions (top-k, argmax, sort: common/decisions.py) judged, and what they do to its verdict.
+"""A pair's step-0 decisions (top-k, argmax, sort: common/capture/decisions.py) judged, and what they do to its verdict.
 
 Where the two sides chose alike, nothing changes. Where a choice differs by more than rounding (the scores apart,
 or a margin wider than the bound), the port decides otherwise: the pair fails there, at the module that made the
@@ -11,7 +11,7 @@ difference and is named. Without such a capture (a runtime that cannot take anot
 fails with the flips explained and no module blamed."""
 from __future__ import annotations
 
-from common.decisions import compare_decisions, decision_words, from_tensors
+from common.capture.decisions import compare_decisions, decision_words, from_tensors
 
 IMPOSED = "imposed"  # the other side's tensors captured with the reference's choices (its `imposed` entry)
 NOT_JUDGED = ("steps after 0 not judged: the runs chose differently at step 0 (ties flipped by rounding), so their "

@@ -1,7 +1,7 @@
 """`--check-determinism`: each backend ran twice; are the per-step losses of the two runs bitwise equal?"""
 from __future__ import annotations
 
-from common.record import RecordError, read_record
+from common.files.record import RecordError, read_record
 from common.vocab import ReportStatus
 from compare.judge.verdict import CheckResult
 

@@ -9,7 +9,7 @@ tables that set backends side by side say so in their title, and one warning lin
 """
 from __future__ import annotations
 
-from common.record import RunRecord
+from common.files.record import RunRecord
 from common.vocab import ReportStatus
 from compare.judge.verdict import CheckResult
 

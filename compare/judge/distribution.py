@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.summary import TensorSummary, summarize
+from common.files.tensor_summary import TensorSummary, summarize
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -49,8 +49,8 @@ def logit_agreement(ref: np.ndarray, other: np.ndarray, chunk: int = 4096) -> di
 
 
 def _sampled_rows(ref, other) -> tuple:
-    """The logit rows two summaries kept (common/summary.py: the same rows on both sides; a side kept whole is
-    summarized alike), and how many of how many positions; (None, None, None) when they sampled other rows."""
+    """The logit rows two summaries kept (common/files/tensor_summary.py: the same rows on both sides; a side kept
+    whole is summarized alike), and how many of how many positions; (None, None, None) when they sampled other rows."""
     ref_s, other_s = (x if isinstance(x, TensorSummary) else summarize("outputs/logits", x) for x in (ref, other))
     if ref_s.shape != other_s.shape or not np.array_equal(ref_s.indices, other_s.indices):
         return None, None, None

@@ -1,6 +1,6 @@
 """A located module's arguments besides its first, set side by side where both captures kept them, so that "its
 input agrees" is said of what was compared. Each capture keeps a module's other array arguments of its first call,
-none larger than its first (`<module>:in#<position or keyword>`, common/activations.py FIELD_MARK).
+none larger than its first (`<module>:in#<position or keyword>`, common/capture/activations.py FIELD_MARK).
 
 Arrays of one shape under one key are compared as they are. One rule knows routing, where the two sides pass it
 in other forms: a Mixture-of-Experts' experts called with (tokens, k) expert indices and (tokens, k) weights (as
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.activations import FIELD_MARK
-from common.modules import ROOT_MODULE
+from common.capture.activations import FIELD_MARK
+from common.twin.modules import ROOT_MODULE
 from compare.judge.tensor_error import module_error
 
 ROUTING = "routing weights"

@@ -11,7 +11,7 @@ and says which parts float64 resolved (compare/judge/sensitivity.py).
 """
 from __future__ import annotations
 
-from common.record import RunRecord
+from common.files.record import RunRecord
 
 
 def islands_of(ref: RunRecord, other: RunRecord) -> dict[str, dict[str, str]]:

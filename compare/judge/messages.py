@@ -1,7 +1,7 @@
 """The one line a failed pair's parity is said in (report.json's message): where it parts and by how much."""
 from __future__ import annotations
 
-from common.modules import ROOT_MODULE
+from common.twin.modules import ROOT_MODULE
 from compare.judge.curves import curves_words
 from compare.judge.decided import decisions_cell
 from compare.judge.tensor_error import BORDERLINE, passes_with_words

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.summary import TensorSummary
+from common.files.tensor_summary import TensorSummary
 
 FACTOR = 3.0
 FLOOR_DIR = "noise-floor"

@@ -4,8 +4,8 @@ of: where it is the only module that differs, its output is the loss (a scalar o
 it returns agree, the sides part in the loss, not in the model (`in_loss`, said where the location would be)."""
 from __future__ import annotations
 
-from common.modules import ROOT_MODULE
-from common.record import RunRecord
+from common.files.record import RunRecord
+from common.twin.modules import ROOT_MODULE
 
 
 def mark_own_loss(forward: dict | None, ref: RunRecord, tensors: dict, ref_activations: dict) -> None:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 
-from common.activations import FIELD_MARK
-from common.modules import ROOT_MODULE
-from common.record import RunRecord
-from common.summary import TensorSummary
+from common.capture.activations import FIELD_MARK
+from common.files.record import RunRecord
+from common.files.tensor_summary import TensorSummary
+from common.twin.modules import ROOT_MODULE
 from compare.judge import noise_floor
 from compare.judge.backward import first_divergent_module_backward
 from compare.judge.curves import compare_curves

@@ -1,4 +1,4 @@
-"""A twin's start state judged (common/start_state.py): each buffer linked to its NNX Variable, compared as both
+"""A twin's start state judged (common/twin/start_state.py): each buffer linked to its NNX Variable, compared as both
 sides' factories built it, before anything trains. Floats within the forward bounds of their dtype (they are
 computed, as activations are, not trained), integers and booleans exactly; a pair whose shapes differ differs.
 What was not compared is listed: a torch buffer with no NNX Variable of its name (a port that computes its table
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE
+from common.twin.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE
 from common.vocab import ReportStatus
 from common.weights import read_safetensors
 from compare.judge.tolerances import load_policy

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.record import RecordError, read_record
+from common.files.record import RecordError, read_record
 from common.vocab import ReportStatus
 from compare.judge.verdict import CheckResult
 

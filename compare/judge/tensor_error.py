@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from common.summary import TensorSummary, summarize, summary_checks
+from common.files.tensor_summary import TensorSummary, summarize, summary_checks
 
 BORDERLINE = 0.5  # an agreeing module input using more of its bound than this may carry the difference already
 
@@ -124,7 +124,7 @@ def tensor_error(ref: np.ndarray, other: np.ndarray, atol: float, rtol: float,
 def module_error(a, b, bounds: dict, names: tuple[str, str], key: str) -> dict:
     """A module's step-0 activation (or its gradient, `key` its tensor-file key) against the reference's, whole
     or by summary (a capture under --tensors summary|auto). Both sides store activations channel-last, each in
-    the layout its module fixes (common/activations.py): shapes that still differ are a difference of the ports
+    the layout its module fixes (common/capture/activations.py): shapes that still differ are a difference of the ports
     (a padding that changes a size), which diverges, said as such, never transposed into agreement. Shapes
     that differ only by axes of size 1 (a norm fed (N, C, 1, 1) on one side and (N, C) on the other) hold the
     same elements in the same order: compared as they are."""
@@ -142,7 +142,7 @@ def module_error(a, b, bounds: dict, names: tuple[str, str], key: str) -> dict:
 
 def summary_error(key: str, ref, other, atol: float, rtol: float, names: tuple[str, str],
                   fraction: float = 0.0) -> dict:
-    """A tensor judged by its summary (common/summary.py), either side kept whole or summarized: element by
+    """A tensor judged by its summary (common/files/tensor_summary.py), either side kept whole or summarized: element by
     element on the sample, against the bound the whole tensor sets (atol + rtol * max|ref|, from its
     statistics), and by the checks its statistics allow (summary_checks: each a necessary condition of
     element-wise agreement, so a failed one fails the tensor). `abs` is the larger of the sample's error and

@@ -40,8 +40,8 @@ import math
 from pathlib import Path
 
 from common import backends
-from common.fsutil import require_regular_file
-from common.record import RunRecord
+from common.files.fsutil import require_regular_file
+from common.files.record import RunRecord
 from compare.judge.islands import island_policy, islands_of
 
 KINDS = ("forward", "grad", "loss", "params")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.summary import TensorSummary
+from common.files.tensor_summary import TensorSummary
 
 EPSILON = {"float32": float(np.finfo(np.float32).eps), "bfloat16": 2.0 ** -7,
            "float64": float(np.finfo(np.float64).eps)}
@@ -28,7 +28,8 @@ SHARE_OF_EPSILON = 0.25
 
 
 def _max_abs(tree: dict) -> dict[str, float]:
-    """{parameter: max|gradient|} of every all-finite gradient, kept whole or as a summary (common/summary.py)."""
+    """{parameter: max|gradient|} of every all-finite gradient, kept whole or as a summary
+    (common/files/tensor_summary.py)."""
     out = {}
     for name, g in tree.items():
         if isinstance(g, TensorSummary):

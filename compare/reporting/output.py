@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from common.cli import fail
-from common.fsutil import write_json_atomic, write_text_atomic
+from common.files.fsutil import write_json_atomic, write_text_atomic
 from common.vocab import BackendStatus, ExitCode, ReportStatus
 from compare.options import Output
 from compare.reporting.plots import PLOT_FILES, write_plots

@@ -5,7 +5,7 @@ import math
 import sys
 from pathlib import Path
 
-from common.fsutil import atomic_path
+from common.files.fsutil import atomic_path
 
 PLOT_FILES = ("loss.png", "loss_diff.png", "step_time.png")  # every file write_plots may write
 

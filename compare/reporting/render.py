@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from common.modules import ROOT_MODULE
+from common.twin.modules import ROOT_MODULE
 from compare.explain.program import metric_rows
 from compare.judge.decided import decisions_cell
 from compare.judge.sensitivity import sensitivity_line

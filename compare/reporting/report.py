@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common.record import RECORD_FILE, RecordError, read_record
+from common.files.record import RECORD_FILE, RecordError, read_record
+from common.files.tensor_file import read_tensors
 from common.spec import RunSpec
-from common.tensor_file import read_tensors
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.explain.figures import backend_summary, cpu_peak, wall_breakdown
 from compare.judge.decided import IMPOSED

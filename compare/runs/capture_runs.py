@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from common.data import in_first_capture
-from common.record import RECORD_FILE, RecordError, read_record
-from common.tensor_file import read_tensors
+from common.files.record import RECORD_FILE, RecordError, read_record
+from common.files.tensor_file import read_tensors
 from compare.runs.orchestrate import BackendRun, run_backend
 
 CAPTURE_DIR = "activations"
@@ -86,7 +86,7 @@ def capture(names: list[str], pythons: dict[str, str], launches: dict, out: Path
             for name in names}
 
 
-# what a record says of its step-0 capture besides the arrays (common.activations.Capture), by extra key
+# what a record says of its step-0 capture besides the arrays (common.capture.activations.Capture), by extra key
 CAPTURE_FACTS = ("activations_skipped", "activations_more_inputs", "activations_more_outputs")
 
 
@@ -94,7 +94,7 @@ IMPOSED_DIR = "imposed"  # <backend>/activations/imposed: the capture with the r
 
 
 def capture_facts(record) -> dict:
-    """The capture's facts, and its decisions' (common/decisions.py: module, op, k of each, in call order)."""
+    """The capture's facts, and its decisions' (common/capture/decisions.py: module, op, k of each, in call order)."""
     return {**{k: getattr(record.extra, k) or {} for k in CAPTURE_FACTS}, "decisions_facts": record.extra.decisions or [],
             "capture_at": record.extra.capture_at or [0, 0]}
 

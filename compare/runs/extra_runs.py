@@ -5,7 +5,7 @@ found on their summaries."""
 from __future__ import annotations
 
 from common import backends
-from common.record import RECORD_FILE
+from common.files.record import RECORD_FILE
 from common.vocab import BackendStatus, ParityMode
 from compare.judge.decided import needs_imposing
 from compare.options import CompareOptions

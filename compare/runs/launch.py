@@ -4,7 +4,7 @@ compare resolves every backend's spec here (`side_spec`), from the run's spec (a
 prepared for a twin or a checkpoint) with the overrides of both sides and of its own (`--<name>-set`): once before
 the preparation and once after it (compare/options.py `with_specs`); each launch changes only run settings of it
 (steps, dtype, seed, start jitter), and
-`run_backend` writes it into the backend's run directory as `spec.json` (common.record.SPEC_FILE) before the
+`run_backend` writes it into the backend's run directory as `spec.json` (common.files.record.SPEC_FILE) before the
 backend starts: a twin reaches a backend as data (its canonical tree and layouts filled in), never as flags
 to resolve again. The flags carry no spec: parity tensors, activations, the start checkpoint, the compile
 cache, profile, HLO, provoked recompiles, the run id and what a registry row passes through.
@@ -17,7 +17,7 @@ from pathlib import Path
 from common import backends
 from common.cli import resolve_spec
 from common.spec import RunSpec, TwinSpec
-from common.spec_parse import apply_overrides
+from common.spec.parse import apply_overrides
 from compare.judge.noise_floor import JITTER_ULPS
 from compare.options import CompareOptions, Group
 from compare.runs.cache import backend_cache_dir

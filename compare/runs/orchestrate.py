@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import backends
-from common.fsutil import write_json_atomic
+from common.files.fsutil import write_json_atomic
 from common.ops import OPS_DIR, OPS_FILE, refusal
 from common.procs import kill_group, start_group
 from common.protocol import outcome, run_request
-from common.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
+from common.files.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
 from common.vocab import BackendStatus
 from compare.runs.backend_output import BackendOutput
 from compare.runs.guard import GUARD

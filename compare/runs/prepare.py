@@ -6,7 +6,7 @@ same one: driver/describe_sides.py; else they run in parallel): the torch side w
 parameter tree and its start weights in torch names (`python -m torch_impl.describe`: the factory's
 initialisation, or the checkpoint it loads and checks), a user twin's NNX side its parameter tree,
 which is the canonical one (`python -m jax_impl.describe`; a built-in twin's is `param_infos`). Here,
-with numpy only, the correspondence is derived (`common.correspond`), so a tree that does not match
+with numpy only, the correspondence is derived (`common.twin.correspond`), so a tree that does not match
 fails now, listing every unmatched tensor, and the start weights are carried to the canonical layout,
 so every backend starts bit-identical. The result is a folder the backends read: `spec.json` (the spec
 with a user twin's canonical tree), `init.safetensors`, `correspondence.json` (for the user to read),
@@ -29,15 +29,15 @@ from typing import NamedTuple
 import numpy as np
 from safetensors.numpy import load_file
 
-from common import hf
-from common.checkpoint_ref import CheckpointRef
-from common.checkpoints import TORCH_BUFFERS
-from common.correspond import declared_layouts, derive
-from common.fsutil import write_json_atomic
-from common.modules import module_map, state_names
-from common.record import SPEC_FILE
+from common.twin import hf
+from common.weights.checkpoint_ref import CheckpointRef
+from common.weights.checkpoints import TORCH_BUFFERS
+from common.twin.correspond import declared_layouts, derive
+from common.files.fsutil import write_json_atomic
+from common.twin.modules import module_map, state_names
+from common.files.record import SPEC_FILE
 from common.spec import RunSpec, TwinSpec
-from common.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE, link_state
+from common.twin.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE, link_state
 from common.twin import TwinError, load_twin, twin_of
 from common.vocab import CheckpointFormat
 from common.weights import (
@@ -71,7 +71,7 @@ def weights_origin(spec: RunSpec, checkpoint: CheckpointRef | None) -> str:
     if isinstance(spec.model, TwinSpec):
         return (f"the torch side's own initialisation of twin {spec.model.twin} (train.seed={spec.train.seed}), "
                 f"{carried}")
-    return f"the canonical init (common/weights.py, train.seed={spec.train.seed}), built alike by every backend"
+    return f"the canonical init (common/weights/, train.seed={spec.train.seed}), built alike by every backend"
 
 
 def prepare_start(spec: RunSpec, checkpoint: CheckpointRef | None, torch_python: str, jax_python: str,

@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.fsutil import dangerous_dir, require_regular_file, write_json_atomic
+from common.files.fsutil import dangerous_dir, require_regular_file, write_json_atomic
 
 MARKER = ".xla-twins-run.json"
 LOCK = ".xla-twins-run.lock"

@@ -1,6 +1,6 @@
 """`--tensors auto`: summaries everywhere, whole tensors only where a summary leaves tolerance.
 
-Every backend keeps its parameter-sized tensors as summaries (common/summary.py). When a tensor judged by its
+Every backend keeps its parameter-sized tensors as summaries (common/files/tensor_summary.py). When a tensor judged by its
 summary leaves tolerance, compare runs the reference and that backend once more (the same spec, start,
 batches and provoked recompiles, so the same values; no HLO, profile or throughput, which change none), keeping
 those tensors whole (`--whole-tensors`), into `<run>/<backend>/whole-tensors/` (a noise-floor run's beside it,
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common.record import RECORD_FILE, RecordError, read_record
-from common.summary import TensorSummary, summarize
-from common.tensor_file import SUMMARIZED_GROUPS, read_tensors
+from common.files.record import RECORD_FILE, RecordError, read_record
+from common.files.tensor_summary import TensorSummary, summarize
+from common.files.tensor_file import SUMMARIZED_GROUPS, read_tensors
 
 WHOLE_DIR = "whole-tensors"
 AUTO_ABOVE_PARAMS = 20_000_000  # `--tensors` defaults to auto above this (80 MB of float32 parameters)

@@ -25,7 +25,7 @@ PARTITION_RULES = (
 )
 
 # Hugging Face's LlamaForCausalLM checkpoints load onto it: the same names behind "model.", and these
-# config fields must equal the hyperparameters (common/hf.py checks them, naming every mismatch)
+# config fields must equal the hyperparameters (common/twin/hf.py checks them, naming every mismatch)
 HF = {"model_type": "llama", "prefix": "model.",
       "config": {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
                  "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads", "intermediate_size": "d_ff",

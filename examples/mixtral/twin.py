@@ -15,7 +15,7 @@ from common.twin import Twin
 HPARAMS = {"vocab_size": 256, "seq_len": 32, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
            "d_ff": 96, "n_experts": 4, "top_k": 2, "rms_eps": 1e-5, "rope_theta": 1000000.0}
 
-# a save_pretrained directory of MixtralForCausalLM loads as from_pretrained loads it (common/hf.py stacks the
+# a save_pretrained directory of MixtralForCausalLM loads as from_pretrained loads it (common/twin/hf.py stacks the
 # per-expert layout transformers writes by default); these config fields must equal the hparams
 HF = {"model_type": "mixtral", "prefix": "",
       "config": {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",

@@ -5,7 +5,7 @@
     python -m compare --twin examples/resnet/twin.py:resnet_tiny_bn_momentum    # trains alike, evaluates apart
 
 16 channels on 16x16 images: the stem's and layer1's activations have the same shape in NCHW and NHWC,
-so only their known layouts set them side by side (common/activations.py).
+so only their known layouts set them side by side (common/capture/activations.py).
 """
 import dataclasses
 

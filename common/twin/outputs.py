@@ -86,7 +86,7 @@ def loss_refusal(value, side: str, twin) -> str:
     return ""
 
 
-_FORWARD_KWARGS: dict = {}  # this process's side's constant keywords (common/twin.py Twin.forward_kwargs)
+_FORWARD_KWARGS: dict = {}  # this process's side's constant keywords (common/twin/ Twin.forward_kwargs)
 
 
 def use_forward_kwargs(kwargs: Mapping) -> None:

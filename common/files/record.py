@@ -6,7 +6,7 @@ training, canonical names: `<NNX module>.mean`, `.var`), `eval` (`logits`: the t
 on a held batch, dropout off and BatchNorm on its running statistics) and `activations`: step 0's per-module
 outputs and inputs (`<module>:in`) in the order the modules finished, channel-last, and `activation_grads`: the
 step-0 loss's gradient at each of them, same keys and layout; a multi-process run's whole tensors in its
-processes' shard files: common/shards.py). Both are written atomically (temp file + rename), so a reader never
+processes' shard files: common/files/shards.py). Both are written atomically (temp file + rename), so a reader never
 sees half a file. `read_record` validates and raises `RecordError` with one line on a bad file.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.fsutil import require_regular_file, write_json_atomic
+from common.files.fsutil import require_regular_file, write_json_atomic
 from common.vocab import Phase, RecordStatus, values
 
 # 2: settle_steps, timeline, peak_rss_mb, trace_ms, trace_mode and compile_cache became typed
@@ -67,16 +67,16 @@ class RunExtra:
 
     tensors: str | None = None  # --tensors: how the tensor file keeps the parameter-sized groups (with --parity)
     capture_at: list[int] | None = None  # the (row, token) of step 0's batch the activation capture started at
-    activations_skipped: dict | None = None  # common.activations.Capture's facts besides its arrays
+    activations_skipped: dict | None = None  # common.capture.activations.Capture's facts besides its arrays
     activations_more_inputs: dict | None = None
     activations_more_outputs: dict | None = None
-    decisions: list | None = None  # step 0's top-k / argmax / sort choices (common/decisions.py)
+    decisions: list | None = None  # step 0's top-k / argmax / sort choices (common/capture/decisions.py)
     start: dict | None = None  # where the weights came from and what loading them cost (common.weights.start_info)
     provoked: list[str] | None = None  # the recompiles provoked on purpose (common/provoke.py)
     counters: dict | None = None  # torch_xla's own metrics counters
     eval_forward: str | None = None  # how the jax runtime's eval-mode forward ran
-    dropout_sites: list[str] | None = None  # step 0's dropout calls, fed common's masks (common/masks.py)
-    batch_arrays: dict | None = None  # a twin's own batches: what each array was (common/batches.py)
+    dropout_sites: list[str] | None = None  # step 0's dropout calls, fed common's masks (common/data/masks.py)
+    batch_arrays: dict | None = None  # a twin's own batches: what each array was (common/data/batches.py)
     loss: object = None  # what the run trained on: the task's loss, a twin's own ({side: function}) or "model"
     notes: dict = field(default_factory=dict)  # the runtime's own notes: {what: its words}
 

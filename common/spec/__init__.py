@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from common.layouts import LayoutError, check_layout
+from common.spec.layouts import LayoutError, check_layout
 from common.vocab import MaskSource, values
 
 
@@ -133,7 +133,7 @@ TASK_DATASETS = {"lm": ("synthetic-tokens", "tokens-file"), "regression": ("synt
 
 @dataclass(frozen=True)
 class TwinSpec:
-    """A user's own twin (`common/twin.py`): the hyperparameters its two factories take (`--set
+    """A user's own twin (`common/twin/`): the hyperparameters its two factories take (`--set
     model.<name>=...` reaches them) and the canonical parameter tree, which is the NNX model's
     (names and shapes; `python -m compare --twin` fills it in before any backend runs).
 
@@ -148,7 +148,7 @@ class TwinSpec:
     hparams: dict = field(default_factory=dict)
     io: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)  # canonical name -> shape (list of ints)
-    # canonical name -> layout (common/layouts.py) where the twin declared one or the sides' module types
+    # canonical name -> layout (common/spec/layouts.py) where the twin declared one or the sides' module types
     # decided it (a ConvTranspose): filled in with `params`, so that each backend derives the same links
     layouts: dict = field(default_factory=dict)
 
@@ -324,7 +324,7 @@ class MeshSpec:
 @dataclass(frozen=True)
 class DataSpec:
     """Where batches come from. `path` is used by 'arrays' (.npz with x, y, or a custom task's named arrays),
-    'batches' (a custom task's batch function, common/batches.py) and
+    'batches' (a custom task's batch function, common/data/batches.py) and
     'tokens-file' (flat uint16 .bin read with np.memmap, or a 1-D .npy)."""
 
     dataset: Literal["synthetic-classification", "digits", "synthetic-regression", "synthetic-tokens", "arrays",

@@ -1,4 +1,4 @@
-"""The one-line message of two parameter trees that do not correspond (common/correspond.py): a summary first
+"""The one-line message of two parameter trees that do not correspond (common/twin/correspond.py): a summary first
 (with the one rename that would match them all, when there is one), then each unmatched tensor with its
 closest candidate on the other side, chosen among the shapes some layout links."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import re
 from collections.abc import Mapping
 
-from common.layouts import CONV, SAME, TRANSPOSE
-from common.layouts import torch_shape as torch_shape_of
+from common.spec.layouts import CONV, SAME, TRANSPOSE
+from common.spec.layouts import torch_shape as torch_shape_of
 
 
 def module_leaf(name: str) -> tuple[str, str]:

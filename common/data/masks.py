@@ -23,7 +23,7 @@ import numpy as np
 
 from common.vocab import MaskSource
 
-MASK_STREAM = 0x6D61736B  # apart from every data stream (common/data.py seeds with 3 entries)
+MASK_STREAM = 0x6D61736B  # apart from every data stream (common/data/ seeds with 3 entries)
 
 
 class DropoutSite(NamedTuple):

@@ -1,11 +1,11 @@
 """Module-level correspondence between a torch model and its NNX twin, from the parameter trees' paths (the
-same name rules as common/correspond.py): which torch module is which NNX module (the step-0 capture
+same name rules as common/twin/correspond.py): which torch module is which NNX module (the step-0 capture
 compares their activations), and the NNX state names of torch BatchNorm's running statistics."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from common.correspond import module_leaf, normalised_path, renamed
+from common.twin.correspond import module_leaf, normalised_path, renamed
 
 ROOT_MODULE = "(model)"  # the whole model's name among the step-0 activations (its own forward's code)
 RUNNING_STATISTICS = {"running_mean": "mean", "running_var": "var"}  # torch BatchNorm -> nnx.BatchNorm

@@ -7,8 +7,8 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from common.layouts import NAMED, LayoutError, check_layout
 from common.spec import AXES, TASKS, DataSpec, SpecError, TrainSpec
+from common.spec.layouts import NAMED, LayoutError, check_layout
 
 
 class TwinError(SpecError):

@@ -1,4 +1,4 @@
-"""The links between a torch model's parameters and its NNX twin's (derived by common/correspond.py), and the
+"""The links between a torch model's parameters and its NNX twin's (derived by common/twin/correspond.py), and the
 conversion of whole trees (parameters, gradients, partition specs) along them, both ways: numpy only (or another
 array module a backend passes), exact."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.layouts import (
+from common.spec.layouts import (
     CONV_TRANSPOSE,
     Rearrangement,
     is_rearrangement,
@@ -16,14 +16,14 @@ from common.layouts import (
     to_torch_layout,
     torch_axes,
 )
-from common.layouts import torch_shape as torch_shape_of
+from common.spec.layouts import torch_shape as torch_shape_of
 
 
 @dataclass(frozen=True)
 class Link:
     torch: str
     canonical: tuple[str, ...]  # several when the torch tensor packs them (split along its dim 0)
-    layout: str  # a named layout or a declared rearrangement (common/layouts.py)
+    layout: str  # a named layout or a declared rearrangement (common/spec/layouts.py)
     # each canonical tensor's shape before the reshape to its own (heads split: (E, H*D) -> (E, H, D)); empty:
     # no reshape
     flat: tuple = ()

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.batch import CHAIN, EPOCH_ORDER, EXAMPLES, OFFSETS, TEACHER, Batch, DataError, seeded_rng
-from common.fsutil import require_regular_file
+from common.data.batch import CHAIN, EPOCH_ORDER, EXAMPLES, OFFSETS, TEACHER, Batch, DataError, seeded_rng
+from common.files.fsutil import require_regular_file
 from common.spec import MLPSpec, RunSpec
 from common.weights import widened
 
@@ -43,7 +43,7 @@ def activation_inputs(spec: RunSpec, inputs, at: tuple[int, int] = (0, 0)):
         start = max(0, min(row, len(v) - ACTIVATION_ROWS))
         return np.ascontiguousarray(v[start:start + ACTIVATION_ROWS])
 
-    if isinstance(inputs, dict):  # a twin's own batch (common/batches.py): each named array's rows
+    if isinstance(inputs, dict):  # a twin's own batch (common/data/batches.py): each named array's rows
         return {k: rows(v) for k, v in inputs.items()}
     if spec.is_language_model:
         return np.ascontiguousarray(inputs[row:row + 1, :max(ACTIVATION_TOKENS, token + 1)])
@@ -286,7 +286,7 @@ class Widened:
 def _dataset(spec: RunSpec):
     kind = spec.data.dataset
     if kind == "batches" or spec.task == "custom":  # the twin's own named arrays
-        from common.batches import make_batches
+        from common.data.batches import make_batches
 
         return make_batches(spec)
     if kind == "synthetic-classification":

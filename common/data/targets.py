@@ -7,7 +7,7 @@ new, empty, or a checkpoint this toolkit wrote: one holding MARKER, which lists 
 checkpoint wrote. Replacing one needs `--overwrite` and removes only the entries its marker lists (files
 a user put beside them stay). The new checkpoint is written into a temporary directory beside the
 target and moved into place, so a failure leaves the target as it was. A dangerous directory
-(`common.fsutil.dangerous_dir`: `/`, the home, the current directory, the checkout, their parents) is
+(`common.files.fsutil.dangerous_dir`: `/`, the home, the current directory, the checkout, their parents) is
 refused whatever it holds.
 
 Refusals are `TargetError` (an input error: exit 2); a write that fails (disk full, a directory that
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.fsutil import dangerous_dir, require_regular_file, write_json_atomic
+from common.files.fsutil import dangerous_dir, require_regular_file, write_json_atomic
 from common.weights import CheckpointError
 
 MARKER = ".xla-twins-checkpoint.json"

@@ -1,6 +1,6 @@
-"""A run's tensor file, `tensors.npz` beside its record (common/record.py): canonical tensors by group, whole or as
-summaries (common/summary.py), a multi-process run's whole tensors in its processes' shard files
-(common/shards.py); written atomically, read lazily and checked whole as it opens."""
+"""A run's tensor file, `tensors.npz` beside its record (common/files/record.py): canonical tensors by group, whole
+or as summaries (common/files/tensor_summary.py), a multi-process run's whole tensors in its processes' shard
+files (common/files/shards.py); written atomically, read lazily and checked whole as it opens."""
 from __future__ import annotations
 
 import zipfile
@@ -9,19 +9,20 @@ from pathlib import Path
 
 import numpy as np
 
-from common import shards, summary
-from common.fsutil import atomic_path, require_regular_file
-from common.record import RecordError, RunRecord
+from common.files import shards, tensor_summary
+from common.files.fsutil import atomic_path, require_regular_file
+from common.files.record import RecordError, RunRecord
 
 TENSORS_FILE = "tensors.npz"
 TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations", "activation_grads", "decisions")
-# --tensors: kept whole, or (summary) as summaries (common/summary.py) where larger than SUMMARIZED_GROUPS says;
+# --tensors: kept whole, or (summary) as summaries (common/files/tensor_summary.py) where larger than
+# SUMMARIZED_GROUPS says;
 # "auto" is compare's: backends keep summaries, a second pass those leaving tolerance whole
 # (compare/runs/second_pass.py)
 BACKEND_TENSOR_MODES = ("full", "summary")
 TENSOR_MODES = (*BACKEND_TENSOR_MODES, "auto")
-SUMMARIZED_GROUPS = {"grads": summary.SAMPLE_SIZE, "params": summary.SAMPLE_SIZE, "state": summary.SAMPLE_SIZE,
-                     "activations": summary.SAMPLE_SIZE, "activation_grads": summary.SAMPLE_SIZE,
+SUMMARIZED_GROUPS = {**dict.fromkeys(("grads", "params", "state", "activations", "activation_grads"),
+                                   tensor_summary.SAMPLE_SIZE),
                      "outputs": 2 ** 20, "eval": 2 ** 20}  # group: elements kept whole up to (4 MiB of float32)
 
 
@@ -42,8 +43,8 @@ def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]],
             raise ValueError(f"unknown tensor group {group!r}")
         for name, value in tensors.items():
             key = f"{group}/{name}"
-            if isinstance(value, summary.TensorSummary):  # summarized where it lives (jax_impl/summary.py)
-                arrays.update(summary.to_arrays(key, value))
+            if isinstance(value, tensor_summary.TensorSummary):  # summarized where it lives (jax_impl/summary.py)
+                arrays.update(tensor_summary.to_arrays(key, value))
                 continue
             if isinstance(value, shards.ShardedTensor):  # its values in the processes' shard files
                 arrays.update(shards.tensor_file_entries(key, value))
@@ -52,7 +53,7 @@ def write_tensors(run_dir: str | Path, groups: dict[str, dict[str, np.ndarray]],
             if value.dtype.kind not in "biuf":  # e.g. ml_dtypes' bfloat16, which npz cannot round-trip
                 value = value.astype(np.float32)
             if summarized(key, value.size, mode, whole):
-                arrays.update(summary.to_arrays(key, summary.summarize(key, value)))
+                arrays.update(tensor_summary.to_arrays(key, tensor_summary.summarize(key, value)))
             else:
                 arrays[key] = value
     with atomic_path(Path(run_dir) / TENSORS_FILE) as tmp:
@@ -100,7 +101,7 @@ def _entry_dtype(npz, key: str) -> np.dtype:
 
 def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, Mapping]:
     """The tensor file a record points to, as {group: {name: array (read when asked for: LazyTensors), or a
-    common.summary.TensorSummary}}. The whole file is checked first, streamed (every entry's CRC and dtype):
+    tensor_summary.TensorSummary}}. The whole file is checked first, streamed (every entry's CRC and dtype):
     a corrupt or foreign file is one RecordError here, not a failure in the middle of a report."""
     if not record.tensors:
         raise RecordError(f"run record {record_path} has no tensor file (run the backend with --parity)")
@@ -110,7 +111,7 @@ def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, Mappin
     order: dict[str, dict[str, None]] = {g: {} for g in TENSOR_GROUPS}  # names as written, whole or summarized
     summaries: dict[tuple[str, str], dict] = {}
     sharded: dict[str, dict] = {g: {} for g in TENSOR_GROUPS}
-    run = None  # the run and process count of a multi-process run's shard files (common/shards.py)
+    run = None  # the run and process count of a multi-process run's shard files (common/files/shards.py)
     require_regular_file(path, "tensor file", RecordError)
     try:
         npz = np.load(path)
@@ -139,7 +140,7 @@ def read_tensors(record_path: str | Path, record: RunRecord) -> dict[str, Mappin
         kept: dict[str, dict] = {g: {} for g in TENSOR_GROUPS}
         for (group, name), parts in summaries.items():
             try:
-                kept[group][name] = summary.from_arrays(f"{group}/{name}", parts)
+                kept[group][name] = tensor_summary.from_arrays(f"{group}/{name}", parts)
             except ValueError as e:
                 raise RecordError(f"tensor file {path}: the summary of {group}/{name} is malformed: {e}") from None
         reader = shards.ShardReader(path.parent, *run, fail=RecordError) if any(sharded.values()) and run else None

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from common.fsutil import require_regular_file
+from common.files.fsutil import require_regular_file
 from common.procs import kill_group, start_group
 from common.spec import TASK_DATASETS, DataSpec, MeshSpec, ModelSpec, RunSpec, SpecError, TrainSpec, TwinSpec
-from common.twin_fields import TwinError, check_fields, plain, unplain
+from common.twin.fields import TwinError, check_fields, plain, unplain
 
 FRAMEWORKS = ("torch", "jax", "flax", "torch_xla", "torchax")
 LOAD_TIMEOUT_S = 1800.0  # compare's --timeout default: loading a twin file that hangs is bounded even without one
@@ -54,7 +54,7 @@ class Twin:
     # (torch_xla and torchax run the torch one); "model": the forward's output holds its own loss (a Hugging
     # Face model given `labels`: its `loss`); empty: the task's
     loss: Mapping | str = field(default_factory=dict)
-    # task "custom" (common/batches.py): the batch keys only the loss reads (every other key is a keyword of the
+    # task "custom" (common/data/batches.py): the batch keys only the loss reads (every other key is a keyword of the
     # forward), and integer keys' declared ranges {key: (low, high)}, high excluded, a bound an int or the
     # name of a hyperparameter
     loss_keys: tuple = ()
@@ -65,7 +65,7 @@ class Twin:
     # {"attn.qkv": ("attn.q", "attn.k", "attn.v")}
     packed: Mapping = field(default_factory=dict)
     rename: Mapping = field(default_factory=dict)  # regex over torch parameter names -> NNX name (re.sub)
-    # regex over canonical (NNX) parameter names -> the layout of their torch tensors (common/layouts.py), where
+    # regex over canonical (NNX) parameter names -> the layout of their torch tensors (common/spec/layouts.py), where
     # no rule derives it: a named one ("conv_transpose") or a rearrangement ("(h d) e -> h e d")
     layouts: Mapping = field(default_factory=dict)
     # regex over canonical (NNX) parameter names -> partition spec in the NNX layout, for mesh.tensor > 1:
@@ -79,13 +79,13 @@ class Twin:
     # NHWC port of a model that returns NCHW images; empty: both return one layout
     nnx_output_axes: tuple = ()
     # which of the forward's outputs is the logits, on both sides: a key or attribute ("logits") or a
-    # position (0); None: the output itself, its `logits`, or its first element (common/outputs.py)
+    # position (0); None: the output itself, its `logits`, or its first element (common/twin/outputs.py)
     logits: str | int | None = None
     # constant keywords each forward is called with besides the batch's arrays, both sides' ({"return_loss": True}:
     # transformers' CLIPModel then computes its own loss, for loss="model") or each side's ({"torch": {...},
     # "nnx": {...}}): numbers, strings, booleans or None
     forward_kwargs: Mapping = field(default_factory=dict)
-    # Hugging Face checkpoints it loads (common/hf.py): {"model_type": "llama", "prefix": "model.",
+    # Hugging Face checkpoints it loads (common/twin/hf.py): {"model_type": "llama", "prefix": "model.",
     # "config": {HF config key (dotted for nested): hyperparameter}}; empty: none
     hf: Mapping = field(default_factory=dict)
     init: Literal["torch", "canonical"] = "torch"  # whose initialisation both sides start from
@@ -187,7 +187,7 @@ def user_loss(twin: Twin, side: str):
     """The twin's own loss function of `side` (torch or nnx), imported in the backend's process; of a twin
     whose forward returns its own loss, the function that reads it."""
     if twin.loss == "model":
-        from common.outputs import own_loss
+        from common.twin.outputs import own_loss
 
         return lambda outputs, batch: own_loss(outputs)
     loss = resolve(twin.loss[side], twin.base_dir, what=f"loss[{side!r}]")

@@ -15,7 +15,7 @@ The file keeps the values and a checksum of the indices, not the indices: they f
 shape, and the checksum refuses a summary another sampler drew (`from_arrays`).
 
 Numpy only: each backend summarizes its canonical host arrays one by one as it writes its tensor file
-(common/tensor_file.py), and compare reads the same file.
+(common/files/tensor_file.py), and compare reads the same file.
 """
 from __future__ import annotations
 

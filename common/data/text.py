@@ -3,7 +3,7 @@ ships (`pydoc_data.topics`: ~470 kB of English prose and code), byte-level encod
 one token per UTF-8 byte), written as nanoGPT's `train.bin` (a flat uint16 stream) for
 `data.dataset=tokens-file`. The built-in gpt twins' vocabulary is 256: they learn it as it is.
 
-    python -m common.text_data runs/pydoc.bin
+    python -m common.data.text runs/pydoc.bin
     python -m compare --set data.dataset=tokens-file --set data.path=runs/pydoc.bin
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.fsutil import atomic_path
+from common.files.fsutil import atomic_path
 
 VOCAB_SIZE = 256  # byte-level
 
@@ -38,7 +38,7 @@ def write_tokens(path: str | Path, text: str) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.text_data", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m common.data.text", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the .bin to write, e.g. runs/pydoc.bin")
     args = parser.parse_args(argv)
     info = write_tokens(args.out, pydoc_text())

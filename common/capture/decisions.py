@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.record import RECORD_FILE, read_record
-from common.tensor_file import read_tensors
+from common.files.record import RECORD_FILE, read_record
+from common.files.tensor_file import read_tensors
 
 GROUP = "decisions"  # their tensor-file group: "<i>.indices", "<i>.scores"
 OPS = ("topk", "argmax", "argmin", "sort", "argsort")

@@ -3,14 +3,14 @@ are neither Params nor running statistics nor RNG state), by name: rotary tables
 Each describe step writes its side's (`TORCH_STATE`, `NNX_STATE`); compare links them by name as it links
 parameters (the twin's `rename`, then the path compared as `normalised_path` does) and judges them before anything
 trains (compare/judge/start_state.py). Running statistics are not here: they are carried from the torch side
-(common/weights.py STATE_PREFIX) and compared as they train. Numpy only."""
+(common/weights/ STATE_PREFIX) and compared as they train. Numpy only."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 import numpy as np
 
-from common.correspond import normalised_path, renamed
+from common.twin.correspond import normalised_path, renamed
 
 TORCH_STATE = "torch_state.safetensors"
 NNX_STATE = "nnx_state.safetensors"

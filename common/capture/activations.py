@@ -122,7 +122,7 @@ class Capture:
     # compared only where it carries one on both sides (HF's router returns logits, scores and indices, and its
     # caller reads the scores: the logits' gradient is zero there, not on a port that returns the logits alone)
     more_outputs: dict = field(default_factory=dict)
-    decisions: list = field(default_factory=list)  # its top-k, argmax and sort calls (common/decisions.py)
+    decisions: list = field(default_factory=list)  # its top-k, argmax and sort calls (common/capture/decisions.py)
 
 
 def other_fields(out, is_array) -> dict:

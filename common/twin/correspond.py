@@ -23,7 +23,7 @@ A torch ConvTranspose's weight (in, out, *k) takes its layout from the NNX modul
 types, from their describe steps): `nnx.ConvTranspose` keeps it flipped (`conv_transpose`), or, with
 `transpose_kernel=True`, as the convolution it is the gradient of (`conv`); any other NNX module must declare
 it. A twin's `layouts` ({regex over NNX parameter names: layout}) declares a layout no rule derives, a
-rearrangement of axes among them ("(h d) e -> h e d": common/layouts.py); a declaration that matches no NNX
+rearrangement of axes among them ("(h d) e -> h e d": common/spec/layouts.py); a declaration that matches no NNX
 parameter is an error.
 
 `packed` works both ways: a key naming a torch module maps it to the NNX modules it packs (split along
@@ -31,7 +31,7 @@ torch's dim 0); a key naming an NNX module (a port that fuses q/k/v, the usual J
 torch modules it packs, whose tensors stack along torch's dim 0 (the NNX kernel's output columns).
 
 Anything left unmatched on either side fails with one line naming such tensors (12 a side, and how many more),
-each with its shape and closest candidate on the other side (common/unmatched.py). Conversions are numpy and
+each with its shape and closest candidate on the other side (common/twin/unmatched.py). Conversions are numpy and
 exact (transposes, flips, reshapes, splits, concats).
 """
 from __future__ import annotations
@@ -42,7 +42,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from common.layouts import (
+from common.spec import SpecError
+from common.spec.layouts import (
     CONV,
     CONV_TRANSPOSE,
     SAME,
@@ -52,10 +53,9 @@ from common.layouts import (
     check_layout,
     is_rearrangement,
 )
-from common.layouts import torch_shape as torch_shape_of
-from common.links import Correspondence, Link
-from common.spec import SpecError
-from common.unmatched import SHAPE_DIFFERS, module_leaf, unmatched_message
+from common.spec.layouts import torch_shape as torch_shape_of
+from common.twin.links import Correspondence, Link
+from common.twin.unmatched import SHAPE_DIFFERS, module_leaf, unmatched_message
 
 LEAF_RULES = {"weight": ("kernel", "embedding", "scale", "weight"), "bias": ("bias",)}
 

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common.checkpoint_ref import CheckpointError, CheckpointRef  # CheckpointError: imported from here too
-from common.fsutil import atomic_path, require_regular_file
+from common.files.fsutil import atomic_path, require_regular_file
 from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec, TwinSpec
+from common.weights.checkpoint_ref import CheckpointError, CheckpointRef  # CheckpointError: imported from here too
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ def start_info(checkpoint: CheckpointRef | None, seconds: float) -> dict:
     """The run record's `extra.start`: where the weights came from, what reading them and converting them to
     the runtime's layout cost, and (`converted`) the dtypes a canonical checkpoint was converted from."""
     checkpoint = CheckpointRef.of(checkpoint)
-    info = {"from": str(checkpoint) if checkpoint else "the canonical init (common/weights.py)",
+    info = {"from": str(checkpoint) if checkpoint else "the canonical init (common/weights/)",
             "load_and_convert_s": seconds}
     path = checkpoint.canonical_path if checkpoint else None
     if path and str(path).endswith(".safetensors"):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.fsutil import require_regular_file
+from common.files.fsutil import require_regular_file
 from common.spec import TransformerSpec
 from common.twin import Twin, hparams_of
 from common.weights import CheckpointError

@@ -11,7 +11,7 @@ file and the tensor file carry, with the process count; a reader takes exactly t
 each file checked whole (its CRCs) as it opens, and an assembled tensor must be covered element for element,
 or the tensor file is refused in one line: shards of another run are never mixed in.
 
-Numpy only: the jax backend makes the ShardedTensor values (jax_impl/train.py), common/tensor_file.py writes and
+Numpy only: the jax backend makes the ShardedTensor values (jax_impl/train.py), common/files/tensor_file.py writes and
 reads them.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.fsutil import atomic_path
+from common.files.fsutil import atomic_path
 
 SHARDS_DIR = "shards"
 MARK = "sharded"  # `<key>@sharded` in the tensor file: the tensor's shape, its values in the shard files

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.batch import EPOCH_ORDER, Batch, DataError, seeded_rng
-from common.fsutil import require_regular_file
+from common.data.batch import EPOCH_ORDER, Batch, DataError, seeded_rng
+from common.files.fsutil import require_regular_file
 from common.spec import RunSpec
 
 
