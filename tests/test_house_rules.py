@@ -30,8 +30,8 @@ ALLOWED = {"preload": set(), "common": {"preload"}, "driver": {"common"}, "analy
 # bottom, then the spec, the weights, a twin and its correspondence, the data (a twin's own batches), a step-0
 # capture's facts. The modules at common's top (vocab, backends, cli, protocol, procs, ops, sharding, presets,
 # provoke) stand beside or above them.
-COMMON_ROOMS = {"files": set(), "spec": {"files"}, "weights": {"files", "spec"},
-                "twin": {"files", "spec", "weights"}, "data": {"files", "spec", "weights", "twin"}, "capture": {"files"}}
+COMMON_ROOMS = {"files": set(), "spec": {"files"}, "weights": {"files", "spec"}, "twin": {"files", "spec", "weights"},
+                "data": {"files", "spec", "weights", "twin"}, "capture": {"files"}}
 # The JAX twin's modules other JAX runtimes may use: they import jax and optax, never flax.
 PLAIN_JAX = {"jax_impl.optim", "jax_impl.sharding", "jax_impl.instrument", "jax_impl.loop"}
 
