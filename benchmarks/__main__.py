@@ -121,6 +121,17 @@ def main() -> int:
                 if cache_runs:
                     result["cache"] = runs.summarize_repeats(cache_runs)
                 result["trace_modes"][preset] = {m: runs.summarize_repeats(r) for m, r in mode_runs.items() if r}
+            for ref in [t for t in args.twins.split(",") if t]:  # `--twin` on jax,torch: one interpreter per side
+                twin_runs = []
+                for i in range(args.repeats):
+                    console.print(f"whole runs: twin {ref} repeat {i + 1}/{args.repeats}", style="dim")
+                    try:
+                        twin_runs.append(runs.compare_run("", Path(tmp) / f"twin-{i}", Path(tmp) / f"cache-twin-{i}",
+                                                          twin=str(REPO / ref)))
+                    except RuntimeError as e:
+                        result["failures"].append(str(e))
+                if twin_runs:
+                    result["runs"][f"twin {ref.rpartition(':')[2]}"] = runs.summarize_repeats(twin_runs)
     try:
         result["imports"] = startup.import_times()
     except RuntimeError as e:

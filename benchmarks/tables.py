@@ -50,6 +50,13 @@ def check_targets(result: dict, targets: dict) -> list[dict]:
         value = result["cache"]["warm_over_cold"]["median"]
         checks.append({"what": "default compare, warm / cold compile cache (wall time)", "value": value,
                        "target": f"<= {targets['warm_over_cold']}", "met": value <= targets["warm_over_cold"]})
+    for name, run in result["runs"].items():
+        if name.startswith("twin "):
+            value = _med(run["wall_over_frameworks"])
+            checks.append({"what": f"`--twin` compare of {name[5:]}, cold: wall time / the frameworks' own (imports, "
+                                   "compiles, steps, the sides' describing)", "value": value,
+                           "target": f"<= {targets['wall_over_frameworks']}",
+                           "met": value is not None and value <= targets["wall_over_frameworks"]})
     default = result["runs"].get(DEFAULT_PRESET)
     if default:
         value = default["process_wall_s"]["max"]

@@ -44,9 +44,12 @@ def test_benchmark_measures_every_figure(tmp_path):
         assert b["step_ms"]["median"] > 0 and b["pipelined_ms"]["median"] > 0 and b["compile_s"]["median"] > 0
     for mode in ("compile", "dynamo"):
         assert result["trace_modes"]["mlp-tiny"][mode]["steady_state_recompiles"]["median"] == 0
+    twin_run = result["runs"]["twin net"]  # `--twin` on jax,torch: its describing counted with the frameworks'
+    assert twin_run["verdict"] == "pass" and 1 < twin_run["wall_over_frameworks"]["median"] < 5
     checked = [c["what"] for c in result["checks"]]
     assert sum("toolkit_over_minimal" in c for c in checked) == 8  # 4 backends x (mlp-tiny, llama_tiny)
-    assert sum("steady-state recompiles" in c for c in checked) == 4
+    assert sum("steady-state recompiles" in c for c in checked) == 6  # mlp-tiny's 2 + 2 trace modes, the twin's 2
+    assert sum("`--twin` compare of net" in c for c in checked) == 1
     imports = result["imports"]  # compare's process imports no framework; the backends' mostly frameworks
     assert imports["compare"]["frameworks"] == 0 and imports["compare"]["toolkit"] > 0
     for backend in ("jax", "torch_xla"):  # beside the suite's other processes jax's read 4.5x (alone ~6x)
