@@ -27,8 +27,8 @@ import tempfile
 import types
 
 # Variables a child's environment may set otherwise than the server's: none is read by a preloaded module at
-# import (jax reads XLA_FLAGS when its backend starts; torch_xla is never preloaded, and sets the TPU ones in the
-# process that imports it, for libtpu when a device starts); PYTHONPATH, PYTHONUNBUFFERED and
+# import (jax reads XLA_FLAGS when its backend starts, torch_xla its own, XLA_FLAGS and the CPU device count when
+# its runtime starts; the TPU ones are for libtpu when a device starts); PYTHONPATH, PYTHONUNBUFFERED and
 # PYTHONDONTWRITEBYTECODE are applied to the child as its interpreter would.
 MAY_DIFFER = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "TMPDIR", "XDG_CACHE_HOME",
                         "XLA_FLAGS", "CPU_NUM_DEVICES", "PJRT_DEVICE", "PJRT_CPU_ASYNC_CLIENT", "COLUMNS", "LINES",
@@ -185,6 +185,7 @@ class Child:
         env = request["env"]
         os.environ.clear()
         os.environ.update(env)
+        _import_time_environment()
         _set_path(env.get("PYTHONPATH", ""), os.getcwd() if self.argv[1] == "-m" else "")
         _set_stdio(bool(env.get("PYTHONUNBUFFERED")))
         sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
@@ -204,6 +205,18 @@ class Child:
         module.__builtins__ = builtins
         sys.modules["__main__"] = module
         exec(compile(target, "<string>", "exec"), module.__dict__)
+
+
+def _import_time_environment() -> None:
+    """What a preloaded module's import does to the environment, done again on the child's own, as its fresh
+    import would have done it: torch_xla's defaults (TF_CPP_MIN_LOG_LEVEL, GRPC_VERBOSITY), its XLA flags
+    (--xla_cpu_enable_fast_math=false, added to the child's XLA_FLAGS) and its dynamic plugins."""
+    torch_xla = sys.modules.get("torch_xla")
+    if torch_xla is not None:
+        torch_xla._setup_default_env()  # noqa: SLF001  (torch_xla's own, run at its import)
+        torch_xla._setup_xla_flags()  # noqa: SLF001
+        if os.getenv("XLA_REGISTER_INSTALLED_PLUGINS", "1") == "1":  # torch_xla.experimental.plugins, at import
+            os.environ["PJRT_DYNAMIC_PLUGINS"] = "1"
 
 
 def _place(fds: list[int], targets: list[int]) -> None:

@@ -17,16 +17,20 @@ from pathlib import Path
 from preload.client import MANIFEST_ENV
 
 REPO = Path(__file__).resolve().parents[1]
-# name: (what it imports first, the modules it runs). torch_xla itself is never preloaded: torch_xla_impl sets
-# the environment torch_xla reads at import (its debug level, XLA's dump folder) before it imports it. Nor is
-# the loader of a twin file (python -c): it checks that the file imports no framework, and imports none itself.
+# name: (what it imports first, the modules it runs). torch_xla is preloaded too: the environment torch_xla_impl
+# sets for it (its debug level, XLA's dump folder and flags, the CPU device count) is read when its runtime starts,
+# not at import (measured: each set after `import torch_xla` takes effect), and what its import does to the
+# environment is done again on each child's (preload/server.py). Not preloaded: the loader of a twin file (python
+# -c): it checks that the file imports no framework, and imports none itself.
 SERVERS = {
     "jax": (("numpy", "jax", "jax.numpy", "flax.nnx", "optax"), ("jax_impl",)),
     "torch": (("numpy", "torch", "torch._dynamo", "transformers"), ("torch_impl",)),
     "torchax": (("numpy", "jax", "jax.numpy", "flax.nnx", "optax", "torch", "torch._dynamo",
                  "torch.fx.experimental.symbolic_shapes", "torchax", "transformers"),
                 ("torchax_impl", "driver.describe_sides")),
-    "torch_xla": (("numpy", "torch", "torch._dynamo", "jax", "jax.numpy", "transformers"), ("torch_xla_impl",)),
+    "torch_xla": (("numpy", "torch", "torch._dynamo", "jax", "jax.numpy", "transformers", "torch_xla",
+                   "torch_xla.core.xla_model", "torch_xla.runtime", "torch_xla.distributed.spmd",
+                   "torch_xla.distributed.parallel_loader", "torch_xla.debug.metrics"), ("torch_xla_impl",)),
 }
 
 

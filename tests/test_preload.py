@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -94,3 +95,35 @@ def test_what_a_fresh_interpreter_would_run_otherwise_starts_plain_and_says_why(
     unrouted = client.run([PYTHON, "-m", "json"], stdin=subprocess.DEVNULL)  # json.tool's package, not routed
     assert unrouted.returncode != 0 and "No module named json.__main__" in unrouted.stderr
     assert started(server) == ["plain -c: environment differs: JAX_PLATFORMS"]
+
+
+@pytest.mark.slow
+def test_torch_xla_served_after_its_preloaded_import_runs_as_a_fresh_interpreter(tmp_path):
+    """The suite's torch_xla server imports torch_xla before torch_xla_impl sets the environment it reads (debug
+    level, XLA's dump folder and flags, CPU devices): a served run equals a plain one, losses bit for bit, compiles,
+    XLA flags (torch_xla's own --xla_cpu_enable_fast_math=false included), its HLO read from the dump."""
+    from common.files.record import read_record
+    from tests.helpers import process_env
+
+    servers = json.loads(open(os.environ[client.MANIFEST_ENV]).read())["servers"]
+    sock = next(s["socket"] for s in servers if "torch_xla_impl" in s["routes"])
+    deadline = time.monotonic() + 300  # the session's servers import while the first tests run
+    while not os.path.exists(sock) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    records = {}
+    for how, start in (("served", client.start), ("plain", subprocess.Popen)):
+        command = [PYTHON, "-m", "torch_xla_impl", "--spec", "gpt-tiny", "--steps", "3", "--throughput-steps", "0",
+                   "--out", str(tmp_path / how)]
+        with open(tmp_path / f"{how}.err", "w") as err:
+            proc = start(command, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO, env=process_env(),
+                         start_new_session=True)
+            assert isinstance(proc, client.ServedProcess) == (how == "served")
+            assert proc.wait(timeout=600) == 0, (tmp_path / f"{how}.err").read_text()[-3000:]
+        records[how] = read_record(tmp_path / how)
+    served, plain = records["served"], records["plain"]
+    assert served.losses == plain.losses
+    assert [(e.phase, e.step) for e in served.compile_events] == [(e.phase, e.step) for e in plain.compile_events]
+    no_dump = [{k: re.sub(r" ?--xla_dump_to=\S+", "", v) for k, v in r.numerics["env"].items()}
+               for r in records.values()]
+    assert no_dump[0] == no_dump[1] and "--xla_cpu_enable_fast_math=false" in no_dump[0]["XLA_FLAGS"], no_dump
+    assert served.hlo_stats and served.hlo_stats["op_histogram"] == plain.hlo_stats["op_histogram"]

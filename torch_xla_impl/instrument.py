@@ -49,7 +49,8 @@ MEMORY_MIN_FREE = 4 << 30  # a model whose dump could fill the memory folder dum
 
 
 def configure_debug(run_dir: Path, hlo: bool = True) -> None:
-    """Environment for compile causes and HLO dumps; must run before torch_xla is imported."""
+    """Environment for compile causes and HLO dumps; must run before torch_xla's runtime starts, which reads it
+    (before its import in a fresh interpreter; after it in a child of the suite's fork server, tests/preloaded.py)."""
     os.environ.setdefault("PT_XLA_DEBUG_LEVEL", "1")
     os.environ.pop(DUMP_ENV, None)
     if not hlo:
