@@ -1,7 +1,7 @@
 """The suite's fork servers (preload/): one per backend's set of frameworks, started by the test session.
 
-Each imports what its backends' processes import first; a backend, describe step or twin loader the tests
-start then skips 1-4 s of imports. Every server is this interpreter with the session's environment, so a
+Each imports what its backends' processes import first; a backend or describe step the tests start then skips
+1-6 s of imports, compare itself ~0.4 s. Every server is this interpreter with the session's environment, so a
 command served by one runs as a plain process would (preload/server.py declines any other).
 """
 from __future__ import annotations
@@ -31,6 +31,10 @@ SERVERS = {
     "torch_xla": (("numpy", "torch", "torch._dynamo", "jax", "jax.numpy", "transformers", "torch_xla",
                    "torch_xla.core.xla_model", "torch_xla.runtime", "torch_xla.distributed.spmd",
                    "torch_xla.distributed.parallel_loader", "torch_xla.debug.metrics"), ("torch_xla_impl",)),
+    # compare imports no framework, but numpy, rich, safetensors and (for its plots) matplotlib: ~0.4 CPU-s of each
+    # of the suite's ~300 compare processes; its own modules are not preloaded (their module state is per run)
+    "compare": (("numpy", "rich.console", "rich.live", "rich.progress", "rich.table", "rich.text", "safetensors.numpy",
+                 "matplotlib.figure", "matplotlib.backends.backend_agg"), ("compare",)),
 }
 
 
