@@ -307,3 +307,14 @@ def test_every_trainer_implements_the_harness_runtime_with_the_same_signatures()
         for name, parameters in methods.items():
             assert list(inspect.signature(getattr(trainer, name)).parameters) == parameters, (row.name, name)
         assert isinstance(trainer.captures_after_run, bool), row.name
+
+
+def test_every_path_to_the_checkout_is_the_checkout():
+    """A module that finds the checkout from its own file (`Path(__file__).resolve().parents[N]`) finds this one: a
+    module moved into a room one level deeper keeps its N right."""
+    found = []
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            for n in re.findall(r"Path\(__file__\)\.resolve\(\)\.parents\[(\d)\]", path.read_text()):
+                found.append((path.relative_to(REPO), path.resolve().parents[int(n)]))
+    assert len(found) >= 3 and all(root == REPO.resolve() for _, root in found), found

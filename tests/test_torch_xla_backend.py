@@ -26,11 +26,11 @@ def single_device(shared_runs):
 @pytest.mark.parametrize("preset", MESHES)
 def test_spmd_runs_match_the_single_device_run(preset, single_device, tmp_path):
     single = single_device(preset)
-    assert single.extra["mode"] == "single" and single.platform["device_count"] == 1
+    assert single.extra.notes["mode"] == "single" and single.platform["device_count"] == 1
     for mesh in MESHES[preset]:
         sharded = train("torch_xla_impl", tmp_path / mesh.replace(",", "_"), "--spec", preset, "--steps", "5",
                         "--mesh", mesh)
-        assert sharded.extra["mode"] == "spmd" and sharded.platform["device_count"] == 4
+        assert sharded.extra.notes["mode"] == "spmd" and sharded.platform["device_count"] == 4
         assert max_loss_diff(single, sharded) < 1e-5, (mesh, single.losses, sharded.losses)
         assert sharded.hlo_stats["reported_ops"]["all-reduce"] > 0  # really sharded
 
@@ -44,8 +44,8 @@ def test_fixed_shapes_compile_the_loop_once_and_pipelined_steps_add_none(tmp_pat
     assert [e.step for e in loop] == [0]  # the optimizer state exists before step 0 (torch_impl.optim.create_state)
     assert [e.phase for e in rec.compile_events] == ["setup", "loop"]  # the state's zeros, then the step
     assert rec.recompile_causes == [] and rec.settle_steps == 1
-    assert rec.extra["counters"]["UncachedCompile"] == 2 and rec.extra["counters"]["CachedCompile"] >= 14
-    assert rec.extra["sync_api"] == "torch_xla.sync" and rec.extra["step_api"] == "xm.optimizer_step"
+    assert rec.extra.counters["UncachedCompile"] == 2 and rec.extra.counters["CachedCompile"] >= 14
+    assert rec.extra.notes["sync_api"] == "torch_xla.sync" and rec.extra.notes["step_api"] == "xm.optimizer_step"
     assert len(rec.trace_ms) == 10 and all(0 < t for t in rec.trace_ms)
     assert rec.hlo_stats["reported_ops"]["dot"] > 0
     assert rec.throughput["steps"] == 6 and rec.throughput["steps_per_s"] > 0  # the pipelined steps: no compile
@@ -70,8 +70,8 @@ def test_xmp_spawn_two_replicas_match_the_single_device_run(single_device, tmp_p
         proc = run_cli("torch_xla_impl", "--out", str(out), *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     spawned = read_record(out)
-    assert spawned.extra["mode"] == "spawn" and spawned.extra["replicas"] == 2
-    assert spawned.extra["step_api"].startswith("bucketed all-reduce with a channel id")
+    assert spawned.extra.notes["mode"] == "spawn" and spawned.extra.notes["replicas"] == 2
+    assert spawned.extra.notes["step_api"].startswith("bucketed all-reduce with a channel id")
     assert spawned.status == "ok"  # includes the check that both replicas ended with identical parameters
     assert max_loss_diff(single, spawned) < 1e-5, (single.losses, spawned.losses)
     assert spawned.tensors == "tensors.npz"
@@ -80,8 +80,8 @@ def test_xmp_spawn_two_replicas_match_the_single_device_run(single_device, tmp_p
 def test_xmp_spawn_one_replica(single_device, tmp_path):
     single = single_device("mlp-tiny")
     spawned = train("torch_xla_impl", tmp_path / "spawn", "--spec", "mlp-tiny", "--steps", "5", "--mode", "spawn")
-    assert spawned.extra["mode"] == "spawn" and spawned.extra["replicas"] == 1
-    assert spawned.extra["step_api"] == "xm.optimizer_step"
+    assert spawned.extra.notes["mode"] == "spawn" and spawned.extra.notes["replicas"] == 1
+    assert spawned.extra.notes["step_api"] == "xm.optimizer_step"
     assert max_loss_diff(single, spawned) == 0.0  # the same program on the same device
 
 

@@ -55,7 +55,7 @@ def dangerous_dir(path: str | Path) -> str | None:
     home directory, the current directory or one of its parents, this checkout or one of its parents. An
     output there would mix the toolkit's files with the user's, and replacing it would remove theirs."""
     target = Path(path).expanduser().resolve()
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[2]
     cwd = Path.cwd().resolve()
     if target == Path(target.anchor):
         return "is the filesystem root"

@@ -40,7 +40,7 @@ from common.twin.fields import TwinError, check_fields, plain, unplain
 
 FRAMEWORKS = ("torch", "jax", "flax", "torch_xla", "torchax")
 LOAD_TIMEOUT_S = 1800.0  # compare's --timeout default: loading a twin file that hangs is bounded even without one
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

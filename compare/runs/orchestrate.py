@@ -28,7 +28,7 @@ from compare.runs.backend_output import BackendOutput
 from compare.runs.guard import GUARD
 from compare.runs.launch import Launch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STDOUT_LOG, STDERR_LOG = LOG_FILES
 GRACE_S = 5.0  # a backend's group gets SIGTERM, then SIGKILL after this long
 
