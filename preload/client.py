@@ -21,7 +21,9 @@ def start(command: list[str], *, stdin=None, stdout=None, stderr=None, env: dict
           pass_fds: tuple[int, ...] = (), start_new_session: bool = False, text: bool = False,
           errors: str | None = None):
     """subprocess.Popen(command, ...) for these arguments, served by a preloaded interpreter where one is. Only
-    a command in a session of its own is served: a server's child cannot join the caller's process group."""
+    a command in a session of its own is served: a server's child cannot join the caller's process group. Its
+    arguments may be paths, as Popen's may."""
+    command = [os.fspath(arg) for arg in command]
     server = _server_for(command) if start_new_session else None
     if server is not None:
         proc = _start_served(server, command, stdin, stdout, stderr, env, cwd, pass_fds, start_new_session, text,

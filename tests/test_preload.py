@@ -66,6 +66,15 @@ def test_a_served_command_runs_as_the_plain_process_would(server, tmp_path):
     assert started(server) == ["served -c"]
 
 
+def test_a_served_command_takes_paths_as_popen_does(server, tmp_path):
+    with open(tmp_path / "out", "w+") as out:
+        proc = client.start([PYTHON, "-c", "import sys; print(sys.argv[1:])", tmp_path / "a path"], stdout=out,
+                            start_new_session=True)
+        assert isinstance(proc, client.ServedProcess) and proc.wait(timeout=30) == 0
+        out.seek(0)
+        assert out.read() == f"[{str(tmp_path / 'a path')!r}]\n"
+
+
 def test_a_module_runs_as_main_and_a_traceback_exits_1(server):
     done = client.run([PYTHON, "-m", "json.tool", str(server / "servers.json")], cwd=REPO)
     assert done.returncode == 0 and json.loads(done.stdout)["servers"][0]["routes"] == ["-c", "json.tool"]
