@@ -16,6 +16,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from common.data import Batch, process_slice
 from common.files.shards import ShardedTensor
+from common.multiprocess import other_settings, settings_digest
 from common.sharding import batch_partition_spec, param_partition_specs
 from common.spec import AXES, MeshSpec, ModelSpec, SpecError
 
@@ -90,20 +91,13 @@ def join(spec, options) -> bool:
 
 def check_same_settings(spec, processes: int) -> None:
     """Every process of the run was given the same training settings and mesh (hosts given other --steps
-    would wait on each other's collectives until --timeout): each one's digest, gathered by all."""
-    import hashlib
-    import json
-
+    would wait on each other's collectives until --timeout): each one's digest, gathered by all
+    (common/multiprocess.py)."""
     from jax.experimental import multihost_utils
 
-    ours = spec.to_dict()
-    text = json.dumps({"train": ours["train"], "mesh": ours["mesh"]}, sort_keys=True)
-    digest = np.int32(int(hashlib.sha256(text.encode()).hexdigest()[:7], 16))
+    digest = np.int32(settings_digest(spec))
     if len(set(np.asarray(multihost_utils.process_allgather(digest)).ravel().tolist())) > 1:
-        mesh = f"data={spec.mesh.data},fsdp={spec.mesh.fsdp},tensor={spec.mesh.tensor}"
-        raise SpecError(f"the {processes} processes of this run were given other training settings (this one, "
-                        f"process {jax.process_index()}: train.steps={spec.train.steps}, train.dtype="
-                        f"{spec.train.dtype}, --mesh {mesh}); run the same command with the same flags on every host")
+        raise other_settings(spec, processes, jax.process_index())
 
 
 # how long a process waits for its coordinator to answer: jax's own default, which ends in a native abort

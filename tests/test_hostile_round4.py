@@ -113,13 +113,14 @@ def test_a_process_that_cannot_reach_its_coordinator_says_so_in_one_line(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.error_case("hosts-disagree")
-def test_processes_given_other_settings_refuse_together_instead_of_waiting_out_the_timeout(tmp_path):
+@pytest.mark.parametrize("backend", ["jax_impl", "torch_impl"])  # jax.distributed's collectives, and gloo's
+def test_processes_given_other_settings_refuse_together_instead_of_waiting_out_the_timeout(tmp_path, backend):
     """Two processes of one run (as two hosts' compares start them) with other --steps: each waited on the
     other's collectives until --timeout; each now says so at once."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-m", "jax_impl", "--spec", "mlp-tiny", "--steps", steps, "--mesh",
+    procs = [subprocess.Popen([sys.executable, "-m", backend, "--spec", "mlp-tiny", "--steps", steps, "--mesh",
                                "data=2", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id",
                                str(i), "--out", str(tmp_path / f"p{i}")], cwd=REPO, env=process_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

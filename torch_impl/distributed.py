@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from common.data import Batch, process_slice
+from common.multiprocess import other_settings, settings_digest
 from common.spec import RunSpec, SpecError
 from common.twin import twin_of
 from common.vocab import MaskSource
@@ -51,7 +52,19 @@ def join(spec: RunSpec, options) -> Group | None:
 
     dist.init_process_group("gloo", init_method=f"tcp://{coordinator}", world_size=size, rank=rank,
                             timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    check_same_settings(spec, size, rank)
     return Group(rank, size)
+
+
+def check_same_settings(spec: RunSpec, size: int, rank: int) -> None:
+    """Every process was given the same training settings and mesh (common/multiprocess.py): each one's digest,
+    gathered by all; a process given others would wait on the rest's collectives until --timeout."""
+    digest = torch.tensor([settings_digest(spec)], dtype=torch.int64)
+    gathered = [torch.zeros_like(digest) for _ in range(size)]
+    dist.all_gather(gathered, digest)
+    if len({int(d) for d in gathered}) > 1:
+        dist.destroy_process_group()
+        raise other_settings(spec, size, rank)
 
 
 def refuse_inexact(spec: RunSpec, size: int) -> None:
