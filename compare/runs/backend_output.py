@@ -16,9 +16,11 @@ from common.protocol import DESCRIBED, read_progress
 class BackendOutput:
     """The reader of one process's stdout: a daemon thread, to the pipe's end."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, log=None, on_progress=None):
+        """`log` (and `on_progress`): a run's, attached before the first line is read (a backend started for its
+        run); None: a describe step's, whose run is attached later, if ever."""
         self.described = threading.Event()
-        self._sink = None  # (log, on_progress) once a run is attached
+        self._sink = (log, on_progress) if log is not None else None  # (log, on_progress) once a run is attached
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self._thread.start()

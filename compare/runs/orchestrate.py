@@ -123,9 +123,8 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
             output = None
         try:  # from here on a signal in compare takes the group down, whenever it comes
             GUARD.watch(proc.pid)  # should compare itself be killed, the guard takes the group down
-            if output is None:
-                output = BackendOutput(proc.stdout)
-                output.attach(out_log, on_progress)
+            if output is None:  # attached from its first line: a backend writes as soon as it starts
+                output = BackendOutput(proc.stdout, out_log, on_progress)
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             kill_group(proc, GRACE_S)
