@@ -12,6 +12,7 @@ import numpy as np
 from flax import nnx
 
 from common.weights import CheckpointError, built_otherwise, check_params, param_infos
+from common.weights.carried import StartState
 
 
 def _name(path) -> str:
@@ -24,21 +25,26 @@ def to_canonical(params: nnx.State) -> dict[str, jax.Array]:
     return {_name(path): leaf for path, leaf in flat}
 
 
-def load_state(rest: nnx.State, state: dict[str, np.ndarray]) -> nnx.State:
-    """`rest` (the model's non-parameter state) with canonical running statistics (common.twin.start_state)
-    in place of its BatchStat values."""
-    if not state:
+def load_state(rest: nnx.State, state: StartState) -> nnx.State:
+    """`rest` (the model's non-parameter state) with what a start carries besides parameters
+    (common/weights/carried.py): canonical running statistics in place of its BatchStat values, carried
+    buffers in place of the Variables of their names (each in the Variable's own dtype, which widens them in a
+    float64 run; a shape of the same size, a () for a (1,), taken as the Variable's)."""
+    if not state.statistics and not state.buffers:
         return rest
     pure = nnx.to_pure_dict(rest)
-    for name, value in state.items():
+    for name, value in [*state.statistics.items(), *state.buffers.items()]:
         node, *path = pure, *name.split(".")
         for part in path[:-1]:
             node = node.get(int(part) if part.isdigit() and int(part) in node else part) if isinstance(node, dict) \
                 else None
-        if not isinstance(node, dict) or path[-1] not in node:
-            raise CheckpointError(f"the start's running statistic {name} matches no BatchStat of the NNX model; "
-                                  "start from a checkpoint of this model")
-        node[path[-1]] = jax.numpy.asarray(value, node[path[-1]].dtype)
+        held = node.get(path[-1]) if isinstance(node, dict) else None
+        if held is None or np.size(held) != np.size(value):
+            what = "running statistic {} matches no BatchStat" if name in state.statistics else \
+                "buffer {} matches no Variable of its size"
+            raise CheckpointError(f"the start's {what.format(name)} of the NNX model; start from a checkpoint of "
+                                  "this model")
+        node[path[-1]] = jax.numpy.asarray(np.reshape(value, np.shape(held)), held.dtype)
     nnx.replace_by_pure_dict(rest, pure)
     return rest
 

@@ -24,7 +24,8 @@ from common.files.record import RunExtra, RunRecord, host_platform, numerics_env
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
 from common.twin.outputs import array_outputs, forward, logits_of, loss_batch
-from common.weights import start_info, start_state, widened
+from common.weights import widened
+from common.weights.carried import start_info, start_state
 from driver.harness import RunOptions
 from jax_impl import convert, masks, sharding
 from jax_impl.capture import capture_activations
@@ -90,7 +91,7 @@ class JaxTrainer(JittedTrainer):
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
         started = time.perf_counter()
         canonical = widened(start_weights(spec, checkpoint), spec.train.state_dtype)
-        self.rest = convert.load_state(self.rest, widened(start_state(checkpoint), spec.train.state_dtype))
+        self.rest = convert.load_state(self.rest, start_state(checkpoint))  # in the state's dtype
         self.param_shardings = sharding.param_shardings(spec.model, spec.mesh, mesh)
         self.params = convert.load_canonical(abstract, canonical, spec.model, self.param_shardings)
         jax.block_until_ready(self.params)

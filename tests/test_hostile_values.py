@@ -335,7 +335,7 @@ def test_a_part_that_cannot_be_built_leaves_every_file_and_the_verdicts_code(tmp
 
 @pytest.mark.error_case("checkpoint-converted")
 def test_float16_bfloat16_float64_checkpoints_are_converted_once_in_common(tmp_path):
-    from common.weights import start_info
+    from common.weights.carried import start_info
 
     model = load_spec("mlp-tiny").model
     params = init_params(model, 0)

@@ -14,6 +14,7 @@ from flax import nnx  # noqa: E402
 from common.twin import resolve  # noqa: E402
 from common.twin.modules import module_map  # noqa: E402
 from common.weights import CheckpointError  # noqa: E402
+from common.weights.carried import StartState  # noqa: E402
 from compare.runs.prepare import running_statistics  # noqa: E402
 from jax_impl import convert as jax_convert  # noqa: E402
 from jax_impl.convert import to_canonical  # noqa: E402
@@ -46,21 +47,21 @@ def test_a_full_state_dict_is_read_with_its_buffers_and_its_statistics_get_nnx_n
 
     port = resolve("nnx_resnet.py:resnet", str(EXAMPLE))(**HPARAMS, rngs=nnx.Rngs(0))
     canonical = {k: v.shape for k, v in to_canonical(nnx.state(port, nnx.Param)).items()}
-    state, not_carried = running_statistics(found, canonical, {}, "torch checkpoint")
-    assert len(state) == 18 and not_carried.startswith("9 torch-only buffer(s): bn1.num_batches_tracked")
+    state, others = running_statistics(found, canonical, {}, "torch checkpoint")
+    assert len(state) == 18 and len(others) == 9 and others[0] == "bn1.num_batches_tracked"
     np.testing.assert_array_equal(state["layer2.layers.0.downsample.layers.1.var"],
                                   model.layer2[0].downsample[1].running_var.numpy())
 
     # each framework's BatchNorm takes them by name
-    rest = jax_convert.load_state(nnx.split(port, nnx.Param, ...)[2], state)
+    rest = jax_convert.load_state(nnx.split(port, nnx.Param, ...)[2], StartState(state))
     loaded = to_canonical(nnx.filter_state(rest, nnx.BatchStat))
     np.testing.assert_array_equal(np.asarray(loaded["bn1.mean"]), model.bn1.running_mean.numpy())
     fresh = resolve("torch_resnet.py:resnet", str(EXAMPLE))(**HPARAMS)
     names = module_map([n for n, _ in fresh.named_modules()], canonical)
-    torch_convert.load_state(fresh, state, names)
+    torch_convert.load_state(fresh, StartState(state), names)
     np.testing.assert_array_equal(fresh.layer3[0].bn2.running_var.numpy(), model.layer3[0].bn2.running_var.numpy())
     with pytest.raises(CheckpointError, match="running statistics stem.mean match no BatchNorm"):
-        torch_convert.load_state(fresh, {"stem.mean": np.zeros(16, np.float32)}, names)
+        torch_convert.load_state(fresh, StartState({"stem.mean": np.zeros(16, np.float32)}), names)
 
 
 def test_an_integer_parameter_or_a_tensor_the_model_lacks_is_refused(tmp_path):

@@ -16,6 +16,7 @@ from common.twin import twin_of
 from common.twin.correspond import Correspondence, derive
 from common.twin.modules import module_map, state_names
 from common.weights import CheckpointError, built_otherwise, check_params, param_infos
+from common.weights.carried import StartState
 
 
 def manifest(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
@@ -56,17 +57,27 @@ def canonical_state(buffers: dict, module_names: dict[str, str]) -> dict[str, np
     return {canonical: host_float(buffers[name]) for name, canonical in names.items()}
 
 
-def load_state(model: torch.nn.Module, state: dict[str, np.ndarray], module_names: dict[str, str]) -> None:
-    """Copy canonical running statistics (common.twin.start_state) into the model's BatchNorm buffers."""
+def load_state(model: torch.nn.Module, state: StartState, module_names: dict[str, str]) -> None:
+    """Copy what a start carries besides parameters (common/weights/carried.py) into the model's buffers:
+    canonical running statistics into its BatchNorms', carried buffers by their torch names (in the buffer's
+    own dtype; a shape of the same size, a () for a (1,), taken as the buffer's)."""
     buffers = dict(model.named_buffers())
     torch_name = {canonical: name for name, canonical in state_names(list(buffers), module_names).items()}
-    unknown = [name for name in state if name not in torch_name]
+    unknown = [name for name in state.statistics if name not in torch_name]
     if unknown:
         raise CheckpointError(f"the start's running statistics {', '.join(unknown[:3])} match no BatchNorm of the "
                               "torch model; start from a checkpoint of this model")
+    targets = {torch_name[name]: value for name, value in state.statistics.items()}
+    for name, value in state.buffers.items():
+        target = buffers.get(state.torch_names[name])
+        if target is None or target.numel() != np.size(value):
+            raise CheckpointError(f"the start's buffer {name} (torch {state.torch_names[name]}, shape "
+                                  f"{list(np.shape(value))}) matches no buffer of that size in the torch model; start "
+                                  "from a checkpoint of this model")
+        targets[state.torch_names[name]] = np.reshape(value, tuple(target.shape))
     with torch.no_grad():
-        for name, value in state.items():
-            buffers[torch_name[name]].copy_(torch.from_numpy(np.asarray(value)))
+        for name, value in targets.items():
+            buffers[name].copy_(torch.from_numpy(np.array(value)))
 
 
 def to_canonical(tensors: dict, corr: Correspondence) -> dict[str, np.ndarray]:
@@ -115,6 +126,14 @@ def load_canonical(model: torch.nn.Module, canonical: dict[str, np.ndarray], mod
             for part in parts:
                 params[name][row:row + part.shape[0]].copy_(torch.from_numpy(part))
                 row += part.shape[0]
+    return model
+
+
+def load_start(model: torch.nn.Module, start_params: dict[str, np.ndarray], state: StartState, model_spec
+               ) -> torch.nn.Module:
+    """`model` at a run's start: its parameters (load_canonical) and what the start carries besides (load_state)."""
+    load_canonical(model, start_params, model_spec)
+    load_state(model, state, modules_to_canonical(model, model_spec))
     return model
 
 

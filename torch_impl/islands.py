@@ -80,14 +80,15 @@ def host_tensors(inputs):
     return torch.from_numpy(array.astype(np.int64) if array.dtype.kind in "iu" else array)
 
 
-def fresh_model_islands(spec, start_params: dict, inputs, targets, loss_fn, loss_batch) -> dict[str, str]:
-    """float32_islands of a fresh CPU copy of the run's torch model at its start weights, its loss
+def fresh_model_islands(spec, start: tuple, inputs, targets, loss_fn, loss_batch) -> dict[str, str]:
+    """float32_islands of a fresh CPU copy of the run's torch model at its start (`start`: its parameters and
+    StartState, torch_impl/convert.py load_start), its loss
     `loss_fn(output, loss_batch(inputs, targets))` on CPU tensors (a runtime whose own model lives on a lazy
     device, where watching ops would build and compile graphs of the run's device)."""
-    from torch_impl.convert import load_canonical, modules_to_canonical
+    from torch_impl.convert import load_start, modules_to_canonical
     from torch_impl.models import build_model
 
-    model = load_canonical(build_model(spec.model, spec.train.seed, spec.train.state_dtype), start_params, spec.model)
+    model = load_start(build_model(spec.model, spec.train.seed, spec.train.state_dtype), *start, spec.model)
     x, y = host_tensors(inputs), host_tensors(targets)
     names = modules_to_canonical(model, spec.model)
     return float32_islands(model, x, names, lambda out: loss_fn(out, loss_batch(x, y)))

@@ -21,7 +21,7 @@ from common.spec import RunSpec
 from common.twin import twin_of, user_loss
 from common.twin.outputs import array_outputs, forward, logits_of, loss_batch
 from common.vocab import RecordStatus
-from common.weights import start_info, start_state
+from common.weights.carried import start_info, start_state
 from driver.harness import RunOptions
 from torch_impl import summary
 from torch_impl.capture import capture_activations, probed_or_forward_alone
@@ -30,8 +30,7 @@ from torch_impl.convert import (
     canonical_state,
     correspondence,
     host_float,
-    load_canonical,
-    load_state,
+    load_start,
     modules_to_canonical,
 )
 from torch_impl.distributed import (
@@ -107,9 +106,8 @@ class TorchTrainer:
         self.provocations, checkpoint = list(options.provocations), options.checkpoint
         model = build_model(spec.model, spec.train.seed, spec.train.state_dtype)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
-        self.model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
+        self.model = load_start(model, start_weights(model, spec, checkpoint), start_state(checkpoint), spec.model)
         self.module_names = modules_to_canonical(self.model, spec.model)
-        load_state(self.model, start_state(checkpoint), self.module_names)
         self.model = self.model.to(self.device)
         if group is not None:
             refuse_batch_norm(self.model, group.size)

@@ -42,7 +42,7 @@ from common.spec import RunSpec
 from common.twin import twin_of
 from common.twin.outputs import array_outputs, forward, loss_batch
 from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
-from common.weights import start_info, start_state
+from common.weights.carried import start_info, start_state
 from driver.harness import RunOptions
 from torch_impl import convert
 from torch_impl.capture import capture_activations, probed_or_forward_alone
@@ -80,10 +80,9 @@ class TorchXlaTrainer:
         self.device = torch_xla.device()
         model = build_model(spec.model, spec.train.seed, spec.train.state_dtype)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
-        self.start_params = start_weights(model, spec, checkpoint)
-        convert.load_canonical(model, self.start_params, spec.model)
+        self.started = start_weights(model, spec, checkpoint), start_state(checkpoint)  # (parameters, StartState)
+        convert.load_start(model, *self.started, spec.model)
         self.module_names = convert.modules_to_canonical(model, spec.model)
-        convert.load_state(model, start_state(checkpoint), self.module_names)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = convert.correspondence(model, spec.model)
         self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
@@ -221,7 +220,7 @@ class TorchXlaTrainer:
 
         def capture(probed: bool) -> Capture:
             model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.state_dtype)
-            model = convert.moved(convert.load_canonical(model, self.start_params, self.spec.model), self.device)
+            model = convert.moved(convert.load_start(model, *self.started, self.spec.model), self.device)
             with self.autocast(), step_masks(self.spec, 0, self.device):
                 x, y = on_device(inputs, self.device), on_device(targets, self.device)
                 loss_of = (lambda out: self.loss_fn(out, self.loss_batch(x, y))) if probed else None
@@ -295,7 +294,7 @@ class TorchXlaTrainer:
             shutil.rmtree(dump_dir(out_dir), ignore_errors=True)
 
     def float32_islands(self, inputs, targets) -> dict[str, str]:  # on a CPU copy: no graph of the run's device
-        return fresh_model_islands(self.spec, self.start_params, inputs, targets, self.loss_fn, self.loss_batch)
+        return fresh_model_islands(self.spec, self.started, inputs, targets, self.loss_fn, self.loss_batch)
 
     def new_record(self) -> RunRecord:
         spec, replicas = self.spec, self.replicas

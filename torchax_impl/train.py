@@ -37,7 +37,7 @@ from common.files.record import RunExtra, RunRecord, host_platform, numerics_env
 from common.spec import RunSpec
 from common.twin import twin_of
 from common.twin.outputs import array_outputs, loss_batch
-from common.weights import start_info, start_state
+from common.weights.carried import start_info, start_state
 from driver.harness import RunOptions
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
@@ -50,8 +50,7 @@ from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import (
     canonical_state,
     correspondence,
-    load_canonical,
-    load_state,
+    load_start,
     modules_to_canonical,
     to_canonical,
 )
@@ -79,10 +78,9 @@ class TorchaxTrainer(JittedTrainer):
         checkpoint = options.checkpoint
         model = build_model(spec.model, spec.train.seed, spec.train.state_dtype)
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
-        model = load_canonical(model, start_weights(model, spec, checkpoint), spec.model)
+        model = load_start(model, start_weights(model, spec, checkpoint), start_state(checkpoint), spec.model)
         self.correspondence = correspondence(model, spec.model)
         self.model, self.module_names = model, modules_to_canonical(model, spec.model)
-        load_state(model, start_state(checkpoint), self.module_names)
         self.which = twin_of(spec.model).logits  # which of the forward's outputs is the logits
         self.loss_fn = task_loss(spec)  # torch code, run inside the forward's torchax environment
         states, _ = torchax.extract_jax(model)  # parameters and buffers, by state_dict name

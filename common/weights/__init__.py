@@ -34,7 +34,7 @@ import numpy as np
 
 from common.files.fsutil import atomic_path, require_regular_file
 from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec, TwinSpec
-from common.weights.checkpoint_ref import CheckpointError, CheckpointRef  # CheckpointError: imported from here too
+from common.weights.checkpoint_ref import CheckpointError  # imported from here too
 
 
 @dataclass(frozen=True)
@@ -194,54 +194,21 @@ def adjusted_start(params: dict[str, np.ndarray], train) -> dict[str, np.ndarray
     return {**params, name: (value * float(factor)).astype(value.dtype)}
 
 
-def start_info(checkpoint: CheckpointRef | None, seconds: float) -> dict:
-    """The run record's `extra.start`: where the weights came from, what reading them and converting them to
-    the runtime's layout cost, and (`converted`) the dtypes a canonical checkpoint was converted from."""
-    checkpoint = CheckpointRef.of(checkpoint)
-    info = {"from": str(checkpoint) if checkpoint else "the canonical init (common/weights/)",
-            "load_and_convert_s": seconds}
-    path = checkpoint.canonical_path if checkpoint else None
-    if path and str(path).endswith(".safetensors"):
-        try:
-            _, dtypes, metadata = read_safetensors(path, f"checkpoint {path}", header_only=True)
-            info["converted"] = conversion_note(dtypes) or metadata.get("converted")
-            stats = sum(1 for name in dtypes if name.startswith(STATE_PREFIX))
-            info["running_statistics"] = f"{stats} from the checkpoint" if stats else "the model's own init"
-            if metadata.get("not_carried"):
-                info["not_carried"] = metadata["not_carried"]
-        except CheckpointError:
-            pass  # read (and refused) by load_checkpoint already
-    return info
-
-
-STATE_PREFIX = "state/"  # a canonical checkpoint's running statistics: `state/<NNX module>.mean`, `.var`
-
-
-def _read_start(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(parameters, running statistics) of a canonical checkpoint, float32 by `param_arrays`."""
-    require_regular_file(path, "checkpoint", CheckpointError)  # a FIFO would block the read forever
-    source = f"checkpoint {path}"
-    arrays, dtypes, _ = read_safetensors(path, source)
-    arrays = param_arrays(arrays, dtypes, source)
-    state = {k.removeprefix(STATE_PREFIX): v for k, v in arrays.items() if k.startswith(STATE_PREFIX)}
-    return {k: v for k, v in arrays.items() if not k.startswith(STATE_PREFIX)}, state
+STATE_PREFIX = "state/"  # a start's running statistics: `state/<NNX module>.mean`, `.var` (common/weights/carried.py)
+BUFFER_PREFIX = "buffer/"  # a start's carried buffers: `buffer/<NNX Variable>` (common/weights/carried.py)
 
 
 def load_checkpoint(path: str | Path, model: ModelSpec) -> dict[str, np.ndarray]:
     """Load and check a canonical checkpoint against the spec: its tensors in the parameter dtype (float32;
-    `param_arrays`, the one rule every backend's start goes through), names and shapes the spec's. Its
-    running statistics (`state/...`), if any, are `start_state`'s."""
-    params, _ = _read_start(path)
-    check_params(model, params, source=f"checkpoint {path}")
+    `param_arrays`, the one rule every backend's start goes through), names and shapes the spec's. The state
+    it carries besides (`state/...`, `buffer/...`) is common/weights/carried.py's."""
+    require_regular_file(path, "checkpoint", CheckpointError)  # a FIFO would block the read forever
+    source = f"checkpoint {path}"
+    arrays, dtypes, _ = read_safetensors(path, source)
+    params = param_arrays({k: v for k, v in arrays.items() if not k.startswith((STATE_PREFIX, BUFFER_PREFIX))},
+                          dtypes, source)
+    check_params(model, params, source=source)
     return params
-
-
-def start_state(checkpoint: CheckpointRef | None) -> dict[str, np.ndarray]:
-    """The running statistics a start carries ({canonical state name: float32 array}; compare's prepared
-    start from a full torch state_dict), {} for none: each backend loads them into its model's own."""
-    checkpoint = CheckpointRef.of(checkpoint)
-    path = checkpoint.canonical_path if checkpoint else None
-    return _read_start(path)[1] if path else {}
 
 
 def widened(arrays: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:

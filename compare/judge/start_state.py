@@ -1,8 +1,10 @@
 """A twin's start state judged (common/twin/start_state.py): each buffer linked to its NNX Variable, compared as both
 sides' factories built it, before anything trains. Floats within the forward bounds of their dtype (they are
 computed, as activations are, not trained), integers and booleans exactly; a pair whose shapes differ differs.
-What was not compared is listed: a torch buffer with no NNX Variable of its name (a port that computes its table
-in the forward) and the other way round."""
+A buffer a checkpoint carries to both sides (common/weights/carried.py) is not judged as built: both runs start
+from the checkpoint's value, as `load_state_dict` would put it in place of the factory's. What was not compared is
+listed: a torch buffer with no NNX Variable of its name (a port that computes its table in the forward) and the
+other way round."""
 from __future__ import annotations
 
 import json
@@ -13,15 +15,23 @@ import numpy as np
 from common.twin.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE
 from common.vocab import ReportStatus
 from common.weights import read_safetensors
+from common.weights.carried import BUFFER_NAMES, INIT_FILE
 from compare.judge.tolerances import load_policy
 from compare.judge.verdict import CheckResult
 
-WHEN = ("at the start, as each side's factory builds it; state that training changes (an EMA) is judged there "
-        "only, and a checkpoint's buffers other than running statistics are not carried")
+WHEN = ("at the start, as each side's factory builds it, but for the buffers a checkpoint carries to both sides; "
+        "state that training changes (an EMA) is judged there only")
 
 
 def _arrays(path: Path) -> dict[str, np.ndarray]:
     return read_safetensors(path, f"start state {path}")[0]  # 16-bit floats widened when written: storable
+
+def _carried(start_dir: Path) -> set[str]:
+    """The torch names of the buffers the start file carries from a checkpoint (none without one)."""
+    init = start_dir / INIT_FILE
+    metadata = read_safetensors(init, f"start {init}", header_only=True)[2] if init.exists() else {}
+    return set(json.loads(metadata.get(BUFFER_NAMES, "{}")).values())
+
 
 def _differs(torch_value: np.ndarray, nnx_value: np.ndarray, bounds: dict) -> dict | None:
     """How the two values differ ({why, max_abs, bound}), or None when they agree; `bounds`: {dtype: forward bound}."""
@@ -46,13 +56,15 @@ def start_state_check(start_dir: Path, profile: str) -> CheckResult:
     the tolerance profile, whose forward bounds of the values' dtype apply."""
     linked = json.loads((start_dir / STATE_LINKS).read_text())
     torch_state, nnx_state = _arrays(start_dir / TORCH_STATE), _arrays(start_dir / NNX_STATE)
+    carried = _carried(start_dir)
     differ, bounds = [], {dtype: load_policy(profile, dtype)["forward"] for dtype in ("float32", "float64")}
     for torch_name, nnx_name in linked["links"].items():
-        found = _differs(torch_state[torch_name], nnx_state[nnx_name], bounds)
+        found = None if torch_name in carried else _differs(torch_state[torch_name], nnx_state[nnx_name], bounds)
         if found:
             differ.append({"nnx": nnx_name, "torch": torch_name, **found})
-    section = {"compared": len(linked["links"]), "differ": differ, "torch_only": linked["torch_only"],
-               "nnx_only": linked["nnx_only"], "links": linked["links"], "when": WHEN}
+    section = {"compared": len(set(linked["links"]) - carried), "carried": sorted(carried), "differ": differ,
+               "torch_only": linked["torch_only"], "nnx_only": linked["nnx_only"], "links": linked["links"],
+               "when": WHEN}
     if not differ:
         return CheckResult("start_state", ReportStatus.OK, section=section)
     first = differ[0]

@@ -15,12 +15,14 @@ SHOWN = 30  # rows of each kind; the JSON has them all
 
 def start_state_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     section = report["start_state"]
-    differ = {d["torch"]: d for d in section["differ"]}
-    rows = [[nnx, torch, "differs: " + differ[torch]["why"] if torch in differ else "agrees"]
+    differ, carried = {d["torch"]: d for d in section["differ"]}, set(section.get("carried", ()))
+    rows = [[nnx, torch, "differs: " + differ[torch]["why"] if torch in differ else
+             "carried from the checkpoint to both sides" if torch in carried else "agrees"]
             for torch, nnx in list(section["links"].items())[:SHOWN]]
     rows += [["-", name, "not compared: no NNX Variable of its name"] for name in section["torch_only"][:SHOWN]]
     rows += [[name, "-", "not compared: no torch buffer of its name"] for name in section["nnx_only"][:SHOWN]]
-    title = f"Start state: {section['compared']} compared, {len(differ)} differ ({section['when']})"
+    title = f"Start state: {section['compared']} compared, {len(differ)} differ" + \
+        (f", {len(carried)} carried from the checkpoint" if carried else "") + f" ({section['when']})"
     return [(title, ["NNX", "torch", "verdict"], rows)]
 
 

@@ -31,6 +31,7 @@ from safetensors.numpy import load_file
 
 from common.twin import hf
 from common.weights.checkpoint_ref import CheckpointRef
+from common.weights.carried import INIT_FILE, buffer_metadata, carried_buffers
 from common.weights.checkpoints import TORCH_BUFFERS
 from common.twin.correspond import declared_layouts, derive
 from common.files.fsutil import write_json_atomic
@@ -51,8 +52,6 @@ from common.weights import (
     save_checkpoint,
 )
 from compare.runs.describe_steps import FAMILY_OF_SIDE, Step, model_name, start_step, wait_step
-
-INIT_FILE = "init.safetensors"
 
 
 class Prepared(NamedTuple):
@@ -170,12 +169,12 @@ def _convert(spec, twin, fmt, path, folder: Path) -> RunSpec:
         source = f"{fmt} checkpoint {path}" if fmt else f"torch initialisation of {spec.model.twin}, seed " \
                                                         f"{spec.train.seed}"
         init = param_arrays(init, {k: str(np.asarray(v).dtype) for k, v in init.items()}, source)  # NaN: refused
+        init = {k: np.asarray(v, np.float32) for k, v in init.items()}
         if (folder / TORCH_BUFFERS).exists():
-            state, metadata["not_carried"] = running_statistics(load_file(str(folder / TORCH_BUFFERS)), canonical,
-                                                                twin.rename, source)
-            init.update({STATE_PREFIX + k: v for k, v in state.items()})
-    save_checkpoint(folder / INIT_FILE, {k: np.asarray(v, np.float32) for k, v in init.items()},
-                    metadata={"source": source, **metadata})
+            init, more = _with_buffers(init, load_file(str(folder / TORCH_BUFFERS)), folder, canonical, twin.rename,
+                                       source)
+            metadata.update(more)
+    save_checkpoint(folder / INIT_FILE, init, metadata={"source": source, **metadata})
     write_json_atomic(folder / SPEC_FILE, prepared.to_dict())
     return prepared
 
@@ -189,16 +188,34 @@ def link_start_state(folder: Path, rename: dict) -> None:
         write_json_atomic(folder / STATE_LINKS, link_state(*names, rename))
 
 
-def running_statistics(buffers: dict, canonical: dict, rename: dict, source: str) -> tuple[dict, str]:
+def _with_buffers(init: dict, buffers: dict, folder: Path, canonical: dict, rename: dict, source: str
+                  ) -> tuple[dict, dict]:
+    """The start file's tensors with a full state_dict's buffers carried (common/weights/carried.py): its running
+    statistics, and the buffers linked to an NNX Variable of their size (STATE_LINKS; none for a built-in model:
+    a pair of other sizes is judged as built, and differs); and the metadata that names them and says what is not
+    carried."""
+    links = json.loads((folder / STATE_LINKS).read_text())["links"] if (folder / STATE_LINKS).exists() else {}
+    if links:
+        held = load_file(str(folder / NNX_STATE))
+        links = {t: n for t, n in links.items() if t in buffers and np.size(buffers[t]) == held[n].size}
+    state, left = running_statistics(buffers, canonical, rename, source)
+    left = sorted(set(left) - set(links))
+    init = {**init, **{STATE_PREFIX + k: v for k, v in state.items()}, **carried_buffers(buffers, links)}
+    metadata = buffer_metadata(buffers, links)
+    if left:
+        metadata["not_carried"] = f"{len(left)} torch-only buffer(s): {', '.join(left[:5])}" + \
+            (" ..." if len(left) > 5 else "")
+    return init, metadata
+
+
+def running_statistics(buffers: dict, canonical: dict, rename: dict, source: str) -> tuple[dict, list[str]]:
     """A full state_dict's BatchNorm running statistics by canonical state name (float32, checked like every
-    start tensor), and what is not carried (torch-only buffers such as `num_batches_tracked`)."""
+    start tensor), and the other buffers' names (`num_batches_tracked`, and buffers of other modules)."""
     modules = module_map(sorted({name.rpartition(".")[0] for name in buffers}), canonical, rename)
     names = state_names(list(buffers), modules)
     state = {names[k]: np.asarray(v, np.float32) for k, v in buffers.items() if k in names}
     state = param_arrays(state, {k: "float32" for k in state}, source)
-    left = sorted(set(buffers) - set(names))
-    return state, (f"{len(left)} torch-only buffer(s): {', '.join(left[:5])}{' ...' if len(left) > 5 else ''}"
-                   if left else "")
+    return state, sorted(set(buffers) - set(names))
 
 
 def _read_json(path: Path) -> dict:

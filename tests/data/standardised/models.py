@@ -1,0 +1,40 @@
+"""A classifier that standardises its inputs by the statistics of its training data, held in persistent buffers (a
+state_dict carries them), as many vision and audio models do; its update count beside them. The NNX port holds them
+in a Variable of its own kind, as a port of such a model would."""
+import jax.numpy as jnp
+import torch
+from flax import nnx
+
+
+class TorchStandardised(torch.nn.Module):
+    def __init__(self, features, hidden, num_classes, **_):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(features))  # the training data's, set by whoever trained it
+        self.register_buffer("std", torch.ones(features))
+        self.register_buffer("num_updates", torch.tensor(0))
+        self.body = torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU(),
+                                        torch.nn.Linear(hidden, num_classes))
+
+    def forward(self, x):
+        return self.body((x - self.mean) / self.std)
+
+
+class Statistic(nnx.Variable):
+    """A value the model holds and never trains (torch's register_buffer)."""
+
+
+class NnxStandardised(nnx.Module):
+    def __init__(self, features, hidden, num_classes, *, rngs, **_):
+        self.mean = Statistic(jnp.zeros(features))
+        self.std = Statistic(jnp.ones(features))
+        self.num_updates = Statistic(jnp.asarray(0))
+        self.body = nnx.Sequential(nnx.Linear(features, hidden, rngs=rngs), nnx.relu,
+                                   nnx.Linear(hidden, num_classes, rngs=rngs))
+
+    def __call__(self, x):
+        return self.body((x - self.mean.value) / self.std.value)
+
+
+class NnxStandardisedMisported(NnxStandardised):
+    def __call__(self, x):  # scaled by the std, not divided: the same model while the std is the factory's ones
+        return self.body((x - self.mean.value) * self.std.value)

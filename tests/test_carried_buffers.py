@@ -1,0 +1,114 @@
+"""A checkpoint's buffers other than running statistics (input statistics, counters, EMA weights, persistent tables)
+are carried to every runtime, as `load_state_dict` puts them in place of the factory's (issue 45, item 6): each
+buffer that both sides hold, linked by name as its start state is, goes into the start file under its NNX name
+(`buffer/...`, its torch name in the file's metadata), in its own dtype; the start state check says it was carried,
+not judged as built. The model: tests/data/standardised, inputs standardised by statistics held in buffers."""
+import json
+
+import numpy as np
+import pytest
+
+from common.weights import CheckpointError, read_safetensors, save_checkpoint
+from common.weights.carried import BUFFER_NAMES, buffer_metadata, carried_buffers, start_state
+from tests.helpers import run_cli
+
+TWINS = "tests/data/standardised/twins.py"
+MEAN, STD = np.linspace(-2, 3, 8, dtype=np.float32), np.linspace(0.5, 4, 8, dtype=np.float32)
+
+
+def test_the_buffers_both_sides_hold_are_written_under_their_nnx_names_and_read_back_as_they_were(tmp_path):
+    buffers = {"stats.mean": MEAN, "num_updates": np.array(1200), "only_torch": np.ones(2, np.float32)}
+    links = {"stats.mean": "norm.mean", "num_updates": "num_updates", "not_in_checkpoint": "other"}
+    carried = carried_buffers(buffers, links)
+    assert sorted(carried) == ["buffer/norm.mean", "buffer/num_updates"]
+    save_checkpoint(tmp_path / "start.safetensors", {"w": np.zeros(2, np.float32), **carried},
+                    metadata=buffer_metadata(buffers, links))
+    state = start_state(f"canonical:{tmp_path / 'start.safetensors'}")
+    assert state.statistics == {} and state.torch_names == {"norm.mean": "stats.mean", "num_updates": "num_updates"}
+    np.testing.assert_array_equal(state.buffers["norm.mean"], MEAN)
+    assert state.buffers["num_updates"].dtype == np.int64 and int(state.buffers["num_updates"]) == 1200
+
+    save_checkpoint(tmp_path / "unnamed.safetensors", {"w": np.zeros(2, np.float32), **carried})
+    with pytest.raises(CheckpointError, match="buffer norm.mean has no torch name in the file's metadata"):
+        start_state(f"canonical:{tmp_path / 'unnamed.safetensors'}")
+
+
+def test_each_framework_takes_a_carried_buffer_by_its_own_name_in_its_own_dtype_and_shape():
+    torch = pytest.importorskip("torch")
+    from flax import nnx
+
+    from common.weights.carried import StartState
+    from jax_impl import convert as jax_convert
+    from jax_impl.convert import to_canonical
+    from tests.data.standardised.models import NnxStandardised, TorchStandardised
+    from torch_impl import convert as torch_convert
+
+    state = StartState(buffers={"mean": MEAN, "std": STD, "num_updates": np.array([7])},  # (1,) for a ()
+                       torch_names={"mean": "mean", "std": "std", "num_updates": "num_updates"})
+    model = TorchStandardised(8, 16, 4).double()
+    torch_convert.load_state(model, state, {})
+    assert model.std.dtype == torch.float64 and model.std.numpy().tolist() == STD.tolist()
+    assert model.num_updates.shape == () and int(model.num_updates) == 7
+
+    rest = jax_convert.load_state(nnx.split(NnxStandardised(8, 16, 4, rngs=nnx.Rngs(0)), nnx.Param, ...)[2], state)
+    loaded = to_canonical(rest)
+    np.testing.assert_array_equal(np.asarray(loaded["mean"]), MEAN)
+    assert loaded["num_updates"].shape == () and int(loaded["num_updates"]) == 7
+
+    wrong = StartState(buffers={"std": np.ones(3, np.float32)}, torch_names={"std": "std"})
+    with pytest.raises(CheckpointError, match="buffer std .* matches no buffer of that size in the torch model"):
+        torch_convert.load_state(TorchStandardised(8, 16, 4), wrong, {})
+    with pytest.raises(CheckpointError, match="buffer std matches no Variable of its size of the NNX model"):
+        jax_convert.load_state(nnx.split(NnxStandardised(8, 16, 4, rngs=nnx.Rngs(0)), nnx.Param, ...)[2], wrong)
+
+
+def _checkpoint(path):
+    """The torch model as its trainer saved it: weights, and the training data's statistics in its buffers."""
+    import torch
+
+    from tests.data.standardised.models import TorchStandardised
+
+    torch.manual_seed(1)
+    model = TorchStandardised(8, 16, 4)
+    model.mean.copy_(torch.from_numpy(MEAN))
+    model.std.copy_(torch.from_numpy(STD))
+    model.num_updates.fill_(1200)
+    torch.save(model.state_dict(), path)
+    return f"torch:{path}"
+
+
+@pytest.mark.slow
+def test_a_checkpoints_buffers_reach_every_runtime_and_its_activations(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("compare", "--quiet", "--out", str(out), "--twin", f"{TWINS}:standardised", "--backend", "all",
+                   "--checkpoint", _checkpoint(tmp_path / "trained.pt"), "--activations")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    arrays, _, metadata = read_safetensors(out / "start" / "init.safetensors", "start")
+    np.testing.assert_array_equal(arrays["buffer/std"], STD)
+    assert arrays["buffer/num_updates"].dtype == np.int64 and int(arrays["buffer/num_updates"]) == 1200
+    assert json.loads(metadata[BUFFER_NAMES]) == {"mean": "mean", "std": "std", "num_updates": "num_updates"}
+    report = json.loads((out / "report.json").read_text())
+    assert report["start_state"]["carried"] == ["mean", "num_updates", "std"]
+    assert report["start_state"]["compared"] == 0 and report["start_state"]["differ"] == []
+    for name in ("jax", "torch", "torch_xla", "torchax"):
+        record = json.loads((out / name / "record.json").read_text())
+        assert record["extra"]["start"]["buffers"] == "3 from the checkpoint", name
+    assert "| std | std | carried from the checkpoint to both sides |" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("from_checkpoint, code", [(True, 1), (False, 0)])
+def test_a_port_that_misuses_a_carried_buffer_fails_from_the_checkpoint_in_its_own_code(tmp_path, from_checkpoint,
+                                                                                       code):
+    """The port scales by the std where torch divides: the same model while the std is the factory's ones (from
+    init it passes, as it must), another one from the trained checkpoint, named in the model's own code."""
+    out = tmp_path / "run"
+    start = ["--checkpoint", _checkpoint(tmp_path / "trained.pt")] if from_checkpoint else []
+    proc = run_cli("compare", "--quiet", "--out", str(out), "--twin", f"{TWINS}:standardised_misported", "--backend",
+                   "jax,torch", "--activations", *start)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    found = json.loads((out / "report.json").read_text())["parity"]["torch"]["first_divergent_module"]
+    if from_checkpoint:
+        assert (found["module"], found["input_agrees"]) == ("(model)", True)
+    else:
+        assert found["module"] is None
