@@ -8,6 +8,7 @@ import time
 
 STARTED_AT = time.time()  # before the imports below, so the wall-time breakdown counts them
 
+import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
@@ -55,7 +56,12 @@ from compare.reporting.report import ReportInputs, build_report, check_belongs  
 from compare.runs import hosts  # noqa: E402
 from compare.runs.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
 from compare.runs.cache import default_cache_dir  # noqa: E402
-from compare.runs.extra_runs import keep_whole, locate_divergence, noise_floor_runs  # noqa: E402
+from compare.runs.extra_runs import (  # noqa: E402
+    floor_where_contradicted,
+    keep_whole,
+    locate_divergence,
+    noise_floor_runs,
+)
 from compare.runs.launch import (  # noqa: E402
     describing_runs,
     floor_launch,
@@ -366,6 +372,8 @@ def main(argv=None) -> int:
     build = functools.partial(build_report, inputs, outcome.runs, checks=tuple(checks))
     report = keep_whole(opts, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build)
     report = locate_divergence(opts, plan, outcome, report, build)
+    report = floor_where_contradicted(opts, plan, outcome, report, tensors["mode"], lambda why: build_report(
+        dataclasses.replace(inputs, floor_policy="noise-floor", floor_why=why), outcome.runs, False, tuple(checks)))
     report["run_id"], report["replaced_run"] = run_id, run_dir.replaced
     report["compare_peak_rss_mb"] = peak_rss_mb()  # compare's own process, its backends apart
     report["hosts"] = hosts.section(opts.hosts)

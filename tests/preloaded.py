@@ -47,8 +47,11 @@ def start() -> list[subprocess.Popen]:
     servers, procs = [], []
     for name, (preload, routes) in SERVERS.items():
         socket_path = str(folder / f"{name}.sock")
+        own_tmp = folder / f"{name}.tmp"  # what its imports leave there (torch's own temporary folder) goes with it
+        own_tmp.mkdir()
         procs.append(subprocess.Popen([sys.executable, "-m", "preload.server", "--socket", socket_path, "--preload",
-                                       ",".join(preload)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                       ",".join(preload)], cwd=REPO, env={**env, "TMPDIR": str(own_tmp)},
+                                      stdin=subprocess.DEVNULL,
                                       stdout=subprocess.DEVNULL, stderr=open(folder / f"{name}.err", "w")))
         servers.append({"socket": socket_path, "python": sys.executable, "routes": list(routes)})
     manifest = folder / "servers.json"

@@ -11,7 +11,7 @@ from common.files.record import RunRecord, read_record
 from common.presets import load_spec
 from compare.judge import noise_floor
 from compare.judge.messages import failure_message
-from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors
+from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors, contradicted_by_modules
 from compare.judge.parity import check_parity, compare_tensors
 from compare.judge.tolerances import load_policy
 from tests.helpers import run_cli
@@ -150,6 +150,42 @@ def test_a_pair_that_parts_after_an_agreeing_step_0_without_a_floor_is_told_how_
     assert failure_message("torch", parity) == (
         "torch: parity failed: first divergent step 2 (step 0 agreed and no noise floor was measured: --fp32-tolerance "
         "noise-floor tells rounding that training grew from a port error)")
+    routed = {**parity, "decisions": {"matched": True, "flipped": 0, "decisions": [
+        {"module": "blocks.0.moe.router", "flipped": 0}, {"module": "blocks.1.moe.router", "flipped": 0}]}}
+    assert failure_message("torch", routed).endswith(
+        "from a port error; the model makes 2 discrete choices (top-k, argmax, sort; first in blocks.0.moe.router), "
+        "all alike at step 0, and a tie flipped by rounding at a later step parts the runs by design: choices are "
+        "captured at step 0 only)")
     floors = Floors(FloorRun([2.3, 2.2, 2.1], {}), FloorRun([2.3, 2.2, 2.5], {}), FP32)
     judged = check_parity(made["jax"], made["torch"], {}, {}, FP32, [], floors)  # a floor measured: no hint
     assert judged["unmeasured_noise"] is None and judged["first_divergent_step"] == 2
+
+
+def test_a_float32_pair_is_floored_only_where_its_fixed_bounds_fail_what_every_module_passes():
+    """compare/judge/noise_floor.py contradicted_by_modules: a trained ResNet's step-0 convolution gradients out by
+    rounding while all 28 modules agree, forward and backward, is measured; a module named, a loss, an output or
+    choices that differ, or a module left uncompared are located failures, and are not."""
+    def report(**change):
+        tensors = {"grads/layer2.layers.0.conv2.kernel": {"within": False}, "outputs/logits": {"within": True}}
+        parity = {"passed": False, "comparable": True, "decisions": None, "distribution": None, "tensors": tensors,
+                  "first_divergent_module": {"module": None, "modules_compared": 28, "not_compared": {}},
+                  "first_divergent_module_backward": {"module": None, "in_loss": False, "modules_compared": 28}}
+        for key, value in change.items():
+            merged = isinstance(value, dict) and isinstance(parity[key], dict) and key != "tensors"
+            parity[key] = {**parity[key], **value} if merged else value
+        return {"dtype": "float32", "tolerance_policy": {"policy": "fixed"}, "parity": {"torch": parity}}
+
+    assert contradicted_by_modules(report()) == ["torch"]
+    assert contradicted_by_modules({**report(), "dtype": "bfloat16"}) == []
+    assert contradicted_by_modules({**report(), "tolerance_policy": {"policy": "noise-floor"}}) == []
+    located = [{"first_divergent_module": {"module": "layer2.layers.0.conv1"}},
+               {"first_divergent_module": {"in_loss": "the loss computed from the model's outputs"}},
+               {"first_divergent_module": {"not_compared": {"head": "no NNX module"}}},
+               {"first_divergent_module_backward": {"module": "layer2"}},
+               {"first_divergent_module_backward": {"modules_compared": 0}},
+               {"decisions": {"flipped": 3}},
+               {"tensors": {"grads/fc.kernel": {"within": False}, "outputs/logits": {"within": False}}},
+               {"tensors": {"state/bn1.mean": {"within": False}}},
+               {"passed": True}]
+    for change in located:
+        assert contradicted_by_modules(report(**change)) == [], change

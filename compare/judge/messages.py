@@ -7,6 +7,16 @@ from compare.judge.decided import decisions_cell
 from compare.judge.tensor_error import BORDERLINE, passes_with_words
 
 
+def _later_choices(found: dict | None) -> str:
+    """What a model that makes discrete choices adds to curves that parted after an agreeing step 0."""
+    if not found or not found.get("matched") or found.get("flipped"):
+        return ""
+    first = found["decisions"][0]
+    return (f"; the model makes {len(found['decisions'])} discrete choices (top-k, argmax, sort; first in "
+            f"{first['module']}), all alike at step 0, and a tie flipped by rounding at a later step parts the runs "
+            "by design: choices are captured at step 0 only")
+
+
 def failure_message(name: str, parity: dict) -> str:
     """The one line that says where `name`'s parity (check_parity's result) failed, and by how much."""
     worst = parity["worst"][0] if parity["worst"] else None
@@ -52,7 +62,7 @@ def failure_message(name: str, parity: dict) -> str:
                   f"here: run records' extra.dropout_sites)")
     if parity.get("unmeasured_noise"):
         where += (f" (step 0 agreed and no noise floor was measured: {parity['unmeasured_noise']} tells rounding "
-                  "that training grew from a port error)")
+                  "that training grew from a port error" + _later_choices(parity.get("decisions")) + ")")
     if not worst:
         return where
     size = worst.get("note") or (f"max abs {worst['abs']:.3g}" if isinstance(worst.get("abs"), (int, float))

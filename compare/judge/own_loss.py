@@ -1,7 +1,15 @@
-"""A loss the model computes in its own forward (a twin's loss="model": transformers' CLIPModel given
-`return_loss=True`, any Hugging Face model given labels). The whole model is then the module its loss is the output
-of: where it is the only module that differs, its output is the loss (a scalar on both sides) and the step-0 logits
-it returns agree, the sides part in the loss, not in the model (`in_loss`, said where the location would be)."""
+"""The loss as the place two sides part (`in_loss`, said where the location would be).
+
+A loss the model computes in its own forward (a twin's loss="model": transformers' CLIPModel given
+`return_loss=True`, any Hugging Face model given labels): the whole model is then the module its loss is the output
+of; where it is the only module that differs, its output is the loss (a scalar on both sides) and the step-0 logits
+it returns agree, the sides part in the loss, not in the model.
+
+A loss computed outside the model (the task's, a twin's own): where every module compared agrees, forward and
+backward, and so do the step-0 logits, but the step-0 loss does not, the sides part in the loss. (Where the
+gradient the loss sends back differs too, compare/judge/backward.py says so first; from weights at which the
+loss's two forms send back nearly the same gradient, a trained CLIP's symmetric and one-directional contrastive
+losses, only the loss's value shows it.)"""
 from __future__ import annotations
 
 from common.files.record import RunRecord
@@ -20,3 +28,16 @@ def mark_own_loss(forward: dict | None, ref: RunRecord, tensors: dict, ref_activ
         return
     forward["in_loss"] = ("the model's own loss, computed in its forward (every module agrees, and so do the "
                           "step-0 logits it returns; the loss does not)")
+
+
+def mark_loss_value(forward: dict | None, backward: dict | None, tensors: dict) -> None:
+    """Marks `forward` `in_loss` when only the loss's value tells the sides apart: every module compared agrees
+    forward and backward (none left uncompared), the step-0 logits agree, the step-0 loss does not."""
+    if not forward or forward["module"] is not None or not forward["modules_compared"] or forward.get("not_compared") \
+            or forward.get("shapes_differ") or (backward and (backward["module"] or backward["in_loss"])):
+        return
+    loss, logits = tensors.get("outputs/loss"), tensors.get("outputs/logits")
+    if not loss or loss["within"] or (logits and not logits["within"]):
+        return
+    forward["in_loss"] = ("the loss computed from the model's outputs (every module agrees, forward and backward, "
+                          "and so do the step-0 logits; the step-0 loss does not: the twin's loss or task)")

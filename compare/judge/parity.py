@@ -15,7 +15,7 @@ from compare.judge.distribution import judge_distribution
 from compare.judge.extra_inputs import with_extra_inputs
 from compare.judge.islands import before_first_island, islands_of
 from compare.judge.noise_floor import Floors, loss_sensitivity
-from compare.judge.own_loss import mark_own_loss
+from compare.judge.own_loss import mark_loss_value, mark_own_loss
 from compare.judge.sensitivity import group_sensitivity
 from compare.judge.tensor_error import (
     by_summary,
@@ -277,6 +277,7 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
 
     forward, backward = locate(ref_tensors, other_tensors)
     mark_own_loss(forward, ref, tensors, ref_tensors.get("activations", {}))
+    mark_loss_value(forward, backward, tensors)
     if forward is not None and list(other_tensors.get("capture_at") or [0, 0]) != [0, 0]:
         forward["captured_at"] = list(other_tensors["capture_at"])  # where the logits differ most
     activation_pass = confirm_locations(forward, backward, ref_tensors, other_tensors)

@@ -254,9 +254,11 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
                  for k, v in tol.items() if "atol" in v]))
     floor = report.get("tolerance_policy") or {}
     if floor.get("policy") == "noise-floor":
-        out.append((f"bfloat16 judged by measured noise (compare/judge/noise_floor.py): {floor['rule']}, factor "
-                    f"{floor['factor']:g}; every backend ran once more in float32 ({floor['floor_runs']})",
-                    ["backend without a float32 run", "why"],
+        twin = "in float32" if report["dtype"] == "bfloat16" else "from jittered start weights"
+        out.append((f"{report['dtype']} judged by measured noise (compare/judge/noise_floor.py): {floor['rule']}, "
+                    f"factor {floor['factor']:g}; the backends ran once more {twin} ({floor['floor_runs']})"
+                    + (f", {floor['why']}" if floor.get("why") else ""),
+                    ["backend without a floor run", "why"],
                     [[n, why] for n, why in floor["not_measured"].items()] or [["-", "-"]]))
     if "distribution" in tol:
         d = tol["distribution"]

@@ -92,6 +92,7 @@ class ReportInputs:
     same_device: bool = False  # --require-same-device: backends on different devices are not comparable
     tensors: dict = field(default_factory=lambda: {"mode": "full"})  # --tensors: {mode, why}
     weights: str = ""  # where the start weights came from (compare/runs/prepare.py weights_origin)
+    floor_why: str = ""  # a float32 floor measured where the fixed bounds contradicted the module checks
 
 
 def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tuple = ()) -> dict:
@@ -175,7 +176,8 @@ def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
                                                                     record.run_id, name))
         except (RecordError, OSError) as e:
             missing[name] = f"no noise-floor run ({e}): its pair is judged by the fixed {dtype} bounds"
-    return floors, {"policy": "noise-floor", "factor": FACTOR, "floor_runs": str(inputs.out / FLOOR_DIR),
+    return floors, {"policy": "noise-floor", **({"why": inputs.floor_why} if inputs.floor_why else {}),
+                    "factor": FACTOR, "floor_runs": str(inputs.out / FLOOR_DIR),
                     "rule": "max|other - ref| <= max(factor * max(noise of ref, noise of other), the float32 "
                             f"bound), noise = max|run - {FLOOR_TWIN[dtype]}|", "not_measured": missing}
 

@@ -1,7 +1,7 @@
 """The runs compare makes after the backends' own, each only when the report needs it: a noise-floor run per
-backend (its dtype's policy), whole tensors where a summary left tolerance (`--tensors auto`), step 0's
-activations where a pair parts at step 0 with no module found yet, and whole activations where a location was
-found on their summaries."""
+backend (its dtype's policy, or a float32 pair whose fixed bounds contradict its module checks), whole tensors where
+a summary left tolerance (`--tensors auto`), step 0's activations where a pair parts at step 0 with no module found
+yet, and whole activations where a location was found on their summaries."""
 from __future__ import annotations
 
 from common import backends
@@ -10,8 +10,8 @@ from common.vocab import BackendStatus, ParityMode
 from compare.judge.decided import needs_imposing
 from compare.options import CompareOptions
 from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, capture, parted_at_step0
-from compare.runs.launch import capture_launch, whole_launch
-from compare.judge.noise_floor import FLOOR_DIR
+from compare.runs.launch import capture_launch, floor_launch, whole_launch
+from compare.judge.noise_floor import FLOOR_DIR, contradicted_by_modules
 from compare.runs.orchestrate import Plan, run_backend
 from compare.runs.second_pass import WHOLE_DIR, activations_to_confirm, needs_whole
 
@@ -25,6 +25,31 @@ def noise_floor_runs(opts: CompareOptions, policy: str, plan: Plan, outcome) -> 
     if policy != "noise-floor" or outcome.interrupted or opts.judging.parity_mode == ParityMode.STATISTICAL:
         return []
     return [n for n in plan.launches if n in outcome.runs and outcome.runs[n].status == BackendStatus.OK]
+
+
+def floor_where_contradicted(opts: CompareOptions, plan: Plan, outcome, report: dict, tensor_mode: str,
+                             rebuild) -> dict:
+    """The report, built again by `rebuild(why)` with a noise floor (compare/judge/noise_floor.py), when a float32
+    pair fails its fixed bounds only where every module agrees (`contradicted_by_modules`): the reference and those
+    backends run once more from jittered start weights. Not for summarized tensors (a floor of summaries measures
+    nothing), reused records, the statistical mode or several hosts; unchanged otherwise."""
+    if outcome.interrupted or tensor_mode != "full" or opts.judging.parity_mode == ParityMode.STATISTICAL \
+            or opts.hosts.hosts > 1:
+        return report
+    names = contradicted_by_modules(report)
+    if not names or not all(n in plan.launches for n in (report["reference"], *names)):
+        return report
+    try:
+        for name in (report["reference"], *names):
+            run_backend(name, plan.pythons[name], floor_launch(opts, name, "float32"), plan.out / FLOOR_DIR / name,
+                        plan.timeout_s)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        return report
+    tensors = sum(not t["within"] for n in names for t in report["parity"][n]["tensors"].values())
+    return rebuild(f"measured because the fixed float32 bounds failed {tensors} step-0 gradient or trained parameter "
+                   f"tensor(s) of {', '.join(names)} while every module agreed, forward and backward (a sum over the "
+                   "batch rounds with the size of its terms: small gradients of large terms that cancel)")
 
 
 def keep_whole(opts: CompareOptions, plan: Plan, outcome, floored: list[str], dtype: str, report: dict, build) -> dict:
