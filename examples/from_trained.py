@@ -76,7 +76,8 @@ def where(report: dict) -> str:
         return f"{forward['module']} ({'input agrees' if forward.get('input_agrees') else 'input differs'})"
     if backward.get("module"):
         return f"{backward['module']} (backward)"
-    return "-"
+    islands = [m for modules in (parity.get("float32_islands") or {}).values() for m in modules]
+    return f"- (float32 islands: {', '.join(islands[:2])}: judged at float32's bounds)" if islands else "-"
 
 
 def main(argv=None) -> int:
