@@ -148,4 +148,6 @@ def resolve_spec(inputs: SpecInputs) -> RunSpec:
 
 def fail(message: str, code: ExitCode) -> NoReturn:
     print(error_text(message), file=sys.stderr)
-    sys.exit(int(code))
+    ending = SystemExit(int(code))
+    ending.error = message  # for a caller that passes it on (compare/runs/meeting.py: a host tells host 0)
+    raise ending

@@ -11,7 +11,6 @@ STARTED_AT = time.time()  # before the imports below, so the wall-time breakdown
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import shutil  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -41,7 +40,6 @@ from common.vocab import (  # noqa: E402
     ParityMode,
     values,
 )
-from common.weights import param_count  # noqa: E402
 from compare.judge.determinism import determinism_check  # noqa: E402
 from compare.judge.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
 from compare.judge.parity import train_differences  # noqa: E402
@@ -53,7 +51,7 @@ from compare.reporting.check_tables import ops_check  # noqa: E402
 from compare.reporting.output import show, write_report  # noqa: E402
 from compare.reporting.plots import PLOT_FILES  # noqa: E402
 from compare.reporting.report import ReportInputs, build_report, check_belongs  # noqa: E402
-from compare.runs import hosts  # noqa: E402
+from compare.runs import hosts, meeting  # noqa: E402
 from compare.runs.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
 from compare.runs.cache import default_cache_dir  # noqa: E402
 from compare.runs.extra_runs import (  # noqa: E402
@@ -70,12 +68,12 @@ from compare.runs.launch import (  # noqa: E402
     seed_launch,
     side_spec,
 )
-from compare.runs.orchestrate import Plan, run_all  # noqa: E402
+from compare.runs.orchestrate import Plan, install_signal_handlers, run_all  # noqa: E402
 from compare.runs.prepare import INIT_FILE, SPEC_FILE, Prepared, prepare_start, weights_origin  # noqa: E402
 from compare.runs.progress import LiveProgress  # noqa: E402
 from compare.runs.rundir import RunDirError, claim, default_out, new_run_id  # noqa: E402
 from compare.runs.rundir import check as check_out  # noqa: E402
-from compare.runs.second_pass import default_mode  # noqa: E402
+from compare.runs.second_pass import tensor_mode  # noqa: E402
 
 START_DIR = "start"  # the prepared common start (a user twin, a torch / hf checkpoint) in the run directory
 REPORT_FILES = ("report.json", "report.md")
@@ -261,19 +259,6 @@ def prepare(opts: CompareOptions, spec) -> Prepared:
         fail(str(e), ExitCode.USAGE)
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-def install_signal_handlers() -> None:
-    """SIGINT, SIGTERM and SIGHUP end compare alike: the running subprocesses are taken down, temp folders
-    removed, the run reported as interrupted. Installed on main's first line: no window without them.
-    SIGINT too: a process started in the background by a non-interactive shell (`make test &`, CI) inherits
-    SIGINT ignored, and Python then installs no KeyboardInterrupt for it."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
-
-
 def claim_run_dir(opts: CompareOptions, prepared: Path | None):
     """The run directory, claimed for this run (compare/runs/rundir.py), with the prepared start moved in.
     Returns it and the options the backends run with (the prepared start in place of the user's inputs, every
@@ -301,19 +286,15 @@ def claim_run_dir(opts: CompareOptions, prepared: Path | None):
     return run_dir, opts
 
 
-def tensor_mode(opts: CompareOptions) -> tuple[dict, CompareOptions]:
-    """How the backends keep their parameter-sized tensors ({mode, why}): --tensors, else by the model's size
-    (the prepared spec's: a twin's parameters are known once it is described), and the options with it."""
-    if opts.capture.tensors:
-        return {"mode": opts.capture.tensors, "why": "--tensors"}, opts
-    mode, why = default_mode(param_count(opts.spec_of(opts.names[0]).model))
-    return {"mode": mode, "why": why}, opts.with_capture(tensors=mode)
-
-
 def main(argv=None) -> int:
     install_signal_handlers()
     entered = time.time()
     opts = parse_options(argv)
+    with meeting.refusals_told(opts.hosts):  # a host that refuses the run tells host 0 why
+        return compare(opts, entered)
+
+
+def compare(opts: CompareOptions, entered: float) -> int:
     names = list(opts.names)
     for flag, path in {"--out": opts.output.out, **opts.paths_read()}.items():  # before any path is resolved
         if path and symlink_loop(path):
@@ -335,6 +316,12 @@ def main(argv=None) -> int:
         plan = Plan(names, {n: opts.side(n).python for n in names},
                     {n: main_launch(opts, n) for n in names if n not in reuse}, reuse, out, opts.timeout_s,
                     judging.check_determinism, op_check_launches(opts), prepared.waiting)
+        meeting.meet(opts.hosts)  # every host ready before any backend starts
+    except meeting.MeetingError as e:
+        run_dir.finish("refused")
+        for step in prepared.waiting.values():
+            step.stop()
+        fail(str(e), ExitCode.USAGE)
     except BaseException:  # no described process is left waiting for a run that never comes
         for step in prepared.waiting.values():
             step.stop()

@@ -135,8 +135,8 @@ def test_a_tensor_file_read_lazily_gives_what_was_checked_even_if_another_run_re
 @pytest.mark.parametrize("argv, mode", [(["--spec", "gpt2-small"], "auto"), (["--spec", "gpt-tiny"], "full"),
                                         (["--spec", "gpt2-small", "--tensors", "full"], "full")])
 def test_the_tensor_mode_defaults_to_auto_above_its_size_and_says_why(argv, mode):
-    from compare.__main__ import check_inputs, parse_options, tensor_mode
-    from compare.runs.second_pass import AUTO_ABOVE_PARAMS
+    from compare.__main__ import check_inputs, parse_options
+    from compare.runs.second_pass import AUTO_ABOVE_PARAMS, tensor_mode
 
     _, _, opts = check_inputs(parse_options([*argv, "--backend", "jax,torch"]))
     chosen, opts = tensor_mode(opts)

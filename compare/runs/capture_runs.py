@@ -95,7 +95,8 @@ IMPOSED_DIR = "imposed"  # <backend>/activations/imposed: the capture with the r
 
 def capture_facts(record) -> dict:
     """The capture's facts, and its decisions' (common/capture/decisions.py: module, op, k of each, in call order)."""
-    return {**{k: getattr(record.extra, k) or {} for k in CAPTURE_FACTS}, "decisions_facts": record.extra.decisions or [],
+    return {**{k: getattr(record.extra, k) or {} for k in CAPTURE_FACTS},
+            "decisions_facts": record.extra.decisions or [],
             "capture_at": record.extra.capture_at or [0, 0]}
 
 

@@ -8,10 +8,10 @@ from common import backends
 from common.files.record import RECORD_FILE
 from common.vocab import BackendStatus, ParityMode
 from compare.judge.decided import needs_imposing
+from compare.judge.noise_floor import FLOOR_DIR, contradicted_by_modules
 from compare.options import CompareOptions
 from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, capture, parted_at_step0
 from compare.runs.launch import capture_launch, floor_launch, whole_launch
-from compare.judge.noise_floor import FLOOR_DIR, contradicted_by_modules
 from compare.runs.orchestrate import Plan, run_backend
 from compare.runs.second_pass import WHOLE_DIR, activations_to_confirm, needs_whole
 

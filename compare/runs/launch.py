@@ -57,14 +57,16 @@ def _flags(opts: CompareOptions, name: str, *, quiet: bool = False, provoke: boo
         flags += ["--profile", str(opts.capture.profile)]
     if quiet or not opts.capture.hlo:
         flags.append("--no-hlo")
-    # --tensors auto: the backends keep summaries, compare's second pass what it needs whole (compare/runs/second_pass.py)
+    # --tensors auto: the backends keep summaries, compare's second pass what it needs whole
+    # (compare/runs/second_pass.py)
     tensors = opts.capture.tensors
     return flags + ["--tensors", "summary" if tensors == "auto" else tensors, "--run-id", opts.output.run_id]
 
 
 def main_launch(opts: CompareOptions, name: str) -> Launch:
     """The run itself: every step, with the parity tensors (and step 0's activations with --activations)."""
-    return Launch(opts.spec_of(name), (*_flags(opts, name), "--parity", *(["--activations"] * opts.capture.activations)),
+    return Launch(opts.spec_of(name),
+                  (*_flags(opts, name), "--parity", *(["--activations"] * opts.capture.activations)),
                   opts.hosts)
 
 

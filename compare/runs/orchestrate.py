@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,10 +20,10 @@ from pathlib import Path
 
 from common import backends
 from common.files.fsutil import write_json_atomic
+from common.files.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
 from common.ops import OPS_DIR, OPS_FILE, refusal
 from common.procs import kill_group, start_group
 from common.protocol import outcome, run_request
-from common.files.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
 from common.vocab import BackendStatus
 from compare.runs.backend_output import BackendOutput
 from compare.runs.guard import GUARD
@@ -219,3 +220,16 @@ def run_all(plan: Plan, live) -> Outcome:
             step.stop()
         plan.waiting.clear()
     return Outcome(runs, repeats, False)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def install_signal_handlers() -> None:
+    """SIGINT, SIGTERM and SIGHUP end compare alike: the running subprocesses are taken down, temp folders
+    removed, the run reported as interrupted. Installed on main's first line: no window without them.
+    SIGINT too: a process started in the background by a non-interactive shell (`make test &`, CI) inherits
+    SIGINT ignored, and Python then installs no KeyboardInterrupt for it."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)

@@ -29,17 +29,13 @@ from typing import NamedTuple
 import numpy as np
 from safetensors.numpy import load_file
 
-from common.twin import hf
-from common.weights.checkpoint_ref import CheckpointRef
-from common.weights.carried import INIT_FILE, buffer_metadata, carried_buffers
-from common.weights.checkpoints import TORCH_BUFFERS
-from common.twin.correspond import declared_layouts, derive
 from common.files.fsutil import write_json_atomic
-from common.twin.modules import module_map, state_names
 from common.files.record import SPEC_FILE
 from common.spec import RunSpec, TwinSpec
+from common.twin import TwinError, hf, load_twin, twin_of
+from common.twin.correspond import declared_layouts, derive
+from common.twin.modules import module_map, state_names
 from common.twin.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE, link_state
-from common.twin import TwinError, load_twin, twin_of
 from common.vocab import CheckpointFormat
 from common.weights import (
     STATE_PREFIX,
@@ -51,6 +47,9 @@ from common.weights import (
     read_safetensors,
     save_checkpoint,
 )
+from common.weights.carried import INIT_FILE, buffer_metadata, carried_buffers
+from common.weights.checkpoint_ref import CheckpointRef
+from common.weights.checkpoints import TORCH_BUFFERS
 from compare.runs.describe_steps import FAMILY_OF_SIDE, Step, model_name, start_step, wait_step
 
 

@@ -1,4 +1,5 @@
-"""python -m compare.runs.processes: a backend run as cooperating processes (`compare --processes N`, compare/runs/hosts.py).
+"""python -m compare.runs.processes: a backend run as cooperating processes (`compare --processes N`,
+compare/runs/hosts.py).
 
 compare runs this launcher where it would run the backend, in the backend's own process group: it starts N
 copies of the backend command, each told its place in the run (`--coordinator HOST:PORT --num-processes TOTAL

@@ -1,7 +1,7 @@
 """`--tensors auto`: summaries everywhere, whole tensors only where a summary leaves tolerance.
 
-Every backend keeps its parameter-sized tensors as summaries (common/files/tensor_summary.py). When a tensor judged by its
-summary leaves tolerance, compare runs the reference and that backend once more (the same spec, start,
+Every backend keeps its parameter-sized tensors as summaries (common/files/tensor_summary.py). When a tensor judged
+by its summary leaves tolerance, compare runs the reference and that backend once more (the same spec, start,
 batches and provoked recompiles, so the same values; no HLO, profile or throughput, which change none), keeping
 those tensors whole (`--whole-tensors`), into `<run>/<backend>/whole-tensors/` (a noise-floor run's beside it,
 when the pair is judged by one). The report then judges them element by element with their real error.
@@ -19,8 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from common.files.record import RECORD_FILE, RecordError, read_record
-from common.files.tensor_summary import TensorSummary, summarize
 from common.files.tensor_file import SUMMARIZED_GROUPS, read_tensors
+from common.files.tensor_summary import TensorSummary, summarize
+from common.weights import param_count
+from compare.options import CompareOptions
 
 WHOLE_DIR = "whole-tensors"
 AUTO_ABOVE_PARAMS = 20_000_000  # `--tensors` defaults to auto above this (80 MB of float32 parameters)
@@ -171,3 +173,12 @@ def mark_second_pass(rows: dict[str, dict], ref: dict, other: dict) -> None:
     for key, why in {**b.get("not_reproduced", {}), **a.get("not_reproduced", {})}.items():
         if key in rows:
             rows[key]["note"] = "; ".join(filter(None, [rows[key].get("note"), why]))
+
+
+def tensor_mode(opts: CompareOptions) -> tuple[dict, CompareOptions]:
+    """How the backends keep their parameter-sized tensors ({mode, why}): --tensors, else by the model's size
+    (the prepared spec's: a twin's parameters are known once it is described), and the options with it."""
+    if opts.capture.tensors:
+        return {"mode": opts.capture.tensors, "why": "--tensors"}, opts
+    mode, why = default_mode(param_count(opts.spec_of(opts.names[0]).model))
+    return {"mode": mode, "why": why}, opts.with_capture(tensors=mode)
