@@ -11,7 +11,7 @@ from common.files.record import RunRecord, read_record
 from common.presets import load_spec
 from compare.judge import noise_floor
 from compare.judge.messages import failure_message
-from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors, contradicted_by_modules
+from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors, floor_needed
 from compare.judge.parity import check_parity, compare_tensors
 from compare.judge.tolerances import load_policy
 from tests.helpers import run_cli
@@ -161,10 +161,11 @@ def test_a_pair_that_parts_after_an_agreeing_step_0_without_a_floor_is_told_how_
     assert judged["unmeasured_noise"] is None and judged["first_divergent_step"] == 2
 
 
-def test_a_float32_pair_is_floored_only_where_its_fixed_bounds_fail_what_every_module_passes():
-    """compare/judge/noise_floor.py contradicted_by_modules: a trained ResNet's step-0 convolution gradients out by
-    rounding while all 28 modules agree, forward and backward, is measured; a module named, a loss, an output or
-    choices that differ, or a module left uncompared are located failures, and are not."""
+def test_a_float32_pair_is_floored_only_where_its_fixed_bounds_fail_what_no_module_or_step_0_explains():
+    """compare/judge/noise_floor.py floor_needed: a trained ResNet's step-0 convolution gradients out by
+    rounding while all 28 modules agree, forward and backward, is measured, and so is a pair that parts after a
+    step 0 that agreed in everything; a module named, a loss, an output or choices that differ, or a module left
+    uncompared are located failures, and are not."""
     def report(**change):
         tensors = {"grads/layer2.layers.0.conv2.kernel": {"within": False}, "outputs/logits": {"within": True}}
         parity = {"passed": False, "comparable": True, "decisions": None, "distribution": None, "tensors": tensors,
@@ -175,9 +176,14 @@ def test_a_float32_pair_is_floored_only_where_its_fixed_bounds_fail_what_every_m
             parity[key] = {**parity[key], **value} if merged else value
         return {"dtype": "float32", "tolerance_policy": {"policy": "fixed"}, "parity": {"torch": parity}}
 
-    assert contradicted_by_modules(report()) == ["torch"]
-    assert contradicted_by_modules({**report(), "dtype": "bfloat16"}) == []
-    assert contradicted_by_modules({**report(), "tolerance_policy": {"policy": "noise-floor"}}) == []
+    assert list(floor_needed(report())) == ["torch"]
+    assert floor_needed(report())["torch"].startswith("the fixed bounds failed 1 step-0 gradient or trained")
+    assert floor_needed({**report(), "dtype": "bfloat16"}) == {}
+    assert floor_needed({**report(), "tolerance_policy": {"policy": "noise-floor"}}) == {}
+    later = report(unmeasured_noise="--fp32-tolerance noise-floor", first_divergent_step=4,
+                   tensors={"params/fc.kernel": {"within": False}, "eval/logits": {"within": False}})
+    assert floor_needed(later) == {"torch": "the runs parted at step 4 after a step 0 that agreed in everything "
+                                            "(training grows rounding as it grows a port error)"}
     located = [{"first_divergent_module": {"module": "layer2.layers.0.conv1"}},
                {"first_divergent_module": {"in_loss": "the loss computed from the model's outputs"}},
                {"first_divergent_module": {"not_compared": {"head": "no NNX module"}}},
@@ -188,4 +194,4 @@ def test_a_float32_pair_is_floored_only_where_its_fixed_bounds_fail_what_every_m
                {"tensors": {"state/bn1.mean": {"within": False}}},
                {"passed": True}]
     for change in located:
-        assert contradicted_by_modules(report(**change)) == [], change
+        assert floor_needed(report(**change)) == {}, change

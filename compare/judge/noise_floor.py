@@ -25,12 +25,16 @@ the loss at the sharp step 4x less than the two frameworks' own rounding differe
 op of every step, the jitter once); 16 moved it 2.8x more. Step 0's tensors stay at their float32 bounds (the
 jitter moves them by about 1e-6 relative), so a port that parts at step 0 is judged exactly as before.
 
-A float32 pair judged by the fixed bounds gets its floor measured all the same where those bounds contradict the
-module checks (`contradicted_by_modules`): step-0 gradients out while every module agrees, forward and backward.
-A weight's gradient is a sum over the batch, rounded with the size of its terms, not of the sum: from a trained
-checkpoint (small gradients, sums of large terms that cancel) a correct ResNet's convolution and BatchNorm
-gradients left the fixed bound by up to 3x on rounding alone, and 16 ulps of jitter moved them as far. The jitter
-at step 0 moves exactly such ill-conditioned tensors, and the floor judges them by it.
+A float32 pair judged by the fixed bounds gets its floor measured all the same where only a floor can tell
+rounding from a port error (`floor_needed`), at the cost of two more runs in that case alone:
+- where the fixed bounds contradict the module checks: step-0 gradients out while every module agrees, forward and
+  backward. A weight's gradient is a sum over the batch, rounded with the size of its terms, not of the sum: from a
+  trained checkpoint (small gradients, sums of large terms that cancel) a correct ResNet's convolution and BatchNorm
+  gradients left the fixed bound by up to 3x on rounding alone, and 16 ulps of jitter moved them as far. The
+  jitter at step 0 moves exactly such ill-conditioned tensors, and the floor judges them by it;
+- where the runs part after a step 0 that agreed in everything: training grew a difference, of rounding (a sharp
+  step, a routing choice flipped at a tie at a later step) or of the port (an optimizer setting), which the
+  jittered run tells apart as the opt-in policy does.
 """
 from __future__ import annotations
 
@@ -110,27 +114,36 @@ def judge_losses(loss: dict, ref: list, other: list, floors: Floors, factor: flo
             "sensitivity": loss_sensitivity(ref, bounds)}
 
 
-def contradicted_by_modules(report: dict) -> list[str]:
-    """The backends whose float32 pair, judged by the fixed bounds, fails only where no module does: some step-0
-    gradients or trained parameters out, every module compared agreeing forward and backward (none left out), the
-    step-0 outputs and choices alike. Only a measured floor tells such a failure from a difference the module
-    checks cannot see."""
+def floor_needed(report: dict) -> dict[str, str]:
+    """{backend: why} of the float32 pairs, judged by the fixed bounds, whose failure only a measured floor tells
+    from a port error: step-0 gradients or trained parameters out with every module compared agreeing forward and
+    backward (none left out), the step-0 outputs and choices alike; or the runs parting after a step 0 that agreed
+    in everything (`unmeasured_noise`, compare/judge/parity.py)."""
     if report.get("dtype") != "float32" or (report.get("tolerance_policy") or {}).get("policy") != "fixed":
-        return []
-    found = []
+        return {}
+    found = {}
     for name, parity in (report.get("parity") or {}).items():
-        forward = parity.get("first_divergent_module") or {}
-        backward = parity.get("first_divergent_module_backward") or {}
         failing = [k for k, t in (parity.get("tensors") or {}).items() if not t["within"]]
-        if parity.get("passed") or not parity.get("comparable") or not failing \
-                or not all(k.startswith(("grads/", "params/")) for k in failing) \
-                or not forward.get("modules_compared") or forward.get("module") or forward.get("in_loss") \
-                or forward.get("not_compared") or not backward.get("modules_compared") or backward.get("module") \
-                or backward.get("in_loss") or (parity.get("decisions") or {}).get("flipped") \
-                or (parity.get("distribution") or {}).get("within") is False:
+        if parity.get("passed") or not parity.get("comparable"):
             continue
-        found.append(name)
+        if parity.get("unmeasured_noise") and all(k.startswith(("params/", "state/", "eval/")) for k in failing):
+            found[name] = (f"the runs parted at step {parity['first_divergent_step']} after a step 0 that agreed in "
+                           "everything (training grows rounding as it grows a port error)")
+        elif failing and _contradicts_modules(parity, failing):
+            found[name] = (f"the fixed bounds failed {len(failing)} step-0 gradient or trained parameter tensor(s) "
+                           "while every module agreed, forward and backward (a sum over the batch rounds with the "
+                           "size of its terms: small gradients of large terms that cancel)")
     return found
+
+
+def _contradicts_modules(parity: dict, failing: list[str]) -> bool:
+    forward = parity.get("first_divergent_module") or {}
+    backward = parity.get("first_divergent_module_backward") or {}
+    return all(k.startswith(("grads/", "params/")) for k in failing) and bool(forward.get("modules_compared")) \
+        and not (forward.get("module") or forward.get("in_loss") or forward.get("not_compared")) \
+        and bool(backward.get("modules_compared")) and not (backward.get("module") or backward.get("in_loss")) \
+        and not (parity.get("decisions") or {}).get("flipped") \
+        and (parity.get("distribution") or {}).get("within") is not False
 
 
 def loss_sensitivity(ref: list, bounds: list) -> float | None:

@@ -8,7 +8,7 @@ from common import backends
 from common.files.record import RECORD_FILE
 from common.vocab import BackendStatus, ParityMode
 from compare.judge.decided import needs_imposing
-from compare.judge.noise_floor import FLOOR_DIR, contradicted_by_modules
+from compare.judge.noise_floor import FLOOR_DIR, floor_needed
 from compare.options import CompareOptions
 from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, capture, parted_at_step0
 from compare.runs.launch import capture_launch, floor_launch, whole_launch
@@ -30,13 +30,14 @@ def noise_floor_runs(opts: CompareOptions, policy: str, plan: Plan, outcome) -> 
 def floor_where_contradicted(opts: CompareOptions, plan: Plan, outcome, report: dict, tensor_mode: str,
                              rebuild) -> dict:
     """The report, built again by `rebuild(why)` with a noise floor (compare/judge/noise_floor.py), when a float32
-    pair fails its fixed bounds only where every module agrees (`contradicted_by_modules`): the reference and those
-    backends run once more from jittered start weights. Not for summarized tensors (a floor of summaries measures
-    nothing), reused records, the statistical mode or several hosts; unchanged otherwise."""
+    pair fails its fixed bounds where only a floor tells rounding from a port error (`floor_needed`): the reference
+    and those backends run once more from jittered start weights. Not for summarized tensors (a floor of summaries
+    measures nothing), reused records, the statistical mode or several hosts; unchanged otherwise."""
     if outcome.interrupted or tensor_mode != "full" or opts.judging.parity_mode == ParityMode.STATISTICAL \
             or opts.hosts.hosts > 1:
         return report
-    names = contradicted_by_modules(report)
+    needed = floor_needed(report)
+    names = list(needed)
     if not names or not all(n in plan.launches for n in (report["reference"], *names)):
         return report
     try:
@@ -46,10 +47,8 @@ def floor_where_contradicted(opts: CompareOptions, plan: Plan, outcome, report: 
     except KeyboardInterrupt:
         outcome.interrupted = True
         return report
-    tensors = sum(not t["within"] for n in names for t in report["parity"][n]["tensors"].values())
-    return rebuild(f"measured because the fixed float32 bounds failed {tensors} step-0 gradient or trained parameter "
-                   f"tensor(s) of {', '.join(names)} while every module agreed, forward and backward (a sum over the "
-                   "batch rounds with the size of its terms: small gradients of large terms that cancel)")
+    return rebuild("measured because, judged by the fixed float32 bounds, " +
+                   "; ".join(f"{name}: {why}" for name, why in needed.items()))
 
 
 def keep_whole(opts: CompareOptions, plan: Plan, outcome, floored: list[str], dtype: str, report: dict, build) -> dict:
