@@ -195,3 +195,25 @@ def test_a_float32_pair_is_floored_only_where_its_fixed_bounds_fail_what_no_modu
                {"passed": True}]
     for change in located:
         assert floor_needed(report(**change)) == {}, change
+
+
+@pytest.mark.slow
+def test_a_float32_pair_that_parts_after_an_agreeing_step_0_gets_its_floor_measured_and_a_port_error_still_fails(
+        tmp_path):
+    """No flag: torch's learning rate set 5 % apart (a one-sided --torch-set, so the runs stay comparable) parts the
+    runs after a step 0 that agreed in everything; compare measures the pair's floor by itself (the reference and
+    torch once more from jittered weights) and the difference still fails by it."""
+    out = tmp_path / "run"
+    proc = run_cli("compare", "--quiet", "--out", str(out), "--spec", "mlp-tiny", "--backend", "jax,torch", "--steps",
+                   "5", "--torch-set", "train.lr=0.00105")
+    report = json.loads((out / "report.json").read_text())
+    assert proc.returncode == 1, report["message"]
+    parity = report["parity"]["torch"]
+    step = parity["first_divergent_step"]
+    assert step > 0 and parity["unmeasured_noise"] is None
+    assert report["tolerance_policy"]["policy"] == "noise-floor"
+    assert report["tolerance_policy"]["why"] == (
+        f"measured because, judged by the fixed float32 bounds, torch: the runs parted at step {step} after a step 0 "
+        "that agreed in everything (training grows rounding as it grows a port error)")
+    assert {p.name for p in (out / FLOOR_DIR).iterdir()} == {"jax", "torch"}
+    assert parity["loss"]["judged_by"] == "noise-floor"
