@@ -27,7 +27,7 @@ def noise_floor_runs(opts: CompareOptions, policy: str, plan: Plan, outcome) -> 
     return [n for n in plan.launches if n in outcome.runs and outcome.runs[n].status == BackendStatus.OK]
 
 
-def floor_where_contradicted(opts: CompareOptions, plan: Plan, outcome, report: dict, tensor_mode: str,
+def floor_where_needed(opts: CompareOptions, plan: Plan, outcome, report: dict, tensor_mode: str,
                              rebuild) -> dict:
     """The report, built again by `rebuild(why)` with a noise floor (compare/judge/noise_floor.py), when a float32
     pair fails its fixed bounds where only a floor tells rounding from a port error (`floor_needed`): the reference
