@@ -207,3 +207,48 @@ def test_a_host_that_never_comes_is_named_within_the_wait_before_any_backend_sta
         f"error: host 0 did not answer at {where} within 2 s: host 0 not started (or stopped), another "
         "--coordinator, or a firewall between the hosts")
     assert not (out / "jax").exists() and json.loads((out / MARKER).read_text())["status"] == "refused"
+
+
+def _host(tmp_path, port: int, name: str, *flags: str, wait: str = "20") -> subprocess.Popen:
+    """A host of a run on this machine (mlp-tiny on jax, a mesh two or three hosts divide), started now."""
+    return subprocess.Popen([sys.executable, "-m", "compare", "--quiet", "--backend", "jax", "--spec", "mlp-tiny",
+                             "--steps", "2", "--mesh", "data=6", "--set", "train.global_batch_size=96",
+                             "--coordinator", f"127.0.0.1:{port}", "--out", str(tmp_path / name), *flags],
+                            cwd=REPO, env={**process_env(), "XLA_TWINS_COORDINATOR_WAIT_S": wait},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ended(proc: subprocess.Popen) -> tuple[int, str]:
+    _, stderr = proc.communicate(timeout=90)
+    return proc.returncode, stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("hosts-layout")
+def test_hosts_started_with_another_layout_or_one_number_are_stopped_before_any_backend_starts(tmp_path):
+    """compare/runs/meeting.py: a host started with another --num-hosts is stopped by host 0, both naming it (it
+    used to leave the backends' processes waiting at the coordinator for processes that never came); two hosts
+    with one number are told so; a second host 0 cannot listen where the first does and says why."""
+    port = _free_port()
+    host0, other = _host(tmp_path, port, "a0", "--num-hosts", "2", "--host-id", "0"), \
+        _host(tmp_path, port, "a1", "--num-hosts", "3", "--host-id", "1")
+    said = ("host 1 was started with --num-hosts 3 (host 0: 2): run the same command on every host, each with its "
+            "own --host-id")
+    assert _ended(host0) == (2, f"error: {said}") and _ended(other) == (2, f"error: host 0 stopped this run: {said}")
+
+    port = _free_port()
+    host0 = _host(tmp_path, port, "b0", "--num-hosts", "3", "--host-id", "0")
+    first, second = (_host(tmp_path, port, f"b{i}", "--num-hosts", "3", "--host-id", "1") for i in (1, 2))
+    said = "two hosts say they are host 1: give each host its own --host-id, 0 to 2"
+    assert _ended(host0) == (2, f"error: {said}")
+    assert sorted([_ended(first), _ended(second)]) == [(2, f"error: host 0 stopped this run: {said}")] * 2
+
+    port = _free_port()
+    host0, again = _host(tmp_path, port, "c0", "--num-hosts", "2", wait="4"), \
+        _host(tmp_path, port, "c1", "--num-hosts", "2", wait="4")
+    ends = sorted([_ended(host0), _ended(again)], key=lambda e: "cannot meet" not in e[1])
+    assert ends[0] == (2, f"error: cannot meet the other hosts at 127.0.0.1:{port + 256} (Address already in use): "
+                          "another host 0 of this run (give each host its own --host-id), or another run on that "
+                          "port (give another --coordinator port)")
+    assert ends[1][1].startswith("error: host(s) 1 of 2 did not come to")
+    assert not any((tmp_path / name / "jax").exists() for name in ("a0", "a1", "b0", "b1", "b2", "c0", "c1"))

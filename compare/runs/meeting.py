@@ -4,10 +4,12 @@ Every host runs the same command. A host that refuses it (its --out taken by ano
 used to leave the others' processes waiting for it at the coordinator until their wait ran out, and host 0 then
 ended on XLA's fatal line, naming no host. Now host 0, once its run directory is claimed, listens on the
 coordinator's address one port above the launches' (PORT + LAUNCH_PORTS), and every other host says there,
-before its backends start, that it is ready or why it refused. Host 0 answers each ready host `go` once all are
-ready, or `stop` naming the host that refused or never came; that host's error line is the reason every host
-gives. One line, exit 2, within the coordinator's wait (XLA_TWINS_COORDINATOR_WAIT_S, 300 s by default, as the
-backends' own). The settings are not compared here: the backends' processes compare theirs (common/multiprocess.py).
+before its backends start, that it is ready (with its layout: --num-hosts, --processes, --host-id) or why it
+refused. Host 0 answers each ready host `go` once all are ready in its layout, or `stop` naming the host that
+refused, never came, was started with another layout, or took another's number; that host's error line is the
+reason every host gives. One line, exit 2, within the coordinator's wait (XLA_TWINS_COORDINATOR_WAIT_S, 300 s by
+default, as the backends' own). The training settings are not compared here: the backends' processes compare
+theirs (common/multiprocess.py).
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ def meet(hosts: Group) -> None:
     if hosts.host == 0:
         _gather(hosts)
         return
-    answer = _say(hosts, {"host": hosts.host, "ready": True}, WAIT_S, wait_for_answer=True)
+    answer = _say(hosts, {"host": hosts.host, "ready": True, "hosts": hosts.hosts, "processes": hosts.processes},
+                  WAIT_S, wait_for_answer=True)
     if answer is None:
         raise MeetingError(f"host 0 did not answer at {_where(hosts)} within {WAIT_S:g} s: host 0 not started (or "
                            "stopped), another --coordinator, or a firewall between the hosts")
@@ -57,15 +60,24 @@ def _where(hosts: Group) -> str:
 
 def _gather(hosts: Group) -> None:
     """Host 0: every other host's word, then each ready one answered."""
-    ready, deadline = {}, time.monotonic() + WAIT_S
-    with socket.create_server(("", _address(hosts)[1]), reuse_port=False) as server:
+    ready: list[tuple[int, socket.socket]] = []  # (host, its connection), in the order they came
+    deadline = time.monotonic() + WAIT_S
+    try:
+        server = socket.create_server(("", _address(hosts)[1]))
+    except OSError as e:
+        why = os.strerror(e.errno) if e.errno else str(e)
+        raise MeetingError(f"cannot meet the other hosts at {_where(hosts)} ({why}): another host 0 of "
+                           "this run (give each host its own --host-id), or another run on that port (give another "
+                           "--coordinator port)") from None
+    with server:
         try:
             while len(ready) < hosts.hosts - 1:
                 server.settimeout(max(0.1, deadline - time.monotonic()))
                 try:
                     conn, _ = server.accept()
                 except TimeoutError:
-                    missing = [str(h) for h in range(1, hosts.hosts) if h not in ready]
+                    came = {h for h, _ in ready}
+                    missing = [str(h) for h in range(1, hosts.hosts) if h not in came]
                     raise MeetingError(f"host(s) {', '.join(missing)} of {hosts.hosts} did not come to {_where(hosts)} "
                                        f"within {WAIT_S:g} s: not started, another --coordinator, or a firewall "
                                        "between the hosts") from None
@@ -76,19 +88,34 @@ def _gather(hosts: Group) -> None:
                 if not word.get("ready"):
                     conn.close()
                     raise MeetingError(f"host {word['host']} refused this run: {word.get('why')}")
-                ready[word["host"]] = conn
+                came = {h for h, _ in ready}
+                ready.append((word["host"], conn))  # answered below, whatever the answer
+                _check_layout(word, hosts, came)
             _answer(ready, {"go": True})
         except MeetingError as e:
             _answer(ready, {"go": False, "why": str(e)})
             raise
 
 
-def _answer(conns: dict, answer: dict) -> None:
-    for conn in conns.values():
+def _check_layout(word: dict, hosts: Group, came: set[int]) -> None:
+    """A ready host's layout is host 0's, and its number its own."""
+    theirs = {"--num-hosts": word.get("hosts"), "--processes": word.get("processes")}
+    ours = {"--num-hosts": hosts.hosts, "--processes": hosts.processes}
+    other = [f"{flag} {theirs[flag]} (host 0: {ours[flag]})" for flag in ours if theirs[flag] != ours[flag]]
+    if other:
+        raise MeetingError(f"host {word['host']} was started with {', '.join(other)}: run the same command on every "
+                           "host, each with its own --host-id")
+    if word["host"] in came or not 0 < word["host"] < hosts.hosts:
+        raise MeetingError(f"two hosts say they are host {word['host']}: give each host its own --host-id, 0 to "
+                           f"{hosts.hosts - 1}")
+
+
+def _answer(ready: list, answer: dict) -> None:
+    for _, conn in ready:
         with contextlib.suppress(OSError):
             conn.sendall((json.dumps(answer) + "\n").encode())
         conn.close()
-    conns.clear()
+    ready.clear()
 
 
 def refused(hosts: Group | None, why: str) -> None:
