@@ -31,6 +31,9 @@ def test_the_buffers_both_sides_hold_are_written_under_their_nnx_names_and_read_
     save_checkpoint(tmp_path / "unnamed.safetensors", {"w": np.zeros(2, np.float32), **carried})
     with pytest.raises(CheckpointError, match="buffer norm.mean has no torch name in the file's metadata"):
         start_state(f"canonical:{tmp_path / 'unnamed.safetensors'}")
+    save_checkpoint(tmp_path / "garbled.safetensors", carried, metadata={BUFFER_NAMES: "{not json"})
+    with pytest.raises(CheckpointError, match="its metadata's buffer_torch_names is not a JSON object of names"):
+        start_state(f"canonical:{tmp_path / 'garbled.safetensors'}")
 
 
 def test_each_framework_takes_a_carried_buffer_by_its_own_name_in_its_own_dtype_and_shape():

@@ -51,7 +51,13 @@ def start_state(checkpoint: CheckpointRef | None) -> StartState:
         if key.startswith(BUFFER_PREFIX):  # 16-bit floats (a checkpoint of the user's own) widened to float32
             buffers[key.removeprefix(BUFFER_PREFIX)] = param_arrays({key: value}, dtypes, source)[key] \
                 if dtypes[key] in ("bfloat16", "float16") else value
-    torch_names = json.loads(metadata.get(BUFFER_NAMES, "{}"))
+    try:
+        torch_names = json.loads(metadata.get(BUFFER_NAMES, "{}"))
+    except ValueError:
+        torch_names = None
+    if not isinstance(torch_names, dict):
+        raise CheckpointError(f"{source}: its metadata's {BUFFER_NAMES} is not a JSON object of names; start from "
+                              "the torch checkpoint itself")
     unnamed = sorted(name for name in buffers if name not in torch_names)
     if unnamed:
         raise CheckpointError(f"{source}: buffer {unnamed[0]} has no torch name in the file's metadata "
