@@ -118,9 +118,9 @@ def _answer(ready: list, answer: dict) -> None:
     ready.clear()
 
 
-def refused(hosts: Group | None, why: str) -> None:
+def refused(hosts: Group, why: str) -> None:
     """A host other than 0 that refuses the run tells host 0 why (best effort, for TELL_S at most)."""
-    if hosts is None or hosts.hosts == 1 or hosts.host == 0 or not hosts.coordinator:
+    if hosts.hosts == 1 or hosts.host == 0 or not hosts.coordinator:
         return
     _say(hosts, {"host": hosts.host, "ready": False, "why": why}, min(WAIT_S, TELL_S), wait_for_answer=False)
 
