@@ -71,11 +71,10 @@ from compare.runs.launch import (  # noqa: E402
 from compare.runs.orchestrate import Plan, install_signal_handlers, run_all  # noqa: E402
 from compare.runs.prepare import INIT_FILE, SPEC_FILE, Prepared, prepare_start, weights_origin  # noqa: E402
 from compare.runs.progress import LiveProgress  # noqa: E402
-from compare.runs.rundir import RunDirError, claim, default_out, new_run_id  # noqa: E402
+from compare.runs.rundir import START_DIR, RunDirError, claim, default_out, new_run_id  # noqa: E402
 from compare.runs.rundir import check as check_out  # noqa: E402
 from compare.runs.second_pass import tensor_mode  # noqa: E402
 
-START_DIR = "start"  # the prepared common start (a user twin, a torch / hf checkpoint) in the run directory
 REPORT_FILES = ("report.json", "report.md")
 MAX_SEEDS = 100  # each seed is a whole run of every backend
 

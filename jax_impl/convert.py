@@ -25,6 +25,17 @@ def to_canonical(params: nnx.State) -> dict[str, jax.Array]:
     return {_name(path): leaf for path, leaf in flat}
 
 
+def held_buffers(state: nnx.State) -> dict[str, jax.Array]:
+    """The Variables a model's state holds besides Params, running statistics (canonical_state's, carried apart)
+    and RNG state, by canonical name (the twin of torch_impl/convert.py held_buffers: input statistics, EMA
+    weights, counters, rotary tables, masks), numbers only: 16-bit floats widened to float32 (exactly), left on
+    the device."""
+    held = to_canonical(nnx.filter_state(state, nnx.Not(nnx.Any(nnx.Param, nnx.BatchStat, nnx.RngState))))
+    wide = {jax.numpy.dtype("bfloat16"), jax.numpy.dtype("float16")}
+    return {name: value.astype(jax.numpy.float32) if value.dtype in wide else value for name, value in held.items()
+            if jax.numpy.issubdtype(value.dtype, jax.numpy.number) or value.dtype == bool}
+
+
 def load_state(rest: nnx.State, state: StartState) -> nnx.State:
     """`rest` (the model's non-parameter state) with what a start carries besides parameters
     (common/weights/carried.py): canonical running statistics in place of its BatchStat values, carried

@@ -106,10 +106,9 @@ def start_state(model) -> dict:
     as the factory built it (common/twin/start_state.py)."""
     from flax import nnx
 
-    from jax_impl.convert import to_canonical
+    from jax_impl.convert import held_buffers
 
-    held = to_canonical(nnx.state(model, nnx.Not(nnx.Any(nnx.Param, nnx.BatchStat, nnx.RngState))))
-    return {name: value for name, value in ((n, storable(v)) for n, v in held.items()) if value is not None}
+    return {name: storable(value) for name, value in held_buffers(nnx.state(model)).items()}
 
 
 def module_kinds(model) -> dict[str, str]:

@@ -162,6 +162,11 @@ class JittedTrainer:
         """BatchNorm's running statistics by canonical name (`<module>.mean`, `.var`); {} without any."""
         return {}
 
+    def canonical_buffers(self) -> dict[str, np.ndarray]:
+        """The model's other buffers or Variables after training, by the side's own names (torch_impl/convert.py
+        canonical_buffers); {} without any."""
+        return {}
+
     def _eval_forward(self, params, state, inputs):
         """The model's eval-mode forward (dropout off, BatchNorm on its running statistics in `state`)."""
         raise NotImplementedError
@@ -224,6 +229,7 @@ class JittedTrainer:
             return
         if self.options.parity:
             tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
+            tensors["buffers"] = self.canonical_buffers()
             with self.monitor.analysis():  # the eval forward's compile is not the run's
                 tensors["eval"] = {"logits": self.eval_logits(held_inputs(self.spec, self.data))}
             if self.eval_forward:

@@ -127,6 +127,9 @@ class JaxTrainer(JittedTrainer):
     def canonical_state(self) -> dict[str, np.ndarray]:
         return self.to_canonical(nnx.filter_state(self.state, nnx.BatchStat), "state")
 
+    def canonical_buffers(self) -> dict[str, np.ndarray]:
+        return self.kept(convert.held_buffers(self.state), "buffers")
+
     def _eval_forward(self, params, state, inputs):
         model = nnx.merge(self.graphdef, params, in_this_trace(state))
         model.eval()

@@ -57,6 +57,34 @@ def canonical_state(buffers: dict, module_names: dict[str, str]) -> dict[str, np
     return {canonical: host_float(buffers[name]) for name, canonical in names.items()}
 
 
+def held_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every buffer the model holds but its norms' running statistics (canonical_state's, carried apart), by
+    state_dict name: input statistics, EMA weights, counters, rotary tables, masks (common/twin/start_state.py)."""
+    from torch.nn.modules.batchnorm import _NormBase
+
+    return {name: buffer for name, buffer in model.named_buffers()
+            if not isinstance(model.get_submodule(name.rpartition(".")[0]), _NormBase)}
+
+
+def canonical_buffers(buffers: dict) -> dict[str, np.ndarray]:
+    """held_buffers' values ({name: tensor or array, on any device}) as the tensor file keeps them after
+    training, by their torch names (compare links them to the NNX side's: common/twin/start_state.py
+    by_nnx_names): floats as host_float makes them, integers and booleans as they are (a copy), the rest left out."""
+    out = {}
+    for name, value in buffers.items():
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            if value.is_floating_point():
+                out[name] = host_float(value)
+            elif not value.is_complex():
+                out[name] = value.to("cpu").numpy().copy()
+        elif np.asarray(value).dtype.kind in "fV":  # a float, or a 16-bit one (bfloat16 is numpy kind V)
+            out[name] = host_float(value)
+        elif np.asarray(value).dtype.kind in "iub":
+            out[name] = np.array(value)
+    return out
+
+
 def load_state(model: torch.nn.Module, state: StartState, module_names: dict[str, str]) -> None:
     """Copy what a start carries besides parameters (common/weights/carried.py) into the model's buffers:
     canonical running statistics into its BatchNorms', carried buffers by their torch names (in the buffer's

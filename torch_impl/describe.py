@@ -19,7 +19,7 @@ from common.presets import load_spec
 from common.spec import RunSpec, SpecError, TwinSpec
 from common.twin import TwinError, twin_of, user_loss
 from common.twin.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
-from common.twin.start_state import TORCH_STATE, storable
+from common.twin.start_state import TORCH_STATE
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
 from common.weights.checkpoints import TORCH_BUFFERS
@@ -99,19 +99,10 @@ def check_float64(model, inputs) -> None:
 
 def start_state(model) -> dict:
     """Every buffer the model holds but its BatchNorms' running statistics (carried apart), as the factory built
-    it (common/twin/start_state.py)."""
-    import torch
-    from torch.nn.modules.batchnorm import _NormBase
+    it (common/twin/start_state.py): what each torch runtime's record keeps of them after training."""
+    from torch_impl.convert import canonical_buffers, held_buffers
 
-    out = {}
-    for name, buffer in model.named_buffers():
-        if isinstance(model.get_submodule(name.rpartition(".")[0]), _NormBase):
-            continue
-        value = buffer.detach().cpu()
-        value = storable((value.float() if value.dtype in (torch.bfloat16, torch.float16) else value).numpy())
-        if value is not None:
-            out[name] = value
-    return out
+    return canonical_buffers(held_buffers(model))
 
 
 def module_kinds(model) -> dict[str, str]:

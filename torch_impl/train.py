@@ -27,8 +27,10 @@ from torch_impl import summary
 from torch_impl.capture import capture_activations, probed_or_forward_alone
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import (
+    canonical_buffers,
     canonical_state,
     correspondence,
+    held_buffers,
     host_float,
     load_start,
     modules_to_canonical,
@@ -201,6 +203,9 @@ class TorchTrainer:
     def canonical_state(self) -> dict[str, np.ndarray]:
         return canonical_state(dict(self.model.named_buffers()), self.module_names)
 
+    def canonical_buffers(self) -> dict[str, np.ndarray]:
+        return canonical_buffers(held_buffers(self.model))
+
     # ---- driver.harness.Runtime (step0_tensors, step0_activations above) ----
 
     def batches(self, first: int, n: int):
@@ -219,6 +224,7 @@ class TorchTrainer:
             return
         if self.options.parity:
             tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
+            tensors["buffers"] = self.canonical_buffers()
             tensors["eval"] = {"logits": self.eval_logits(held_inputs(self.spec, self.data))}
         record.throughput = _pipelined_throughput(self, self.options.throughput_steps)
 

@@ -273,6 +273,7 @@ class TorchXlaTrainer:
             return
         if self.options.parity and self.replica == 0:
             tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
+            tensors["buffers"] = convert.canonical_buffers(convert.held_buffers(self.model))
             self.trained = self.host_state()  # its eval-mode forward runs last, apart from the run's graphs
         record.throughput = _pipelined_throughput(self, self.options.throughput_steps)
         record.profile = _profiled_steps(self, steps + record.throughput.get("steps", 0), self.options.profile_steps,

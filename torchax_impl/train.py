@@ -48,6 +48,7 @@ from torch_impl import masks
 from torch_impl.capture import capture_activations
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import (
+    canonical_buffers,
     canonical_state,
     correspondence,
     load_start,
@@ -99,7 +100,26 @@ class TorchaxTrainer(JittedTrainer):
         # torchax draws torch's random ops (dropout) from a key in its environment, which it rotates in
         # Python: inside a jitted step that would leak a tracer, so the key is the step's state instead
         self.state = {"prng": jax.random.key(spec.train.mask_seed), "running": start_statistics}
+        self.updated_buffers = self._carry_updated_buffers()
         self.compile_functions(mesh)
+
+    def _carry_updated_buffers(self) -> list[str]:
+        """The buffers besides BatchNorm's that a train-mode forward changes in place (an EMA, a counter), moved
+        from the step's constants to its state beside the running statistics: torchax writes the change into the
+        traced tensor, which the step would drop where eager torch keeps it. Found by tracing step 0's loss
+        once, abstractly (jax.eval_shape: nothing compiled or computed)."""
+        if not self.buffers:
+            return []
+        held, self.buffers, changed = self.buffers, {}, set()
+
+        def probe(params, running, batch):
+            _, (state, _) = self._loss_and_aux(params, {**self.state, "running": running}, batch)
+            changed.update(k for k in held if state["running"][k] is not running[k])
+
+        jax.eval_shape(probe, self.params, {**self.state["running"], **held}, StepBatch(*self.data.global_batch(0)))
+        self.buffers = {k: v for k, v in held.items() if k not in changed}
+        self.state["running"].update({k: held[k] for k in changed})
+        return sorted(changed)
 
     mask_array = staticmethod(interop.torch_view)  # the masks reach torch's dropout as torchax tensors
 
@@ -134,6 +154,10 @@ class TorchaxTrainer(JittedTrainer):
 
     def canonical_state(self) -> dict[str, np.ndarray]:
         return canonical_state({k: sharding.to_host(v) for k, v in self.state["running"].items()}, self.module_names)
+
+    def canonical_buffers(self) -> dict[str, np.ndarray]:
+        running = {k: self.state["running"][k] for k in self.updated_buffers}
+        return canonical_buffers({k: sharding.to_host(v) for k, v in {**self.buffers, **running}.items()})
 
     def _eval_forward(self, params, state, inputs):
         states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))

@@ -14,14 +14,17 @@ from common.files.fsutil import atomic_path, require_regular_file
 from common.files.record import RecordError, RunRecord
 
 TENSORS_FILE = "tensors.npz"
-TENSOR_GROUPS = ("outputs", "grads", "params", "state", "eval", "activations", "activation_grads", "decisions")
+# "state": running statistics by canonical name; "buffers": a model's other buffers and NNX Variables after training,
+# by each side's own names (compare links them: common/twin/start_state.py by_nnx_names)
+TENSOR_GROUPS = ("outputs", "grads", "params", "state", "buffers", "eval", "activations", "activation_grads",
+                 "decisions")
 # --tensors: kept whole, or (summary) as summaries (common/files/tensor_summary.py) where larger than
 # SUMMARIZED_GROUPS says;
 # "auto" is compare's: backends keep summaries, a second pass those leaving tolerance whole
 # (compare/runs/second_pass.py)
 BACKEND_TENSOR_MODES = ("full", "summary")
 TENSOR_MODES = (*BACKEND_TENSOR_MODES, "auto")
-SUMMARIZED_GROUPS = {**dict.fromkeys(("grads", "params", "state", "activations", "activation_grads"),
+SUMMARIZED_GROUPS = {**dict.fromkeys(("grads", "params", "state", "buffers", "activations", "activation_grads"),
                                    tensor_summary.SAMPLE_SIZE),
                      "outputs": 2 ** 20, "eval": 2 ** 20}  # group: elements kept whole up to (4 MiB of float32)
 

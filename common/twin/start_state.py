@@ -2,11 +2,14 @@
 are neither Params nor running statistics nor RNG state), by name: rotary tables, position ids, masks, EMA weights.
 Each describe step writes its side's (`TORCH_STATE`, `NNX_STATE`); compare links them by name as it links
 parameters (the twin's `rename`, then the path compared as `normalised_path` does) and judges them before anything
-trains (compare/judge/start_state.py). Running statistics are not here: they are carried from the torch side
+trains (compare/judge/start_state.py), and after training where they are numbers (the tensor file's `buffers`:
+`by_nnx_names`). Running statistics are not here: they are carried from the torch side
 (common/weights/ STATE_PREFIX) and compared as they train. Numpy only."""
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
@@ -41,3 +44,18 @@ def link_state(torch_names: list[str], nnx_names: list[str], rename: Mapping[str
             torch_only.append(name)
     return {"links": links, "torch_only": torch_only,
             "nnx_only": [n for n in nnx_names if n not in links.values()]}
+
+
+def read_links(start_dir: Path) -> dict[str, str]:
+    """{torch buffer name: NNX Variable name} of a twin's start state (STATE_LINKS); {} where none was linked (a
+    built-in model, or one side not described)."""
+    path = Path(start_dir) / STATE_LINKS
+    return json.loads(path.read_text())["links"] if path.exists() else {}
+
+
+def by_nnx_names(buffers: Mapping, links: Mapping[str, str]) -> dict:
+    """A torch runtime's buffers after training ({torch name: array}: the tensor file's `buffers` group) under
+    the NNX names their start state links them to, so that they are compared with the NNX side's as parameters
+    are; a buffer with no link keeps its torch name (compared with another torch runtime's only)."""
+    linked = set(links.values())
+    return {links.get(name, name): buffers[name] for name in buffers if name in links or name not in linked}

@@ -40,11 +40,14 @@ def failure_message(name: str, parity: dict) -> str:
     elif backward and backward["module"]:  # the forwards agree: where the backward passes part
         where += f", first divergent module in the backward pass {backward['module']}"
     failing = [k for k, t in parity["tensors"].items() if not t["within"]]
-    if failing and all(k.startswith(("eval/", "state/")) for k in failing) and step is None:
+    if failing and all(k.startswith(("eval/", "state/", "buffers/")) for k in failing) and step is None:
         stats = [k.removeprefix("state/") for k in failing if k.startswith("state/")]
+        held = [k.removeprefix("buffers/") for k in failing if k.startswith("buffers/")]
         where += ", though training agrees: " + "; ".join(filter(None, [
             stats and f"the running statistics differ ({len(stats)}, e.g. {stats[0]}: a momentum or variance "
                       "convention)",
+            held and f"buffers that training updates differ ({len(held)}, e.g. {held[0]}: an update rule, a "
+                     "momentum's convention)",
             any(k.startswith("eval/") for k in failing) and "the trained model's eval-mode forward differs"]))
     if parity.get("by_module"):
         used = module.get("input_used") or 0

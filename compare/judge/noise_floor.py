@@ -126,7 +126,8 @@ def floor_needed(report: dict) -> dict[str, str]:
         failing = [k for k, t in (parity.get("tensors") or {}).items() if not t["within"]]
         if parity.get("passed") or not parity.get("comparable"):
             continue
-        if parity.get("unmeasured_noise") and all(k.startswith(("params/", "state/", "eval/")) for k in failing):
+        trained = ("params/", "state/", "buffers/", "eval/")  # compare/judge/parity.py AFTER_TRAINING
+        if parity.get("unmeasured_noise") and all(k.startswith(trained) for k in failing):
             found[name] = (f"the runs parted at step {parity['first_divergent_step']} after a step 0 that agreed in "
                            "everything (training grows rounding as it grows a port error)")
         elif failing and _contradicts_modules(parity, failing):

@@ -59,9 +59,11 @@ def train_differences(ran: dict, asked) -> list[str]:
             if ran.get(k) != asked.get(k)]
 
 # the eval-mode logits follow the whole run, as the parameters do (their tolerance)
-KIND_OF_GROUP = {"outputs": "forward", "grads": "grad", "params": "params", "state": "params", "eval": "params"}
-AFTER_TRAINING = ("params/", "state/", "eval/")
-ONE_SIDED_GROUPS = ("state",)  # compared where both sides hold it: a port's own statistics are listed, not failed
+KIND_OF_GROUP = {"outputs": "forward", "grads": "grad", "params": "params", "state": "params", "buffers": "params",
+                 "eval": "params"}
+AFTER_TRAINING = ("params/", "state/", "buffers/", "eval/")
+# compared where both sides hold it: a port's own statistics or buffers (unlinked: the start state check lists them)
+ONE_SIDED_GROUPS = ("state", "buffers")
 
 
 def compare_tensors(ref: dict, other: dict, policy: dict,

@@ -20,7 +20,8 @@ from compare.judge.tolerances import load_policy
 from compare.judge.verdict import CheckResult
 
 WHEN = ("at the start, as each side's factory builds it, but for the buffers a checkpoint carries to both sides; "
-        "state that training changes (an EMA) is judged there only")
+        "after training too, with the parameters (parity's `buffers/` tensors): state that training changes (an "
+        "EMA, a counter)")
 
 
 def _arrays(path: Path) -> dict[str, np.ndarray]:

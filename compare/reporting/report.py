@@ -15,9 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from common.backends import info as backend_info
 from common.files.record import RECORD_FILE, RecordError, read_record
 from common.files.tensor_file import read_tensors
 from common.spec import RunSpec
+from common.twin.start_state import by_nnx_names, read_links
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.explain.figures import backend_summary, cpu_peak, wall_breakdown
 from compare.judge.decided import IMPOSED
@@ -28,6 +30,7 @@ from compare.judge.parity import check_parity
 from compare.judge.tolerances import load_policy, pair_policy
 from compare.judge.verdict import CheckResult, decide, not_made
 from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, capture_facts, captured_activations
+from compare.runs.rundir import START_DIR
 from compare.runs.second_pass import ACTIVATION_GROUPS, with_second_pass
 
 REPORT_SCHEMA = 2
@@ -105,6 +108,9 @@ def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tu
     attempt = functools.partial(_attempt, not_built, inputs.debug)
     backends, records, tensors, unjudged = _entries(inputs, runs, attempt)
     floors, tolerance_policy = noise_floors_of(inputs)
+    links = read_links(inputs.out / START_DIR)
+    for name, groups in [*tensors.items(), *((n, floor.tensors) for n, floor in floors.items())]:
+        _link_buffers(name, groups, links)
     parity = _parity(inputs, records, tensors, unjudged, attempt, floors)
     results = [runs_check(backends, runs, interrupted),
                parity_check(parity, unjudged, decides=inputs.parity_mode != ParityMode.STATISTICAL)]
@@ -155,6 +161,14 @@ def _entries(inputs: ReportInputs, runs: dict, attempt) -> tuple[dict, dict, dic
         if tensor_groups is not None:
             tensors[name] = tensor_groups
     return backends, records, tensors, unjudged
+
+
+def _link_buffers(name: str, groups: dict, links: dict[str, str]) -> None:
+    """A torch runtime's buffers after training (backend `name`'s tensor `groups`) renamed to the NNX Variables
+    the twin's start state links them to (`links`: common/twin/start_state.py), so that parity compares them
+    with the NNX side's; none for a built-in model."""
+    if links and backend_info(name).family == "torch" and groups.get("buffers"):
+        groups["buffers"] = by_nnx_names(groups["buffers"], links)
 
 
 def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:

@@ -29,6 +29,7 @@ from common.files.fsutil import dangerous_dir, require_regular_file, write_json_
 MARKER = ".xla-twins-run.json"
 LOCK = ".xla-twins-run.lock"
 OWN = {MARKER, LOCK}
+START_DIR = "start"  # the prepared common start (a user twin, a torch / hf checkpoint) in the run directory
 RUN_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 

@@ -38,3 +38,44 @@ class NnxStandardised(nnx.Module):
 class NnxStandardisedMisported(NnxStandardised):
     def __call__(self, x):  # scaled by the std, not divided: the same model while the std is the factory's ones
         return self.body((x - self.mean.value) * self.std.value)
+
+
+class TorchRunningStandardised(TorchStandardised):
+    """Standardises each training batch by its own mean and keeps an exponential moving average of it in `mean`,
+    which eval mode uses, counting its updates: a normaliser written by hand, as BatchNorm's running mean is."""
+    momentum = 0.1
+
+    def forward(self, x):
+        if not self.training:
+            return super().forward(x)
+        batch_mean = x.mean(0)
+        with torch.no_grad():
+            self.mean.lerp_(batch_mean, self.momentum)
+            self.num_updates += 1
+        return self.body((x - batch_mean) / self.std)
+
+
+class NnxRunningStandardised(NnxStandardised):
+    momentum = 0.1
+
+    def __init__(self, features, hidden, num_classes, *, rngs, **_):
+        super().__init__(features, hidden, num_classes, rngs=rngs)
+        self.use_running_average = False  # set by nnx.Module.train() and .eval(), as on nnx.BatchNorm
+
+    def __call__(self, x):
+        if self.use_running_average:
+            return super().__call__(x)
+        batch_mean = x.mean(0)
+        self.mean.value = self.mean.value + self.momentum * (batch_mean - self.mean.value)
+        self.num_updates.value += 1
+        return self.body((x - batch_mean) / self.std.value)
+
+
+class NnxRunningStandardisedMisported(NnxRunningStandardised):
+    def __call__(self, x):  # torch's momentum read in flax's convention (nnx.BatchNorm keeps `momentum` of the old)
+        if self.use_running_average:
+            return NnxStandardised.__call__(self, x)
+        batch_mean = x.mean(0)
+        self.mean.value = self.momentum * self.mean.value + (1 - self.momentum) * batch_mean
+        self.num_updates.value += 1
+        return self.body((x - batch_mean) / self.std.value)
