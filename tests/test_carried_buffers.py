@@ -81,9 +81,12 @@ def _checkpoint(path):
 
 
 @pytest.mark.slow
-def test_a_checkpoints_buffers_reach_every_runtime_and_its_activations(tmp_path):
+def test_a_checkpoints_buffers_reach_every_runtime_and_are_compared_where_training_leaves_them(tmp_path):
+    """The model that keeps an EMA of its inputs' mean and counts its updates (`running`), from a trained
+    state_dict: every runtime starts from the checkpoint's buffers and ends with the same EMA and count, torchax
+    too (it carries a buffer its forward updates through the jitted step)."""
     out = tmp_path / "run"
-    proc = run_cli("compare", "--quiet", "--out", str(out), "--twin", f"{TWINS}:standardised", "--backend", "all",
+    proc = run_cli("compare", "--quiet", "--out", str(out), "--twin", f"{TWINS}:running", "--backend", "all",
                    "--checkpoint", _checkpoint(tmp_path / "trained.pt"), "--activations")
     assert proc.returncode == 0, proc.stderr[-2000:]
     arrays, _, metadata = read_safetensors(out / "start" / "init.safetensors", "start")
@@ -97,6 +100,33 @@ def test_a_checkpoints_buffers_reach_every_runtime_and_its_activations(tmp_path)
         record = json.loads((out / name / "record.json").read_text())
         assert record["extra"]["start"]["buffers"] == "3 from the checkpoint", name
     assert "| std | std | carried from the checkpoint to both sides |" in (out / "report.md").read_text()
+    steps = report["spec"]["train"]["steps"]
+    for name in ("jax", "torch", "torch_xla", "torchax"):
+        trained = np.load(out / name / "tensors.npz")
+        assert int(trained["buffers/num_updates"]) == 1200 + steps, name
+        assert np.abs(trained["buffers/mean"] - MEAN).max() > 0.1, name  # the EMA moved from the checkpoint's
+    for name in ("torch", "torch_xla", "torchax"):  # under the NNX names, compared at the parameters' bounds
+        tensors = report["parity"][name]["tensors"]
+        assert {k for k in tensors if k.startswith("buffers/")} == {"buffers/mean", "buffers/std",
+                                                                    "buffers/num_updates"}, name
+        assert all(tensors[k]["within"] for k in tensors if k.startswith("buffers/")), name
+
+
+@pytest.mark.slow
+def test_a_port_whose_ema_follows_another_convention_fails_at_that_buffer(tmp_path):
+    """The port reads torch's momentum 0.1 in flax's convention (0.1 of the old value kept): training, on each
+    batch's own mean, agrees; the EMA, and the eval-mode forward that uses it, do not. Named at the buffer, after
+    a start state check that passed (both factories build the same zeros)."""
+    out = tmp_path / "run"
+    proc = run_cli("compare", "--quiet", "--out", str(out), "--twin", f"{TWINS}:running_misported", "--backend",
+                   "jax,torch")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["start_state"]["differ"] == [] and "mean" in report["start_state"]["links"].values()
+    parity = report["parity"]["torch"]
+    assert parity["first_divergent_step"] is None and parity["worst"][0]["name"] == "buffers/mean"
+    assert not parity["tensors"]["buffers/mean"]["within"] and parity["tensors"]["buffers/num_updates"]["within"]
+    assert "though training agrees: buffers that training updates differ (1, e.g. mean" in report["message"]
 
 
 @pytest.mark.slow
@@ -115,3 +145,18 @@ def test_a_port_that_misuses_a_carried_buffer_fails_from_the_checkpoint_in_its_o
         assert (found["module"], found["input_agrees"]) == ("(model)", True)
     else:
         assert found["module"] is None
+
+
+def test_a_torch_runtimes_trained_buffers_take_the_nnx_names_their_start_state_links(tmp_path):
+    from common.twin.start_state import STATE_LINKS, by_nnx_names, read_links
+
+    assert read_links(tmp_path) == {}  # a built-in model: no links, nothing renamed
+    (tmp_path / STATE_LINKS).write_text(json.dumps({"links": {"stats.mean": "norm.mean", "count": "count"},
+                                                    "torch_only": ["norm.mean"], "nnx_only": []}))
+    links = read_links(tmp_path)
+    trained = {"stats.mean": MEAN, "count": np.array(3), "mask": np.ones(2), "norm.mean": STD}
+    renamed = by_nnx_names(trained, links)
+    # an unlinked buffer keeps its torch name (another torch runtime's is compared with it), unless an NNX name
+    # of a linked one is that name: never two values under one name
+    assert sorted(renamed) == ["count", "mask", "norm.mean"]
+    np.testing.assert_array_equal(renamed["norm.mean"], MEAN)

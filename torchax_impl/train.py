@@ -116,7 +116,11 @@ class TorchaxTrainer(JittedTrainer):
             _, (state, _) = self._loss_and_aux(params, {**self.state, "running": running}, batch)
             changed.update(k for k in held if state["running"][k] is not running[k])
 
-        jax.eval_shape(probe, self.params, {**self.state["running"], **held}, StepBatch(*self.data.global_batch(0)))
+        try:
+            jax.eval_shape(probe, self.params, {**self.state["running"], **held},
+                           StepBatch(*self.data.global_batch(0)))
+        except Exception:  # a forward that cannot be traced fails at step 0 as the run reports it, not here
+            changed.clear()
         self.buffers = {k: v for k, v in held.items() if k not in changed}
         self.state["running"].update({k: held[k] for k in changed})
         return sorted(changed)
