@@ -95,6 +95,13 @@ def compare_tensors(ref: dict, other: dict, policy: dict,
                             "kind": kind, "note": f"not compared: shapes differ, {list(a[name].shape)} vs "
                                                   f"{list(b[name].shape)} (a layout of the port's own?)"}
                 continue
+            widths = {a[name].dtype, b[name].dtype} if group == "buffers" else set()
+            if len(widths) > 1 and all(d.kind == "f" for d in widths):
+                # a table one side keeps in float32 in a float64 run (as HF keeps its rotary frequencies): its
+                # rounding is not a port's; the start state check compared it as built, at float32's bounds
+                out[key] = {"abs": None, "rel": None, "tolerance_used": None, "within": True, "judged": False,
+                            "kind": kind, "note": "not compared: " + " vs ".join(sorted(map(str, widths)))}
+                continue
             out[key] = {**tensor_error(a[name], b[name], bounds["atol"], bounds["rtol"], names,
                                        bounds.get("fraction", 0.0)), "kind": kind}
     return out
