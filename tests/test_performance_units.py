@@ -75,6 +75,12 @@ def test_wall_breakdown_parts_add_up_to_the_process_wall_time():
     parts = wall_breakdown(record, started_at=100.0, wall_s=12.0)
     assert parts == {"start_and_imports_s": 2.0, "compile_s": 2.0, "steps_s": 4.5, "other_s": 3.5, "total_s": 12.0}
     assert wall_breakdown(record, started_at=None, wall_s=12.0) is None  # a reused record: no launch time
+    # a run its describe step's process made: the imports were paid there, the cell says so and for how long
+    handed = wall_breakdown(record, started_at=100.0, wall_s=12.0, described_at=93.5)
+    assert handed == {**parts, "described_s": 6.5}
+    from compare.reporting.render import _imports  # report.md's "interpreter start + imports (s)" cell
+
+    assert (_imports(handed), _imports(parts)) == ("2.00 (paid describing: that process had run 6.50 s)", "2.00")
 
 
 def test_repeats_are_summarized_leaf_by_leaf():

@@ -110,13 +110,17 @@ def peak_flops(record: RunRecord, cpu_peak) -> tuple[float | None, str]:
     return None, f"no peak known for {kind or platform!r}"
 
 
-def wall_breakdown(record: RunRecord, started_at: float | None, wall_s: float | None) -> dict | None:
+def wall_breakdown(record: RunRecord, started_at: float | None, wall_s: float | None,
+                   described_at: float | None = None) -> dict | None:
     """Where a backend process's wall time went: start + imports, compile, steps, everything else.
 
     From the launch time compare took and the epoch marks the backend recorded
     (`ready` after imports, `loop_start`, `loop_end` after the pipelined
     steps); compile time is the sum of the compile events, and is taken out
     of the loop so that the four parts add up to the process's wall time.
+    A run handed to its describe step's process (`described_at`: that process's
+    launch) paid its interpreter start and imports there: `described_s` says how
+    long that process had run, describing and waiting included, when handed it.
     """
     timeline = record.timeline
     if not timeline or started_at is None or not wall_s:
@@ -126,7 +130,8 @@ def wall_breakdown(record: RunRecord, started_at: float | None, wall_s: float | 
     start_s = timeline["ready"] - started_at
     steps_s = timeline["loop_end"] - timeline["loop_start"] - loop_compile_s
     return {"start_and_imports_s": start_s, "compile_s": compile_s, "steps_s": steps_s,
-            "other_s": wall_s - start_s - compile_s - steps_s, "total_s": wall_s}
+            "other_s": wall_s - start_s - compile_s - steps_s, "total_s": wall_s,
+            **({"described_s": started_at - described_at} if described_at else {})}
 
 
 def backend_summary(record: RunRecord, record_dir: Path, cpu_peak) -> dict:

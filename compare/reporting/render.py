@@ -5,23 +5,15 @@ from rich.console import Console
 from rich.table import Table
 
 from common.twin.modules import ROOT_MODULE
-from compare.explain.program import metric_rows
 from compare.judge.decided import decisions_cell
 from compare.judge.sensitivity import sensitivity_line
 from compare.judge.tensor_error import BORDERLINE, passes_with_words
+from compare.reporting.cells import fmt as _fmt
 from compare.reporting.check_tables import ops_tables, start_state_tables
+from compare.reporting.program_tables import profile_tables, program_tables
 
 # how a tensor row was judged when not element by element in full (its kind column says it)
 JUDGED_BY = {"noise-floor": ", noise floor", "summary": ", by summary"}
-
-
-def _fmt(value, spec: str = ".3g") -> str:
-    """A number as `spec`; None as '-'; anything else (report.json's "nan", "inf", "-inf") as it is."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return format(value, spec)
-    return str(value)
 
 
 def _module(found: dict | None) -> str:
@@ -294,7 +286,7 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
     on = lambda n, k: _fmt((b[n].get("platform") or {}).get(k))  # noqa: E731
     rows_w = [["devices / processes"] + [f"{on(n, 'device_count')} / {on(n, 'process_count')}" for n in names],
               ["trace mode (torch_xla)"] + [_fmt(b[n].get("trace_mode")) for n in names],
-              ["interpreter start + imports (s)"] + [wall(n, "start_and_imports_s") for n in names],
+              ["interpreter start + imports (s)"] + [_imports(b[n].get("wall_breakdown") or {}) for n in names],
               ["compile (s)"] + [wall(n, "compile_s") for n in names],
               ["steps, synced + pipelined (s)"] + [wall(n, "steps_s") for n in names],
               ["other: init, parity tensors, HLO, record (s)"] + [wall(n, "other_s") for n in names],
@@ -304,44 +296,11 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
     return out
 
 
-def program_tables(backends: dict, apart: str = "") -> list[tuple[str, list[str], list[list[str]]]]:
-    """The compiled steps side by side, most different metric first, and what each backend lacks."""
-    programs = {n: b["hlo"] for n, b in backends.items() if (b.get("hlo") or {}).get("available")}
-    if not programs:
-        return []
-    names = list(programs)
-    out = [("Compiled step, per settled step (most different first)" + apart, ["", *names],
-            [[row[0]] + [_fmt(float(v), ",.0f") if isinstance(v, (int, float)) else _fmt(v) for v in row[1:]]
-             for row in metric_rows(programs)])]
-    gaps = [[n, what, why] for n, b in backends.items() for what, why in
-            ((b.get("hlo") or {}).get("not_available") or {}).items()]
-    gaps += [[n, "compiled program", b["hlo"]["why"]] for n, b in backends.items()
-             if b.get("hlo") and not b["hlo"].get("available")]
-    if gaps:
-        out.append(("Not available, and why", ["backend", "number", "why"], gaps))
-    return out
-
-
-def profile_tables(backends: dict) -> list[tuple[str, list[str], list[list[str]]]]:
-    """--profile: where a step goes, per backend, from its trace."""
-    prof = {n: b["profile"] for n, b in backends.items() if (b.get("profile") or {}).get("available")}
-    if not prof:
-        return []
-    names = list(prof)
-    ms = lambda n, k: _fmt(prof[n]["median_ms"].get(k), ".3f")  # noqa: E731
-    rows = [["profiled steps"] + [str(prof[n]["steps"]) for n in names],
-            ["step in the trace (ms, median)"] + [ms(n, "step") for n in names],
-            ["  device busy (ms)"] + [ms(n, "device") for n in names],
-            ["  host only, device idle (ms)"] + [ms(n, "host") for n in names],
-            ["  framework call: tracing + dispatch (ms)"] + [ms(n, "call") for n in names],
-            ["  waiting for the device (ms)"] + [ms(n, "wait") for n in names],
-            ["input before the step (ms)"] + [ms(n, "input") for n in names],
-            ["trace step / synced step without the profiler"] + [_fmt(prof[n]["vs_synced_step"], ".3f")
-                                                                   for n in names],
-            ["busiest device ops (ms/step)"] + ["; ".join(f"{op} {t:.3f}" for op, t in
-                                                          prof[n]["top_device_ops_ms_per_step"][:3]) for n in names],
-            ["trace (opens in xprof / TensorBoard)"] + [prof[n]["trace"] for n in names]]
-    return [("Where the step goes (--profile)", ["", *names], rows)]
+def _imports(wall: dict) -> str:
+    """The start + imports cell: a run its describe step's process made paid them there, before it was handed."""
+    cell = _fmt(wall.get("start_and_imports_s"), ".2f")
+    return cell if wall.get("described_s") is None else \
+        f"{cell} (paid describing: that process had run {wall['described_s']:.2f} s)"
 
 
 def device_line(report: dict) -> str:

@@ -280,7 +280,7 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
             record = candidate
             entry.update(attempt(f"backends.{name}.summary", backend_summary, record, run_dir, peak) or {})
             entry["wall_breakdown"] = attempt(f"backends.{name}.wall_breakdown", wall_breakdown, record,
-                                              run.started_at, run.wall_s)
+                                              run.started_at, run.wall_s, run.described_at)
             entry["status"] = run.status if run.status != BackendStatus.OK else BackendStatus(record.status)
             if record.status == BackendStatus.OK and want_tensors:
                 tensors = with_second_pass(read_tensors(record_path, record), run_dir, record.run_id, name)

@@ -41,6 +41,7 @@ class Step:
     sides: tuple[str, ...]  # the sides it describes, in order
     output: BackendOutput  # its stdout, read to its end
     runs: str | None = None  # the backend whose run it waits to make once described (--wait-for-run)
+    started_at: float = 0.0  # epoch seconds at launch: a run it makes paid its interpreter start and imports here
 
     def stop(self) -> None:
         """The step's whole group killed (also after it exited: children its user code left), reaped."""
@@ -65,7 +66,7 @@ def start_step(python: str, sides: list[tuple[str, list[str]]], spec_path: Path,
     command = ["-m", *commands[0]] if len(commands) == 1 and not runs else \
         ["-m", "driver.describe_sides", *[WAIT_FOR_RUN] * bool(runs),
          *[arg for c in commands for arg in [THEN, *c]][1:]]
-    err = tempfile.TemporaryFile("w+", errors="replace")
+    err, started_at = tempfile.TemporaryFile("w+", errors="replace"), time.time()
     try:
         proc = start_group([python, *command], stdin=subprocess.PIPE if runs else subprocess.DEVNULL,
                            stdout=subprocess.PIPE, stderr=err, env=backend_env(), text=True, errors="replace")
@@ -74,7 +75,7 @@ def start_step(python: str, sides: list[tuple[str, list[str]]], spec_path: Path,
         raise TwinError(f"cannot start {python} to describe the twin ({', '.join(c[0] for c in commands)}): "
                         f"{e.strerror or e}") from None
     GUARD.watch(proc.pid)
-    return Step(proc, err, tuple(side for side, _ in sides), BackendOutput(proc.stdout), runs)
+    return Step(proc, err, tuple(side for side, _ in sides), BackendOutput(proc.stdout), runs, started_at)
 
 
 def model_name(spec: RunSpec) -> str:

@@ -44,6 +44,8 @@ class BackendRun:
     wall_s: float
     command: list[str]
     started_at: float | None = None  # epoch seconds at launch: the backend's timeline is placed against it
+    # a run its describe step's process made (compare/runs/prepare.py): epoch seconds that process was launched
+    described_at: float | None = None
 
 
 def backend_env() -> dict[str, str]:
@@ -114,6 +116,7 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
             output = waiting.output
             output.attach(out_log, on_progress)  # before the run is handed: no line of it is lost
             proc = _handed(waiting, command, run_dir / STDERR_LOG)
+        described_at = waiting.started_at if proc is not None else None
         if proc is None:
             try:
                 proc = _start(command, run_dir / STDERR_LOG, backend_env())
@@ -142,7 +145,7 @@ def run_backend(name: str, python: str, launch: Launch, run_dir: Path, timeout_s
         GUARD.unwatch(proc.pid)
         output.join(timeout=5)
     status, message = outcome(code, (run_dir / STDERR_LOG).read_text(errors="replace"))
-    return BackendRun(name, run_dir, status, code, message, wall, command, started_at)
+    return BackendRun(name, run_dir, status, code, message, wall, command, started_at, described_at)
 
 
 @dataclass
