@@ -15,7 +15,8 @@ from common.files.record import RecordError, RunRecord
 
 TENSORS_FILE = "tensors.npz"
 # "state": running statistics by canonical name; "buffers": a model's other buffers and NNX Variables after training,
-# by each side's own names (compare links them: common/twin/start_state.py by_nnx_names)
+# by each side's own names (compare links them: common/twin/start_state.py by_nnx_names), always whole (a second
+# pass asks for tensors by the names compare gives them)
 TENSOR_GROUPS = ("outputs", "grads", "params", "state", "buffers", "eval", "activations", "activation_grads",
                  "decisions")
 # --tensors: kept whole, or (summary) as summaries (common/files/tensor_summary.py) where larger than
@@ -24,7 +25,7 @@ TENSOR_GROUPS = ("outputs", "grads", "params", "state", "buffers", "eval", "acti
 # (compare/runs/second_pass.py)
 BACKEND_TENSOR_MODES = ("full", "summary")
 TENSOR_MODES = (*BACKEND_TENSOR_MODES, "auto")
-SUMMARIZED_GROUPS = {**dict.fromkeys(("grads", "params", "state", "buffers", "activations", "activation_grads"),
+SUMMARIZED_GROUPS = {**dict.fromkeys(("grads", "params", "state", "activations", "activation_grads"),
                                    tensor_summary.SAMPLE_SIZE),
                      "outputs": 2 ** 20, "eval": 2 ** 20}  # group: elements kept whole up to (4 MiB of float32)
 
