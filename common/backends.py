@@ -62,6 +62,9 @@ class BackendInfo:
     # runs one traced step of a user twin under its op watch before any backend trains (--check-ops, common/ops.py):
     # a runtime that may lack a lowering, or fall back to the CPU, for an op the model calls
     checks_ops: bool = False
+    # its capture can follow training (--capture-step): it captures from the weights its steps left, not from a fresh
+    # model of the start weights (torch_xla) or the module torchax was given (torchax)
+    captures_later_steps: bool = False
 
     @property
     def flag(self) -> str:
@@ -89,10 +92,12 @@ TRACE_MODE = Passthrough(
 
 BUILT_IN = (
     BackendInfo("jax", "jax_impl", "nnx", True, "jax", "the Flax NNX twin on JAX (jax_impl)",
-                frozenset({"jax", "jaxlib", "flax", "optax"}), in_both=True, processes=True),
+                frozenset({"jax", "jaxlib", "flax", "optax"}), in_both=True, processes=True,
+                captures_later_steps=True),
     BackendInfo("torch", "torch_impl", "torch", False, "torch-xla",
                 "the torch.nn twin in eager PyTorch, CPU or CUDA: the ground truth of the PyTorch side (torch_impl)",
-                frozenset({"torch"}), processes=True, running_var="unbiased", imposes_decisions=True),
+                frozenset({"torch"}), processes=True, running_var="unbiased", imposes_decisions=True,
+                captures_later_steps=True),
     BackendInfo("torch_xla", "torch_xla_impl", "torch", True, "torch-xla",
                 "the same torch.nn twin on PyTorch/XLA (torch_xla_impl)",
                 frozenset({"torch_impl", "torch", "torch_xla"}), in_both=True, passthrough=(TRACE_MODE,),

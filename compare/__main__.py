@@ -55,6 +55,7 @@ from compare.runs import hosts, meeting  # noqa: E402
 from compare.runs.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
 from compare.runs.cache import default_cache_dir  # noqa: E402
 from compare.runs.extra_runs import (  # noqa: E402
+    choices_where_parted,
     floor_where_needed,
     keep_whole,
     locate_divergence,
@@ -357,7 +358,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
         checks.append(("start_state", functools.partial(start_state_check, out / START_DIR, judging.profile)))
     build = functools.partial(build_report, inputs, outcome.runs, checks=tuple(checks))
     report = keep_whole(opts, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build)
-    report = locate_divergence(opts, plan, outcome, report, build)
+    report = choices_where_parted(opts, plan, outcome, locate_divergence(opts, plan, outcome, report, build), build)
     report = floor_where_needed(opts, plan, outcome, report, tensors["mode"], lambda why: build_report(
         dataclasses.replace(inputs, floor_policy="noise-floor", floor_why=why), outcome.runs, False, tuple(checks)))
     report["run_id"], report["replaced_run"] = run_id, run_dir.replaced

@@ -106,7 +106,8 @@ def run_options(args: argparse.Namespace, own: type, out_dir: Path) -> RunOption
                       throughput_steps=args.throughput_steps, provocations=tuple(args.provoke),
                       profile_steps=args.profile, hlo=not args.no_hlo, compile_cache=args.compile_cache,
                       out_dir=out_dir, own=own(**{f.name: getattr(args, f.name) for f in dataclasses.fields(own)}),
-                      impose_decisions=args.impose_decisions, capture_at=args.capture_at)
+                      impose_decisions=args.impose_decisions, capture_at=args.capture_at,
+                      capture_step=args.capture_step)
 
 
 def check_ops(name: str, ops_watch, step, out_dir: Path) -> int:
@@ -141,6 +142,10 @@ def main(package: str, argv, add_flags, train, check=None, logs: tuple[str, ...]
     if args.impose_decisions and not backends.info(name).imposes_decisions:
         fail(f"--impose-decisions: the {name} backend cannot take another side's decisions; only "
              + ", ".join(b.name for b in backends.registry().values() if b.imposes_decisions) + " can", ExitCode.USAGE)
+    if args.capture_step and not (args.activations_only and backends.info(name).captures_later_steps):
+        fail(f"--capture-step: takes --activations-only and a backend that captures from the weights training left; "
+             f"the {name} backend " + ("does not" if args.activations_only else "was not given --activations-only"),
+             ExitCode.USAGE)
     if args.check_ops and ops_watch is None:
         fail(f"--check-ops: the {name} backend has no op check (its registry row's checks_ops)", ExitCode.USAGE)
     try:

@@ -52,6 +52,7 @@ class RunOptions:
     # (common/capture/decisions.py)
     impose_decisions: Path | None = None
     capture_at: tuple[int, int] = (0, 0)  # the (row, token) of step 0's batch the capture starts at (common/data/)
+    capture_step: int = 0  # a capture run: train this many steps first, then capture on that step's batch
 
 
 class Runtime(Protocol):
@@ -113,10 +114,14 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     record.float32_islands = islands
     if options.parity:  # how the tensor file keeps the parameter-sized groups (tensor_file.SUMMARIZED_GROUPS)
         record.extra.tensors = options.tensors
-    if options.activations and not (runtime.captures_after_run and options.train):
+    if options.activations and not (runtime.captures_after_run and options.train) and not options.capture_step:
         _capture(runtime, record, tensors, options.capture_at)
     record.extra.start, record.extra.provoked = runtime.start, [str(p) for p in options.provocations]
     if not options.train:  # compare's capture run (compare/runs/capture_runs.py): no step, no compile of one
+        if options.capture_step:  # ... but those before a later step's: its capture takes the weights they left
+            for step, batch in enumerate(runtime.batches(0, options.capture_step)):
+                runtime.timed_step(step, batch)
+            _capture(runtime, record, tensors, options.capture_at, options.capture_step)
         record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
         return record, tensors
     timeline["loop_start"] = time.time()
@@ -139,8 +144,15 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     return record, tensors
 
 
-def _capture(runtime: Runtime, record: RunRecord, tensors: dict, at: tuple[int, int]) -> None:
-    batch = runtime.data.global_batch(0)
+def _capture(runtime: Runtime, record: RunRecord, tensors: dict, at: tuple[int, int], step: int = 0) -> None:
+    """Step 0's capture, of a slice of its batch (activation_inputs); at a later `step`, the choices of that step's
+    whole batch alone (a choice that parts two runs may be any token's: compare/runs/extra_runs.py)."""
+    batch = runtime.data.global_batch(step)
+    if step:
+        capture = runtime.step0_activations(batch.inputs, batch.targets)
+        record.extra.capture_step = step
+        tensors[decisions.GROUP], record.extra.decisions = decisions.to_tensors(capture.decisions)
+        return
     capture = runtime.step0_activations(activation_inputs(runtime.spec, batch.inputs, at),
                                         activation_inputs(runtime.spec, batch.targets, at))
     record.extra.capture_at = list(at)

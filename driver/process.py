@@ -48,6 +48,10 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--capture-at", type=_row_token, default=(0, 0), metavar="ROW,TOKEN",
                         help="with --activations-only: capture from this row of step 0's batch (and, of a language "
                              "model, up to this token); compare passes where the two sides' logits differ most")
+    parser.add_argument("--capture-step", type=int, default=0, metavar="STEP",
+                        help="with --activations-only: train this many steps first and capture on that step's batch "
+                             "from the weights training left (compare's look at the choices of a step where two runs "
+                             "part after an agreeing step 0)")
     parser.add_argument("--impose-decisions", type=Path, metavar="RUN_DIR",
                         help="with --activations-only: take the top-k, argmax and sort choices of that capture run "
                              "instead of this side's own (compare's check of choices flipped at ties; "

@@ -137,7 +137,7 @@ class JaxTrainer(JittedTrainer):
 
     def _activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         fed, seen = self.nnx_batch(*jax.tree.map(jnp.asarray, (inputs, targets)))
-        return capture_activations(nnx.merge(self.graphdef, self.params, self.rest), fed,
+        return capture_activations(nnx.merge(self.graphdef, self.params, self.state), fed,  # as training left it
                                    input_layout(self.input_axes), lambda out: self.loss_fn(out, seen),
                                    masks=self.capture_masks)
 

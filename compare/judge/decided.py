@@ -14,6 +14,7 @@ from __future__ import annotations
 from common.capture.decisions import compare_decisions, decision_words, from_tensors
 
 IMPOSED = "imposed"  # the other side's tensors captured with the reference's choices (its `imposed` entry)
+LATER = "later_choices"  # each side's choices at the step where a pair's runs part (compare/runs/capture_runs.py)
 NOT_JUDGED = ("steps after 0 not judged: the runs chose differently at step 0 (ties flipped by rounding), so their "
               "training differs by design")
 
@@ -90,3 +91,37 @@ def decisions_cell(parity: dict) -> str:
                   else "; not checked with the reference's choices imposed (this runtime cannot take them): the "
                        "port is not judged past the flips")
     return words
+
+
+def judge_later_choices(parity: dict, ref: dict, other: dict, forward_bound: dict) -> None:
+    """Sets parity["decisions_later"]: the two sides' choices at the step where their runs part after a step 0 that
+    agreed in everything, choices included (compare/runs/extra_runs.py choices_where_parted), each side's from the
+    weights its own steps left, over that step's whole batch. It explains the parting and decides nothing: by then
+    each side's weights carry its own rounding, so the scores it ranks do too, and whether that drift is rounding is
+    the noise floor's to judge (compare/judge/noise_floor.py)."""
+    for step, theirs in (other.get(LATER) or {}).items():
+        ours = (ref.get(LATER) or {}).get(step)
+        found = ours and compare_decisions(from_tensors(ours["decisions"], ours["decisions_facts"]),
+                                           from_tensors(theirs["decisions"], theirs["decisions_facts"]),
+                                           forward_bound["atol"], forward_bound["rtol"])
+        if found:
+            parity["decisions_later"] = {"step": step, **found}
+
+
+def later_words(found: dict) -> str:
+    """One line: the choices at the step where the runs parted (judge_later_choices)."""
+    step = found["step"]
+    if not found["matched"]:
+        return f"at step {step}: {found['why']}"
+    if not found["flipped"]:
+        return (f"at step {step}, where the runs part, every one of {len(found['decisions'])} decisions chose alike "
+                "over its whole batch: the runs part elsewhere")
+    flips = [d for d in found["decisions"] if d["flipped"]]
+    first, ties = flips[0], sum(d["flipped"] for d in flips if d["within_rounding"])
+    explained = all(d["widest_margin"] <= d["scores_max_abs"] for d in flips)
+    return (f"at step {step}, where the runs part, {found['flipped']} choices differ over its whole batch (first at "
+            f"{first['module']}, {first['op']} k={first['k']}: {first['flipped']} of {first['rows']} rows, widest "
+            f"margin {first['widest_margin']:.2e}); {ties} of them within rounding of a tie (the forward bound), "
+            + ("every one within how far the ranked scores had drifted apart by then "
+               f"({max(d['scores_max_abs'] for d in flips):.2e}: what each side's own steps left, rounding or a port "
+               "error, which the noise floor tells apart)" if explained else "some wider than the ranked scores are apart (a port's ranking)"))

@@ -3,18 +3,21 @@ from __future__ import annotations
 
 from common.twin.modules import ROOT_MODULE
 from compare.judge.curves import curves_words
-from compare.judge.decided import decisions_cell
+from compare.judge.decided import decisions_cell, later_words
 from compare.judge.tensor_error import BORDERLINE, passes_with_words
 
 
-def _later_choices(found: dict | None) -> str:
-    """What a model that makes discrete choices adds to curves that parted after an agreeing step 0."""
-    if not found or not found.get("matched") or found.get("flipped"):
+def _later_choices(parity: dict) -> str:
+    """What a model that makes discrete choices adds to curves that parted after an agreeing step 0: its choices
+    at the step where they part, where they were captured (compare/judge/decided.py judge_later_choices)."""
+    found, later = parity.get("decisions"), parity.get("decisions_later")
+    if (found and (not found.get("matched") or found.get("flipped"))) or not (found or later):
         return ""
-    first = found["decisions"][0]
-    return (f"; the model makes {len(found['decisions'])} discrete choices (top-k, argmax, sort; first in "
-            f"{first['module']}), all alike at step 0, and a tie flipped by rounding at a later step parts the runs "
-            "by design: choices are captured at step 0 only")
+    made = f"{len(found['decisions'])} discrete choices (top-k, argmax, sort; first in " \
+           f"{found['decisions'][0]['module']}), all alike at step 0," if found else \
+           "discrete choices (top-k, argmax, sort),"
+    return (f"; the model makes {made} and a tie flipped by rounding at a later step parts the runs by design: "
+            + (later_words(later) if later else "their choices at that step were not captured"))
 
 
 def failure_message(name: str, parity: dict) -> str:
@@ -65,7 +68,9 @@ def failure_message(name: str, parity: dict) -> str:
                   f"here: run records' extra.dropout_sites)")
     if parity.get("unmeasured_noise"):
         where += (f" (step 0 agreed and no noise floor was measured: {parity['unmeasured_noise']} tells rounding "
-                  "that training grew from a port error" + _later_choices(parity.get("decisions")) + ")")
+                  "that training grew from a port error" + _later_choices(parity) + ")")
+    elif parity.get("decisions_later"):  # judged by a noise floor: the choices still say where the runs part
+        where += ", " + later_words(parity["decisions_later"])
     if not worst:
         return where
     size = worst.get("note") or (f"max abs {worst['abs']:.3g}" if isinstance(worst.get("abs"), (int, float))

@@ -10,7 +10,7 @@ from common.twin.modules import ROOT_MODULE
 from compare.judge import noise_floor
 from compare.judge.backward import first_divergent_module_backward
 from compare.judge.curves import compare_curves
-from compare.judge.decided import judge_decisions
+from compare.judge.decided import judge_decisions, judge_later_choices
 from compare.judge.distribution import judge_distribution
 from compare.judge.extra_inputs import with_extra_inputs
 from compare.judge.islands import before_first_island, islands_of
@@ -305,6 +305,7 @@ def check_parity(ref: RunRecord, other: RunRecord, ref_tensors, other_tensors, p
             "dropout_sites": dropout_sites(ref, other), "float32_islands": islands,
             "sensitivity": group_sensitivity(tensors, loss, forward, set(unreached))}
     judge_decisions(result, ref_tensors, other_tensors, policy["forward"], locate)
+    judge_later_choices(result, ref_tensors, other_tensors, policy["forward"])
     return result
 
 

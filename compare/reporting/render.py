@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.twin.modules import ROOT_MODULE
-from compare.judge.decided import decisions_cell
+from compare.judge.decided import decisions_cell, later_words
 from compare.judge.sensitivity import sensitivity_line
 from compare.judge.tensor_error import BORDERLINE, passes_with_words
 from compare.reporting.cells import fmt as _fmt
@@ -138,6 +138,9 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                for n in others],
             *([["step-0 decisions (top-k, argmax, sort)"] + [decisions_cell(parity[n]) for n in others]]
               if any(parity[n].get("decisions") for n in others) else []),
+            *([["decisions where the runs part"] + [later_words(parity[n]["decisions_later"])
+                                                    if parity[n].get("decisions_later") else "-" for n in others]]
+              if any(parity[n].get("decisions_later") for n in others) else []),
             ["max |Δloss| over steps"] + [_fmt((parity[n].get("loss") or {}).get("max_abs"), ".3e") for n in others],
             *([["loss curves (mean over steps): end gap / band, parted at"]
                + [_curves(parity[n].get("curves")) for n in others]]

@@ -22,14 +22,20 @@ from common.spec import RunSpec
 from common.twin.start_state import by_nnx_names, read_links
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.explain.figures import backend_summary, cpu_peak, wall_breakdown
-from compare.judge.decided import IMPOSED
+from compare.judge.decided import IMPOSED, LATER
 from compare.judge.devices import devices_check, one_device
 from compare.judge.messages import failure_message
 from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
 from compare.judge.parity import check_parity
 from compare.judge.tolerances import load_policy, pair_policy
 from compare.judge.verdict import CheckResult, decide, not_made
-from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, capture_facts, captured_activations
+from compare.runs.capture_runs import (
+    CAPTURE_DIR,
+    IMPOSED_DIR,
+    capture_facts,
+    captured_activations,
+    later_choices,
+)
 from compare.runs.rundir import START_DIR
 from compare.runs.second_pass import ACTIVATION_GROUPS, with_second_pass
 
@@ -292,6 +298,7 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
                     tensors.update(captured)
                 # with the reference's choices imposed, where the pair's differ at ties only (compare/judge/decided.py)
                 tensors[IMPOSED] = captured_activations(run_dir / CAPTURE_DIR, run_id, IMPOSED_DIR)
+                tensors[LATER] = later_choices(run_dir, run_id)  # where runs part after step 0 (decided.py)
                 tensors = with_second_pass(tensors, run_dir / CAPTURE_DIR, record.run_id, name, "activation_pass",
                                            ACTIVATION_GROUPS)  # a location on summaries, confirmed whole
         except RecordError as e:

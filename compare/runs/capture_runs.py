@@ -119,3 +119,19 @@ def captured_activations(run_dir: Path, run_id: str | None, capture_dir: str = C
     except RecordError:
         return empty
 
+
+
+LATER_DIR = "at-step-"  # <backend>/activations/at-step-<s>: the choices at step s, where a pair's runs part
+
+
+def later_choices(run_dir: Path, run_id: str | None) -> dict[int, dict]:
+    """{step: {"decisions", "decisions_facts"}} of the captures at a later step a backend made in this compare run
+    (compare/runs/extra_runs.py choices_where_parted: that step's whole batch, from the weights its own steps left);
+    {} when none."""
+    found = {}
+    for folder in sorted((run_dir / CAPTURE_DIR).glob(LATER_DIR + "*")):
+        step = folder.name.removeprefix(LATER_DIR)
+        captured = captured_activations(run_dir / CAPTURE_DIR, run_id, folder.name)
+        if step.isdigit() and captured["decisions_facts"]:
+            found[int(step)] = {"decisions": captured["decisions"], "decisions_facts": captured["decisions_facts"]}
+    return found

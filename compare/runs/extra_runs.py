@@ -10,7 +10,7 @@ from common.vocab import BackendStatus, ParityMode
 from compare.judge.decided import needs_imposing
 from compare.judge.noise_floor import FLOOR_DIR, floor_needed
 from compare.options import CompareOptions
-from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, capture, parted_at_step0
+from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, LATER_DIR, capture, parted_at_step0
 from compare.runs.launch import capture_launch, floor_launch, whole_launch
 from compare.runs.orchestrate import Plan, run_backend
 from compare.runs.second_pass import WHOLE_DIR, activations_to_confirm, needs_whole
@@ -138,3 +138,37 @@ def confirm_locations(opts: CompareOptions, plan: Plan, report: dict, build, at:
                         plan.out / name / CAPTURE_DIR / WHOLE_DIR, plan.timeout_s)
         report = build(False)
     return report
+
+
+def choices_where_parted(opts: CompareOptions, plan: Plan, outcome, report: dict, build) -> dict:
+    """The report built again with both sides' top-k/argmax/sort choices at the step where a pair's runs part after
+    a step 0 that agreed in everything (compare/judge/decided.py judge_later_choices): the
+    reference and that backend trained to that step once more and captured on its whole batch, into
+    `<backend>/activations/at-step-<s>/`. Only runtimes that capture from the weights their steps left
+    (captures_later_steps); not in the statistical mode or on several hosts; unchanged when no pair parts so."""
+    ref = report["reference"]
+    if outcome.interrupted or opts.judging.parity_mode == ParityMode.STATISTICAL or opts.hosts.hosts > 1 \
+            or ref not in plan.launches or not backends.info(ref).captures_later_steps:
+        return report
+    wanted = {n: p["first_divergent_step"] for n, p in (report.get("parity") or {}).items()
+              if n in plan.launches and backends.info(n).captures_later_steps and _parted_later(p)}
+    try:
+        for step in sorted(set(wanted.values())):
+            for name in (ref, *(n for n, s in wanted.items() if s == step)):
+                run_backend(name, plan.pythons[name], capture_launch(opts, name, step=step),
+                            plan.out / name / CAPTURE_DIR / f"{LATER_DIR}{step}", plan.timeout_s)
+    except KeyboardInterrupt:  # run_backend has taken the running one's process group down
+        outcome.interrupted = True
+        return build(True)
+    return build(False) if wanted else report
+
+
+def _parted_later(parity: dict) -> bool:
+    """A pair whose runs part at a step after 0 that agreed in everything: its choices alike then, or not captured
+    then (whether the model makes any is not known; a step-0 capture that found none says it makes none)."""
+    if not (parity.get("unmeasured_noise") and parity.get("first_divergent_step")):
+        return False
+    found = parity.get("decisions")
+    if found:
+        return bool(found["matched"] and not found["flipped"])
+    return not (parity.get("first_divergent_module") or {}).get("modules_compared")

@@ -71,12 +71,16 @@ def main_launch(opts: CompareOptions, name: str) -> Launch:
 
 
 def capture_launch(opts: CompareOptions, name: str, whole: tuple[str, ...] = (), impose: Path | None = None,
-                   at: tuple[int, int] = (0, 0)) -> Launch:
+                   at: tuple[int, int] = (0, 0), step: int = 0) -> Launch:
     """Step 0's activations from the start weights, nothing trained (compare/runs/capture_runs.py): no parity tensors,
     provoked recompiles, HLO, profile or throughput; one process (its slice of step 0 is one example). `whole`:
     activation keys kept whole under summaries (a location's confirming capture, compare/runs/extra_runs.py);
     `impose`: the run directory whose decisions this capture takes instead of its own (compare/judge/decided.py);
-    `at`: the (row, token) of step 0's batch it captures from (compare/runs/capture_runs.py worst_example)."""
+    `at`: the (row, token) of step 0's batch it captures from (compare/runs/capture_runs.py worst_example); `step`:
+    the choices of that later step instead, after the run's own steps before it (its spec's schedule unchanged)."""
+    if step:
+        return Launch(opts.spec_of(name), (*_flags(opts, name, quiet=True, provoke=False), "--activations-only",
+                                           "--capture-step", str(step)))
     kept = ("--whole-tensors", ",".join(whole)) if whole else ()
     imposed = ("--impose-decisions", str(impose)) if impose else ()
     where = ("--capture-at", f"{at[0]},{at[1]}") if tuple(at) != (0, 0) else ()
