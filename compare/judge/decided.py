@@ -124,4 +124,5 @@ def later_words(found: dict) -> str:
             f"margin {first['widest_margin']:.2e}); {ties} of them within rounding of a tie (the forward bound), "
             + ("every one within how far the ranked scores had drifted apart by then "
                f"({max(d['scores_max_abs'] for d in flips):.2e}: what each side's own steps left, rounding or a port "
-               "error, which the noise floor tells apart)" if explained else "some wider than the ranked scores are apart (a port's ranking)"))
+               "error, which the noise floor tells apart)" if explained
+               else "some wider than the ranked scores are apart (a port's ranking)"))
