@@ -86,6 +86,44 @@ def test_a_runtime_that_cannot_take_another_sides_choices_refuses_them_in_one_li
 
 
 @pytest.mark.slow
+def test_where_a_pair_parts_after_an_agreeing_step_0_both_sides_choices_there_are_captured_and_said(tmp_path):
+    """torch's learning rate 5 % apart (one-sided, so the runs stay comparable): step 0 agrees, choices included,
+    and the runs part later. compare captures both sides' choices at that step, each from the weights its own steps
+    left, over the step's whole batch, and says how many differ, where and with what margins; the noise floor it
+    measures decides (the lr apart fails by it)."""
+    out = tmp_path / "run"
+    proc, report = compare(out, "--twin", f"{MIXTRAL}:mixtral_tiny", "--backend", "jax,torch", "--activations",
+                           "--torch-set", "train.lr=0.00315")
+    parity = report["parity"]["torch"]
+    assert proc.returncode == 1 and report["tolerance_policy"]["policy"] == "noise-floor"
+    assert parity["decisions"]["matched"] and parity["decisions"]["flipped"] == 0  # step 0 chose alike
+    later = parity["decisions_later"]
+    step = later["step"]
+    assert step >= 1 and f"the runs parted at step {step} after a step 0" in report["tolerance_policy"]["why"]
+    for name in ("jax", "torch"):
+        capture = read_record(out / name / "activations" / f"at-step-{step}" / RECORD_FILE)
+        assert capture.run_id == report["run_id"] and capture.extra.capture_step == step
+        assert len(capture.extra.decisions) == len(parity["decisions"]["decisions"]) == 2
+    assert later["matched"] and [d["module"] for d in later["decisions"]] == ["layers.0.moe", "layers.1.moe"]
+    assert all(d["rows"] == 8 * 32 for d in later["decisions"])  # the step's whole batch: every token
+    for d in later["decisions"]:  # a flip crosses no wider a margin than the two sides' scores are apart
+        assert not d["flipped"] or d["widest_margin"] <= d["scores_max_abs"], d
+    assert f"at step {step}, where the runs part" in report["message"]
+    assert f"| decisions where the runs part | at step {step}, where the runs part" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("capture-step-refused")
+def test_a_runtime_whose_capture_cannot_follow_its_training_refuses_a_later_step_in_one_line(tmp_path):
+    proc = run_cli("torchax_impl", "--spec", "mlp-tiny", "--activations-only", "--capture-step", "2",
+                   "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2 and not (tmp_path / "run").exists()
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: --capture-step: takes --activations-only and a backend that captures from the weights training left; "
+        "the torchax backend does not")
+
+
+@pytest.mark.slow
 def test_transformers_default_save_pretrained_of_mixtral_loads_as_from_pretrained_loads_it(tmp_path):
     """transformers 5 writes Mixtral's original per-expert layout (block_sparse_moe.experts.E.w1/w2/w3) by default
     and stacks it on loading; common/twin/hf.py stacks it the same way, bit for bit, and the port passes from it."""

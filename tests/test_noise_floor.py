@@ -154,8 +154,8 @@ def test_a_pair_that_parts_after_an_agreeing_step_0_without_a_floor_is_told_how_
         {"module": "blocks.0.moe.router", "flipped": 0}, {"module": "blocks.1.moe.router", "flipped": 0}]}}
     assert failure_message("torch", routed).endswith(
         "from a port error; the model makes 2 discrete choices (top-k, argmax, sort; first in blocks.0.moe.router), "
-        "all alike at step 0, and a tie flipped by rounding at a later step parts the runs by design: choices are "
-        "captured at step 0 only)")
+        "all alike at step 0, and a tie flipped by rounding at a later step parts the runs by design: their choices "
+        "at that step were not captured)")
     floors = Floors(FloorRun([2.3, 2.2, 2.1], {}), FloorRun([2.3, 2.2, 2.5], {}), FP32)
     judged = check_parity(made["jax"], made["torch"], {}, {}, FP32, [], floors)  # a floor measured: no hint
     assert judged["unmeasured_noise"] is None and judged["first_divergent_step"] == 2
