@@ -36,6 +36,13 @@ def held_buffers(state: nnx.State) -> dict[str, jax.Array]:
             if jax.numpy.issubdtype(value.dtype, jax.numpy.number) or value.dtype == bool}
 
 
+def changed_buffers(start: dict[str, jax.Array], end: dict[str, jax.Array]) -> list[str]:
+    """The buffers (held_buffers' arrays at the start and after training, compared on their devices) whose
+    values training changed: what compare judges after training (the twin of torch_impl/convert.py's)."""
+    return sorted(name for name, value in end.items() if name not in start or start[name].shape != value.shape
+                  or not bool(jax.numpy.array_equal(start[name], value)))
+
+
 def load_state(rest: nnx.State, state: StartState) -> nnx.State:
     """`rest` (the model's non-parameter state) with what a start carries besides parameters
     (common/weights/carried.py): canonical running statistics in place of its BatchStat values, carried

@@ -167,6 +167,10 @@ class JittedTrainer:
         canonical_buffers); {} without any."""
         return {}
 
+    def buffers_changed(self) -> list[str]:
+        """Those of canonical_buffers' that training changed (jax_impl/convert.py changed_buffers)."""
+        return []
+
     def _eval_forward(self, params, state, inputs):
         """The model's eval-mode forward (dropout off, BatchNorm on its running statistics in `state`)."""
         raise NotImplementedError
@@ -229,7 +233,7 @@ class JittedTrainer:
             return
         if self.options.parity:
             tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
-            tensors["buffers"] = self.canonical_buffers()
+            tensors["buffers"], record.extra.buffers_changed = self.canonical_buffers(), self.buffers_changed()
             with self.monitor.analysis():  # the eval forward's compile is not the run's
                 tensors["eval"] = {"logits": self.eval_logits(held_inputs(self.spec, self.data))}
             if self.eval_forward:

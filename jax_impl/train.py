@@ -92,6 +92,7 @@ class JaxTrainer(JittedTrainer):
         started = time.perf_counter()
         canonical = widened(start_weights(spec, checkpoint), spec.train.state_dtype)
         self.rest = convert.load_state(self.rest, start_state(checkpoint))  # in the state's dtype
+        self.start_buffers = convert.held_buffers(self.rest)  # what training may change
         self.param_shardings = sharding.param_shardings(spec.model, spec.mesh, mesh)
         self.params = convert.load_canonical(abstract, canonical, spec.model, self.param_shardings)
         jax.block_until_ready(self.params)
@@ -129,6 +130,9 @@ class JaxTrainer(JittedTrainer):
 
     def canonical_buffers(self) -> dict[str, np.ndarray]:
         return self.kept(convert.held_buffers(self.state), "buffers")
+
+    def buffers_changed(self) -> list[str]:
+        return convert.changed_buffers(self.start_buffers, convert.held_buffers(self.state))
 
     def _eval_forward(self, params, state, inputs):
         model = nnx.merge(self.graphdef, params, in_this_trace(state))

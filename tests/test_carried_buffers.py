@@ -105,11 +105,15 @@ def test_a_checkpoints_buffers_reach_every_runtime_and_are_compared_where_traini
         trained = np.load(out / name / "tensors.npz")
         assert int(trained["buffers/num_updates"]) == 1200 + steps, name
         assert np.abs(trained["buffers/mean"] - MEAN).max() > 0.1, name  # the EMA moved from the checkpoint's
+        assert json.loads((out / name / "record.json").read_text())["extra"]["buffers_changed"] == \
+            ["mean", "num_updates"], name  # the std, which training leaves, was judged at the start
     for name in ("torch", "torch_xla", "torchax"):  # under the NNX names, compared at the parameters' bounds
         tensors = report["parity"][name]["tensors"]
         assert {k for k in tensors if k.startswith("buffers/")} == {"buffers/mean", "buffers/std",
                                                                     "buffers/num_updates"}, name
         assert all(tensors[k]["within"] for k in tensors if k.startswith("buffers/")), name
+        assert tensors["buffers/std"]["judged"] is False and "training changed it on neither side" in \
+            tensors["buffers/std"]["note"]
 
 
 @pytest.mark.slow

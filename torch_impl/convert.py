@@ -85,6 +85,13 @@ def canonical_buffers(buffers: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def changed_buffers(start: dict[str, np.ndarray], end: dict[str, np.ndarray]) -> list[str]:
+    """The buffers (canonical_buffers' arrays at the start and after training) whose values training changed:
+    what compare judges after training (the others it judged at the start, as built)."""
+    return sorted(name for name, value in end.items()
+                  if name not in start or start[name].shape != value.shape or not np.array_equal(start[name], value))
+
+
 def load_state(model: torch.nn.Module, state: StartState, module_names: dict[str, str]) -> None:
     """Copy what a start carries besides parameters (common/weights/carried.py) into the model's buffers:
     canonical running statistics into its BatchNorms', carried buffers by their torch names (in the buffer's

@@ -29,6 +29,7 @@ from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import (
     canonical_buffers,
     canonical_state,
+    changed_buffers,
     correspondence,
     held_buffers,
     host_float,
@@ -110,6 +111,7 @@ class TorchTrainer:
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
         self.model = load_start(model, start_weights(model, spec, checkpoint), start_state(checkpoint), spec.model)
         self.module_names = modules_to_canonical(self.model, spec.model)
+        self.start_buffers = canonical_buffers(held_buffers(self.model))  # what training may change
         self.model = self.model.to(self.device)
         if group is not None:
             refuse_batch_norm(self.model, group.size)
@@ -225,6 +227,7 @@ class TorchTrainer:
         if self.options.parity:
             tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
             tensors["buffers"] = self.canonical_buffers()
+            record.extra.buffers_changed = changed_buffers(self.start_buffers, tensors["buffers"])
             tensors["eval"] = {"logits": self.eval_logits(held_inputs(self.spec, self.data))}
         record.throughput = _pipelined_throughput(self, self.options.throughput_steps)
 

@@ -24,7 +24,6 @@ import contextlib
 import logging
 import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,7 +40,7 @@ from common.provoke import python_value, with_python_value
 from common.spec import RunSpec
 from common.twin import twin_of
 from common.twin.outputs import array_outputs, forward, loss_batch
-from common.vocab import PROFILE_DIR, Phase, ProfileRange, RecordStatus, TraceMode
+from common.vocab import Phase, RecordStatus, TraceMode
 from common.weights.carried import start_info, start_state
 from driver.harness import RunOptions
 from torch_impl import convert
@@ -56,6 +55,7 @@ from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
 from torch_xla_impl.batches import StepBatches, flat_ndims, nested, on_device
 from torch_xla_impl.instrument import NoMonitor, attach_causes, dump_dir, hlo_statistics, step_graphs
+from torch_xla_impl.profiled import profiled_steps
 
 SETTLE_STEPS = 1  # one step graph from step 0 on: the optimizer state exists before it (create_state)
 
@@ -73,8 +73,7 @@ class TorchXlaTrainer:
         self.options = options = options or RunOptions()
         trace_mode = TraceMode(getattr(options.own, "trace_mode", TraceMode.LAZY))
         self.spec, self.mesh, self.trace_mode, self.mode = spec, spmd_mesh, trace_mode, mode
-        self.monitor = monitor or NoMonitor()
-        self.replica, self.replicas = replica, replicas
+        self.monitor, self.replica, self.replicas = monitor or NoMonitor(), replica, replicas
         checkpoint = options.checkpoint
         self.trace_ms, self.fed = [], []  # per loop step: its tracing ms, and its batch's (shape, dtype)
         self.device = torch_xla.device()
@@ -82,6 +81,7 @@ class TorchXlaTrainer:
         started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
         self.started = start_weights(model, spec, checkpoint), start_state(checkpoint)  # (parameters, StartState)
         convert.load_start(model, *self.started, spec.model)
+        self.start_buffers = convert.canonical_buffers(convert.held_buffers(model))  # what training may change
         self.module_names = convert.modules_to_canonical(model, spec.model)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = convert.correspondence(model, spec.model)
@@ -274,9 +274,10 @@ class TorchXlaTrainer:
         if self.options.parity and self.replica == 0:
             tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
             tensors["buffers"] = convert.canonical_buffers(convert.held_buffers(self.model))
+            record.extra.buffers_changed = convert.changed_buffers(self.start_buffers, tensors["buffers"])
             self.trained = self.host_state()  # its eval-mode forward runs last, apart from the run's graphs
         record.throughput = _pipelined_throughput(self, self.options.throughput_steps)
-        record.profile = _profiled_steps(self, steps + record.throughput.get("steps", 0), self.options.profile_steps,
+        record.profile = profiled_steps(self, steps + record.throughput.get("steps", 0), self.options.profile_steps,
                                          self.options.out_dir)
         self.monitor.collect()
 
@@ -358,43 +359,3 @@ def _step_api(replicas: int) -> str:
     if replica_sync.cpu_threads():
         return "bucketed all-reduce with a channel id (_xla_spmd_all_reduce) + optimizer.step"
     return "xm.reduce_gradients + optimizer.step"
-
-
-def _profiled_steps(trainer: TorchXlaTrainer, first: int, n: int, out_dir: Path) -> dict | None:
-    """`--profile N`: N more steps under torch_xla's profiler, annotated as common.vocab.ProfileRange says;
-    the XProf trace goes to <run>/profile, after N steps timed without it (as in jax_impl.loop). The
-    annotations are the profiler's bare TraceMe: xp.Trace also opens an IR scope, and a sync inside one
-    fails ("Expecting scope to be empty")."""
-    if n <= 0:
-        return None
-    import torch_xla.debug.profiler as xp
-
-    trace_me = torch_xla._XLAC.profiler.TraceMe
-    unprofiled, step_ms = [], []
-    batches = iter(trainer.loader(first, 2 * n))
-    for step in range(first, first + n):  # the same steps just before, without the profiler
-        batch = next(batches)
-        start = time.perf_counter()
-        loss = trainer.step(step, batch)
-        trainer.sync(step)
-        trainer.wait()
-        unprofiled.append((time.perf_counter() - start) * 1e3)
-    first += n
-    xp.start_trace(str(out_dir / PROFILE_DIR))
-    try:
-        for step in range(first, first + n):
-            with trace_me(ProfileRange.INPUT):
-                batch = next(batches)
-            with trace_me(ProfileRange.STEP, step_num=step, _r=1):
-                start = time.perf_counter()
-                with trace_me(ProfileRange.CALL):
-                    loss = trainer.step(step, batch)
-                with trace_me(ProfileRange.WAIT):
-                    trainer.sync(step)
-                    trainer.wait()
-                step_ms.append((time.perf_counter() - start) * 1e3)
-            loss.item()
-    finally:
-        xp.stop_trace()
-    return {"steps": n, "dir": PROFILE_DIR, "tool": f"torch_xla.debug.profiler (torch_xla {torch_xla.__version__})",
-            "step_ms": step_ms, "unprofiled_step_ms": unprofiled}

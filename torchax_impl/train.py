@@ -40,6 +40,7 @@ from common.twin.outputs import array_outputs, loss_batch
 from common.weights.carried import start_info, start_state
 from driver.harness import RunOptions
 from jax_impl import sharding
+from jax_impl.convert import changed_buffers
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, jitted_mesh
 from jax_impl.optim import make_optimizer
@@ -101,6 +102,7 @@ class TorchaxTrainer(JittedTrainer):
         # Python: inside a jitted step that would leak a tracer, so the key is the step's state instead
         self.state = {"prng": jax.random.key(spec.train.mask_seed), "running": start_statistics}
         self.updated_buffers = self._carry_updated_buffers()
+        self.start_buffers = self.held_buffers()  # what training may change
         self.compile_functions(mesh)
 
     def _carry_updated_buffers(self) -> list[str]:
@@ -160,8 +162,15 @@ class TorchaxTrainer(JittedTrainer):
         return canonical_state({k: sharding.to_host(v) for k, v in self.state["running"].items()}, self.module_names)
 
     def canonical_buffers(self) -> dict[str, np.ndarray]:
-        running = {k: self.state["running"][k] for k in self.updated_buffers}
-        return canonical_buffers({k: sharding.to_host(v) for k, v in {**self.buffers, **running}.items()})
+        return canonical_buffers({k: sharding.to_host(v) for k, v in self.held_buffers().items()})
+
+    def held_buffers(self) -> dict[str, jax.Array]:
+        """Every buffer but the running statistics, by state_dict name: the step's constants, and the ones a
+        train-mode forward updates from its state."""
+        return {**self.buffers, **{k: self.state["running"][k] for k in self.updated_buffers}}
+
+    def buffers_changed(self) -> list[str]:
+        return changed_buffers(self.start_buffers, self.held_buffers())
 
     def _eval_forward(self, params, state, inputs):
         states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))

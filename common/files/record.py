@@ -68,6 +68,7 @@ class RunExtra:
     tensors: str | None = None  # --tensors: how the tensor file keeps the parameter-sized groups (with --parity)
     capture_at: list[int] | None = None  # the (row, token) of step 0's batch the activation capture started at
     capture_step: int | None = None  # a capture after that many steps, on that step's batch (driver/harness.py)
+    buffers_changed: list[str] | None = None  # the buffers (own names) training changed: compared after it
     activations_skipped: dict | None = None  # common.capture.activations.Capture's facts besides its arrays
     activations_more_inputs: dict | None = None
     activations_more_outputs: dict | None = None

@@ -175,6 +175,8 @@ def _link_buffers(name: str, groups: dict, links: dict[str, str]) -> None:
     with the NNX side's; none for a built-in model."""
     if links and backend_info(name).family == "torch" and groups.get("buffers"):
         groups["buffers"] = by_nnx_names(groups["buffers"], links)
+        if groups.get("buffers_changed") is not None:
+            groups["buffers_changed"] = [links.get(n, n) for n in groups["buffers_changed"]]
 
 
 def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
@@ -192,8 +194,9 @@ def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
             check_belongs(record, path, inputs.run_id)
             if record.status != BackendStatus.OK:
                 raise RecordError(f"{record.status}: {record.message}")
-            floors[name] = FloorRun(record.losses, with_second_pass(read_tensors(path, record), path.parent,
-                                                                    record.run_id, name))
+            floors[name] = FloorRun(record.losses, {**with_second_pass(read_tensors(path, record), path.parent,
+                                                                       record.run_id, name),
+                                                    "buffers_changed": record.extra.buffers_changed})
         except (RecordError, OSError) as e:
             missing[name] = f"no noise-floor run ({e}): its pair is judged by the fixed {dtype} bounds"
     return floors, {"policy": "noise-floor", **({"why": inputs.floor_why} if inputs.floor_why else {}),
@@ -290,7 +293,7 @@ def _backend_entry(name: str, run, out: Path, peak, want_tensors: bool, run_id: 
             entry["status"] = run.status if run.status != BackendStatus.OK else BackendStatus(record.status)
             if record.status == BackendStatus.OK and want_tensors:
                 tensors = with_second_pass(read_tensors(record_path, record), run_dir, record.run_id, name)
-                tensors.update(capture_facts(record))
+                tensors.update(capture_facts(record), buffers_changed=record.extra.buffers_changed)
                 # captured apart, when step 0 parted (compare/runs/capture_runs.py): the run's own capture is
                 # replaced by one where the logits differ most
                 captured = captured_activations(run_dir, run_id)
