@@ -40,7 +40,6 @@ from common.twin.outputs import array_outputs, loss_batch
 from common.weights.carried import start_info, start_state
 from driver.harness import RunOptions
 from jax_impl import sharding
-from jax_impl.convert import changed_buffers
 from jax_impl.instrument import CompileMonitor
 from jax_impl.loop import JittedTrainer, jitted_mesh
 from jax_impl.optim import make_optimizer
@@ -51,6 +50,7 @@ from torch_impl.checkpoint_io import start_weights
 from torch_impl.convert import (
     canonical_buffers,
     canonical_state,
+    changed_buffers,
     correspondence,
     load_start,
     modules_to_canonical,
@@ -102,7 +102,7 @@ class TorchaxTrainer(JittedTrainer):
         # Python: inside a jitted step that would leak a tracer, so the key is the step's state instead
         self.state = {"prng": jax.random.key(spec.train.mask_seed), "running": start_statistics}
         self.updated_buffers = self._carry_updated_buffers()
-        self.start_buffers = self.held_buffers()  # what training may change
+        self.start_buffers = self.canonical_buffers()  # what training may change (host copies)
         self.compile_functions(mesh)
 
     def _carry_updated_buffers(self) -> list[str]:
@@ -170,7 +170,7 @@ class TorchaxTrainer(JittedTrainer):
         return {**self.buffers, **{k: self.state["running"][k] for k in self.updated_buffers}}
 
     def buffers_changed(self) -> list[str]:
-        return changed_buffers(self.start_buffers, self.held_buffers())
+        return changed_buffers(self.start_buffers, self.canonical_buffers())
 
     def _eval_forward(self, params, state, inputs):
         states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))
