@@ -64,3 +64,26 @@ def test_which_pairs_get_their_choices_captured_where_they_part():
     assert not _parted_later({**later, "first_divergent_module": {"modules_compared": 12}})  # captured, no choice
     assert not _parted_later({**later, "unmeasured_noise": None})  # a floor measured, or parted at step 0
     assert not _parted_later({**later, "first_divergent_step": 0})
+
+
+def test_only_this_runs_captures_at_a_later_step_are_read(tmp_path):
+    """A capture another compare run left in `<backend>/activations/at-step-<s>/` (another run id) is never read as
+    this run's choices; this run's is, by the step its folder names."""
+    from common.capture.decisions import to_tensors
+    from common.files.record import RunRecord, write_record
+    from common.files.tensor_file import write_tensors
+    from common.presets import load_spec
+    from compare.runs.capture_runs import later_choices
+
+    scores = np.random.default_rng(1).normal(size=(6, 4)).astype(np.float32)
+    for step, run_id in ((2, "this-run"), (5, "an-earlier-run")):
+        folder = tmp_path / "activations" / f"at-step-{step}"
+        folder.mkdir(parents=True)
+        record = RunRecord(backend="jax", spec=load_spec("mlp-tiny").to_dict(), run_id=run_id)
+        arrays, record.extra.decisions = to_tensors([_topk(scores, 2)])
+        record.extra.capture_step = step
+        record.tensors = write_tensors(folder, {"decisions": arrays})
+        write_record(folder, record)
+    found = later_choices(tmp_path, "this-run")
+    assert list(found) == [2] and found[2]["decisions_facts"] == [{"module": "layers.0.moe", "op": "topk", "k": 2}]
+    assert later_choices(tmp_path, "another-run") == {}
