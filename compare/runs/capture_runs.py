@@ -120,7 +120,6 @@ def captured_activations(run_dir: Path, run_id: str | None, capture_dir: str = C
         return empty
 
 
-
 LATER_DIR = "at-step-"  # <backend>/activations/at-step-<s>: the choices at step s, where a pair's runs part
 
 
