@@ -49,7 +49,7 @@ from compare.judge.tolerances import PROFILES, ToleranceError, load_policy  # no
 from compare.options import CompareOptions  # noqa: E402
 from compare.reporting.check_tables import ops_check  # noqa: E402
 from compare.reporting.output import show, write_report  # noqa: E402
-from compare.reporting.plots import PLOT_FILES  # noqa: E402
+from compare.reporting.plots import PLOT_FILES, import_while_idle  # noqa: E402
 from compare.reporting.report import ReportInputs, build_report, check_belongs  # noqa: E402
 from compare.runs import hosts, meeting  # noqa: E402
 from compare.runs.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
@@ -299,6 +299,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
     for flag, path in {"--out": opts.output.out, **opts.paths_read()}.items():  # before any path is resolved
         if path and symlink_loop(path):
             fail(f"{flag} {path}: a loop of symbolic links; point it at a real file or folder", ExitCode.USAGE)
+    import_while_idle()  # the plots' import, while compare waits on its twin loader and backends
     spec, policy, opts = check_inputs(opts)
     run_id = opts.output.run_id or new_run_id()
     opts = opts.with_output(run_id=run_id, out=opts.output.out or default_out(run_id))

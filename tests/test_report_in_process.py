@@ -2,6 +2,10 @@
 the way a backend writes them (common.files.record), judged by compare.reporting.report.build_report, rendered by
 compare.reporting.render.markdown."""
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -12,9 +16,10 @@ from common.vocab import BackendStatus, ExitCode, ReportStatus
 from common.weights.checkpoint_ref import CheckpointRef
 from compare.judge.tolerances import load_policy
 from compare.reporting.render import markdown
-from compare.reporting.report import ReportInputs, build_report
+from compare.reporting.report import ReportInputs, build_report, strict_report
 from compare.runs.capture_runs import CAPTURE_DIR
 from compare.runs.orchestrate import BackendRun
+from tests.helpers import process_env
 
 SPEC = load_spec("mlp-tiny", ["train.steps=3"])
 RUN_ID = "in-process"
@@ -228,3 +233,26 @@ def test_the_report_says_where_the_start_weights_came_from(tmp_path):
     assert report["weights"] == "the hf checkpoint /models/qwen, read once by compare and carried to every " \
                                 "backend as init.safetensors"
     assert "Start weights: the hf checkpoint /models/qwen, read once by compare" in markdown(report)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own priority is Linux's")
+def test_the_plots_import_runs_at_the_lowest_priority_and_the_plots_wait_for_it(tmp_path):
+    """compare imports matplotlib while it waits on its backends, in a thread of nice 19 (it takes only a core
+    they leave idle); the plots are drawn after it, from the same report as always."""
+    runs = {n: write_run(tmp_path / n, n) for n in NAMES}
+    (tmp_path / "report.json").write_text(json.dumps(strict_report(report_of(tmp_path, runs))))
+    code = f"""
+import json, os, sys
+from pathlib import Path
+from compare.reporting import plots
+assert "matplotlib" not in sys.modules
+plots.import_while_idle()
+thread = plots._IMPORTING[0]
+print(os.getpriority(os.PRIO_PROCESS, thread.native_id))
+print(plots.write_plots(json.loads(Path({str(tmp_path / "report.json")!r}).read_text()), Path({str(tmp_path)!r})))
+print(thread.is_alive(), plots._IMPORTING, "matplotlib.backends.backend_agg" in sys.modules)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=process_env())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["19", "['loss.png', 'loss_diff.png', 'step_time.png']", "False [] True"]
+    assert all((tmp_path / name).stat().st_size > 1000 for name in ("loss.png", "loss_diff.png", "step_time.png"))

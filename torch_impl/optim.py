@@ -3,9 +3,10 @@ explicit, the lr of each step set on the param groups (`TrainSpec.lr_at`, as nan
 clip by torch's own formula."""
 from __future__ import annotations
 
+# torch.optim's constructors import torch._dynamo on first use (~0.6 s): imported here, so a run pays it with its
+# imports, as every torch training script does, and it is not counted as the toolkit's own setup
 import torch
-import torch._dynamo  # noqa: F401  (torch.optim's constructors import it on first use, ~0.6 s: paid with the
-# imports, as every torch training script pays it, not counted as the toolkit's setup)
+import torch._dynamo  # noqa: F401
 
 from common.spec import TrainSpec
 
