@@ -53,7 +53,7 @@ from compare.reporting.plots import PLOT_FILES, import_while_idle  # noqa: E402
 from compare.reporting.report import ReportInputs, build_report, check_belongs  # noqa: E402
 from compare.runs import hosts, meeting  # noqa: E402
 from compare.runs.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
-from compare.runs.cache import default_cache_dir  # noqa: E402
+from compare.runs.cache import default_cache_dir, peak_cache_dir  # noqa: E402
 from compare.runs.extra_runs import (  # noqa: E402
     choices_where_parted,
     floor_where_needed,
@@ -347,7 +347,8 @@ def compare(opts: CompareOptions, entered: float) -> int:
         run_dir.finish("interrupted" if outcome.interrupted else "followed")
         return ExitCode.INTERRUPTED if outcome.interrupted else hosts.followed(opts.hosts, outcome.runs)
     inputs = ReportInputs(spec, policy, names, opts.reference, out, run_id, judging.profile,
-                          opts.capture.compile_cache, {n: [o.split("=")[0] for o in opts.side(n).sets] for n in names},
+                          opts.capture.compile_cache, peak_cache_dir(),
+                          {n: [o.split("=")[0] for o in opts.side(n).sets] for n in names},
                           judging.parity_mode, opts.output.debug, floors, judging.require_same_device, tensors,
                           weights)
     checks = [("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds))] * bool(seeds)

@@ -39,9 +39,9 @@ def test_jax_second_run_hits_for_every_compile_and_keeps_the_recompile(tmp_path)
 def test_compare_uses_the_cache_by_default_and_says_what_torch_xla_did(tmp_path):
     cache = tmp_path / "cache"
     flags = ("--backend", "both", "--spec", "mlp-tiny", "--steps", "6", "--quiet", "--compile-cache", str(cache))
-    reports = []
+    reports, home = [], tmp_path / "home"  # the user's cache folder, where the CPU peak is kept
     for name, more in (("cold", ["--check-determinism"]), ("warm", [])):  # cold: each backend also run again
-        proc = run_cli("compare", "--out", str(tmp_path / name), *flags, *more)
+        proc = run_cli("compare", "--out", str(tmp_path / name), *flags, *more, env={"XDG_CACHE_HOME": str(home)})
         assert proc.returncode == 0, proc.stderr
         reports.append(json.loads((tmp_path / name / "report.json").read_text()))
     cold, warm = reports
@@ -63,8 +63,11 @@ def test_compare_uses_the_cache_by_default_and_says_what_torch_xla_did(tmp_path)
     assert "could not load its cached executables" in torch_warm["compile_cache"]["note"]
     for name in ("jax", "torch_xla"):
         assert warm["backends"][name]["losses"] == cold["backends"][name]["losses"]
-    # the CPU peak measured by the cold run is reused, unless this run measured more (then it is replaced)
+    # the CPU peak measured by the cold run is reused, unless this run measured more (then it is replaced); it is
+    # kept in the user's cache folder, not in the compile cache --compile-cache names (a machine's, not a cache's)
     assert "(cached, measured" in jax_warm["peak_source"] or jax_warm["peak_flops"] > jax_cold["peak_flops"]
+    assert json.loads((home / "xla-twins" / "cpu_peak.json").read_text())["flops"] >= jax_warm["peak_flops"] > 0
+    assert not list(cache.rglob("cpu_peak.json"))
     assert "| of these, persistent-cache hits |" in (tmp_path / "warm" / "report.md").read_text()
 
 

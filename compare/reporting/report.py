@@ -93,6 +93,7 @@ class ReportInputs:
     run_id: str | None  # this run's; None: any record's is judged (no run of its own)
     tolerance_profile: str = "default"
     compile_cache: Path | None = None
+    cpu_peak_cache: Path | None = None  # the folder of the cached CPU peak (compare/runs/cache.py); None: measured
     intended: dict = field(default_factory=dict)  # {backend: the spec fields its --<name>-set changed on purpose}
     parity_mode: str = ParityMode.DETERMINISTIC.value
     debug: bool = False
@@ -151,7 +152,7 @@ def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tu
 def _entries(inputs: ReportInputs, runs: dict, attempt) -> tuple[dict, dict, dict, list]:
     """Per backend: its report entry, its record and parity tensors when they can be judged; and the backends
     whose record could not be (the verdict cannot pass without them)."""
-    peak = functools.lru_cache(maxsize=1)(functools.partial(cpu_peak, inputs.compile_cache))
+    peak = functools.lru_cache(maxsize=1)(functools.partial(cpu_peak, inputs.cpu_peak_cache))
     backends, records, tensors, unjudged = {}, {}, {}, []
     for name in inputs.names:
         run = runs.get(name)

@@ -1,4 +1,4 @@
-"""Where compare keeps the backends' persistent compile caches (and the measured CPU peak).
+"""Where compare keeps the backends' persistent compile caches, and the measured CPU peak beside them.
 
 `<root>/<cpu kind>/<backend>`: XLA builds CPU executables for the host's
 vector units, and JAX's cache key names only the platform ("cpu"), so a cache
@@ -18,6 +18,12 @@ import numpy as np
 def default_cache_dir() -> Path:
     """Under the user's cache directory ($XDG_CACHE_HOME or ~/.cache)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xla-twins" / "compile-cache"
+
+
+def peak_cache_dir() -> Path:
+    """Where the measured CPU peak is kept (compare/explain/figures.py cpu_peak): the toolkit's cache folder, beside
+    the compile caches and not in one, since it is the machine's, whichever --compile-cache a run names."""
+    return default_cache_dir().parent
 
 
 def _cpuinfo_field(name: str) -> str:
