@@ -162,14 +162,11 @@ class JittedTrainer:
         """BatchNorm's running statistics by canonical name (`<module>.mean`, `.var`); {} without any."""
         return {}
 
-    def canonical_buffers(self) -> dict[str, np.ndarray]:
-        """The model's other buffers or Variables after training, by the side's own names (torch_impl/convert.py
-        canonical_buffers); {} without any."""
-        return {}
-
-    def buffers_changed(self) -> list[str]:
-        """Those of canonical_buffers' that training changed (jax_impl/convert.py changed_buffers)."""
-        return []
+    def trained_buffers(self) -> tuple[dict, list[str]]:
+        """The model's other buffers or Variables after training, by the side's own names, as the tensor file keeps
+        them (torch_impl/convert.py canonical_buffers), and the names of those that training changed (each side's
+        convert.py changed_buffers); ({}, []) without any. The twin of every torch runtime's."""
+        return {}, []
 
     def _eval_forward(self, params, state, inputs):
         """The model's eval-mode forward (dropout off, BatchNorm on its running statistics in `state`)."""
@@ -233,7 +230,7 @@ class JittedTrainer:
             return
         if self.options.parity:
             tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
-            tensors["buffers"], record.extra.buffers_changed = self.canonical_buffers(), self.buffers_changed()
+            tensors["buffers"], record.extra.buffers_changed = self.trained_buffers()
             with self.monitor.analysis():  # the eval forward's compile is not the run's
                 tensors["eval"] = {"logits": self.eval_logits(held_inputs(self.spec, self.data))}
             if self.eval_forward:

@@ -128,11 +128,9 @@ class JaxTrainer(JittedTrainer):
     def canonical_state(self) -> dict[str, np.ndarray]:
         return self.to_canonical(nnx.filter_state(self.state, nnx.BatchStat), "state")
 
-    def canonical_buffers(self) -> dict[str, np.ndarray]:
-        return self.kept(convert.held_buffers(self.state), "buffers")
-
-    def buffers_changed(self) -> list[str]:
-        return convert.changed_buffers(self.start_buffers, convert.held_buffers(self.state))
+    def trained_buffers(self) -> tuple[dict, list[str]]:
+        held = convert.held_buffers(self.state)  # compared on the devices, where the start's stayed
+        return self.kept(held, "buffers"), convert.changed_buffers(self.start_buffers, held)
 
     def _eval_forward(self, params, state, inputs):
         model = nnx.merge(self.graphdef, params, in_this_trace(state))

@@ -205,8 +205,11 @@ class TorchTrainer:
     def canonical_state(self) -> dict[str, np.ndarray]:
         return canonical_state(dict(self.model.named_buffers()), self.module_names)
 
-    def canonical_buffers(self) -> dict[str, np.ndarray]:
-        return canonical_buffers(held_buffers(self.model))
+    def trained_buffers(self) -> tuple[dict, list[str]]:
+        """The buffers after training as the tensor file keeps them, and those training changed (the twin of
+        jax_impl/loop.py's)."""
+        kept = canonical_buffers(held_buffers(self.model))
+        return kept, changed_buffers(self.start_buffers, kept)
 
     # ---- driver.harness.Runtime (step0_tensors, step0_activations above) ----
 
@@ -226,8 +229,7 @@ class TorchTrainer:
             return
         if self.options.parity:
             tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
-            tensors["buffers"] = self.canonical_buffers()
-            record.extra.buffers_changed = changed_buffers(self.start_buffers, tensors["buffers"])
+            tensors["buffers"], record.extra.buffers_changed = self.trained_buffers()
             tensors["eval"] = {"logits": self.eval_logits(held_inputs(self.spec, self.data))}
         record.throughput = _pipelined_throughput(self, self.options.throughput_steps)
 

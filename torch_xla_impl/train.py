@@ -195,6 +195,10 @@ class TorchXlaTrainer:
     def canonical_state(self) -> dict[str, np.ndarray]:
         return convert.canonical_state(dict(self.model.named_buffers()), self.module_names)
 
+    def trained_buffers(self) -> tuple[dict, list[str]]:
+        kept = convert.canonical_buffers(convert.held_buffers(self.model))  # the twin of jax_impl/loop.py's
+        return kept, convert.changed_buffers(self.start_buffers, kept)
+
     def step0_tensors(self) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits and loss of step 0's global batch, and every gradient
         (canonical); replica 0's only."""
@@ -273,8 +277,7 @@ class TorchXlaTrainer:
             return
         if self.options.parity and self.replica == 0:
             tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
-            tensors["buffers"] = convert.canonical_buffers(convert.held_buffers(self.model))
-            record.extra.buffers_changed = convert.changed_buffers(self.start_buffers, tensors["buffers"])
+            tensors["buffers"], record.extra.buffers_changed = self.trained_buffers()
             self.trained = self.host_state()  # its eval-mode forward runs last, apart from the run's graphs
         record.throughput = _pipelined_throughput(self, self.options.throughput_steps)
         record.profile = profiled_steps(self, steps + record.throughput.get("steps", 0), self.options.profile_steps,

@@ -169,8 +169,9 @@ class TorchaxTrainer(JittedTrainer):
         train-mode forward updates from its state."""
         return {**self.buffers, **{k: self.state["running"][k] for k in self.updated_buffers}}
 
-    def buffers_changed(self) -> list[str]:
-        return changed_buffers(self.start_buffers, self.canonical_buffers())
+    def trained_buffers(self) -> tuple[dict, list[str]]:
+        kept = self.canonical_buffers()  # host copies, made once
+        return kept, changed_buffers(self.start_buffers, kept)
 
     def _eval_forward(self, params, state, inputs):
         states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))
