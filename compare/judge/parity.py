@@ -85,29 +85,30 @@ def compare_tensors(ref: dict, other: dict, policy: dict,
                 out[key] = {"abs": None, "rel": None, "tolerance_used": None, "within": False, "kind": kind,
                             "note": f"missing on the {'reference' if name not in a else 'other'} side"}
                 continue
-            if isinstance(a[name], TensorSummary) or isinstance(b[name], TensorSummary):  # --tensors summary
-                out[key] = {**summary_error(key, a[name], b[name], bounds["atol"], bounds["rtol"], names,
-                                            bounds.get("fraction", 0.0)), "kind": kind}
-                continue
-            if group == "outputs" and name not in ("logits", "loss") and a[name].shape != b[name].shape:
-                # another output of one name in two layouts (an NHWC port's feature map): shown, not judged
-                out[key] = {"abs": None, "rel": None, "tolerance_used": None, "within": True, "judged": False,
-                            "kind": kind, "note": f"not compared: shapes differ, {list(a[name].shape)} vs "
-                                                  f"{list(b[name].shape)} (a layout of the port's own?)"}
-                continue
             if group == "buffers" and not _trained(name, ref, other):
                 out[key] = {"abs": None, "rel": None, "tolerance_used": None, "within": True, "judged": False,
                             "kind": kind, "note": "not compared: training changed it on neither side (the start "
                                                   "state check judged it as built)"}
                 continue
-            widths = {a[name].dtype, b[name].dtype} if group == "buffers" else set()
+            x, y = a[name], b[name]  # each read from its file once (common/files/tensor_file.py LazyTensors)
+            if isinstance(x, TensorSummary) or isinstance(y, TensorSummary):  # --tensors summary
+                out[key] = {**summary_error(key, x, y, bounds["atol"], bounds["rtol"], names,
+                                            bounds.get("fraction", 0.0)), "kind": kind}
+                continue
+            if group == "outputs" and name not in ("logits", "loss") and x.shape != y.shape:
+                # another output of one name in two layouts (an NHWC port's feature map): shown, not judged
+                out[key] = {"abs": None, "rel": None, "tolerance_used": None, "within": True, "judged": False,
+                            "kind": kind, "note": f"not compared: shapes differ, {list(x.shape)} vs "
+                                                  f"{list(y.shape)} (a layout of the port's own?)"}
+                continue
+            widths = {x.dtype, y.dtype} if group == "buffers" else set()
             if len(widths) > 1 and all(d.kind == "f" for d in widths):
                 # a table one side keeps in float32 in a float64 run (as HF keeps its rotary frequencies): its
                 # rounding is not a port's; the start state check compared it as built, at float32's bounds
                 out[key] = {"abs": None, "rel": None, "tolerance_used": None, "within": True, "judged": False,
                             "kind": kind, "note": "not compared: " + " vs ".join(sorted(map(str, widths)))}
                 continue
-            out[key] = {**tensor_error(a[name], b[name], bounds["atol"], bounds["rtol"], names,
+            out[key] = {**tensor_error(x, y, bounds["atol"], bounds["rtol"], names,
                                        bounds.get("fraction", 0.0)), "kind": kind}
     return out
 
