@@ -112,14 +112,25 @@ def split_modules(text: str) -> list[str]:
     return [m for m in re.split(r"^(?=HloModule )", text, flags=re.MULTILINE) if m.strip()]
 
 
-def program_summary(text: str, largest: int = 5) -> dict:
+Modules = list  # [parse_module's (entry, computations)] of every module of one program's text
+
+
+def parse_modules(text: str) -> Modules:
+    """Every module of `text` parsed, once: each reader below takes this or the text (which it parses)."""
+    return [parse_module(m) for m in split_modules(text)]
+
+
+def _parsed(program: str | Modules) -> Modules:
+    return parse_modules(program) if isinstance(program, str) else program
+
+
+def program_summary(text: str | Modules, largest: int = 5) -> dict:
     """The counts described in the module docstring, summed over every module in `text`."""
     kernels, fusions, matmul, unfused_matmul = 0, Counter(), Counter(), 0
     elementwise, copies, transposes, rng, custom = 0, 0, 0, 0, Counter()
     collectives: dict[str, dict] = {}
     buffers: list[Instruction] = []
-    for module in split_modules(text):
-        entry, computations = parse_module(module)
+    for entry, computations in _parsed(text):
         executed = executed_computations(entry, computations)
         for name, instructions in computations.items():
             for ins in instructions:
@@ -200,14 +211,14 @@ REPORTED_OPS = ("fusion", "dot", "convolution", "all-reduce", "all-gather", "red
                 "collective-permute", "custom-call")
 
 
-def instructions(text: str):
+def instructions(text: str | Modules):
     """Every instruction of every computation of every module in `text`, in order."""
-    for module in split_modules(text):
-        for body in parse_module(module)[1].values():
+    for _, computations in _parsed(text):
+        for body in computations.values():
             yield from body
 
 
-def op_histogram(hlo_text: str) -> dict[str, int]:
+def op_histogram(hlo_text: str | Modules) -> dict[str, int]:
     """Instruction count per opcode over every computation (fused bodies included).
 
     Async collectives (`all-reduce-start`/`-done`) count once, as the collective.
@@ -231,15 +242,15 @@ def _shape(text: str) -> tuple[int, ...]:
     return tuple(int(d) for d in text.split(",") if d)
 
 
-def matmul_flops(hlo_text: str) -> float:
+def matmul_flops(hlo_text: str | Modules) -> float:
     """Useful flops of every dot and convolution in HLO text of one or more modules (2 per multiply-add).
 
     The same count for both twins' optimized HLO, so MFU compares like with
     like; element-wise work is left out (as in the usual 6*N*tokens estimate).
     Instruction names repeat across modules, so each module is read apart.
     """
-    return sum(_module_matmul_flops([i for body in parse_module(m)[1].values() for i in body])
-               for m in split_modules(hlo_text))
+    return sum(_module_matmul_flops([i for body in computations.values() for i in body])
+               for _, computations in _parsed(hlo_text))
 
 
 def _module_matmul_flops(module: list[Instruction]) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.hlo import matmul_flops, op_histogram, program_summary
+from analysis.hlo import matmul_flops, op_histogram, parse_modules, program_summary
 from common import backends
 from common.files.record import RunRecord
 
@@ -15,7 +15,8 @@ NOT_COMPILED = "eager: runs op by op, no compiled program"
 
 
 def program_of_text(text: str) -> dict:
-    return {**program_summary(text), "matmul_flops": matmul_flops(text), "op_histogram": op_histogram(text)}
+    modules = parse_modules(text)  # once for the three readings
+    return {**program_summary(modules), "matmul_flops": matmul_flops(modules), "op_histogram": op_histogram(modules)}
 
 
 def compiled_program(record: RunRecord, record_dir: Path) -> dict:
