@@ -74,7 +74,8 @@ def _loss_plot(report: dict, path: Path) -> bool:
     for name, losses in with_losses.items():
         ax.plot(range(len(losses)), _finite(losses), label=name,
                 linestyle="-" if name == report["reference"] else "--")
-    ax.set(xlabel="step", ylabel="loss", title="Training loss")
+    ax.set(xlabel="step", ylabel="loss")
+    _title(ax, "Training loss")
     ax.legend()
     _save(fig, path)
     return True
@@ -86,7 +87,8 @@ def _step_time_plot(report: dict, path: Path) -> bool:
         return False
     fig, ax = _figure()
     ax.boxplot([_finite(v) for v in timed.values()], tick_labels=list(timed), showfliers=True)
-    ax.set(ylabel="ms per step (synced)", title="Step time after warm-up")
+    ax.set(ylabel="ms per step (synced)")
+    _title(ax, "Step time after warm-up")
     ax.set_yscale("log")
     _save(fig, path)
     return True
@@ -131,7 +133,8 @@ def _loss_diff_plot(report: dict, path: Path) -> bool:
             ax.axvline(first, color=line.get_color(), alpha=0.4)
     if not any(p["loss"].get("bounds") for p in parity.values() if p.get("loss")):
         ax.semilogy(range(len(bound)), bound, color="red", linestyle=":", label="tolerance")
-    ax.set(xlabel="step", ylabel="|Δloss|", title=f"Loss difference per step against {ref_name}")
+    ax.set(xlabel="step", ylabel="|Δloss|")
+    _title(ax, f"Loss difference per step against {ref_name}")
     ax.legend(loc="upper left", fontsize="small")
     _save(fig, path)
     return True
@@ -146,6 +149,12 @@ def _figure():
     fig = Figure(figsize=(6, 3.5))
     fig.subplots_adjust(left=0.13, right=0.97, bottom=0.14, top=0.9)
     return fig, fig.subplots()
+
+
+def _title(ax, title: str) -> None:
+    """The title at the axes' top, said so (y=1): left to matplotlib, it measures every tick label on each draw to
+    lift the title over a top axis these plots do not have."""
+    ax.set_title(title, y=1.0)
 
 
 def _save(fig, path: Path) -> None:
