@@ -123,6 +123,9 @@ def test_an_unreadable_or_stale_cached_cpu_peak_is_measured_again_and_replaced(t
     path.write_text(json.dumps({**saved, "identity": {**saved["identity"], "cpu_count": 4096}, "flops": 1e30}))
     flops, source = cpu_peak(tmp_path)  # another machine's peak is never used
     assert flops < 1e30 and source == CPU_PEAK_SOURCE and json.loads(path.read_text())["identity"] == cpu_identity()
+    path.write_text(json.dumps({**json.loads(path.read_text()), "flops": 1.0}))  # measured while the CPU was busy
+    flops, source = cpu_peak(tmp_path)  # this run's look reads more: it replaces the cached peak
+    assert flops > 1.0 and source == CPU_PEAK_SOURCE and json.loads(path.read_text())["flops"] == flops
 
 
 def _ended(body: str) -> subprocess.CompletedProcess:

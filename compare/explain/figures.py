@@ -74,20 +74,20 @@ CPU_PEAK_FILE = "cpu_peak.json"
 def cpu_peak(cache_dir: Path | None) -> tuple[float, str]:
     """The measured CPU peak and where it comes from. With a cache directory, a peak measured earlier on
     this same machine (host, CPU, core count, numpy) is reused and says when it was measured (the full
-    measurement takes 0.3 s); a 0.15 s check each run replaces it when this run reaches more."""
+    measurement takes 0.3 s); a 0.15 s look each run replaces it with what it reads when that is more."""
     path = cache_dir / CPU_PEAK_FILE if cache_dir else None
-    identity, quick = cpu_identity(), 0.0
+    identity, flops = cpu_identity(), 0.0
     if path is not None and path.exists():
         try:
             cached = json.loads(path.read_text())
             if cached.get("identity") == identity and float(cached["flops"]) > 0:
                 # a short look each run: a peak measured while the machine was busy is raised, never kept
-                quick = measured_cpu_peak(0.15)
-                if quick <= float(cached["flops"]):
+                flops = measured_cpu_peak(0.15)
+                if flops <= float(cached["flops"]):
                     return float(cached["flops"]), f"{CPU_PEAK_SOURCE} (cached, measured {cached['measured_at']})"
         except (OSError, ValueError, KeyError, TypeError):
             pass  # unreadable: measure again and replace it
-    flops = max(measured_cpu_peak(), quick)
+    flops = flops or measured_cpu_peak()  # a look that read more than the cached peak stands: peaks only rise
     if path is not None:
         try:
             write_json_atomic(path, {"identity": identity, "flops": flops,
