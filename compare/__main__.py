@@ -347,7 +347,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
         run_dir.finish("interrupted" if outcome.interrupted else "followed")
         return ExitCode.INTERRUPTED if outcome.interrupted else hosts.followed(opts.hosts, outcome.runs)
     inputs = ReportInputs(spec, policy, names, opts.reference, out, run_id, judging.profile,
-                          opts.capture.compile_cache, peak_cache_dir(),
+                          opts.capture.compile_cache, peak_cache_dir() if opts.capture.compile_cache else None,
                           {n: [o.split("=")[0] for o in opts.side(n).sets] for n in names},
                           judging.parity_mode, opts.output.debug, floors, judging.require_same_device, tensors,
                           weights)

@@ -22,7 +22,8 @@ def default_cache_dir() -> Path:
 
 def peak_cache_dir() -> Path:
     """Where the measured CPU peak is kept (compare/explain/figures.py cpu_peak): the toolkit's cache folder, beside
-    the compile caches and not in one, since it is the machine's, whichever --compile-cache a run names."""
+    the compile caches and not in one, since it is the machine's, whichever --compile-cache a run names (a run
+    with --no-compile-cache reads and writes no cache: it measures the peak)."""
     return default_cache_dir().parent
 
 
