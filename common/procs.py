@@ -9,8 +9,22 @@ import signal
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 from preload import client as preload_client
+
+# the folder that holds our packages: a checkout's root, or the site-packages a wheel was installed into
+PACKAGES_ROOT = Path(__file__).resolve().parents[1]
+
+
+def toolkit_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: ours) for another interpreter that imports this toolkit: a checkout's root first on
+    its PYTHONPATH. An installed toolkit adds nothing: its site-packages there would shadow the other
+    interpreter's own packages (a TPU VM's second environment, which installs the toolkit too)."""
+    env = dict(os.environ if env is None else env)
+    if (PACKAGES_ROOT / "pyproject.toml").is_file():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGES_ROOT), env.get("PYTHONPATH")]))
+    return env
 
 
 def start_group(command: list[str], env: dict | None = None, **popen_args):

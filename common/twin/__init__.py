@@ -34,13 +34,12 @@ from pathlib import Path
 from typing import Literal
 
 from common.files.fsutil import require_regular_file
-from common.procs import kill_group, start_group
+from common.procs import kill_group, start_group, toolkit_env
 from common.spec import TASK_DATASETS, DataSpec, MeshSpec, ModelSpec, RunSpec, SpecError, TrainSpec, TwinSpec
 from common.twin.fields import TwinError, check_fields, plain, unplain
 
 FRAMEWORKS = ("torch", "jax", "flax", "torch_xla", "torchax")
 LOAD_TIMEOUT_S = 1800.0  # compare's --timeout default: loading a twin file that hangs is bounded even without one
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -271,7 +270,7 @@ def _load_isolated(ref: str, timeout_s: float) -> Twin:
     key = (canonical_ref(ref), stamp)
     if key in _LOADED:
         return _LOADED[key]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = toolkit_env()
     code = "import sys; from common.twin import _answer; _answer(sys.argv[1], int(sys.argv[2]))"
     # Its output goes to unnamed files, not pipes: a process the twin file starts would hold a pipe open
     # after the loader exits. compare holds write_end: when compare dies, the loader sees end of file.

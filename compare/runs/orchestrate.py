@@ -22,14 +22,13 @@ from common import backends
 from common.files.fsutil import write_json_atomic
 from common.files.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
 from common.ops import OPS_DIR, OPS_FILE, refusal
-from common.procs import kill_group, start_group
+from common.procs import kill_group, start_group, toolkit_env
 from common.protocol import outcome, run_request
 from common.vocab import BackendStatus
 from compare.runs.backend_output import BackendOutput
 from compare.runs.guard import GUARD
 from compare.runs.launch import Launch
 
-REPO = Path(__file__).resolve().parents[2]
 STDOUT_LOG, STDERR_LOG = LOG_FILES
 GRACE_S = 5.0  # a backend's group gets SIGTERM, then SIGKILL after this long
 
@@ -50,8 +49,7 @@ class BackendRun:
 
 def backend_env() -> dict[str, str]:
     """A backend's environment: this toolkit importable, output unbuffered."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env = toolkit_env()
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
