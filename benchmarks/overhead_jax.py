@@ -1,4 +1,5 @@
-"""The toolkit's JAX train step vs a minimal hand-written loop, and vs itself without instrumentation.
+"""The toolkit's JAX train step vs a minimal hand-written loop, and vs itself without
+instrumentation.
 
 All candidates run the same Flax NNX model, weights, optimizer and batch in
 this process, interleaved round by round:
@@ -12,6 +13,7 @@ this process, interleaved round by round:
   compile listeners and cache-miss logging removed and no timing.
 Prints one JSON line. Run: python -m benchmarks.overhead_jax --spec mlp-tiny
 """
+
 from __future__ import annotations
 
 import jax
@@ -29,13 +31,19 @@ from jax_impl.train import cross_entropy, in_this_trace, make_trainer
 
 
 def minimal_loop(spec, batch, checkpoint=None):
-    """The hand-written baseline: no instrumentation, no sharding annotations; BatchNorm's running statistics
-    (empty without a BatchNorm) threaded through the step as a hand-written NNX loop does."""
-    graphdef, abstract, stats, rest = nnx.split(build_model(spec.model), nnx.Param, nnx.BatchStat, ...)
-    params = convert.load_canonical(abstract, start_params(spec.model, spec.train.seed, checkpoint), spec.model)
+    """The hand-written baseline: no instrumentation, no sharding annotations; BatchNorm's running
+    statistics (empty without a BatchNorm) threaded through the step as a hand-written NNX loop
+    does."""
+    graphdef, abstract, stats, rest = nnx.split(
+        build_model(spec.model), nnx.Param, nnx.BatchStat, ...
+    )
+    params = convert.load_canonical(
+        abstract, start_params(spec.model, spec.train.seed, checkpoint), spec.model
+    )
     tx = make_optimizer(spec.train)
     opt_state = tx.init(params)
-    axes, which = nnx_input_axes(spec), twin_of(spec.model).logits  # an NHWC port, a model with several outputs
+    # an NHWC port, a model with several outputs
+    axes, which = nnx_input_axes(spec), twin_of(spec.model).logits
 
     def loss_fn(p, st, b):
         model = nnx.merge(graphdef, p, in_this_trace(st), rest)  # BatchNorm updates its statistics
@@ -51,7 +59,9 @@ def minimal_loop(spec, batch, checkpoint=None):
     state = {"p": params, "st": stats, "s": opt_state}
 
     def step():
-        state["p"], state["st"], state["s"], loss = step_fn(state["p"], state["st"], state["s"], batch)
+        state["p"], state["st"], state["s"], loss = step_fn(
+            state["p"], state["st"], state["s"], batch
+        )
         float(loss)
 
     return step

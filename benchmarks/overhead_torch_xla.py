@@ -1,5 +1,5 @@
-"""The toolkit's torch_xla train step vs a minimal hand-written loop, vs itself without instrumentation,
-and in each trace mode.
+"""The toolkit's torch_xla train step vs a minimal hand-written loop, vs itself without
+instrumentation, and in each trace mode.
 
 All candidates run the same torch model, weights, optimizer and batch (already
 on the device) in this process, interleaved round by round:
@@ -15,6 +15,7 @@ on the device) in this process, interleaved round by round:
 Also the tracing share (Python building the graph) of each.
 Prints one JSON line. Run: python -m benchmarks.overhead_torch_xla --spec mlp-tiny [--trace-modes]
 """
+
 from __future__ import annotations
 
 import json
@@ -64,13 +65,21 @@ def minimal_loop(spec, batch, checkpoint=None):
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0], extra=lambda p: p.add_argument(
-        "--trace-modes", action="store_true", help="compare lazy, compile and dynamo instead"))
+    args = parse_args(
+        __doc__.splitlines()[0],
+        extra=lambda p: p.add_argument(
+            "--trace-modes", action="store_true", help="compare lazy, compile and dynamo instead"
+        ),
+    )
     spec = load_spec(args.spec)
     monitor = CompileMonitor()
     modes = ("lazy", "compile", "dynamo") if args.trace_modes else ("lazy",)
-    trainers = {mode: TorchXlaTrainer(spec, RunOptions(checkpoint=args.checkpoint, own=XlaFlags(trace_mode=mode)),
-                                      monitor) for mode in modes}
+    trainers = {
+        mode: TorchXlaTrainer(
+            spec, RunOptions(checkpoint=args.checkpoint, own=XlaFlags(trace_mode=mode)), monitor
+        )
+        for mode in modes
+    }
     batch = trainers["lazy"].global_device_batch(0)
     trace_ms: dict[str, list[float]] = {}
 
@@ -80,6 +89,7 @@ def main() -> None:
         def step():
             trainer.timed_step(0, batch)
             trace_ms[name].append(trainer.trace_ms[-1])
+
         return step
 
     def uninstrumented():
@@ -93,8 +103,11 @@ def main() -> None:
     if args.trace_modes:
         candidates = {mode: instrumented(mode, trainer) for mode, trainer in trainers.items()}
     else:
-        candidates = {"minimal": minimal_loop(spec, batch, args.checkpoint),
-                      "toolkit": instrumented("toolkit", trainers["lazy"]), "uninstrumented": uninstrumented}
+        candidates = {
+            "minimal": minimal_loop(spec, batch, args.checkpoint),
+            "toolkit": instrumented("toolkit", trainers["lazy"]),
+            "uninstrumented": uninstrumented,
+        }
     for step in candidates.values():  # compile and warm up outside the measurement
         for _ in range(3):
             step()
@@ -108,14 +121,28 @@ def main() -> None:
     for name in trace_ms:
         tracing[name]["share_of_step"] = statistics.median(trace_ms[name]) / step_ms[name]["median"]
     if args.trace_modes:
-        ratios = {"compile_over_lazy": ratio(samples, "compile", "lazy"),
-                  "dynamo_over_lazy": ratio(samples, "dynamo", "lazy")}
+        ratios = {
+            "compile_over_lazy": ratio(samples, "compile", "lazy"),
+            "dynamo_over_lazy": ratio(samples, "dynamo", "lazy"),
+        }
     else:
-        ratios = {"toolkit_over_minimal": ratio(samples, "toolkit", "minimal"),
-                  "instrumented_over_uninstrumented": ratio(samples, "toolkit", "uninstrumented")}
-    print(json.dumps({"backend": "torch_xla", "spec": args.spec, "trace_modes": args.trace_modes,
-                      "step_ms": step_ms, "tracing_ms": tracing, "ratios": ratios,
-                      "compiles_while_timed": len(monitor.events) - warm_compiles}))
+        ratios = {
+            "toolkit_over_minimal": ratio(samples, "toolkit", "minimal"),
+            "instrumented_over_uninstrumented": ratio(samples, "toolkit", "uninstrumented"),
+        }
+    print(
+        json.dumps(
+            {
+                "backend": "torch_xla",
+                "spec": args.spec,
+                "trace_modes": args.trace_modes,
+                "step_ms": step_ms,
+                "tracing_ms": tracing,
+                "ratios": ratios,
+                "compiles_while_timed": len(monitor.events) - warm_compiles,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

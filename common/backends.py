@@ -4,12 +4,14 @@ compare's `--backend` choices and per-backend flags (`--<name>-python`, `-set`, 
 flag a row passes through), which interpreter describes each side of a twin, whether a backend has
 compiled programs to analyse, the benchmarks' maps and the house-rule tests all read these rows.
 
-Adding a runtime is a row plus its package (`python -m <package>` calling `driver.backend_main.main`).
-A row may also come from outside this repository: an installed distribution that declares an entry
-point in the group `xla_twins.backends` naming a `BackendInfo` (e.g. `[xla_twins.backends]
-torch_tpu = torch_tpu_impl.registry:ROW` in its entry_points.txt) is a backend like the built-in ones.
-This module imports no framework: compare reads it in its own process.
+Adding a runtime is a row plus its package (`python -m <package>` calling
+`driver.backend_main.main`). A row may also come from outside this repository: an installed
+distribution that declares an entry point in the group `xla_twins.backends` naming a `BackendInfo`
+(e.g. `[xla_twins.backends] torch_tpu = torch_tpu_impl.registry:ROW` in its entry_points.txt) is a
+backend like the built-in ones. This module imports no framework: compare reads it in its own
+process.
 """
+
 from __future__ import annotations
 
 import re
@@ -19,13 +21,16 @@ from functools import cache
 from common.vocab import TRACE_MODE_MEANINGS, TraceMode, values
 
 ENTRY_POINT_GROUP = "xla_twins.backends"
-FAMILIES = ("nnx", "torch")  # which side of a twin a backend runs: the Flax NNX model or the torch.nn one
-DEFAULT_REFERENCE = "jax"  # what every other backend is judged against when it runs (else the first listed)
+# which side of a twin a backend runs: the Flax NNX model or the torch.nn one
+FAMILIES = ("nnx", "torch")
+# what every other backend is judged against when it runs (else the first listed)
+DEFAULT_REFERENCE = "jax"
 
 
 @dataclass(frozen=True)
 class Passthrough:
-    """A compare flag forwarded to one backend as its own flag, e.g. `--torch-xla-mode` -> `--trace-mode`."""
+    """A compare flag forwarded to one backend as its own flag, e.g. `--torch-xla-mode` ->
+    `--trace-mode`."""
 
     compare_flag: str
     backend_flag: str
@@ -42,28 +47,34 @@ class BackendInfo:
     compiles: bool  # has XLA programs: HLO, compile counts, recompile causes (eager torch has none)
     extra: str  # the pip extra that installs what it runs on
     meaning: str  # one line for --help, docs and tables
-    frameworks: frozenset[str]  # what its package may import besides common (tests/test_house_rules.py)
+    # what its package may import besides common (tests/test_house_rules.py)
+    frameworks: frozenset[str]
     in_both: bool = False  # part of `--backend both`, the default pair
     passthrough: tuple[Passthrough, ...] = ()
-    # runs as several cooperating processes (compare --processes N): it takes --coordinator, --num-processes
-    # and --process-id (common.cli.add_process_flags), and the process with id 0 writes the record
+    # runs as several cooperating processes (compare --processes N): it takes --coordinator,
+    # --num-processes and --process-id (common.cli.add_process_flags), and the process with id 0
+    # writes the record
     processes: bool = False
-    # float64 runs: the rtol per tensor kind this runtime's own lowerings need beyond float64's rounding, and why
-    # (a pair with it is judged no tighter; the report says so); () where it computes float64 as exactly as the
-    # others
+    # float64 runs: the rtol per tensor kind this runtime's own lowerings need beyond float64's
+    # rounding, and why (a pair with it is judged no tighter; the report says so); () where it
+    # computes float64 as exactly as the others
     float64_rtol: tuple[tuple[str, float], ...] = ()
     float64_why: str = ""
-    # the running variance its BatchNorm keeps: torch's is unbiased (n / (n - 1) times the batch's), Flax's and
-    # torch_xla's biased; a pair that differs has running statistics 1/(n-1) apart, which float64 would see
+    # the running variance its BatchNorm keeps: torch's is unbiased (n / (n - 1) times the batch's),
+    # Flax's and torch_xla's biased; a pair that differs has running statistics 1/(n-1) apart, which
+    # float64 would see
     running_var: str = "biased"
-    # its step-0 capture can take another side's top-k/argmax/sort choices instead of its own (--impose-decisions,
-    # common/capture/decisions.py): the check compare makes where every choice that differs is a tie flipped by rounding
+    # its step-0 capture can take another side's top-k/argmax/sort choices instead of its own
+    # (--impose-decisions, common/capture/decisions.py): the check compare makes where every choice
+    # that differs is a tie flipped by rounding
     imposes_decisions: bool = False
-    # runs one traced step of a user twin under its op watch before any backend trains (--check-ops, common/ops.py):
-    # a runtime that may lack a lowering, or fall back to the CPU, for an op the model calls
+    # runs one traced step of a user twin under its op watch before any backend trains (--check-ops,
+    # common/ops.py): a runtime that may lack a lowering, or fall back to the CPU, for an op the
+    # model calls
     checks_ops: bool = False
-    # its capture can follow training (--capture-step): it captures from the weights its steps left, not from a fresh
-    # model of the start weights (torch_xla) or the module torchax was given (torchax)
+    # its capture can follow training (--capture-step): it captures from the weights its steps left,
+    # not from a fresh model of the start weights (torch_xla) or the
+    # module torchax was given (torchax)
     captures_later_steps: bool = False
 
     @property
@@ -86,46 +97,89 @@ class BackendInfo:
 
 
 TRACE_MODE = Passthrough(
-    "--torch-xla-mode", "--trace-mode", tuple(values(TraceMode)), TraceMode.LAZY.value,
-    "how torch_xla turns the step into a graph: " + "; ".join(f"{m.value}: {meaning}"
-                                                              for m, meaning in TRACE_MODE_MEANINGS.items()))
+    "--torch-xla-mode",
+    "--trace-mode",
+    tuple(values(TraceMode)),
+    TraceMode.LAZY.value,
+    "how torch_xla turns the step into a graph: "
+    + "; ".join(f"{m.value}: {meaning}" for m, meaning in TRACE_MODE_MEANINGS.items()),
+)
 
 BUILT_IN = (
-    BackendInfo("jax", "jax_impl", "nnx", True, "jax", "the Flax NNX twin on JAX (jax_impl)",
-                frozenset({"jax", "jaxlib", "flax", "optax"}), in_both=True, processes=True,
-                captures_later_steps=True),
-    BackendInfo("torch", "torch_impl", "torch", False, "torch-xla",
-                "the torch.nn twin in eager PyTorch, CPU or CUDA: the ground truth of the PyTorch side (torch_impl)",
-                frozenset({"torch"}), processes=True, running_var="unbiased", imposes_decisions=True,
-                captures_later_steps=True),
-    BackendInfo("torch_xla", "torch_xla_impl", "torch", True, "torch-xla",
-                "the same torch.nn twin on PyTorch/XLA (torch_xla_impl)",
-                frozenset({"torch_impl", "torch", "torch_xla"}), in_both=True, passthrough=(TRACE_MODE,),
-                checks_ops=True,
-                # measured on gpt-tiny (docs/findings.md): step-0 gradients up to 6.4e-9 relative, final
-                # parameters after 50 steps 1.3e-6, where JAX, eager torch and torchax agree to ~1e-14
-                float64_rtol=(("forward", 3e-8), ("grad", 3e-8), ("loss", 1e-8), ("params", 1e-5)),
-                float64_why="torch_xla 2.9 lowers GELU with constants rounded to float32 (4.5e-10 relative at the "
-                            "op, exact erf and tanh)"),
+    BackendInfo(
+        "jax",
+        "jax_impl",
+        "nnx",
+        True,
+        "jax",
+        "the Flax NNX twin on JAX (jax_impl)",
+        frozenset({"jax", "jaxlib", "flax", "optax"}),
+        in_both=True,
+        processes=True,
+        captures_later_steps=True,
+    ),
+    BackendInfo(
+        "torch",
+        "torch_impl",
+        "torch",
+        False,
+        "torch-xla",
+        "the torch.nn twin in eager PyTorch, CPU or CUDA: the ground truth of the PyTorch side "
+        "(torch_impl)",
+        frozenset({"torch"}),
+        processes=True,
+        running_var="unbiased",
+        imposes_decisions=True,
+        captures_later_steps=True,
+    ),
+    BackendInfo(
+        "torch_xla",
+        "torch_xla_impl",
+        "torch",
+        True,
+        "torch-xla",
+        "the same torch.nn twin on PyTorch/XLA (torch_xla_impl)",
+        frozenset({"torch_impl", "torch", "torch_xla"}),
+        in_both=True,
+        passthrough=(TRACE_MODE,),
+        checks_ops=True,
+        # measured on gpt-tiny (docs/findings.md): step-0 gradients up to 6.4e-9 relative, final
+        # parameters after 50 steps 1.3e-6, where JAX, eager torch and torchax agree to ~1e-14
+        float64_rtol=(("forward", 3e-8), ("grad", 3e-8), ("loss", 1e-8), ("params", 1e-5)),
+        float64_why="torch_xla 2.9 lowers GELU with constants rounded to float32 (4.5e-10 "
+        "relative at the "
+        "op, exact erf and tanh)",
+    ),
     # torchax runs torch_impl's models on JAX, sharing the JAX twin's plain-JAX modules
-    BackendInfo("torchax", "torchax_impl", "torch", True, "torchax",
-                "the same torch.nn twin on JAX through torchax (torchax_impl)",
-                frozenset({"torch_impl", "jax_impl", "torch", "jax", "optax", "torchax"}), processes=True,
-                running_var="unbiased", checks_ops=True),
+    BackendInfo(
+        "torchax",
+        "torchax_impl",
+        "torch",
+        True,
+        "torchax",
+        "the same torch.nn twin on JAX through torchax (torchax_impl)",
+        frozenset({"torch_impl", "jax_impl", "torch", "jax", "optax", "torchax"}),
+        processes=True,
+        running_var="unbiased",
+        checks_ops=True,
+    ),
 )
 
 
 @cache
 def _installed() -> tuple[BackendInfo, ...]:
-    """Rows declared by installed distributions (entry points), read once and only when asked for."""
+    """Rows declared by installed distributions (entry points), read once and only when asked
+    for."""
     from importlib.metadata import entry_points
 
     rows = []
     for point in entry_points(group=ENTRY_POINT_GROUP):
         row = point.load()
         if not isinstance(row, BackendInfo):
-            raise ValueError(f"entry point {point.name} = {point.value} in group {ENTRY_POINT_GROUP} is a "
-                             f"{type(row).__name__}, not a common.backends.BackendInfo")
+            raise ValueError(
+                f"entry point {point.name} = {point.value} in group {ENTRY_POINT_GROUP} is a "
+                f"{type(row).__name__}, not a common.backends.BackendInfo"
+            )
         rows.append(row.check())
     return tuple(rows)
 
@@ -136,7 +190,9 @@ def registry() -> dict[str, BackendInfo]:
     rows = {}
     for row in (*BUILT_IN, *_installed()):
         if row.name in rows or row.package in {r.package for r in rows.values()}:
-            raise ValueError(f"backend {row.name!r} ({row.package}) is registered twice; uninstall one of them")
+            raise ValueError(
+                f"backend {row.name!r} ({row.package}) is registered twice; uninstall one of them"
+            )
         rows[row.name] = row
     return rows
 
@@ -150,7 +206,8 @@ def info(name: str) -> BackendInfo:
 
 
 def of_package(package: str) -> BackendInfo:
-    """The row of the backend `python -m <package>` runs (a backend's driver learns its name here)."""
+    """The row of the backend `python -m <package>` runs (a backend's driver learns its name
+    here)."""
     for row in BUILT_IN:  # no entry-point scan for the built-in backends
         if row.package == package:
             return row

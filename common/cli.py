@@ -2,6 +2,7 @@
 
 Exit codes are `common.vocab.ExitCode`, the same for `compare` and the backends.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,8 @@ INPUT_ERRORS = (SpecError, DataError, CheckpointError, RecordError)
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with the toolkit's error form: one `error:` line and the hint to run --help, exit 2 (not
-    argparse's usage block)."""
+    """argparse with the toolkit's error form: one `error:` line and the hint to run --help, exit 2
+    (not argparse's usage block)."""
 
     def error(self, message: str) -> NoReturn:
         fail(f"{message} (see {self.prog} --help)", ExitCode.USAGE)
@@ -44,13 +45,23 @@ def parse_mesh(text: str) -> list[str]:
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """Flags that define a run; `compare` passes them through to both backends."""
-    parser.add_argument("--spec", default="gpt-tiny", help="preset name or .toml/.json spec file (default gpt-tiny)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="override a spec field, e.g. --set model.d_model=128 (repeatable)")
+    parser.add_argument(
+        "--spec", default="gpt-tiny", help="preset name or .toml/.json spec file (default gpt-tiny)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a spec field, e.g. --set model.d_model=128 (repeatable)",
+    )
     parser.add_argument("--steps", type=int, help="train steps (train.steps)")
     parser.add_argument("--mesh", help="mesh axis sizes, e.g. data=2,fsdp=1,tensor=4")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float64"), help="train.dtype")
-    parser.add_argument("--seed", type=int, help="seed of parameter init and data (train.seed, data.seed)")
+    parser.add_argument(
+        "--seed", type=int, help="seed of parameter init and data (train.seed, data.seed)"
+    )
     add_provoke_flag(parser)
 
 
@@ -58,13 +69,22 @@ def provocation_arg(text: str) -> Provocation:
     try:
         return parse_provocation(text)
     except SpecError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--provoke-recompile {text!r}: ")) from None
+        raise argparse.ArgumentTypeError(
+            str(e).removeprefix(f"--provoke-recompile {text!r}: ")
+        ) from None
 
 
 def add_provoke_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--provoke-recompile", dest="provoke", action="append", default=[], type=provocation_arg,
-                        metavar="CAUSE@STEP", help="diagnostic: from STEP on, provoke a recompile of this cause ("
-                        f"{', '.join(PROVOKABLE)}; repeatable) to see it named; see common/provoke.py")
+    parser.add_argument(
+        "--provoke-recompile",
+        dest="provoke",
+        action="append",
+        default=[],
+        type=provocation_arg,
+        metavar="CAUSE@STEP",
+        help="diagnostic: from STEP on, provoke a recompile of this cause ("
+        f"{', '.join(PROVOKABLE)}; repeatable) to see it named; see common/provoke.py",
+    )
 
 
 MAX_PROFILE_STEPS = 1000  # each profiled step adds its trace to the XSpace file compare reads whole
@@ -72,24 +92,35 @@ MAX_PROFILE_STEPS = 1000  # each profiled step adds its trace to the XSpace file
 
 def profile_steps(text: str) -> int:
     if not text.isdigit() or int(text) > MAX_PROFILE_STEPS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of steps from 0 to {MAX_PROFILE_STEPS}")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of steps from 0 to {MAX_PROFILE_STEPS}"
+        )
     return int(text)
 
 
 def add_profile_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profile", type=profile_steps, default=0, metavar="N",
-                        help="after the run, N more steady steps under the framework's profiler: an XProf trace "
-                             "in <run>/profile that xprof or TensorBoard opens (default 0: off, costs nothing)")
+    parser.add_argument(
+        "--profile",
+        type=profile_steps,
+        default=0,
+        metavar="N",
+        help="after the run, N more steady steps under the framework's profiler: an XProf trace "
+        "in <run>/profile that xprof or TensorBoard opens (default 0: off, costs nothing)",
+    )
 
 
 def add_no_hlo_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-hlo", action="store_true",
-                        help="skip the compiled-program analysis (HLO dump, summary, memory): what "
-                             "benchmarks.hlo_cost measures it costs")
+    parser.add_argument(
+        "--no-hlo",
+        action="store_true",
+        help="skip the compiled-program analysis (HLO dump, summary, memory): what "
+        "benchmarks.hlo_cost measures it costs",
+    )
 
 
 def checkpoint_ref(text: str) -> CheckpointRef:
-    """A backend's --checkpoint FORMAT:PATH, parsed once (each runtime reads what its framework can)."""
+    """A backend's --checkpoint FORMAT:PATH, parsed once (each runtime reads what its framework
+    can)."""
     try:
         return CheckpointRef.parse(text)
     except CheckpointError as e:
@@ -98,9 +129,9 @@ def checkpoint_ref(text: str) -> CheckpointRef:
 
 @dataclasses.dataclass(frozen=True)
 class SpecInputs:
-    """What a run's spec is resolved from: the spec (a preset or a file) or a twin, the `--set` overrides and
-    the dedicated run flags (which win), and the provoked recompiles the spec must allow. Read once from a
-    command line (`of`), by compare and by every backend."""
+    """What a run's spec is resolved from: the spec (a preset or a file) or a twin, the `--set`
+    overrides and the dedicated run flags (which win), and the provoked recompiles the spec must
+    allow. Read once from a command line (`of`), by compare and by every backend."""
 
     spec: str = "gpt-tiny"
     overrides: tuple[str, ...] = ()
@@ -115,8 +146,11 @@ class SpecInputs:
     @classmethod
     def of(cls, args: argparse.Namespace) -> SpecInputs:
         """The spec inputs of a parsed command line (a flag it lacks keeps its default)."""
-        values = {"overrides": tuple(getattr(args, "overrides", ())), "provoke": tuple(getattr(args, "provoke", ())),
-                  "twin_timeout_s": getattr(args, "timeout", None)}
+        values = {
+            "overrides": tuple(getattr(args, "overrides", ())),
+            "provoke": tuple(getattr(args, "provoke", ())),
+            "twin_timeout_s": getattr(args, "timeout", None),
+        }
         for name in ("spec", "steps", "mesh", "dtype", "seed", "twin"):
             if getattr(args, name, None) is not None:
                 values[name] = getattr(args, name)
@@ -141,7 +175,12 @@ class SpecInputs:
 
 
 def resolve_spec(inputs: SpecInputs) -> RunSpec:
-    spec = load_spec(inputs.spec, inputs.overrides_applied(), twin=inputs.twin, twin_timeout_s=inputs.twin_timeout_s)
+    spec = load_spec(
+        inputs.spec,
+        inputs.overrides_applied(),
+        twin=inputs.twin,
+        twin_timeout_s=inputs.twin_timeout_s,
+    )
     check_provocations(list(inputs.provoke), spec)
     return spec
 
@@ -149,5 +188,6 @@ def resolve_spec(inputs: SpecInputs) -> RunSpec:
 def fail(message: str, code: ExitCode) -> NoReturn:
     print(error_text(message), file=sys.stderr)
     ending = SystemExit(int(code))
-    ending.error = message  # for a caller that passes it on (compare/runs/meeting.py: a host tells host 0)
+    # for a caller that passes it on (compare/runs/meeting.py: a host tells host 0)
+    ending.error = message
     raise ending

@@ -1,8 +1,9 @@
-"""What the processes of one multi-process run (compare --processes, several hosts) must share: the training
-settings and the mesh. Each process digests its own; every backend that runs as several processes gathers the
-digests over its own collectives (jax.distributed, torch.distributed's gloo) and refuses, at once and in every
-process, a run whose processes were given other settings (they would wait on each other's collectives until
---timeout)."""
+"""What the processes of one multi-process run (compare --processes, several hosts) must share: the
+training settings and the mesh. Each process digests its own; every backend that runs as several
+processes gathers the digests over its own collectives (jax.distributed, torch.distributed's gloo)
+and refuses, at once and in every process, a run whose processes were given other settings (they
+would wait on each other's collectives until --timeout)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,8 +20,13 @@ def settings_digest(spec: RunSpec) -> int:
 
 
 def other_settings(spec: RunSpec, processes: int, process: int) -> SpecError:
-    """The refusal of a run whose `processes` were given other settings, said by process `process`."""
+    """The refusal of a run whose `processes` were given other settings, said by process
+    `process`."""
     mesh = f"data={spec.mesh.data},fsdp={spec.mesh.fsdp},tensor={spec.mesh.tensor}"
-    return SpecError(f"the {processes} processes of this run were given other training settings (this one, process "
-                     f"{process}: train.steps={spec.train.steps}, train.dtype={spec.train.dtype}, --mesh {mesh}); run "
-                     "the same command with the same flags on every host")
+    return SpecError(
+        f"the {processes} processes of this run were given other training settings (this one, "
+        "process "
+        f"{process}: train.steps={spec.train.steps}, train.dtype={spec.train.dtype}, --mesh "
+        f"{mesh}); run "
+        "the same command with the same flags on every host"
+    )

@@ -1,33 +1,59 @@
 """What a runtime cannot run, known before it trains: the op check's file (numpy-free).
 
-A runtime whose registry row `checks_ops` runs one traced forward and backward of step 0 (compare's capture launch
-with `--check-ops`, compare/runs/op_checks.py) under its op watch (torchax_impl/ops.py: the ops torchax has no
-lowering for, from its own table; torch_xla_impl/ops.py: the ops it runs as CPU fallbacks, from its own metrics,
-and the one whose fallback fails) and writes what it saw into OPS_FILE. compare refuses a runtime that cannot run the
+A runtime whose registry row `checks_ops` runs one traced forward and backward of step 0 (compare's
+capture launch with `--check-ops`, compare/runs/op_checks.py) under its op watch
+(torchax_impl/ops.py: the ops torchax has no lowering for, from its own table;
+torch_xla_impl/ops.py: the ops it runs as CPU fallbacks, from its own metrics, and the one whose
+fallback fails) and writes what it saw into OPS_FILE. compare refuses a runtime that cannot run the
 model, in one line naming the op, before any backend trains, and reports every runtime's table."""
+
 from __future__ import annotations
 
 OPS_FILE = "ops.json"
 OPS_DIR = "ops"  # a compare run's op checks: <run>/ops/<backend>/ (ops.json, the check's logs)
 
 
-def found(runtime: str, calls: dict[str, int], missing: list[str], fallbacks: dict[str, int],
-          failed_op: str | None, error: BaseException | None) -> dict:
-    """The file's contents: every op the step called (with its calls), those with no lowering, those run as CPU
-    fallbacks (with their calls), the op whose fallback failed, and the error the step ended on (one line)."""
-    line = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}" \
-        if error is not None else None
-    return {"runtime": runtime, "calls": dict(sorted(calls.items())), "missing": missing,
-            "fallbacks": dict(sorted(fallbacks.items())), "failed_op": failed_op, "error": line}
+def found(
+    runtime: str,
+    calls: dict[str, int],
+    missing: list[str],
+    fallbacks: dict[str, int],
+    failed_op: str | None,
+    error: BaseException | None,
+) -> dict:
+    """The file's contents: every op the step called (with its calls), those with no lowering, those
+    run as CPU fallbacks (with their calls), the op whose fallback failed, and the error the step
+    ended on (one line)."""
+    line = (
+        f"{type(error).__name__}: "
+        f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        if error is not None
+        else None
+    )
+    return {
+        "runtime": runtime,
+        "calls": dict(sorted(calls.items())),
+        "missing": missing,
+        "fallbacks": dict(sorted(fallbacks.items())),
+        "failed_op": failed_op,
+        "error": line,
+    }
 
 
 def refusal(ops: dict) -> str | None:
-    """One line naming why the runtime cannot run the model, or None when it can (so far as one step shows)."""
+    """One line naming why the runtime cannot run the model, or None when it can (so far as one step
+    shows)."""
     runtime = ops["runtime"]
     if ops["missing"]:
-        return (f"{runtime} cannot run this model: {ops['missing'][0]} has no lowering in {runtime} (one traced "
-                "step of it, before any backend trained; ops after it were not reached)")
+        return (
+            f"{runtime} cannot run this model: {ops['missing'][0]} has no lowering in {runtime} "
+            "(one traced "
+            "step of it, before any backend trained; ops after it were not reached)"
+        )
     if ops["failed_op"]:
-        return (f"{runtime} cannot run this model: {ops['failed_op']} runs as a CPU fallback and fails there "
-                f"({ops['error']}; one traced step of it, before any backend trained)")
+        return (
+            f"{runtime} cannot run this model: {ops['failed_op']} runs as a CPU fallback and "
+            "fails there "
+            f"({ops['error']}; one traced step of it, before any backend trained)"
+        )
     return None

@@ -1,5 +1,6 @@
 """Named run specs (`gpt-tiny` is the CPU default of `python -m compare`) and `load_spec`, which
 turns a preset name or a spec file plus `--set` overrides into a validated RunSpec."""
+
 from __future__ import annotations
 
 import json
@@ -31,44 +32,93 @@ PRESETS: dict[str, RunSpec] = {
     # Two convs (the second at stride 2) on the real 8x8 digits of scikit-learn.
     "cnn-digits": RunSpec(
         name="cnn-digits",
-        model=CNNSpec(input_shape=(8, 8, 1), channels=(16, 32), kernel_sizes=(3, 3), strides=(1, 2),
-                      paddings=(1, 1), pooling="global_avg", num_classes=10),
+        model=CNNSpec(
+            input_shape=(8, 8, 1),
+            channels=(16, 32),
+            kernel_sizes=(3, 3),
+            strides=(1, 2),
+            paddings=(1, 1),
+            pooling="global_avg",
+            num_classes=10,
+        ),
         train=TrainSpec(optimizer="adamw", lr=3e-3, global_batch_size=64, steps=50),
         data=DataSpec(dataset="digits"),
     ),
     # The CPU default: small enough that both twins train 50 steps in seconds.
     "gpt-tiny": RunSpec(
         name="gpt-tiny",
-        model=TransformerSpec(vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=2, d_ff=256,
-                              layernorm_eps=1e-5, gelu="tanh", tied_embeddings=True),
-        train=TrainSpec(optimizer="adamw", lr=3e-3, weight_decay=0.1, beta2=0.95, schedule="warmup_cosine",
-                        schedule_warmup_steps=5, global_batch_size=16, steps=50),
+        model=TransformerSpec(
+            vocab_size=256,
+            seq_len=64,
+            d_model=64,
+            n_heads=4,
+            n_layers=2,
+            d_ff=256,
+            layernorm_eps=1e-5,
+            gelu="tanh",
+            tied_embeddings=True,
+        ),
+        train=TrainSpec(
+            optimizer="adamw",
+            lr=3e-3,
+            weight_decay=0.1,
+            beta2=0.95,
+            schedule="warmup_cosine",
+            schedule_warmup_steps=5,
+            global_batch_size=16,
+            steps=50,
+        ),
         data=DataSpec(dataset="synthetic-tokens"),
     ),
     # GPT-2 small (124M) for TPU: bf16 and the platform's default matmul pass.
     "gpt2-small": RunSpec(
         name="gpt2-small",
-        model=TransformerSpec(vocab_size=50257, seq_len=1024, d_model=768, n_heads=12, n_layers=12, d_ff=3072,
-                              layernorm_eps=1e-5, gelu="tanh", tied_embeddings=True),
-        train=TrainSpec(optimizer="adamw", lr=6e-4, weight_decay=0.1, beta2=0.95, schedule="warmup_cosine",
-                        schedule_warmup_steps=10, global_batch_size=32, steps=100, timing_warmup_steps=5,
-                        dtype="bfloat16", matmul_precision="default"),
+        model=TransformerSpec(
+            vocab_size=50257,
+            seq_len=1024,
+            d_model=768,
+            n_heads=12,
+            n_layers=12,
+            d_ff=3072,
+            layernorm_eps=1e-5,
+            gelu="tanh",
+            tied_embeddings=True,
+        ),
+        train=TrainSpec(
+            optimizer="adamw",
+            lr=6e-4,
+            weight_decay=0.1,
+            beta2=0.95,
+            schedule="warmup_cosine",
+            schedule_warmup_steps=10,
+            global_batch_size=32,
+            steps=100,
+            timing_warmup_steps=5,
+            dtype="bfloat16",
+            matmul_precision="default",
+        ),
         mesh=MeshSpec(),
         data=DataSpec(dataset="synthetic-tokens"),
     ),
 }
 
 
-def load_spec(spec: str, overrides: list[str] | tuple[str, ...] = (), twin: str | None = None,
-              twin_timeout_s: float | None = None) -> RunSpec:
-    """A preset name, a .toml/.json file or a twin (`--twin FILE_OR_MODULE:NAME`, which wins; its file is
-    imported in a subprocess bounded by `twin_timeout_s`), then `--set` overrides, validated."""
+def load_spec(
+    spec: str,
+    overrides: list[str] | tuple[str, ...] = (),
+    twin: str | None = None,
+    twin_timeout_s: float | None = None,
+) -> RunSpec:
+    """A preset name, a .toml/.json file or a twin (`--twin FILE_OR_MODULE:NAME`, which wins; its
+    file is imported in a subprocess bounded by `twin_timeout_s`), then `--set` overrides,
+    validated."""
     if twin:
         base = twin_run_spec(twin, twin_timeout_s)
     elif spec in PRESETS:
         base = PRESETS[spec]
     elif spec.endswith((".toml", ".json")):
-        path = require_regular_file(Path(spec), "spec file", SpecError)  # a FIFO would block the read forever
+        # a FIFO would block the read forever
+        path = require_regular_file(Path(spec), "spec file", SpecError)
         try:
             text = path.read_text()
         except OSError as e:
@@ -78,18 +128,29 @@ def load_spec(spec: str, overrides: list[str] | tuple[str, ...] = (), twin: str 
         try:
             raw = tomllib.loads(text) if spec.endswith(".toml") else json.loads(text)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-            raise SpecError(f"spec file {spec} is not valid {path.suffix[1:].upper()}: {e}") from None
+            raise SpecError(
+                f"spec file {spec} is not valid {path.suffix[1:].upper()}: {e}"
+            ) from None
         except RecursionError:
-            raise SpecError(f"spec file {spec} is not a spec: its values nest too deep to read") from None
+            raise SpecError(
+                f"spec file {spec} is not a spec: its values nest too deep to read"
+            ) from None
         if not isinstance(raw, dict):
-            kind = {list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(type(raw), "a number")
-            raise SpecError(f"spec file {spec} holds {kind}; a spec file holds a table with model/train/mesh/data "
-                            "sections, e.g. [model] family = \"mlp\" in TOML or {\"model\": {\"family\": \"mlp\"}} "
-                            "in JSON")
+            kind = {list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(
+                type(raw), "a number"
+            )
+            raise SpecError(
+                f"spec file {spec} holds {kind}; a spec file holds a table with "
+                "model/train/mesh/data "
+                'sections, e.g. [model] family = "mlp" in TOML or {"model": {"family": "mlp"}} '
+                "in JSON"
+            )
         try:  # the shape of every section and field: one line naming the file and the field
             base = run_spec_from_dict(raw, name=path.stem)
         except SpecError as e:
             raise SpecError(f"spec file {spec}: {e}") from None
     else:
-        raise SpecError(f"unknown spec {spec!r}: use a preset ({', '.join(PRESETS)}) or a .toml/.json file")
+        raise SpecError(
+            f"unknown spec {spec!r}: use a preset ({', '.join(PRESETS)}) or a .toml/.json file"
+        )
     return apply_overrides(base, list(overrides)).validate()

@@ -1,6 +1,7 @@
-"""Starting a subprocess in a process group of its own and taking that whole group down: one definition for
-compare's backends, its describe steps and the loader of a user's twin file (each started by start_group, so
-its pid is its group)."""
+"""Starting a subprocess in a process group of its own and taking that whole group down: one
+definition for compare's backends, its describe steps and the loader of a user's twin file (each
+started by start_group, so its pid is its group)."""
+
 from __future__ import annotations
 
 import os
@@ -13,26 +14,31 @@ from pathlib import Path
 
 from preload import client as preload_client
 
-# the folder that holds our packages: a checkout's root, or the site-packages a wheel was installed into
+# the folder that holds our packages: a checkout's root, or the
+# site-packages a wheel was installed into
 PACKAGES_ROOT = Path(__file__).resolve().parents[1]
 
 
 def toolkit_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """`env` (default: ours) for another interpreter that imports this toolkit: a checkout's root first on
-    its PYTHONPATH. An installed toolkit adds nothing: its site-packages there would shadow the other
-    interpreter's own packages (a TPU VM's second environment, which installs the toolkit too)."""
+    """`env` (default: ours) for another interpreter that imports this toolkit: a checkout's root
+    first on its PYTHONPATH. An installed toolkit adds nothing: its site-packages there would shadow
+    the other interpreter's own packages (a TPU VM's second environment, which installs the toolkit
+    too)."""
     env = dict(os.environ if env is None else env)
     if (PACKAGES_ROOT / "pyproject.toml").is_file():
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGES_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(PACKAGES_ROOT), env.get("PYTHONPATH")])
+        )
     return env
 
 
 def start_group(command: list[str], env: dict | None = None, **popen_args):
-    """subprocess.Popen(command, start_new_session=True, ...): its pid is its group, which kill_group takes
-    down with whatever it started. Its TMPDIR is a folder of its own, made in the caller's and removed by
-    kill_group: what the group leaves there (torch's imports make a folder; a crash, a kill or a timeout
-    leaves it) goes with it. Where the test suite runs a preloading fork server for this interpreter and
-    module (preload/), a child of that server runs the command instead, its frameworks already imported."""
+    """subprocess.Popen(command, start_new_session=True, ...): its pid is its group, which
+    kill_group takes down with whatever it started. Its TMPDIR is a folder of its own, made in the
+    caller's and removed by kill_group: what the group leaves there (torch's imports make a folder;
+    a crash, a kill or a timeout leaves it) goes with it. Where the test suite runs a preloading
+    fork server for this interpreter and module (preload/), a child of that server runs the command
+    instead, its frameworks already imported."""
     own_tmp = tempfile.mkdtemp(prefix="xla-twins-group-")
     env = {**(os.environ if env is None else env), "TMPDIR": own_tmp}
     try:
@@ -53,7 +59,8 @@ def group_alive(pgid: int) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists (one of another user's counts: it cannot be signalled, but it is there)."""
+    """Whether process `pid` exists (one of another user's counts: it cannot be signalled, but it is
+    there)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -64,9 +71,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
-    """SIGTERM the group, then SIGKILL whatever is left after `grace_s` (grace_s=0: SIGKILL at once); then
-    reap `proc` and remove its own TMPDIR (start_group). Also after a normal exit: children it started must
-    not outlive it."""
+    """SIGTERM the group, then SIGKILL whatever is left after `grace_s` (grace_s=0: SIGKILL at
+    once); then reap `proc` and remove its own TMPDIR (start_group). Also after a normal exit:
+    children it started must not outlive it."""
     pgid = proc.pid
     for sig in [signal.SIGTERM, signal.SIGKILL] if grace_s > 0 else [signal.SIGKILL]:
         try:

@@ -20,6 +20,7 @@ User twins (`common/twin/`): dp and fsdp need nothing; tp follows the twin's `pa
 Axes of size 1 never appear. A dimension the axis does not divide stays
 replicated (correct, only slower).
 """
+
 from __future__ import annotations
 
 import re
@@ -39,8 +40,14 @@ def _tensor_parallel_role(model: ModelSpec, name: str) -> str | None:
     if isinstance(model, TransformerSpec):
         if parts[0] == "blocks":
             layer = ".".join(parts[2:4])
-            return {"attn.q": COLUMN, "attn.k": COLUMN, "attn.v": COLUMN, "mlp.fc": COLUMN,
-                    "attn.o": ROW, "mlp.proj": ROW}.get(layer)
+            return {
+                "attn.q": COLUMN,
+                "attn.k": COLUMN,
+                "attn.v": COLUMN,
+                "mlp.fc": COLUMN,
+                "attn.o": ROW,
+                "mlp.proj": ROW,
+            }.get(layer)
         return COLUMN if parts[0] == "lm_head" else None  # vocab-parallel head
     if isinstance(model, MLPSpec):
         n_layers = len(model.hidden_sizes)
@@ -71,28 +78,44 @@ def _rule_spec(rules, name: str, shape: tuple, mesh: MeshSpec) -> list:
         if re.search(pattern, name):
             rule = tuple(rule)
             if len(rule) != len(shape):
-                raise SpecError(f"partition rule {pattern!r} gives {len(rule)} entries for {name} of shape "
-                                f"{list(shape)}; give one per dimension")
-            return [a if a and getattr(mesh, a) > 1 and shape[d] % getattr(mesh, a) == 0 else None
-                    for d, a in enumerate(rule)]
+                raise SpecError(
+                    f"partition rule {pattern!r} gives {len(rule)} entries for {name} of shape "
+                    f"{list(shape)}; give one per dimension"
+                )
+            return [
+                a if a and getattr(mesh, a) > 1 and shape[d] % getattr(mesh, a) == 0 else None
+                for d, a in enumerate(rule)
+            ]
     return [None] * len(shape)
 
 
 def param_partition_specs(model: ModelSpec, mesh: MeshSpec) -> dict[str, PartitionSpec]:
     """Canonical name -> partition spec for this mesh."""
     table = {}
-    rules = load_twin(model.twin).partition_rules if isinstance(model, TwinSpec) and mesh.tensor > 1 else ()
+    rules = (
+        load_twin(model.twin).partition_rules
+        if isinstance(model, TwinSpec) and mesh.tensor > 1
+        else ()
+    )
     for name, info in param_infos(model).items():
         spec: list = [None] * len(info.shape)
         if isinstance(model, TwinSpec):
             spec = _rule_spec(rules, name, info.shape, mesh)
-        role = _tensor_parallel_role(model, name) if mesh.tensor > 1 and not isinstance(model, TwinSpec) else None
+        role = (
+            _tensor_parallel_role(model, name)
+            if mesh.tensor > 1 and not isinstance(model, TwinSpec)
+            else None
+        )
         if role is not None:
             dim = _tensor_dim(info.shape, role, name.endswith(".bias") or name.endswith(".scale"))
             if dim is not None and info.shape[dim] % mesh.tensor == 0:
                 spec[dim] = "tensor"
         if mesh.fsdp > 1:
-            free = [d for d in range(len(info.shape)) if spec[d] is None and info.shape[d] % mesh.fsdp == 0]
+            free = [
+                d
+                for d in range(len(info.shape))
+                if spec[d] is None and info.shape[d] % mesh.fsdp == 0
+            ]
             if free:
                 spec[max(free, key=lambda d: (info.shape[d], -d))] = "fsdp"
         table[name] = tuple(spec)

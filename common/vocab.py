@@ -1,11 +1,12 @@
-"""The toolkit's vocabularies, each defined once: exit codes, statuses, phases, trace modes (the backends
-themselves are rows of common/backends.py).
+"""The toolkit's vocabularies, each defined once: exit codes, statuses, phases, trace modes (the
+backends themselves are rows of common/backends.py).
 
 argparse `choices`, run records, report.json, the README and `docs/errors.md`
 all use these members (a test checks that the docs list every one). Every
 member carries its meaning, so the tables in the docs can be read against
 `describe()`.
 """
+
 from __future__ import annotations
 
 import enum
@@ -26,16 +27,21 @@ class ExitCode(enum.IntEnum):
 
 EXIT_MEANINGS = {
     ExitCode.OK: "everything ran and parity passed (or the one backend asked for ran)",
-    ExitCode.PARITY: "parity failed, the runs differ in a setting they should share, or --check-determinism found "
-                     "two identical runs differing",
+    ExitCode.PARITY: "parity failed, the runs differ in a setting they should share, or "
+    "--check-determinism found "
+    "two identical runs differing",
     ExitCode.USAGE: "bad usage or input (the message names the field and the fix)",
-    ExitCode.BACKEND: "a backend failed: crashed, killed by a signal, timed out, or its loss became NaN/Inf; the "
-                      "other backend is still reported",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C / SIGTERM): the running backend's process group is terminated",
+    ExitCode.BACKEND: "a backend failed: crashed, killed by a signal, timed out, or its loss "
+    "became NaN/Inf; the "
+    "other backend is still reported",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C / SIGTERM): the running backend's process group is "
+    "terminated",
     ExitCode.NONFINITE: "(a backend run alone) its loss became NaN/Inf; compare reports this as 3",
-    ExitCode.INTERNAL: "an internal error of compare itself (a bug: report it with the --debug output)",
-    ExitCode.IO: "results could not be written (disk full, or the run directory became unwritable); nothing "
-                 "half-written is left, and compare still reports the other backends",
+    ExitCode.INTERNAL: "an internal error of compare itself (a bug: report it with the --debug "
+    "output)",
+    ExitCode.IO: "results could not be written (disk full, or the run directory became "
+    "unwritable); nothing "
+    "half-written is left, and compare still reports the other backends",
 }
 
 
@@ -48,7 +54,8 @@ class RecordStatus(enum.StrEnum):
 
 
 class BackendStatus(enum.StrEnum):
-    """A backend's status in report.json: its record's status, or what compare saw of its process."""
+    """A backend's status in report.json: its record's status, or what compare saw of its
+    process."""
 
     OK = "ok"
     NONFINITE = "nonfinite"
@@ -61,7 +68,8 @@ class BackendStatus(enum.StrEnum):
     CANNOT_RUN = "cannot_run"
 
 
-# errno values that mean the disk or the directory, not the program: such a failure exits ExitCode.IO
+# errno values that mean the disk or the directory, not the program:
+# such a failure exits ExitCode.IO
 IO_ERRNOS = (28, 27, 122, 30, 13)  # ENOSPC, EFBIG, EDQUOT, EROFS, EACCES
 
 BACKEND_STATUS_MEANINGS = {
@@ -70,11 +78,14 @@ BACKEND_STATUS_MEANINGS = {
     BackendStatus.FAILED: "crashed, was killed by a signal, or wrote no usable record",
     BackendStatus.TIMEOUT: "no result within --timeout; killed with its process group",
     BackendStatus.USAGE_ERROR: "refused its input (exit 2), e.g. a mesh its devices cannot hold",
-    BackendStatus.INTERRUPTED: "running when compare was interrupted; its process group was terminated",
+    BackendStatus.INTERRUPTED: "running when compare was interrupted; its process group was "
+    "terminated",
     BackendStatus.NOT_RUN: "not started because compare was interrupted before its turn",
-    BackendStatus.IO_ERROR: "could not write its results (exit 7: disk full, or its directory became unwritable)",
-    BackendStatus.CANNOT_RUN: "refused before any backend trained: one traced step found an op it has no lowering "
-                              "for, or a CPU fallback that fails (common/ops.py)",
+    BackendStatus.IO_ERROR: "could not write its results (exit 7: disk full, or its directory "
+    "became unwritable)",
+    BackendStatus.CANNOT_RUN: "refused before any backend trained: one traced step found an op it "
+    "has no lowering "
+    "for, or a CPU fallback that fails (common/ops.py)",
 }
 
 
@@ -88,14 +99,19 @@ class ReportStatus(enum.StrEnum):
     BACKEND_FAILED = "backend_failed"
     USAGE_ERROR = "usage_error"
     INTERRUPTED = "interrupted"
-    INTERNAL_ERROR = "internal_error"  # the verdict itself could not be made (a part of the report failed to build)
+    # the verdict itself could not be made (a part of the report failed to build)
+    INTERNAL_ERROR = "internal_error"
 
 
 REPORT_STATUS_EXIT = {
-    ReportStatus.OK: ExitCode.OK, ReportStatus.PARITY_FAILED: ExitCode.PARITY,
-    ReportStatus.NOT_COMPARABLE: ExitCode.PARITY, ReportStatus.NONDETERMINISTIC: ExitCode.PARITY,
-    ReportStatus.BACKEND_FAILED: ExitCode.BACKEND, ReportStatus.USAGE_ERROR: ExitCode.USAGE,
-    ReportStatus.INTERRUPTED: ExitCode.INTERRUPTED, ReportStatus.INTERNAL_ERROR: ExitCode.INTERNAL,
+    ReportStatus.OK: ExitCode.OK,
+    ReportStatus.PARITY_FAILED: ExitCode.PARITY,
+    ReportStatus.NOT_COMPARABLE: ExitCode.PARITY,
+    ReportStatus.NONDETERMINISTIC: ExitCode.PARITY,
+    ReportStatus.BACKEND_FAILED: ExitCode.BACKEND,
+    ReportStatus.USAGE_ERROR: ExitCode.USAGE,
+    ReportStatus.INTERRUPTED: ExitCode.INTERRUPTED,
+    ReportStatus.INTERNAL_ERROR: ExitCode.INTERNAL,
 }
 
 
@@ -122,8 +138,8 @@ TRACE_MODE_MEANINGS = {
 
 
 class RecompileCause(enum.StrEnum):
-    """Why a step recompiled, in one vocabulary for every backend (each framework's own words are kept
-    beside it); the first three are also what `--provoke-recompile CAUSE@STEP` can provoke."""
+    """Why a step recompiled, in one vocabulary for every backend (each framework's own words are
+    kept beside it); the first three are also what `--provoke-recompile CAUSE@STEP` can provoke."""
 
     INPUT_SHAPE = "input-shape"
     INPUT_DTYPE = "input-dtype"
@@ -135,8 +151,9 @@ class RecompileCause(enum.StrEnum):
 RECOMPILE_CAUSE_MEANINGS = {
     RecompileCause.INPUT_SHAPE: "an input's shape changed",
     RecompileCause.INPUT_DTYPE: "an input's dtype changed",
-    RecompileCause.PYTHON_VALUE: "a Python value that changed was traced into the step as a constant (a static "
-                                 "argument, or a number the graph bakes in)",
+    RecompileCause.PYTHON_VALUE: "a Python value that changed was traced into the step as a "
+    "constant (a static "
+    "argument, or a number the graph bakes in)",
     RecompileCause.NEW_PROGRAM: "the traced program itself changed (other ops: a new code path)",
     RecompileCause.UNKNOWN: "the framework gave no cause that names one of the above",
 }
@@ -155,23 +172,27 @@ class MaskSource(enum.StrEnum):
     """Where a run's dropout masks come from (`train.dropout_masks`)."""
 
     FRAMEWORK = "framework"  # each framework's own generator, seeded by train.dropout_seed
-    COMMON = "common"  # drawn in numpy by common/data/masks.py and fed to the framework: the same on every backend
+    # drawn in numpy by common/data/masks.py and fed to the framework: the same on every backend
+    COMMON = "common"
 
 
 PARITY_MODE_MEANINGS = {
-    ParityMode.DETERMINISTIC: "one run per backend, every tensor and step's loss within tolerance (runs without "
-                              "randomness; the default)",
-    ParityMode.EXACT: "the deterministic check on runs with dropout: every backend multiplies by the same masks, "
-                      "drawn in common/data/masks.py from train.dropout_seed (slower; for debugging a port)",
-    ParityMode.STATISTICAL: "K seeds per backend (--seeds), the per-seed mean losses paired by seed in a t-test "
-                            "(runs with dropout: each framework draws its own masks)",
+    ParityMode.DETERMINISTIC: "one run per backend, every tensor and step's loss within tolerance "
+    "(runs without "
+    "randomness; the default)",
+    ParityMode.EXACT: "the deterministic check on runs with dropout: every backend multiplies by "
+    "the same masks, "
+    "drawn in common/data/masks.py from train.dropout_seed (slower; for debugging a port)",
+    ParityMode.STATISTICAL: "K seeds per backend (--seeds), the per-seed mean losses paired by "
+    "seed in a t-test "
+    "(runs with dropout: each framework draws its own masks)",
 }
 
 
 class ProfileRange(enum.StrEnum):
-    """The host annotations every backend puts in its `--profile` trace, so one reader splits every step:
-    the step (what the loop's synced clock times), the framework call inside it (tracing, dispatch), the
-    wait for the device, and the batch's transfer before it."""
+    """The host annotations every backend puts in its `--profile` trace, so one reader splits every
+    step: the step (what the loop's synced clock times), the framework call inside it (tracing,
+    dispatch), the wait for the device, and the batch's transfer before it."""
 
     STEP = "xla-twins step"
     CALL = "xla-twins call"
@@ -192,13 +213,17 @@ class CheckpointFormat(enum.StrEnum):
 
 
 CHECKPOINT_FORMAT_MEANINGS = {
-    CheckpointFormat.CANONICAL: "safetensors in the canonical (NNX) names and layouts: what the backends read",
-    CheckpointFormat.TORCH: "a torch state_dict (.pt/.pth/.bin, loaded with weights_only=True, or .safetensors) "
-                            "in the torch model's names, mapped through the twin's correspondence",
-    CheckpointFormat.HF: "a Hugging Face model directory (config.json + safetensors): GPT-2 onto the built-in gpt "
-                         "twin, Llama onto a twin that declares `hf` (examples/llama)",
-    CheckpointFormat.ORBAX: "an orbax-checkpoint directory of the NNX model's parameter state (nnx.state / "
-                            "nnx.update restore it)",
+    CheckpointFormat.CANONICAL: "safetensors in the canonical (NNX) names and layouts: what the "
+    "backends read",
+    CheckpointFormat.TORCH: "a torch state_dict (.pt/.pth/.bin, loaded with weights_only=True, or "
+    ".safetensors) "
+    "in the torch model's names, mapped through the twin's correspondence",
+    CheckpointFormat.HF: "a Hugging Face model directory (config.json + safetensors): GPT-2 onto "
+    "the built-in gpt "
+    "twin, Llama onto a twin that declares `hf` (examples/llama)",
+    CheckpointFormat.ORBAX: "an orbax-checkpoint directory of the NNX model's parameter state "
+    "(nnx.state / "
+    "nnx.update restore it)",
 }
 
 

@@ -2,6 +2,7 @@
 
 `check_twin` is the Python API (compare/api.py); the pytest plugin is compare/pytest_plugin.py.
 """
+
 from compare.api import CompareError, Report, check_twin
 
 __all__ = ["CompareError", "Report", "check_twin"]

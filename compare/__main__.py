@@ -2,6 +2,7 @@
 
 Exit codes: common.vocab.ExitCode (README and docs/errors.md list them).
 """
+
 from __future__ import annotations
 
 import time
@@ -82,78 +83,170 @@ MAX_SEEDS = 100  # each seed is a whole run of every backend
 
 def parse_args(argv):
     parser = Parser(prog="python -m compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", default="both",
-                        help=f"both (= {','.join(both())}, the default) | all | a comma list of "
-                             f"{', '.join(backends.names())}")
-    parser.add_argument("--reference", help="the backend every other is judged against (default jax when it "
-                                            "runs, else the first listed)")
+    parser.add_argument(
+        "--backend",
+        default="both",
+        help=f"both (= {','.join(both())}, the default) | all | a comma list of "
+        f"{', '.join(backends.names())}",
+    )
+    parser.add_argument(
+        "--reference",
+        help="the backend every other is judged against (default jax when it "
+        "runs, else the first listed)",
+    )
     add_run_flags(parser)
-    parser.add_argument("--twin", metavar="FILE_OR_MODULE:NAME",
-                        help="compare your own model: a common.twin.Twin, e.g. examples/llama/twin.py:llama_tiny "
-                             "(instead of --spec; --set model.<hparam>=... reaches its hyperparameters)")
-    parser.add_argument("--checkpoint", metavar="FORMAT:PATH",
-                        help="start every backend from these weights: " + "; ".join(
-                            f"{f.value}: {m}" for f, m in CHECKPOINT_FORMAT_MEANINGS.items()
-                            if f != CheckpointFormat.ORBAX))
-    parser.add_argument("--out", type=Path, help="run directory (default runs/compare-<time>-<run id>); compare "
-                                                 "writes only into a new or empty directory or one of its own runs")
-    parser.add_argument("--run-id", type=run_id_arg, help="this run's id (default: a random one), written into "
-                                                         "the report and every backend's record")
+    parser.add_argument(
+        "--twin",
+        metavar="FILE_OR_MODULE:NAME",
+        help="compare your own model: a common.twin.Twin, e.g. examples/llama/twin.py:llama_tiny "
+        "(instead of --spec; --set model.<hparam>=... reaches its hyperparameters)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        metavar="FORMAT:PATH",
+        help="start every backend from these weights: "
+        + "; ".join(
+            f"{f.value}: {m}"
+            for f, m in CHECKPOINT_FORMAT_MEANINGS.items()
+            if f != CheckpointFormat.ORBAX
+        ),
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="run directory (default runs/compare-<time>-<run id>); compare "
+        "writes only into a new or empty directory or one of its own runs",
+    )
+    parser.add_argument(
+        "--run-id",
+        type=run_id_arg,
+        help="this run's id (default: a random one), written into "
+        "the report and every backend's record",
+    )
     add_profile_flag(parser)
     add_no_hlo_flag(parser)
-    parser.add_argument("--overwrite", action="store_true", help="replace the finished run an --out holds (only "
-                                                                 "that run's files are removed)")
-    for name, row in backends.registry().items():  # one flag of each kind per backend, named after it
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the finished run an --out holds (only that run's files are removed)",
+    )
+    # one flag of each kind per backend, named after it
+    for name, row in backends.registry().items():
         flag = row.flag
-        parser.add_argument(f"--{flag}-python", default=sys.executable, help=f"interpreter of the {name} environment")
-        parser.add_argument(f"--{flag}-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                            help=f"override a spec field for the {name} side only (a deliberate difference)")
-        parser.add_argument(f"--{flag}-record", type=Path, metavar="DIR",
-                            help=f"compare this existing {name} run (a directory with record.json) instead of "
-                                 "running it")
+        parser.add_argument(
+            f"--{flag}-python",
+            default=sys.executable,
+            help=f"interpreter of the {name} environment",
+        )
+        parser.add_argument(
+            f"--{flag}-set",
+            action="append",
+            default=[],
+            metavar="SECTION.FIELD=VALUE",
+            help=f"override a spec field for the {name} side only (a deliberate difference)",
+        )
+        parser.add_argument(
+            f"--{flag}-record",
+            type=Path,
+            metavar="DIR",
+            help=f"compare this existing {name} run (a directory with record.json) instead of "
+            "running it",
+        )
         for option in row.passthrough:
-            parser.add_argument(option.compare_flag, choices=option.choices, default=option.default,
-                                help=f"{option.help} (passed to {name} as {option.backend_flag})")
-    parser.add_argument("--compile-cache", type=Path, default=default_cache_dir(), metavar="DIR",
-                        help="persistent compile caches of the backends (default: %(default)s)")
-    parser.add_argument("--no-compile-cache", dest="compile_cache", action="store_const", const=None,
-                        help="compile everything afresh (no persistent cache read or written)")
-    parser.add_argument("--timeout", type=positive_seconds, default=1800.0,
-                        help="seconds per backend (and per preparation step of a twin) before it is killed")
-    parser.add_argument("--tolerance-profile", default="default",
-                        help=f"{' | '.join(PROFILES)} or a JSON file {{dtype: {{kind: {{atol, rtol}}}}}}")
-    parser.add_argument("--bf16-tolerance", choices=("noise-floor", "fixed"), default="noise-floor",
-                        help="bfloat16 runs: bound each tensor and step by the larger of the two runs' own "
-                             "bf16-vs-fp32 distances (one float32 run of each backend more; "
-                             "compare/judge/noise_floor.py), "
-                             "or by the profile's fixed bf16 atol/rtol")
-    parser.add_argument("--fp32-tolerance", choices=("noise-floor", "fixed"), default="fixed",
-                        help="float32 runs: the profile's fixed bounds, or (for long runs, where training grows "
-                             "rounding until correct ports part) each tensor and step bounded by how far a run from "
-                             "jittered start weights drifts (one more run of each backend; "
-                             "compare/judge/noise_floor.py)")
-    parser.add_argument("--parity-mode", choices=values(ParityMode), default=ParityMode.DETERMINISTIC.value,
-                        help="; ".join(f"{m.value}: {meaning}" for m, meaning in PARITY_MODE_MEANINGS.items()))
-    parser.add_argument("--seeds", type=bounded_int(1, MAX_SEEDS, "seeds"), default=5, metavar="K",
-                        help="seeds per backend in the statistical parity mode (default 5, at least 3; each is a "
-                             "whole run of every backend)")
+            parser.add_argument(
+                option.compare_flag,
+                choices=option.choices,
+                default=option.default,
+                help=f"{option.help} (passed to {name} as {option.backend_flag})",
+            )
+    parser.add_argument(
+        "--compile-cache",
+        type=Path,
+        default=default_cache_dir(),
+        metavar="DIR",
+        help="persistent compile caches of the backends (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-compile-cache",
+        dest="compile_cache",
+        action="store_const",
+        const=None,
+        help="compile everything afresh (no persistent cache read or written)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=1800.0,
+        help="seconds per backend (and per preparation step of a twin) before it is killed",
+    )
+    parser.add_argument(
+        "--tolerance-profile",
+        default="default",
+        help=f"{' | '.join(PROFILES)} or a JSON file {{dtype: {{kind: {{atol, rtol}}}}}}",
+    )
+    parser.add_argument(
+        "--bf16-tolerance",
+        choices=("noise-floor", "fixed"),
+        default="noise-floor",
+        help="bfloat16 runs: bound each tensor and step by the larger of the two runs' own "
+        "bf16-vs-fp32 distances (one float32 run of each backend more; "
+        "compare/judge/noise_floor.py), "
+        "or by the profile's fixed bf16 atol/rtol",
+    )
+    parser.add_argument(
+        "--fp32-tolerance",
+        choices=("noise-floor", "fixed"),
+        default="fixed",
+        help="float32 runs: the profile's fixed bounds, or (for long runs, where training grows "
+        "rounding until correct ports part) each tensor and step bounded by how far a run from "
+        "jittered start weights drifts (one more run of each backend; "
+        "compare/judge/noise_floor.py)",
+    )
+    parser.add_argument(
+        "--parity-mode",
+        choices=values(ParityMode),
+        default=ParityMode.DETERMINISTIC.value,
+        help="; ".join(f"{m.value}: {meaning}" for m, meaning in PARITY_MODE_MEANINGS.items()),
+    )
+    parser.add_argument(
+        "--seeds",
+        type=bounded_int(1, MAX_SEEDS, "seeds"),
+        default=5,
+        metavar="K",
+        help="seeds per backend in the statistical parity mode (default 5, at least 3; each is a "
+        "whole run of every backend)",
+    )
     hosts.add_flags(parser)
-    parser.add_argument("--tensors", choices=TENSOR_MODES,
-                        help="full: every backend keeps its gradients and final parameters whole and they are judged "
-                             "element by element; summary: as statistics and a fixed sample of values, judged on the "
-                             "sample and by norms (common/files/tensor_summary.py), for models too large to keep "
-                             "whole; auto: summaries, and those that leave tolerance kept whole by a second run "
-                             "(default: auto above 20M parameters, else full)")
-    parser.add_argument("--activations", action="store_true",
-                        help="compare every module's step-0 activations on every backend, even when parity passes "
-                             "(each run captures them; by default only where step 0 parts, by one more run that "
-                             "trains nothing)")
-    parser.add_argument("--check-determinism", action="store_true",
-                        help="run each backend twice and require bitwise-identical per-step losses")
-    parser.add_argument("--require-same-device", action="store_true",
-                        help="fail as not comparable (exit 1) when the backends ran on different platforms or device "
-                             "kinds; without it their numerics are still judged, and their timings are marked as "
-                             "each one's own (compare/judge/devices.py)")
+    parser.add_argument(
+        "--tensors",
+        choices=TENSOR_MODES,
+        help="full: every backend keeps its gradients and final parameters whole and they are "
+        "judged "
+        "element by element; summary: as statistics and a fixed sample of values, judged on the "
+        "sample and by norms (common/files/tensor_summary.py), for models too large to keep "
+        "whole; auto: summaries, and those that leave tolerance kept whole by a second run "
+        "(default: auto above 20M parameters, else full)",
+    )
+    parser.add_argument(
+        "--activations",
+        action="store_true",
+        help="compare every module's step-0 activations on every backend, even when parity passes "
+        "(each run captures them; by default only where step 0 parts, by one more run that "
+        "trains nothing)",
+    )
+    parser.add_argument(
+        "--check-determinism",
+        action="store_true",
+        help="run each backend twice and require bitwise-identical per-step losses",
+    )
+    parser.add_argument(
+        "--require-same-device",
+        action="store_true",
+        help="fail as not comparable (exit 1) when the backends ran on different platforms or "
+        "device "
+        "kinds; without it their numerics are still judged, and their timings are marked as "
+        "each one's own (compare/judge/devices.py)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
     parser.add_argument("--json", action="store_true", help="print only the JSON report")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
@@ -176,7 +269,8 @@ def both() -> list[str]:
 
 
 def backends_of(choice: str) -> list[str]:
-    """`both`, `all`, or a comma list of backend names, in the order given (they run in that order)."""
+    """`both`, `all`, or a comma list of backend names, in the order given (they run in that
+    order)."""
     if choice in ("both", "all"):
         return both() if choice == "both" else backends.names()
     names = [n.strip() for n in choice.split(",") if n.strip()]
@@ -195,14 +289,19 @@ def reference_of(choice: str | None, names: list[str]) -> str:
     if choice is None:
         return backends.DEFAULT_REFERENCE if backends.DEFAULT_REFERENCE in names else names[0]
     if choice not in names:
-        fail(f"--reference {choice!r} is not among the backends that run ({', '.join(names)}); pick one "
-             "of them or add it to --backend", ExitCode.USAGE)
+        fail(
+            f"--reference {choice!r} is not among the backends that run ({', '.join(names)}); "
+            "pick one "
+            "of them or add it to --backend",
+            ExitCode.USAGE,
+        )
     return choice
 
 
 def check_inputs(opts: CompareOptions):
-    """Everything that can be refused before a run directory exists: spec, per-side overrides, tolerance
-    profile, reused records. Returns (the run's spec, tolerance policy, the options with each side's spec)."""
+    """Everything that can be refused before a run directory exists: spec, per-side overrides,
+    tolerance profile, reused records. Returns (the run's spec, tolerance policy, the options with
+    each side's spec)."""
     try:
         spec = resolve_spec(opts.run)
         # every side's spec, derived once (a bad one-sided override fails before any backend runs)
@@ -210,8 +309,9 @@ def check_inputs(opts: CompareOptions):
         policy = load_policy(opts.judging.profile, spec.train.dtype)
         opts.check_parity_mode(spec)
         hosts.check(opts, spec)
-        # a user's data file is read and checked once here, before any backend starts (a twin's own batches are
-        # its code, run by its describe step, never in this process: common/data/batches.py)
+        # a user's data file is read and checked once here, before any backend starts (a twin's own
+        # batches are its code, run by its describe step, never in this process:
+        # common/data/batches.py)
         if spec.data.path and spec.task != "custom":
             make_dataset(spec)
     except (*INPUT_ERRORS, ToleranceError) as e:
@@ -225,48 +325,82 @@ def check_inputs(opts: CompareOptions):
                 read_tensors(path, record)
         except RecordError as e:
             fail(f"{flag}: {e}", ExitCode.USAGE)
-        if record.backend != name:  # a record must be what it claims, or the report compares a run with itself
-            fail(f"{flag} {path} holds a {record.backend} run, not a {name} one; pass a {name} run directory "
-                 f"(or give it as --{record.backend.replace('_', '-')}-record)", ExitCode.USAGE)
+        # a record must be what it claims, or the report compares a run with itself
+        if record.backend != name:
+            fail(
+                f"{flag} {path} holds a {record.backend} run, not a {name} one; pass a {name} run "
+                "directory "
+                f"(or give it as --{record.backend.replace('_', '-')}-record)",
+                ExitCode.USAGE,
+            )
         ran_otherwise = train_differences(record.spec, opts.spec_of(name))
-        if ran_otherwise:  # judged under settings it never ran with (another dtype's bounds, steps it lacks)
+        # judged under settings it never ran with (another dtype's bounds, steps it lacks)
+        if ran_otherwise:
             more = f" (and {len(ran_otherwise) - 1} more)" if len(ran_otherwise) > 1 else ""
-            fail(f"{flag} {path} ran with {ran_otherwise[0]}{more}; a reused run is judged as it ran: pass the "
-                 f"flags it ran with (its {SPEC_FILE}) or run {name} here instead", ExitCode.USAGE)
+            fail(
+                f"{flag} {path} ran with {ran_otherwise[0]}{more}; a reused run is judged as it "
+                "ran: pass the "
+                f"flags it ran with (its {SPEC_FILE}) or run {name} here instead",
+                ExitCode.USAGE,
+            )
     return spec, policy, opts
 
 
 def run_entries(names: list[str]) -> list[str]:
-    """Every top-level entry a compare run may write in its directory (what replacing it may remove)."""
-    return [*names, *(f"{n}-repeat" for n in names), START_DIR, SEEDS_DIR, FLOOR_DIR, OPS_DIR, *REPORT_FILES,
-            *PLOT_FILES]
+    """Every top-level entry a compare run may write in its directory (what replacing it may
+    remove)."""
+    return [
+        *names,
+        *(f"{n}-repeat" for n in names),
+        START_DIR,
+        SEEDS_DIR,
+        FLOOR_DIR,
+        OPS_DIR,
+        *REPORT_FILES,
+        *PLOT_FILES,
+    ]
 
 
 def backend_folders(launched: list[str]) -> list[str]:
-    """The top-level entries of a run directory in which the backends `launched` run (each its own folder, its
-    repeat's, and the seeds', noise floor's and op checks' folders)."""
-    return [*launched, *(f"{n}-repeat" for n in launched), SEEDS_DIR, FLOOR_DIR, OPS_DIR] if launched else []
+    """The top-level entries of a run directory in which the backends `launched` run (each its own
+    folder, its repeat's, and the seeds', noise floor's and op checks' folders)."""
+    return (
+        [*launched, *(f"{n}-repeat" for n in launched), SEEDS_DIR, FLOOR_DIR, OPS_DIR]
+        if launched
+        else []
+    )
 
 
 def prepare(opts: CompareOptions, spec) -> Prepared:
-    """A user twin or a torch / hf checkpoint: the sides described and matched, the common start made
-    (compare/runs/prepare.py; no folder when the backends start as they are: built-in init, canonical
-    checkpoint), and the described processes that go on to make their side's run."""
+    """A user twin or a torch / hf checkpoint: the sides described and matched, the common start
+    made (compare/runs/prepare.py; no folder when the backends start as they are: built-in init,
+    canonical checkpoint), and the described processes that go on to make their side's run."""
     try:
-        return prepare_start(spec, opts.checkpoint, opts.describer("torch"), opts.describer("nnx"), opts.timeout_s,
-                             describing_runs(opts))
+        return prepare_start(
+            spec,
+            opts.checkpoint,
+            opts.describer("torch"),
+            opts.describer("nnx"),
+            opts.timeout_s,
+            describing_runs(opts),
+        )
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
 
 
 def claim_run_dir(opts: CompareOptions, prepared: Path | None):
-    """The run directory, claimed for this run (compare/runs/rundir.py), with the prepared start moved in.
-    Returns it and the options the backends run with (the prepared start in place of the user's inputs, every
-    side's spec derived again from it)."""
+    """The run directory, claimed for this run (compare/runs/rundir.py), with the prepared start
+    moved in. Returns it and the options the backends run with (the prepared start in place of the
+    user's inputs, every side's spec derived again from it)."""
     out = opts.output.out
     try:
-        run_dir = claim(out, opts.output.run_id, run_entries(list(opts.names)), opts.output.overwrite,
-                        opts.paths_read())
+        run_dir = claim(
+            out,
+            opts.output.run_id,
+            run_entries(list(opts.names)),
+            opts.output.overwrite,
+            opts.paths_read(),
+        )
         if prepared:
             shutil.move(prepared, out / START_DIR)
     except RunDirError as e:
@@ -275,9 +409,14 @@ def claim_run_dir(opts: CompareOptions, prepared: Path | None):
         if prepared and prepared.exists():
             shutil.rmtree(prepared, ignore_errors=True)
     if run_dir.replaced and run_dir.replaced.get("state") != "finished":
-        print(f"warning: {out} held run {run_dir.replaced.get('run_id')} (pid {run_dir.replaced.get('pid')}) "
-              "that never finished (killed?); its files were replaced by this run", file=sys.stderr)
-    if prepared:  # the backends run the prepared spec (canonical tree filled in) from the common start
+        print(
+            f"warning: {out} held run {run_dir.replaced.get('run_id')} (pid "
+            f"{run_dir.replaced.get('pid')}) "
+            "that never finished (killed?); its files were replaced by this run",
+            file=sys.stderr,
+        )
+    # the backends run the prepared spec (canonical tree filled in) from the common start
+    if prepared:
         opts = opts.with_start(out / START_DIR / SPEC_FILE, out / START_DIR / INIT_FILE)
         try:
             opts = opts.with_specs({n: side_spec(opts, n) for n in opts.names})
@@ -296,9 +435,13 @@ def main(argv=None) -> int:
 
 def compare(opts: CompareOptions, entered: float) -> int:
     names = list(opts.names)
-    for flag, path in {"--out": opts.output.out, **opts.paths_read()}.items():  # before any path is resolved
+    # before any path is resolved
+    for flag, path in {"--out": opts.output.out, **opts.paths_read()}.items():
         if path and symlink_loop(path):
-            fail(f"{flag} {path}: a loop of symbolic links; point it at a real file or folder", ExitCode.USAGE)
+            fail(
+                f"{flag} {path}: a loop of symbolic links; point it at a real file or folder",
+                ExitCode.USAGE,
+            )
     import_while_idle()  # the plots' import, while compare waits on its twin loader and backends
     spec, policy, opts = check_inputs(opts)
     run_id = opts.output.run_id or new_run_id()
@@ -309,14 +452,23 @@ def compare(opts: CompareOptions, entered: float) -> int:
         check_out(out, opts.output.overwrite, backend_folders([n for n in names if n not in reuse]))
     except RunDirError as e:
         fail(str(e), ExitCode.USAGE)
-    weights = weights_origin(spec, opts.checkpoint)  # before the prepared start stands in for the user's
+    # before the prepared start stands in for the user's
+    weights = weights_origin(spec, opts.checkpoint)
     prepared = prepare(opts, spec)
     try:
         run_dir, opts = claim_run_dir(opts, prepared.folder)
         tensors, opts = tensor_mode(opts)
-        plan = Plan(names, {n: opts.side(n).python for n in names},
-                    {n: main_launch(opts, n) for n in names if n not in reuse}, reuse, out, opts.timeout_s,
-                    judging.check_determinism, op_check_launches(opts), prepared.waiting)
+        plan = Plan(
+            names,
+            {n: opts.side(n).python for n in names},
+            {n: main_launch(opts, n) for n in names if n not in reuse},
+            reuse,
+            out,
+            opts.timeout_s,
+            judging.check_determinism,
+            op_check_launches(opts),
+            prepared.waiting,
+        )
         meeting.meet(opts.hosts)  # every host ready before any backend starts
     except meeting.MeetingError as e:
         run_dir.finish("refused")
@@ -328,48 +480,109 @@ def compare(opts: CompareOptions, entered: float) -> int:
             step.stop()
         raise
     main_started = time.time()
-    seeds = [spec.train.seed + i for i in range(judging.seeds)] if judging.parity_mode == ParityMode.STATISTICAL else []
+    seeds = (
+        [spec.train.seed + i for i in range(judging.seeds)]
+        if judging.parity_mode == ParityMode.STATISTICAL
+        else []
+    )
     floors = floor_policy(spec.train.dtype, judging.bf16, judging.fp32)  # the spec's dtype's policy
     with LiveProgress(not (opts.output.quiet or opts.output.json), spec.train.steps) as live:
         outcome = run_all(plan, live)
         for seed in seeds[1:]:
             if outcome.interrupted:
                 break
-            outcome.interrupted = run_all(Plan(names, plan.pythons, {n: seed_launch(opts, n, seed) for n in names}, {},
-                                               out / SEEDS_DIR / str(seed), opts.timeout_s, False), live).interrupted
+            outcome.interrupted = run_all(
+                Plan(
+                    names,
+                    plan.pythons,
+                    {n: seed_launch(opts, n, seed) for n in names},
+                    {},
+                    out / SEEDS_DIR / str(seed),
+                    opts.timeout_s,
+                    False,
+                ),
+                live,
+            ).interrupted
         floored = noise_floor_runs(opts, floors, plan, outcome)
         if floored:
             launches = {n: floor_launch(opts, n, spec.train.dtype) for n in floored}
-            outcome.interrupted = run_all(Plan(floored, plan.pythons, launches, {}, out / FLOOR_DIR, opts.timeout_s,
-                                               False), live).interrupted
+            outcome.interrupted = run_all(
+                Plan(floored, plan.pythons, launches, {}, out / FLOOR_DIR, opts.timeout_s, False),
+                live,
+            ).interrupted
     backends_done = time.time()
-    if hosts.follows(opts.hosts):  # a host other than 0 of a multi-host run: host 0 writes the report
+    # a host other than 0 of a multi-host run: host 0 writes the report
+    if hosts.follows(opts.hosts):
         run_dir.finish("interrupted" if outcome.interrupted else "followed")
-        return ExitCode.INTERRUPTED if outcome.interrupted else hosts.followed(opts.hosts, outcome.runs)
-    inputs = ReportInputs(spec, policy, names, opts.reference, out, run_id, judging.profile,
-                          opts.capture.compile_cache, peak_cache_dir() if opts.capture.compile_cache else None,
-                          {n: [o.split("=")[0] for o in opts.side(n).sets] for n in names},
-                          judging.parity_mode, opts.output.debug, floors, judging.require_same_device, tensors,
-                          weights)
-    checks = [("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds))] * bool(seeds)
+        return (
+            ExitCode.INTERRUPTED
+            if outcome.interrupted
+            else hosts.followed(opts.hosts, outcome.runs)
+        )
+    inputs = ReportInputs(
+        spec,
+        policy,
+        names,
+        opts.reference,
+        out,
+        run_id,
+        judging.profile,
+        opts.capture.compile_cache,
+        peak_cache_dir() if opts.capture.compile_cache else None,
+        {n: [o.split("=")[0] for o in opts.side(n).sets] for n in names},
+        judging.parity_mode,
+        opts.output.debug,
+        floors,
+        judging.require_same_device,
+        tensors,
+        weights,
+    )
+    checks = [
+        ("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds))
+    ] * bool(seeds)
     if judging.check_determinism:
-        checks.append(("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats)))
+        checks.append(
+            ("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats))
+        )
     if plan.op_checks:
         checks.append(("ops", functools.partial(ops_check, out, list(plan.op_checks))))
-    if (out / START_DIR / STATE_LINKS).exists() and set(FAMILIES) <= {backends.info(n).family for n in names}:
-        checks.append(("start_state", functools.partial(start_state_check, out / START_DIR, judging.profile)))
+    if (out / START_DIR / STATE_LINKS).exists() and set(FAMILIES) <= {
+        backends.info(n).family for n in names
+    }:
+        checks.append(
+            ("start_state", functools.partial(start_state_check, out / START_DIR, judging.profile))
+        )
     build = functools.partial(build_report, inputs, outcome.runs, checks=tuple(checks))
-    report = keep_whole(opts, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build)
-    report = choices_where_parted(opts, plan, outcome, locate_divergence(opts, plan, outcome, report, build), build)
-    report = floor_where_needed(opts, plan, outcome, report, tensors["mode"], lambda why: build_report(
-        dataclasses.replace(inputs, floor_policy="noise-floor", floor_why=why), outcome.runs, False, tuple(checks)))
+    report = keep_whole(
+        opts, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build
+    )
+    report = choices_where_parted(
+        opts, plan, outcome, locate_divergence(opts, plan, outcome, report, build), build
+    )
+    report = floor_where_needed(
+        opts,
+        plan,
+        outcome,
+        report,
+        tensors["mode"],
+        lambda why: build_report(
+            dataclasses.replace(inputs, floor_policy="noise-floor", floor_why=why),
+            outcome.runs,
+            False,
+            tuple(checks),
+        ),
+    )
     report["run_id"], report["replaced_run"] = run_id, run_dir.replaced
     report["compare_peak_rss_mb"] = peak_rss_mb()  # compare's own process, its backends apart
     report["hosts"] = hosts.section(opts.hosts)
-    report["wall_time"] = {"compare_imports_s": entered - STARTED_AT, "prepare_s": main_started - entered,
-                           "backends_s": backends_done - main_started,
-                           "report_s": time.time() - backends_done, "total_s": time.time() - STARTED_AT,
-                           "note": "compare's own interpreter start (before its first line) is not included"}
+    report["wall_time"] = {
+        "compare_imports_s": entered - STARTED_AT,
+        "prepare_s": main_started - entered,
+        "backends_s": backends_done - main_started,
+        "report_s": time.time() - backends_done,
+        "total_s": time.time() - STARTED_AT,
+        "note": "compare's own interpreter start (before its first line) is not included",
+    }
     write_report(report, out)
     run_dir.finish(report["status"])
     show(opts.output, report, outcome.runs)
@@ -384,5 +597,8 @@ if __name__ == "__main__":
     except Exception as e:  # a bug in compare itself: one line, the traceback with --debug
         if "--debug" in sys.argv:
             raise
-        fail(f"internal error in compare: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
-             ExitCode.INTERNAL)
+        fail(
+            f"internal error in compare: {type(e).__name__}: {e} (rerun with --debug for the "
+            "traceback)",
+            ExitCode.INTERNAL,
+        )

@@ -5,6 +5,7 @@ subprocesses, the same run directory) and returns the report as an object.
     report = check_twin("examples/llama/twin.py:llama_tiny", steps=10)
     assert report.passed, report.message
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,8 @@ from common.protocol import error_line
 from compare.runs.orchestrate import backend_env
 from compare.runs.rundir import default_out, new_run_id
 
-DEFAULT_BACKENDS = "jax,torch"  # the NNX port against eager PyTorch, the ground truth of the torch side
+# the NNX port against eager PyTorch, the ground truth of the torch side
+DEFAULT_BACKENDS = "jax,torch"
 
 
 class CompareError(RuntimeError):
@@ -56,25 +58,59 @@ class Report:
         return found["module"] if found else None
 
 
-def check_twin(twin: str, *, backends: str | Sequence[str] = DEFAULT_BACKENDS, out: str | Path | None = None,
-               steps: int | None = None, mesh: str | None = None, sets: Sequence[str] = (), seed: int | None = None,
-               dtype: str | None = None, tolerance_profile: str | None = None, timeout_s: float | None = None,
-               extra_args: Sequence[str] = (), python: str = sys.executable) -> Report:
-    """Compare a twin (`FILE_OR_MODULE:NAME`) on this machine. Returns the Report whatever the verdict;
-    raises CompareError when compare refuses the input (exit 2 before any run directory exists)."""
+def check_twin(
+    twin: str,
+    *,
+    backends: str | Sequence[str] = DEFAULT_BACKENDS,
+    out: str | Path | None = None,
+    steps: int | None = None,
+    mesh: str | None = None,
+    sets: Sequence[str] = (),
+    seed: int | None = None,
+    dtype: str | None = None,
+    tolerance_profile: str | None = None,
+    timeout_s: float | None = None,
+    extra_args: Sequence[str] = (),
+    python: str = sys.executable,
+) -> Report:
+    """Compare a twin (`FILE_OR_MODULE:NAME`) on this machine. Returns the Report whatever the
+    verdict; raises CompareError when compare refuses the input (exit 2 before any run directory
+    exists)."""
     run_id = new_run_id()
     out = Path(out) if out else default_out(run_id)
-    argv = ["--twin", twin, "--backend", backends if isinstance(backends, str) else ",".join(backends),
-            "--out", str(out), "--run-id", run_id, "--overwrite", "--quiet"]
-    for flag, value in (("--steps", steps), ("--mesh", mesh), ("--seed", seed), ("--dtype", dtype),
-                        ("--tolerance-profile", tolerance_profile), ("--timeout", timeout_s)):
+    argv = [
+        "--twin",
+        twin,
+        "--backend",
+        backends if isinstance(backends, str) else ",".join(backends),
+        "--out",
+        str(out),
+        "--run-id",
+        run_id,
+        "--overwrite",
+        "--quiet",
+    ]
+    for flag, value in (
+        ("--steps", steps),
+        ("--mesh", mesh),
+        ("--seed", seed),
+        ("--dtype", dtype),
+        ("--tolerance-profile", tolerance_profile),
+        ("--timeout", timeout_s),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     argv += [a for item in sets for a in ("--set", item)] + list(extra_args)
-    proc = subprocess.run([python, "-m", "compare", *argv], capture_output=True, text=True, env=backend_env())
+    proc = subprocess.run(
+        [python, "-m", "compare", *argv], capture_output=True, text=True, env=backend_env()
+    )
     data = _report_of_run(out / "report.json", run_id)
-    if data is None:  # compare refused this run before writing a report: what is there is another run's
-        raise CompareError(error_line(proc.stderr) or f"compare exited with code {proc.returncode}", proc.returncode)
+    # compare refused this run before writing a report: what is there is another run's
+    if data is None:
+        raise CompareError(
+            error_line(proc.stderr) or f"compare exited with code {proc.returncode}",
+            proc.returncode,
+        )
     return Report(data, out.resolve(), proc.returncode)
 
 

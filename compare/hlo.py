@@ -13,6 +13,7 @@ really runs. XLA's own comparison tool (hlo-diff) is not shipped in the
 jaxlib or torch_xla wheels, so the diff is over the counts of
 `analysis.hlo`, which report.md uses too.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,10 +31,13 @@ from compare.explain.program import compiled_program, metric_rows, one_sided_ops
 
 
 def hlo_text(path: Path) -> str:
-    """The text of an optimized-HLO file (its first line `HloModule ...`); ValueError when it is not one."""
+    """The text of an optimized-HLO file (its first line `HloModule ...`); ValueError when it is not
+    one."""
     require_regular_file(path, "", ValueError)  # a FIFO would block the read forever
-    not_hlo = ValueError(f"{path} is not HLO text (no HloModule header); give an optimized HLO dump or a run "
-                         "directory")
+    not_hlo = ValueError(
+        f"{path} is not HLO text (no HloModule header); give an optimized HLO dump or a run "
+        "directory"
+    )
     with open(path, "rb") as f:
         head = f.read(4096).lstrip()
     if not head.startswith(b"HloModule "):
@@ -51,19 +55,28 @@ def program_at(path: Path, backend: str | None) -> tuple[Path, dict]:
     if path.is_file():
         return path, program_of_text(hlo_text(path))
     if not path.is_dir():
-        raise ValueError(f"{path}: no such file or directory (give an HLO text file or a run directory)")
+        raise ValueError(
+            f"{path}: no such file or directory (give an HLO text file or a run directory)"
+        )
     report = path / "report.json"
     if not (path / RECORD_FILE).exists() and report.exists():
         try:
-            data = json.loads(require_regular_file(report, "compare report", ValueError).read_text())
+            data = json.loads(
+                require_regular_file(report, "compare report", ValueError).read_text()
+            )
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"compare report {report} is not valid JSON (truncated or corrupt): {e}") from None
+            raise ValueError(
+                f"compare report {report} is not valid JSON (truncated or corrupt): {e}"
+            ) from None
         if not isinstance(data, dict):
             raise ValueError(f"compare report {report} is not a JSON object (truncated or corrupt)")
         name = backend or data.get("reference")
         if name not in data.get("backend_names", []):
-            raise ValueError(f"{path} has no backend {name!r} (it ran {', '.join(data.get('backend_names', []))}); "
-                             "pick one with --backend")
+            raise ValueError(
+                f"{path} has no backend {name!r} (it ran "
+                f"{', '.join(data.get('backend_names', []))}); "
+                "pick one with --backend"
+            )
         path = path / name
     try:
         record = read_record(path / RECORD_FILE)
@@ -91,14 +104,22 @@ def print_diff(a: tuple[Path, dict], b: tuple[Path, dict], console: Console) -> 
     for name, va, vb in rows:
         delta = vb - va if va is not None and vb is not None else None
         style = None if va == vb else "bold"
-        table.add_row(name, _num(va), _num(vb), _num(delta) if delta is None or delta <= 0 else f"+{delta:,.0f}",
-                      style=style)
+        table.add_row(
+            name,
+            _num(va),
+            _num(vb),
+            _num(delta) if delta is None or delta <= 0 else f"+{delta:,.0f}",
+            style=style,
+        )
     console.print(table)
     only_a, only_b = one_sided_ops(pa, pb)
     console.print(f"ops only in A: {', '.join(only_a) or 'none'}")
     console.print(f"ops only in B: {', '.join(only_b) or 'none'}")
     for label, program in (("A", pa), ("B", pb)):
-        largest = "; ".join(f"{x['name']} {x['shape'][:60]} {x['bytes']:,} B" for x in program["largest_buffers"][:3])
+        largest = "; ".join(
+            f"{x['name']} {x['shape'][:60]} {x['bytes']:,} B"
+            for x in program["largest_buffers"][:3]
+        )
         console.print(f"largest buffers in {label}: {largest or 'none'}")
     return {"rows": rows, "only_in_a": only_a, "only_in_b": only_b}
 
@@ -107,7 +128,9 @@ def main(argv=None) -> int:
     parser = Parser(prog="python -m compare.hlo", description=__doc__.split("\n\n")[0])
     parser.add_argument("a", type=Path, help="HLO text file, backend run dir or compare run dir")
     parser.add_argument("b", type=Path, help="the same kinds as A")
-    parser.add_argument("--backend", help="which backend of a compare run dir (default: its reference)")
+    parser.add_argument(
+        "--backend", help="which backend of a compare run dir (default: its reference)"
+    )
     args = parser.parse_args(argv)
     try:
         a, b = program_at(args.a, args.backend), program_at(args.b, args.backend)

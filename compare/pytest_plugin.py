@@ -1,13 +1,15 @@
-"""The pytest plugin (registered as a `pytest11` entry point): a parity test of your own port is two lines.
+"""The pytest plugin (registered as a `pytest11` entry point): a parity test of your own port is two
+lines.
 
     def test_my_port(twin_parity):
         twin_parity("my_twin.py:my_model", steps=10)
 
 `twin_parity(ref, **options)` runs `compare.check_twin` (options as there; a relative twin file is
 found beside the test file), writes the run under pytest's tmp_path, returns the Report when parity
-holds and fails the test with compare's parity message (first divergent step and module, worst tensor,
-report path) when it does not.
+holds and fails the test with compare's parity message (first divergent step and module, worst
+tensor, report path) when it does not.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

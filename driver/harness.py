@@ -1,15 +1,17 @@
-"""One backend process's run, written once: the options it was started with, and the loop's bookkeeping and
-its run record's around each runtime's own step.
+"""One backend process's run, written once: the options it was started with, and the loop's
+bookkeeping and its run record's around each runtime's own step.
 
 Every runtime's trainer (jax_impl.train.JaxTrainer, torch_impl.train.TorchTrainer,
-torch_xla_impl.train.TorchXlaTrainer, torchax_impl.train.TorchaxTrainer) keeps its idiomatic step, loader and
-sync, and implements `Runtime`: the same names and signatures on every backend, which the benchmarks time too.
-`run` owns what every backend does alike: the timeline compare's wall-time breakdown reads, the start and the
-provoked recompiles in the record, the step-0 parity tensors and activations at their place, the loop with its
-progress lines and its stop at a non-finite loss, the dropout sites and the peak RSS.
+torch_xla_impl.train.TorchXlaTrainer, torchax_impl.train.TorchaxTrainer) keeps its idiomatic step,
+loader and sync, and implements `Runtime`: the same names and signatures on every backend, which the
+benchmarks time too. `run` owns what every backend does alike: the timeline compare's wall-time
+breakdown reads, the start and the provoked recompiles in the record, the step-0 parity tensors and
+activations at their place, the loop with its progress lines and its stop at a non-finite loss, the
+dropout sites and the peak RSS.
 
 Numpy only: each backend's `__main__` imports its framework, builds its trainer and hands it here.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,27 +34,35 @@ from driver.process import ProcessFlags
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a backend process runs, read once from its command line (driver/backend_main.py); its spec is
-    apart (one spec file)."""
+    """How a backend process runs, read once from its command line (driver/backend_main.py); its
+    spec is apart (one spec file)."""
 
     parity: bool = False  # step-0 tensors, final parameters and state, eval-mode logits
-    tensors: str = "full"  # tensor_file.BACKEND_TENSOR_MODES: the parameter-sized groups whole, or as summaries
-    whole_tensors: tuple[str, ...] = ()  # keys kept whole in the summary mode (compare/runs/second_pass.py)
+    # tensor_file.BACKEND_TENSOR_MODES: the parameter-sized groups whole, or as summaries
+    tensors: str = "full"
+    # keys kept whole in the summary mode (compare/runs/second_pass.py)
+    whole_tensors: tuple[str, ...] = ()
     activations: bool = False  # step 0's per-module inputs and outputs
-    train: bool = True  # False: step 0's activations from the start weights, and nothing trained (a capture run)
-    checkpoint: CheckpointRef | None = None  # the start weights; None: the spec's own initialisation
-    throughput_steps: int | None = None  # pipelined steps after the loop; None: train.steps, 0: none
+    # False: step 0's activations from the start weights, and nothing trained (a capture run)
+    train: bool = True
+    # the start weights; None: the spec's own initialisation
+    checkpoint: CheckpointRef | None = None
+    # pipelined steps after the loop; None: train.steps, 0: none
+    throughput_steps: int | None = None
     provocations: tuple[Provocation, ...] = ()  # recompiles provoked on purpose (common/provoke.py)
     profile_steps: int = 0  # steps under the framework's profiler after the loop
     hlo: bool = True  # read the compiled step's HLO statistics
     compile_cache: Path | None = None
-    out_dir: Path | None = None  # the run directory (profile traces, HLO dumps); None: nothing written
+    # the run directory (profile traces, HLO dumps); None: nothing written
+    out_dir: Path | None = None
     own: object = ProcessFlags()  # the backend's own flags, in the type its add_flags returns
     # a capture run whose top-k/argmax/sort choices this one's capture takes instead of its own
     # (common/capture/decisions.py)
     impose_decisions: Path | None = None
-    capture_at: tuple[int, int] = (0, 0)  # the (row, token) of step 0's batch the capture starts at (common/data/)
-    capture_step: int = 0  # a capture run: train this many steps first, then capture on that step's batch
+    # the (row, token) of step 0's batch the capture starts at (common/data/)
+    capture_at: tuple[int, int] = (0, 0)
+    # a capture run: train this many steps first, then capture on that step's batch
+    capture_step: int = 0
 
 
 class Runtime(Protocol):
@@ -60,9 +70,11 @@ class Runtime(Protocol):
 
     spec: RunSpec
     data: object  # its dataset (common.data.make_dataset): global_batch(step)
-    start: dict  # where its weights came from and what loading them cost (common.weights.start_info)
+    # where its weights came from and what loading them cost (common.weights.start_info)
+    start: dict
     dropout_sites: list  # step 0's dropout calls, when fed common's masks (common/data/masks.py)
-    captures_after_run: bool  # step-0 activations taken after the run (from the start weights) or before it
+    # step-0 activations taken after the run (from the start weights) or before it
+    captures_after_run: bool
 
     def new_record(self) -> RunRecord:
         """The run record, its platform, numerics and settle steps filled in."""
@@ -71,8 +83,8 @@ class Runtime(Protocol):
         """Before any update: step 0's logits and loss and every gradient, canonical."""
 
     def step0_activations(self, inputs, targets) -> Capture:
-        """Every module's input and output on `inputs` (a slice of step 0's batch), from the start weights, and
-        the gradient of the loss on `targets` (the same slice) at each of them."""
+        """Every module's input and output on `inputs` (a slice of step 0's batch), from the start
+        weights, and the gradient of the loss on `targets` (the same slice) at each of them."""
 
     def batches(self, first: int, n: int) -> Iterable:
         """The batches of steps first .. first + n - 1, on the device, in order."""
@@ -84,41 +96,65 @@ class Runtime(Protocol):
         """The end of training: final parameters, state and eval logits, throughput, profile."""
 
     def analyse(self, record: RunRecord, tensors: dict) -> None:
-        """What is not training and comes after it: compile events and causes, HLO statistics, flops."""
+        """What is not training and comes after it: compile events and causes, HLO statistics,
+        flops."""
 
     def float32_islands(self, inputs, targets) -> dict[str, str]:
-        """A float64 run: {module path: "float32: op, ..."} of the modules whose own operations compute in a
-        narrower float on `inputs` (a slice of step 0's batch), and "(loss)" where the loss on `targets` does,
-        from the start weights, in eval mode, with no effect on the run (torch_impl/islands.py,
-        jax_impl/islands.py)."""
+        """A float64 run: {module path: "float32: op, ..."} of the modules whose own operations
+        compute in a narrower float on `inputs` (a slice of step 0's batch), and "(loss)" where the
+        loss on `targets` does, from the start weights, in eval mode, with no effect on the run
+        (torch_impl/islands.py, jax_impl/islands.py)."""
 
 
 def refuse_float64_on(platform: str, spec: RunSpec) -> None:
-    """A float64 run on a TPU, which has no float64: refused in one line that says where the proof runs."""
+    """A float64 run on a TPU, which has no float64: refused in one line that says where the proof
+    runs."""
     if spec.train.dtype == "float64" and platform.lower() == "tpu":
-        raise SpecError("train.dtype=float64: TPUs have no float64; prove the port on the host's CPU "
-                        "(JAX_PLATFORMS=cpu, PJRT_DEVICE=CPU) and run the TPU in float32 or bfloat16")
+        raise SpecError(
+            "train.dtype=float64: TPUs have no float64; prove the port on the host's CPU "
+            "(JAX_PLATFORMS=cpu, PJRT_DEVICE=CPU) and run the TPU in float32 or bfloat16"
+        )
 
 
-def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None) -> tuple[RunRecord, dict]:
-    """Train the runtime `make_runtime` builds; returns its record and parity tensors (the caller writes both)."""
-    timeline = {"ready": time.time()}  # epoch seconds: compare places them against the process launch
+def run(
+    make_runtime: Callable[[], Runtime], options: RunOptions, progress=None
+) -> tuple[RunRecord, dict]:
+    """Train the runtime `make_runtime` builds; returns its record and parity tensors (the caller
+    writes both)."""
+    # epoch seconds: compare places them against the process launch
+    timeline = {"ready": time.time()}
     runtime = make_runtime()
     spec = runtime.spec
-    # a float64 run's first forward: a model whose code cannot compute in float64 is refused here, naming its module
+    # a float64 run's first forward: a model whose code cannot compute in float64 is refused here,
+    # naming its module
     batch = runtime.data.global_batch(0) if spec.train.dtype == "float64" else None
-    islands = runtime.float32_islands(activation_inputs(spec, batch.inputs), activation_inputs(spec, batch.targets)) \
-        if batch is not None else {}
+    islands = (
+        runtime.float32_islands(
+            activation_inputs(spec, batch.inputs), activation_inputs(spec, batch.targets)
+        )
+        if batch is not None
+        else {}
+    )
     tensors = runtime.step0_tensors() if options.parity else {}
     record = runtime.new_record()
     record.float32_islands = islands
-    if options.parity:  # how the tensor file keeps the parameter-sized groups (tensor_file.SUMMARIZED_GROUPS)
+    # how the tensor file keeps the parameter-sized groups (tensor_file.SUMMARIZED_GROUPS)
+    if options.parity:
         record.extra.tensors = options.tensors
-    if options.activations and not (runtime.captures_after_run and options.train) and not options.capture_step:
+    if (
+        options.activations
+        and not (runtime.captures_after_run and options.train)
+        and not options.capture_step
+    ):
         _capture(runtime, record, tensors, options.capture_at)
-    record.extra.start, record.extra.provoked = runtime.start, [str(p) for p in options.provocations]
-    if not options.train:  # compare's capture run (compare/runs/capture_runs.py): no step, no compile of one
-        if options.capture_step:  # ... but those before a later step's: its capture takes the weights they left
+    record.extra.start, record.extra.provoked = (
+        runtime.start,
+        [str(p) for p in options.provocations],
+    )
+    # compare's capture run (compare/runs/capture_runs.py): no step, no compile of one
+    if not options.train:
+        # ... but those before a later step's: its capture takes the weights they left
+        if options.capture_step:
             for step, batch in enumerate(runtime.batches(0, options.capture_step)):
                 runtime.timed_step(step, batch)
             _capture(runtime, record, tensors, options.capture_at, options.capture_step)
@@ -134,27 +170,35 @@ def run(make_runtime: Callable[[], Runtime], options: RunOptions, progress=None)
     runtime.after_loop(record, tensors)
     timeline["loop_end"] = time.time()
     runtime.analyse(record, tensors)
-    if options.activations and runtime.captures_after_run:  # last: its graphs are analysis, never the run's
+    # last: its graphs are analysis, never the run's
+    if options.activations and runtime.captures_after_run:
         _capture(runtime, record, tensors, options.capture_at)
     record_sites(record, spec, runtime.dropout_sites)
-    if hasattr(runtime.data, "arrays_fed"):  # a twin's own batches (common/data/batches.py): what each array was
+    # a twin's own batches (common/data/batches.py): what each array was
+    if hasattr(runtime.data, "arrays_fed"):
         record.extra.batch_arrays = runtime.data.arrays_fed()
-    record.extra.loss = twin_of(spec.model).loss or f"the task's ({spec.task})"  # what the run trained on
+    # what the run trained on
+    record.extra.loss = twin_of(spec.model).loss or f"the task's ({spec.task})"
     record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
     return record, tensors
 
 
-def _capture(runtime: Runtime, record: RunRecord, tensors: dict, at: tuple[int, int], step: int = 0) -> None:
-    """Step 0's capture, of a slice of its batch (activation_inputs); at a later `step`, the choices of that step's
-    whole batch alone (a choice that parts two runs may be any token's: compare/runs/extra_runs.py)."""
+def _capture(
+    runtime: Runtime, record: RunRecord, tensors: dict, at: tuple[int, int], step: int = 0
+) -> None:
+    """Step 0's capture, of a slice of its batch (activation_inputs); at a later `step`, the choices
+    of that step's whole batch alone (a choice that parts two runs may be any token's:
+    compare/runs/extra_runs.py)."""
     batch = runtime.data.global_batch(step)
     if step:
         capture = runtime.step0_activations(batch.inputs, batch.targets)
         record.extra.capture_step = step
         tensors[decisions.GROUP], record.extra.decisions = decisions.to_tensors(capture.decisions)
         return
-    capture = runtime.step0_activations(activation_inputs(runtime.spec, batch.inputs, at),
-                                        activation_inputs(runtime.spec, batch.targets, at))
+    capture = runtime.step0_activations(
+        activation_inputs(runtime.spec, batch.inputs, at),
+        activation_inputs(runtime.spec, batch.targets, at),
+    )
     record.extra.capture_at = list(at)
     tensors["activations"], record.extra.activations_skipped = capture.arrays, capture.skipped
     record.extra.activations_more_inputs = capture.more_inputs

@@ -1,5 +1,7 @@
-"""The flags and the end of a backend process: its parser (every flag compare passes it), the flags of a
-multi-process run, and exit_process, which ends a framework process without the interpreter's teardown."""
+"""The flags and the end of a backend process: its parser (every flag compare passes it), the flags
+of a multi-process run, and exit_process, which ends a framework process without the interpreter's
+teardown."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,66 +21,122 @@ def _row_token(text: str) -> tuple[int, int]:
     try:
         row, token = (int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not ROW,TOKEN (two integers, e.g. 3,0)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not ROW,TOKEN (two integers, e.g. 3,0)"
+        ) from None
     if row < 0 or token < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: row and token are counted from 0")
     return row, token
 
 
 def backend_parser(backend: str) -> argparse.ArgumentParser:
-    parser = Parser(prog=f"python -m {backend}", description=f"Train a spec with the {backend} twin "
-                                     "and write a run record.")
+    parser = Parser(
+        prog=f"python -m {backend}",
+        description=f"Train a spec with the {backend} twin and write a run record.",
+    )
     add_run_flags(parser)
     parser.add_argument("--out", type=Path, help="run directory (default runs/<backend>-<time>)")
-    parser.add_argument("--parity", action="store_true",
-                        help="also save step-0 outputs and gradients and the final parameters (canonical layout)")
-    parser.add_argument("--tensors", choices=BACKEND_TENSOR_MODES, default="full",
-                        help="with --parity: keep the parameter-sized tensors (gradients, final parameters and "
-                             "state) whole (full), or as summaries: statistics and a fixed sample of their values "
-                             "(common/files/tensor_summary.py), for models too large to keep twice on disk")
-    parser.add_argument("--whole-tensors", type=lambda text: tuple(filter(None, text.split(","))), default=(),
-                        metavar="KEY,...", help="with --tensors summary: keep these (e.g. grads/wte.embedding) whole "
-                                                "(compare's second pass of --tensors auto)")
-    parser.add_argument("--activations", action="store_true",
-                        help="also save step 0's per-module inputs and outputs, which locate where two ports part "
-                             "(compare asks for them when step 0 disagrees or with its own --activations)")
-    parser.add_argument("--activations-only", action="store_true",
-                        help="capture step 0's per-module inputs and outputs from the start weights and train "
-                             "nothing (what compare runs to locate a divergence)")
-    parser.add_argument("--capture-at", type=_row_token, default=(0, 0), metavar="ROW,TOKEN",
-                        help="with --activations-only: capture from this row of step 0's batch (and, of a language "
-                             "model, up to this token); compare passes where the two sides' logits differ most")
-    parser.add_argument("--capture-step", type=int, default=0, metavar="STEP",
-                        help="with --activations-only: train this many steps first and capture on that step's batch "
-                             "from the weights training left (compare's look at the choices of a step where two runs "
-                             "part after an agreeing step 0)")
-    parser.add_argument("--impose-decisions", type=Path, metavar="RUN_DIR",
-                        help="with --activations-only: take the top-k, argmax and sort choices of that capture run "
-                             "instead of this side's own (compare's check of choices flipped at ties; "
-                             "common/capture/decisions.py)")
-    parser.add_argument("--check-ops", action="store_true",
-                        help="with --activations-only: watch the ops of that one traced step and write what this "
-                             "runtime cannot lower or runs as CPU fallbacks into ops.json (compare's op check, before "
-                             "anything trains; common/ops.py)")
-    parser.add_argument("--checkpoint", type=checkpoint_ref, metavar="FORMAT:PATH",
-                        help="start from these weights: canonical:PATH (or a bare path) on every backend; torch: "
-                             "and hf: on the torch runtimes, orbax: on jax (compare --checkpoint converts any of "
-                             "them once for every backend)")
-    parser.add_argument("--compile-cache", type=Path, metavar="DIR",
-                        help="the framework's persistent compile cache in DIR (default: off when run alone)")
-    parser.add_argument("--throughput-steps", type=int, default=None,
-                        help="extra steps timed pipelined (one wait at the end); default: train.steps, 0 = off")
+    parser.add_argument(
+        "--parity",
+        action="store_true",
+        help="also save step-0 outputs and gradients and the final parameters (canonical layout)",
+    )
+    parser.add_argument(
+        "--tensors",
+        choices=BACKEND_TENSOR_MODES,
+        default="full",
+        help="with --parity: keep the parameter-sized tensors (gradients, final parameters and "
+        "state) whole (full), or as summaries: statistics and a fixed sample of their values "
+        "(common/files/tensor_summary.py), for models too large to keep twice on disk",
+    )
+    parser.add_argument(
+        "--whole-tensors",
+        type=lambda text: tuple(filter(None, text.split(","))),
+        default=(),
+        metavar="KEY,...",
+        help="with --tensors summary: keep these (e.g. grads/wte.embedding) whole "
+        "(compare's second pass of --tensors auto)",
+    )
+    parser.add_argument(
+        "--activations",
+        action="store_true",
+        help="also save step 0's per-module inputs and outputs, which locate where two ports part "
+        "(compare asks for them when step 0 disagrees or with its own --activations)",
+    )
+    parser.add_argument(
+        "--activations-only",
+        action="store_true",
+        help="capture step 0's per-module inputs and outputs from the start weights and train "
+        "nothing (what compare runs to locate a divergence)",
+    )
+    parser.add_argument(
+        "--capture-at",
+        type=_row_token,
+        default=(0, 0),
+        metavar="ROW,TOKEN",
+        help="with --activations-only: capture from this row of step 0's batch (and, of a language "
+        "model, up to this token); compare passes where the two sides' logits differ most",
+    )
+    parser.add_argument(
+        "--capture-step",
+        type=int,
+        default=0,
+        metavar="STEP",
+        help="with --activations-only: train this many steps first and capture on that step's "
+        "batch "
+        "from the weights training left (compare's look at the choices of a step where two runs "
+        "part after an agreeing step 0)",
+    )
+    parser.add_argument(
+        "--impose-decisions",
+        type=Path,
+        metavar="RUN_DIR",
+        help="with --activations-only: take the top-k, argmax and sort choices of that capture run "
+        "instead of this side's own (compare's check of choices flipped at ties; "
+        "common/capture/decisions.py)",
+    )
+    parser.add_argument(
+        "--check-ops",
+        action="store_true",
+        help="with --activations-only: watch the ops of that one traced step and write what this "
+        "runtime cannot lower or runs as CPU fallbacks into ops.json (compare's op check, before "
+        "anything trains; common/ops.py)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=checkpoint_ref,
+        metavar="FORMAT:PATH",
+        help="start from these weights: canonical:PATH (or a bare path) on every backend; torch: "
+        "and hf: on the torch runtimes, orbax: on jax (compare --checkpoint converts any of "
+        "them once for every backend)",
+    )
+    parser.add_argument(
+        "--compile-cache",
+        type=Path,
+        metavar="DIR",
+        help="the framework's persistent compile cache in DIR (default: off when run alone)",
+    )
+    parser.add_argument(
+        "--throughput-steps",
+        type=int,
+        default=None,
+        help="extra steps timed pipelined (one wait at the end); default: train.steps, 0 = off",
+    )
     add_profile_flag(parser)
     add_no_hlo_flag(parser)
-    parser.add_argument("--run-id", help="the compare run this backend run belongs to (compare sets it; it is "
-                                          "written into the record so compare judges only its own run's records)")
+    parser.add_argument(
+        "--run-id",
+        help="the compare run this backend run belongs to (compare sets it; it is "
+        "written into the record so compare judges only its own run's records)",
+    )
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
     return parser
 
 
 @dataclass(frozen=True)
 class ProcessFlags:
-    """This process's place in a multi-process run: a backend's own flags (driver.harness.RunOptions.own)."""
+    """This process's place in a multi-process run: a backend's own flags
+    (driver.harness.RunOptions.own)."""
 
     coordinator: str | None = None  # host:port of process 0
     num_processes: int = 1
@@ -86,9 +144,9 @@ class ProcessFlags:
 
 
 def add_process_flags(parser: argparse.ArgumentParser) -> type[ProcessFlags]:
-    """The flags of a multi-process run, the same on every backend whose row says `processes` (compare
-    --processes passes them): jax.distributed's for jax and torchax, torch.distributed's for eager torch.
-    Returns the type that holds them."""
+    """The flags of a multi-process run, the same on every backend whose row says `processes`
+    (compare --processes passes them): jax.distributed's for jax and torchax, torch.distributed's
+    for eager torch. Returns the type that holds them."""
     group = parser.add_argument_group("multi-process")
     group.add_argument("--coordinator", help="host:port of process 0, e.g. 127.0.0.1:12355")
     group.add_argument("--num-processes", type=int, default=1)
@@ -97,12 +155,17 @@ def add_process_flags(parser: argparse.ArgumentParser) -> type[ProcessFlags]:
 
 
 def exit_process(code: int) -> NoReturn:
-    """End a framework process (a backend, a describe or export step) once its files are written: the exit
-    hooks run (atexit: jax.distributed's shutdown, logging's flush), then the process ends without the
-    interpreter's teardown, which frees every module's objects one by one and runs the frameworks'
-    destructors for nothing the run needs (measured on gpt-tiny: torch_xla 0.8 s, torch 0.4 s, jax 0.17 s
-    of compare's wall time). A thread still working keeps the normal exit, which waits for it."""
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+    """End a framework process (a backend, a describe or export step) once its files are written:
+    the exit hooks run (atexit: jax.distributed's shutdown, logging's flush), then the process ends
+    without the interpreter's teardown, which frees every module's objects one by one and runs the
+    frameworks' destructors for nothing the run needs (measured on gpt-tiny: torch_xla 0.8 s, torch
+    0.4 s, jax 0.17 s of compare's wall time). A thread still working keeps the normal exit, which
+    waits for it."""
+    if any(
+        t.is_alive() and not t.daemon
+        for t in threading.enumerate()
+        if t is not threading.main_thread()
+    ):
         sys.exit(code)
     atexit._run_exitfuncs()  # noqa: SLF001  (the hooks a normal exit runs first)
     sys.stdout.flush()

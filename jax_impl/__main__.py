@@ -1,4 +1,5 @@
 """python -m jax_impl: train a spec with the JAX/Flax NNX twin and write a run record."""
+
 from __future__ import annotations
 
 import sys
@@ -13,8 +14,11 @@ try:  # a missing framework is a usage error with a one-line fix, not a tracebac
     import jax  # noqa: F401
     import optax  # noqa: F401
 except ImportError as e:
-    fail(f"the jax backend needs {e.name}, which is not installed in {sys.executable}; "
-         "install the extra (pip install -e '.[jax]') or pass compare --jax-python", ExitCode.USAGE)
+    fail(
+        f"the jax backend needs {e.name}, which is not installed in {sys.executable}; "
+        "install the extra (pip install -e '.[jax]') or pass compare --jax-python",
+        ExitCode.USAGE,
+    )
 
 
 def train(spec, options, progress):
@@ -23,7 +27,8 @@ def train(spec, options, progress):
     from jax_impl.instrument import CompileMonitor, enable_compile_cache
     from jax_impl.train import make_trainer
 
-    writer = sharding.join(spec, options)  # its devices and place in a multi-process run (--coordinator ...)
+    # its devices and place in a multi-process run (--coordinator ...)
+    writer = sharding.join(spec, options)
     cache = enable_compile_cache(options.compile_cache)
     monitor = CompileMonitor()
     record, tensors = harness.run(lambda: make_trainer(spec, options, monitor), options, progress)

@@ -1,14 +1,17 @@
 """Step-0 activations of every NNX module, for finding the first module where two ports part.
 
-Each module class's `__call__` is wrapped while the forward traces (restored after): the wrapper records
-the module's first input and its output under the module's path (`layers.0.attn`), in the order the
-modules start and end, stored channel-last (common/capture/activations.py: the layout each module's type fixes, or the
-rules for the rest). flax's `nnx.capture(..., method_outputs=...)` records outputs the same way, but not
-inputs, and an input that agrees beside an output that does not is what points at the culprit.
+Each module class's `__call__` is wrapped while the forward traces (restored after): the wrapper
+records the module's first input and its output under the module's path (`layers.0.attn`), in the
+order the modules start and end, stored channel-last (common/capture/activations.py: the layout each
+module's type fixes, or the rules for the rest). flax's `nnx.capture(..., method_outputs=...)`
+records outputs the same way, but not inputs, and an input that agrees beside an output that does
+not is what points at the culprit.
 
-Given the loss, the gradients at the same places are taken as torch's side takes them: zero probes added to
-each recorded input and output of a copy of the start model, differentiated by `jax.grad` in the same program.
+Given the loss, the gradients at the same places are taken as torch's side takes them: zero probes
+added to each recorded input and output of a copy of the start model, differentiated by `jax.grad`
+in the same program.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +35,19 @@ from common.twin.outputs import forward
 from jax_impl.decisions import PREFIX, decisions_of, watched_decisions
 
 # NNX's layers work on the last axis (a BatchNorm on another `axis` is said by `_own_layout`)
-CHANNEL_LAST_TYPES = (nnx.Conv, nnx.ConvTranspose, nnx.Linear, nnx.LinearGeneral, nnx.Einsum, nnx.Embed,
-                      nnx.LayerNorm, nnx.RMSNorm, nnx.GroupNorm, nnx.InstanceNorm, nnx.MultiHeadAttention)
+CHANNEL_LAST_TYPES = (
+    nnx.Conv,
+    nnx.ConvTranspose,
+    nnx.Linear,
+    nnx.LinearGeneral,
+    nnx.Einsum,
+    nnx.Embed,
+    nnx.LayerNorm,
+    nnx.RMSNorm,
+    nnx.GroupNorm,
+    nnx.InstanceNorm,
+    nnx.MultiHeadAttention,
+)
 
 
 def _is_array(value) -> bool:
@@ -61,17 +75,21 @@ def _replace_first(value, new):
 
 
 def recorded_modules(model: nnx.Module) -> tuple[dict, set]:
-    """({id: path} of the model and every module holding parameters, the modules the torch side can name
-    too; the ids of the leaf modules)."""
+    """({id: path} of the model and every module holding parameters, the modules the torch side can
+    name too; the ids of the leaf modules)."""
     modules = list(nnx.iter_modules(model))
-    paths = {id(m): ".".join(str(p) for p in path) or ROOT_MODULE for path, m in modules
-             if not path or jax.tree.leaves(nnx.state(m, nnx.Param))}
+    paths = {
+        id(m): ".".join(str(p) for p in path) or ROOT_MODULE
+        for path, m in modules
+        if not path or jax.tree.leaves(nnx.state(m, nnx.Param))
+    }
     return paths, {id(m) for _, m in modules if len(list(nnx.iter_modules(m))) == 1}
 
 
 @contextlib.contextmanager
 def wrapped_calls(model: nnx.Module, around):
-    """Every module class's `__call__` replaced for the block by `around(original, self, args, kwargs)`."""
+    """Every module class's `__call__` replaced for the block by `around(original, self, args,
+    kwargs)`."""
     patched = {}
     for cls in {type(m) for _, m in nnx.iter_modules(model)}:
         original = cls.__call__
@@ -91,18 +109,25 @@ def wrapped_calls(model: nnx.Module, around):
                 cls.__call__ = own
 
 
-def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL_FIRST, loss_of=None,
-                        masks=contextlib.nullcontext) -> Capture:
+def capture_activations(
+    model: nnx.Module,
+    inputs,
+    initial_layout: str = CHANNEL_FIRST,
+    loss_of=None,
+    masks=contextlib.nullcontext,
+) -> Capture:
     """{path: output, path + ':in': first input} of every module, the model itself as ROOT_MODULE,
-    channel-last; `initial_layout`: the layout `inputs` arrive in (common/activations.input_layout). With
-    `loss_of(output) -> scalar`, `grads` holds the loss's gradient at each of them, taken as torch's side takes
-    them (torch_impl/capture.py): a zero probe added to each recorded input and output. `masks()`: the context
-    each trace of the forward runs in (common's dropout masks, drawn afresh for each).
+    channel-last; `initial_layout`: the layout `inputs` arrive in (common/activations.input_layout).
+    With `loss_of(output) -> scalar`, `grads` holds the loss's gradient at each of them, taken as
+    torch's side takes them (torch_impl/capture.py): a zero probe added to each recorded input and
+    output. `masks()`: the context each trace of the forward runs in (common's dropout masks, drawn
+    afresh for each).
 
-    Compiled, not op by op: the forward is traced once abstractly (jax.eval_shape: which modules, shapes and
-    layouts), then run as one jitted program, under jax.grad when there is a loss. Op by op, each primitive
-    compiled a program of its own: 125 compiles, 3.6 s of the UNet's 7.6 s capture. The model is not changed
-    (a BatchNorm's statistics, a dropout's RNG count): each trace runs a copy of its state."""
+    Compiled, not op by op: the forward is traced once abstractly (jax.eval_shape: which modules,
+    shapes and layouts), then run as one jitted program, under jax.grad when there is a loss. Op by
+    op, each primitive compiled a program of its own: 125 compiles, 3.6 s of the UNet's 7.6 s
+    capture. The model is not changed (a BatchNorm's statistics, a dropout's RNG count): each trace
+    runs a copy of its state."""
     graphdef, state = nnx.split(model)
     inputs = jax.tree.map(jax.numpy.asarray, inputs)
     layouts: dict[str, str] = {}  # key -> layout, in the order the modules were kept
@@ -113,8 +138,16 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
     def values(state, inputs, probes):
         facts.clear()
         with masks():
-            output, kept = _probed_forward(graphdef, state, inputs, probes, LayoutTracker(initial_layout), layouts,
-                                           (more_inputs, more_outputs), facts)
+            output, kept = _probed_forward(
+                graphdef,
+                state,
+                inputs,
+                probes,
+                LayoutTracker(initial_layout),
+                layouts,
+                (more_inputs, more_outputs),
+                facts,
+            )
         return output, kept
 
     shapes = jax.eval_shape(lambda s, x: values(s, x, {})[1], state, inputs)
@@ -122,9 +155,13 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
     if loss_of is None:
         kept, grads = jax.jit(lambda s, x: values(s, x, {})[1])(state, inputs), {}
     else:
-        floating = {k: jax.numpy.zeros(v.shape, v.dtype) for k, v in shapes.items()
-                    if jax.numpy.issubdtype(v.dtype, jax.numpy.floating) and not k.startswith(PREFIX)
-                    and FIELD_MARK not in k}  # no probe on a module's other arguments
+        floating = {
+            k: jax.numpy.zeros(v.shape, v.dtype)
+            for k, v in shapes.items()
+            if jax.numpy.issubdtype(v.dtype, jax.numpy.floating)
+            and not k.startswith(PREFIX)
+            and FIELD_MARK not in k
+        }  # no probe on a module's other arguments
 
         def probed_loss(probes, state, inputs):
             output, kept = values(state, inputs, probes)
@@ -141,14 +178,22 @@ def capture_activations(model: nnx.Module, inputs, initial_layout: str = CHANNEL
     return capture
 
 
-def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracker, layouts: dict,
-                    more: tuple[dict, dict], facts: list):
-    """(the output, {key: value}) of a forward of a copy of the model (`state`) that keeps each recorded module's
-    first input and output (first call only), plus its probe where `probes` has one; with no probes, `layouts`
-    is filled with each kept value's layout, as `tracker` follows them; each decision the forward makes is kept too
-    (its facts in `facts`)."""
-    # Variables made anew in this trace (jax_impl/train.py's in_this_trace): a BatchNorm updating its statistics
-    # or a dropout its RNG count refuses a Variable of the outer level
+def _probed_forward(
+    graphdef,
+    state,
+    inputs,
+    probes: dict,
+    tracker: LayoutTracker,
+    layouts: dict,
+    more: tuple[dict, dict],
+    facts: list,
+):
+    """(the output, {key: value}) of a forward of a copy of the model (`state`) that keeps each
+    recorded module's first input and output (first call only), plus its probe where `probes` has
+    one; with no probes, `layouts` is filled with each kept value's layout, as `tracker` follows
+    them; each decision the forward makes is kept too (its facts in `facts`)."""
+    # Variables made anew in this trace (jax_impl/train.py's in_this_trace): a BatchNorm updating
+    # its statistics or a dropout its RNG count refuses a Variable of the outer level
     model = nnx.merge(graphdef, jax.tree.map(lambda leaf: leaf, state))
     paths, leaves = recorded_modules(model)
     kept = {}
@@ -169,20 +214,26 @@ def _probed_forward(graphdef, state, inputs, probes: dict, tracker: LayoutTracke
         in_layout, path = tracker.enter(_own_layout(self), x), paths.get(id(self))
         if path:
             inside.append(path)
-        if path and x is not None and f"{path}:in" not in kept:  # inputs in the order the modules start
+        # inputs in the order the modules start
+        if path and x is not None and f"{path}:in" not in kept:
             count_beyond_first(more[0], path, args, kwargs, None, _is_array)
-            for key, v in other_arguments(args, kwargs, _is_array).items():  # compare/judge/extra_inputs.py
+            # compare/judge/extra_inputs.py
+            for key, v in other_arguments(args, kwargs, _is_array).items():
                 if v.size <= x.size:
                     keep(f"{path}:in{FIELD_MARK}{key}", v, in_layout)
             probed = keep(f"{path}:in", x, in_layout)
             if probed is not x:
-                args, kwargs = (_replace_first(args, probed), kwargs) if in_args else \
-                    (args, _replace_first(kwargs, probed))
+                args, kwargs = (
+                    (_replace_first(args, probed), kwargs)
+                    if in_args
+                    else (args, _replace_first(kwargs, probed))
+                )
         out = original(self, *args, **kwargs)
         if path:
             inside.pop()
         y = _first_array(out)
-        own = CHANNEL_LAST if self is model else _own_layout(self)  # the model's output: as returned
+        # the model's output: as returned
+        own = CHANNEL_LAST if self is model else _own_layout(self)
         layout = tracker.leave(own, id(self) in leaves, in_layout, y, x=x)
         if path and y is not None and path not in kept:
             count_beyond_first(more[1], path, (), {}, out, _is_array)

@@ -1,8 +1,9 @@
-"""The NNX side's discrete choices at step 0 (common/capture/decisions.py): `jax.lax.top_k`, `jnp.argmax`, `jnp.argmin`,
-`jnp.argsort` replaced while the capture's forward traces (restored after), each call's choice and scores kept
-with the module it ran in. A port that bound one of them under another name at import (`from jax.lax import
-top_k`) is not seen: then the sides' decisions differ in number, and the report says they were not set side by
-side."""
+"""The NNX side's discrete choices at step 0 (common/capture/decisions.py): `jax.lax.top_k`,
+`jnp.argmax`, `jnp.argmin`, `jnp.argsort` replaced while the capture's forward traces (restored
+after), each call's choice and scores kept with the module it ran in. A port that bound one of them
+under another name at import (`from jax.lax import top_k`) is not seen: then the sides' decisions
+differ in number, and the report says they were not set side by side."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,10 +18,12 @@ PREFIX = "decision:"  # kept[PREFIX + "<i>:indices" | "<i>:scores"]
 
 @contextlib.contextmanager
 def watched_decisions(where, keep, facts: list):
-    """For the block, each watched call runs as itself and `keep(key, value)`s its indices and scores, appending
-    {module, op, dim, smallest} to `facts` (`where()`: the module it runs in)."""
+    """For the block, each watched call runs as itself and `keep(key, value)`s its indices and
+    scores, appending {module, op, dim, smallest} to `facts` (`where()`: the module it runs in)."""
+
     def record(op, scores, indices, dim, smallest):
-        if not jnp.issubdtype(scores.dtype, jnp.floating):  # a ranking of integers is exact: no rounding flips it
+        # a ranking of integers is exact: no rounding flips it
+        if not jnp.issubdtype(scores.dtype, jnp.floating):
             return
         i = len(facts)
         facts.append({"module": where(), "op": op, "dim": dim, "smallest": smallest})
@@ -42,6 +45,7 @@ def watched_decisions(where, keep, facts: list):
             else:
                 record(op, a, indices, axis % a.ndim, smallest)
             return indices
+
         return watched
 
     def watched_argsort(a, axis=-1, *args, **kwargs):
@@ -61,7 +65,8 @@ def decisions_of(kept: dict, facts: list) -> list[Decision]:
     """The kept arrays, on the host, as Decisions."""
     out = []
     for i, fact in enumerate(facts):
-        indices, scores = oriented(kept[f"{PREFIX}{i}:indices"], kept[f"{PREFIX}{i}:scores"], fact["dim"],
-                                   fact["smallest"])
+        indices, scores = oriented(
+            kept[f"{PREFIX}{i}:indices"], kept[f"{PREFIX}{i}:scores"], fact["dim"], fact["smallest"]
+        )
         out.append(Decision(fact["module"], fact["op"], indices, scores))
     return out

@@ -1,11 +1,12 @@
 """python -m jax_impl.describe --spec SPEC --out DIR: a twin's NNX side, before any training.
 
-Writes `nnx_params.json` ({canonical name: shape}: the `nnx.state(model, nnx.Param)` paths, which are
-the canonical tree) and `nnx_modules.json` ({module holding parameters: its flax.nnx type}, which decides a
-ConvTranspose's layout). A factory that raises or returns something else than an nnx.Module, a forward that
-returns more than one array (traced abstractly, nothing computed), or a JAX_PLATFORMS this machine lacks
-is one line and exit 2.
+Writes `nnx_params.json` ({canonical name: shape}: the `nnx.state(model, nnx.Param)` paths, which
+are the canonical tree) and `nnx_modules.json` ({module holding parameters: its flax.nnx type},
+which decides a ConvTranspose's layout). A factory that raises or returns something else than an
+nnx.Module, a forward that returns more than one array (traced abstractly, nothing computed), or a
+JAX_PLATFORMS this machine lacks is one line and exit 2.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,10 +26,11 @@ from driver.process import exit_process
 
 
 def check_forward(model, spec: RunSpec) -> None:
-    """The model's forward on step 0's first example must return the logits: an array, or an output holding
-    them (common/twin/outputs.py). Traced abstractly (jax.eval_shape). A forward that raises is left to the run,
-    which reports it the same on every backend, unless it runs on the example transposed channel-last: then
-    the twin lacks its `nnx_input_axes`, refused here before any side trains."""
+    """The model's forward on step 0's first example must return the logits: an array, or an output
+    holding them (common/twin/outputs.py). Traced abstractly (jax.eval_shape). A forward that raises
+    is left to the run, which reports it the same on every backend, unless it runs on the example
+    transposed channel-last: then the twin lacks its `nnx_input_axes`, refused here before any side
+    trains."""
     from flax import nnx
 
     from jax_impl.models import nnx_input_axes, nnx_inputs
@@ -47,21 +49,33 @@ def check_forward(model, spec: RunSpec) -> None:
         return
     twin = twin_of(spec.model)
     if choose(out, twin.logits) is None:
-        raise TwinError(f"twin {spec.model.twin!r}: the forward of nnx={twin.nnx!r} {refusal(out, twin.logits)}")
+        raise TwinError(
+            f"twin {spec.model.twin!r}: the forward of nnx={twin.nnx!r} {refusal(out, twin.logits)}"
+        )
     if twin.loss:
-        _check_loss(graphdef, state, inputs, None if first.targets is None else rows(first.targets, 0, 1), spec)
+        _check_loss(
+            graphdef,
+            state,
+            inputs,
+            None if first.targets is None else rows(first.targets, 0, 1),
+            spec,
+        )
 
 
 def _check_loss(graphdef, state, inputs, targets, spec: RunSpec) -> None:
-    """The twin's own NNX loss on step 0's first example, traced abstractly: a float scalar (the torch side's
-    describe step checks its own the same way); a loss that raises is the run's."""
+    """The twin's own NNX loss on step 0's first example, traced abstractly: a float scalar (the
+    torch side's describe step checks its own the same way); a loss that raises is the run's."""
     from flax import nnx
 
     twin = twin_of(spec.model)
     loss = user_loss(twin, "nnx")
     try:
-        value = _abstract(lambda s, x, t: loss(forward(nnx.merge(graphdef, s), x), loss_batch(x, t)), state, inputs,
-                          targets)
+        value = _abstract(
+            lambda s, x, t: loss(forward(nnx.merge(graphdef, s), x), loss_batch(x, t)),
+            state,
+            inputs,
+            targets,
+        )
     except NoOwnLoss as e:
         raise TwinError(f"twin {spec.model.twin!r}: the forward of nnx={twin.nnx!r} {e}") from None
     except Exception:
@@ -81,13 +95,17 @@ def _abstract(function, state, *trees):
     """function(state, *trees) traced with shapes only (jax.eval_shape): no FLOP is spent."""
     import jax
 
-    return jax.eval_shape(function, state, *(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), t)
-                                             for t in trees))
+    return jax.eval_shape(
+        function,
+        state,
+        *(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), t) for t in trees),
+    )
 
 
 def _refuse_channel_first(graphdef, state, inputs, axes, spec: RunSpec, error: Exception) -> None:
-    """An NNX forward that raised on channel-first images (no `nnx_input_axes`) but runs on them channel-last:
-    an NHWC port fed NCHW. Refused with the declaration that fixes it; any other failure is the run's."""
+    """An NNX forward that raised on channel-first images (no `nnx_input_axes`) but runs on them
+    channel-last: an NHWC port fed NCHW. Refused with the declaration that fixes it; any other
+    failure is the run's."""
     if axes or getattr(inputs, "ndim", 0) < 3:
         return
     channel_last = (0, *range(2, inputs.ndim), 1)
@@ -96,14 +114,16 @@ def _refuse_channel_first(graphdef, state, inputs, axes, spec: RunSpec, error: E
     except Exception:
         return
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
-    raise TwinError(f"twin {spec.model.twin!r}: the NNX forward raised on inputs of shape {list(inputs.shape)} "
-                    f"({type(error).__name__}: {first}) and runs on them channel-last: add "
-                    f"nnx_input_axes={channel_last} to the twin (an NHWC port of a channel-first model)")
+    raise TwinError(
+        f"twin {spec.model.twin!r}: the NNX forward raised on inputs of shape {list(inputs.shape)} "
+        f"({type(error).__name__}: {first}) and runs on them channel-last: add "
+        f"nnx_input_axes={channel_last} to the twin (an NHWC port of a channel-first model)"
+    )
 
 
 def start_state(model) -> dict:
-    """Every Variable the model holds that is neither a Param, running statistics (carried apart) nor RNG state,
-    as the factory built it (common/twin/start_state.py)."""
+    """Every Variable the model holds that is neither a Param, running statistics (carried apart)
+    nor RNG state, as the factory built it (common/twin/start_state.py)."""
     from flax import nnx
 
     from jax_impl.convert import held_buffers
@@ -112,16 +132,18 @@ def start_state(model) -> dict:
 
 
 def module_kinds(model) -> dict[str, str]:
-    """{module path: the flax.nnx class it is or subclasses} of every module holding parameters of its own; an
-    nnx.ConvTranspose that keeps its kernel unflipped says so."""
+    """{module path: the flax.nnx class it is or subclasses} of every module holding parameters of
+    its own; an nnx.ConvTranspose that keeps its kernel unflipped says so."""
     from flax import nnx
 
     out = {}
     for path, module in nnx.iter_modules(model):
         if not any(isinstance(v, nnx.Param) for v in vars(module).values()):
             continue
-        kind = next((c.__name__ for c in type(module).__mro__ if c.__module__.startswith("flax.nnx")),
-                    type(module).__name__)
+        kind = next(
+            (c.__name__ for c in type(module).__mro__ if c.__module__.startswith("flax.nnx")),
+            type(module).__name__,
+        )
         if isinstance(module, nnx.ConvTranspose) and module.transpose_kernel:
             kind += "(transpose_kernel=True)"
         out[".".join(str(p) for p in path)] = kind
@@ -141,7 +163,8 @@ def main(argv=None) -> int:
         from jax_impl.models import build_model
         from jax_impl.sharding import check_platform, set_cpu_device_count
 
-        set_cpu_device_count(spec.mesh.device_count)  # as its run sets it, before JAX initialises: the run this
+        # as its run sets it, before JAX initialises: the run this
+        set_cpu_device_count(spec.mesh.device_count)
         check_platform()  # process may go on to make (driver/describe_sides.py) cannot set it after
         model = build_model(spec.model, seed=spec.train.seed)
         params = to_canonical(nnx.state(model, nnx.Param))
@@ -150,12 +173,15 @@ def main(argv=None) -> int:
             check_forward(model, spec)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
-    write_json_atomic(args.out / "nnx_params.json", {name: list(v.shape) for name, v in params.items()})
+    write_json_atomic(
+        args.out / "nnx_params.json", {name: list(v.shape) for name, v in params.items()}
+    )
     write_json_atomic(args.out / "nnx_modules.json", kinds)
     save_checkpoint(args.out / NNX_STATE, state)
     import jax
 
-    jax.clear_caches()  # a run this process goes on to make (driver/describe_sides.py) compiles as a fresh one would
+    # a run this process goes on to make (driver/describe_sides.py) compiles as a fresh one would
+    jax.clear_caches()
     return ExitCode.OK
 
 

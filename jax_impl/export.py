@@ -1,12 +1,13 @@
-"""python -m jax_impl.export: the NNX side of `python -m compare.convert`, an orbax checkpoint of the NNX
-model's parameter state (`nnx.state(model, nnx.Param)`, restored with `nnx.update`).
+"""python -m jax_impl.export: the NNX side of `python -m compare.convert`, an orbax checkpoint of
+the NNX model's parameter state (`nnx.state(model, nnx.Param)`, restored with `nnx.update`).
 
     --spec S --canonical IN.safetensors --to-orbax DIR     canonical weights -> orbax
     --spec S --orbax DIR --to-canonical OUT.safetensors    orbax -> canonical weights
 
-The checkpoints are jax_impl/checkpoint_io.py's. A directory that is not an orbax checkpoint of this model
-is one line and exit 2; a write that fails (disk full) is one line and exit 7.
+The checkpoints are jax_impl/checkpoint_io.py's. A directory that is not an orbax checkpoint of this
+model is one line and exit 2; a write that fails (disk full) is one line and exit 7.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,12 +30,16 @@ def main(argv=None) -> int:
     parser.add_argument("--to-orbax", type=Path)
     parser.add_argument("--orbax", type=Path)
     parser.add_argument("--to-canonical", type=Path)
-    parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint this toolkit wrote")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a checkpoint this toolkit wrote"
+    )
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec)
         if args.canonical and args.to_orbax:
-            save_orbax(spec, load_checkpoint(args.canonical, spec.model), args.to_orbax, args.overwrite)
+            save_orbax(
+                spec, load_checkpoint(args.canonical, spec.model), args.to_orbax, args.overwrite
+            )
         elif args.orbax and args.to_canonical:
             arrays = restore_orbax(spec, args.orbax)
             try:
@@ -48,7 +53,8 @@ def main(argv=None) -> int:
     except TargetWriteError as e:
         sys.stderr.flush()
         os.write(stderr_fd(), f"error: {e}\n".encode())
-        os._exit(ExitCode.IO)  # not sys.exit: orbax's failed writer threads would log tracebacks at shutdown
+        # not sys.exit: orbax's failed writer threads would log tracebacks at shutdown
+        os._exit(ExitCode.IO)
     return ExitCode.OK
 
 

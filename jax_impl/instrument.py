@@ -12,6 +12,7 @@ after a `/jax/compilation_cache/cache_hits` event, so a hit is still counted
 as a compile (at its step and phase: a steady-state recompile stays one)
 and marked `cache_hit`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,8 @@ CACHE_REQUEST_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
 
 
 def enable_compile_cache(path: Path | None) -> dict:
-    """Turn on JAX's persistent compilation cache in `path` for every compile, however short or small
-    (JAX's defaults skip compiles under 1 s). Returns the record's `compile_cache` entry."""
+    """Turn on JAX's persistent compilation cache in `path` for every compile, however short or
+    small (JAX's defaults skip compiles under 1 s). Returns the record's `compile_cache` entry."""
     if path is None:
         return {"enabled": False}
     unusable = unusable_cache_dir(path)
@@ -60,7 +61,8 @@ class CompileMonitor(logging.Handler):
 
     @contextlib.contextmanager
     def analysis(self):
-        """Compiles inside are analysis (a summary, an eval forward, the HLO statistics), not the run's."""
+        """Compiles inside are analysis (a summary, an eval forward, the HLO statistics), not the
+        run's."""
         paused, self.paused = self.paused, True
         try:
             yield
@@ -71,7 +73,8 @@ class CompileMonitor(logging.Handler):
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         jax.config.update("jax_explain_cache_misses", True)
         self._logger.addHandler(self)
-        self._logger.propagate = False  # keep the explanations out of the user's terminal; they go to the record
+        # keep the explanations out of the user's terminal; they go to the record
+        self._logger.propagate = False
         self.installed = True
 
     def close(self) -> None:
@@ -102,8 +105,15 @@ class CompileMonitor(logging.Handler):
             return
         hit, self._hit_pending = self._hit_pending, False
         if not self.paused:
-            self.events.append(CompileEvent(str(kwargs.get("fun_name", "?")), float(duration), self.step, self.phase,
-                                            cache_hit=hit))
+            self.events.append(
+                CompileEvent(
+                    str(kwargs.get("fun_name", "?")),
+                    float(duration),
+                    self.step,
+                    self.phase,
+                    cache_hit=hit,
+                )
+            )
 
     def cache_summary(self, cache: dict) -> dict:
         """The record's `compile_cache` entry: hits and misses among the counted compiles."""
@@ -118,16 +128,24 @@ class CompileMonitor(logging.Handler):
         if self.paused or self.phase != Phase.LOOP or "never seen function" in message:
             return
         if "CACHE MISS" in message:
-            fun = next((ln.split("for ", 1)[1].split(" defined")[0] for ln in message.splitlines()
-                        if ln.strip().startswith("for ")), "?")
+            fun = next(
+                (
+                    ln.split("for ", 1)[1].split(" defined")[0]
+                    for ln in message.splitlines()
+                    if ln.strip().startswith("for ")
+                ),
+                "?",
+            )
             words = "; ".join(ln.strip() for ln in message.splitlines()[1:] if ln.strip())
             self.causes.append(recompile_entry(self.step, fun, *classify_jax(message), words))
 
 
 def hlo_statistics(jitted, args, hlo_path, **static) -> dict:
-    """The optimized HLO, cost and memory analysis of the executable `jitted` runs for `args` and `static`."""
-    # the static arguments exactly as the run passed them: JAX then hands back the executable the run
-    # compiled (1.1 s of gpt-tiny's 5 s process when `python_value=None` was left out and it compiled again)
+    """The optimized HLO, cost and memory analysis of the executable `jitted` runs for `args` and
+    `static`."""
+    # the static arguments exactly as the run passed them: JAX then hands back the executable the
+    # run compiled (1.1 s of gpt-tiny's 5 s process when `python_value=None` was left out and it
+    # compiled again)
     compiled = jitted.lower(*args, **static).compile()
     text = compiled.as_text()
     hlo_path.write_text(text)
@@ -137,12 +155,23 @@ def hlo_statistics(jitted, args, hlo_path, **static) -> dict:
     cost = cost or {}
     memory = compiled.memory_analysis()
     mem = {}
-    for key in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes",
-                "generated_code_size_in_bytes"):
+    for key in (
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "temp_size_in_bytes",
+        "alias_size_in_bytes",
+        "generated_code_size_in_bytes",
+    ):
         value = getattr(memory, key, None)
         if value is not None:
             mem[key] = int(value)
     histogram = op_histogram(text)
-    return {"flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-            "op_histogram": histogram, "reported_ops": reported_ops(histogram), "memory": mem,
-            "memory_source": "compiled.memory_analysis()", "hlo_file": hlo_path.name}
+    return {
+        "flops": float(cost.get("flops", 0.0)),
+        "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+        "op_histogram": histogram,
+        "reported_ops": reported_ops(histogram),
+        "memory": mem,
+        "memory_source": "compiled.memory_analysis()",
+        "hlo_file": hlo_path.name,
+    }

@@ -8,6 +8,7 @@ epsilon, GELU form, explicit symmetric conv padding, causal mask, tied
 embeddings. Parameters are float32; `compute_dtype` is the activation/matmul
 dtype (bfloat16 under the bf16 policy, see `train.py`).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,9 @@ def _linear(n_in: int, n_out: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
 class MLP(nnx.Module):
     def __init__(self, spec: MLPSpec, *, compute_dtype=jnp.float32, rngs: nnx.Rngs):
         sizes = (spec.input_size, *spec.hidden_sizes)
-        self.hidden = nnx.List([_linear(a, b, compute_dtype, rngs) for a, b in zip(sizes[:-1], sizes[1:])])
+        self.hidden = nnx.List(
+            [_linear(a, b, compute_dtype, rngs) for a, b in zip(sizes[:-1], sizes[1:])]
+        )
         self.head = _linear(sizes[-1], spec.num_classes, compute_dtype, rngs)
         self.activation = ACTIVATIONS[spec.activation]
 
@@ -52,8 +55,18 @@ class CNN(nnx.Module):
     def __init__(self, spec: CNNSpec, *, compute_dtype=jnp.float32, rngs: nnx.Rngs):
         convs, c_in = [], spec.input_shape[2]
         for c_out, k, s, p in zip(spec.channels, spec.kernel_sizes, spec.strides, spec.paddings):
-            convs.append(nnx.Conv(c_in, c_out, kernel_size=(k, k), strides=(s, s), padding=((p, p), (p, p)),
-                                  dtype=compute_dtype, param_dtype=jnp.float32, rngs=rngs))
+            convs.append(
+                nnx.Conv(
+                    c_in,
+                    c_out,
+                    kernel_size=(k, k),
+                    strides=(s, s),
+                    padding=((p, p), (p, p)),
+                    dtype=compute_dtype,
+                    param_dtype=jnp.float32,
+                    rngs=rngs,
+                )
+            )
             c_in = c_out
         self.convs = nnx.List(convs)
         h, w = spec.feature_map_hw()
@@ -83,10 +96,13 @@ class Attention(nnx.Module):
     def __call__(self, x):  # (B, T, D)
         b, t, d = x.shape
         hd = d // self.n_heads
-        q, k, v = (proj(x).reshape(b, t, self.n_heads, hd) for proj in (self.q, self.k, self.v))  # (B, T, H, hd)
+        # (B, T, H, hd)
+        q, k, v = (proj(x).reshape(b, t, self.n_heads, hd) for proj in (self.q, self.k, self.v))
         scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hd)  # (B, H, T, T)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        scores = jnp.where(causal, scores.astype(jnp.promote_types(scores.dtype, jnp.float32)), -jnp.inf)
+        scores = jnp.where(
+            causal, scores.astype(jnp.promote_types(scores.dtype, jnp.float32)), -jnp.inf
+        )
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         y = jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, d)
         return self.o(y)
@@ -103,8 +119,13 @@ class FeedForward(nnx.Module):
 
 
 def _layernorm(spec: TransformerSpec, compute_dtype, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    return nnx.LayerNorm(spec.d_model, epsilon=spec.layernorm_eps, dtype=compute_dtype,
-                         param_dtype=jnp.float32, rngs=rngs)
+    return nnx.LayerNorm(
+        spec.d_model,
+        epsilon=spec.layernorm_eps,
+        dtype=compute_dtype,
+        param_dtype=jnp.float32,
+        rngs=rngs,
+    )
 
 
 def _dropout(spec: TransformerSpec, rngs: nnx.Rngs) -> nnx.Dropout:
@@ -131,14 +152,24 @@ class Block(nnx.Module):
 
 class GPT(nnx.Module):
     def __init__(self, spec: TransformerSpec, *, compute_dtype=jnp.float32, rngs: nnx.Rngs):
-        self.wte = nnx.Embed(spec.vocab_size, spec.d_model, dtype=compute_dtype, param_dtype=jnp.float32, rngs=rngs)
-        self.wpe = nnx.Embed(spec.seq_len, spec.d_model, dtype=compute_dtype, param_dtype=jnp.float32, rngs=rngs)
+        self.wte = nnx.Embed(
+            spec.vocab_size, spec.d_model, dtype=compute_dtype, param_dtype=jnp.float32, rngs=rngs
+        )
+        self.wpe = nnx.Embed(
+            spec.seq_len, spec.d_model, dtype=compute_dtype, param_dtype=jnp.float32, rngs=rngs
+        )
         self.drop = _dropout(spec, rngs)
         self.blocks = nnx.List([Block(spec, compute_dtype, rngs) for _ in range(spec.n_layers)])
         self.ln_f = _layernorm(spec, compute_dtype, rngs)
         if not spec.tied_embeddings:
-            self.lm_head = nnx.Linear(spec.d_model, spec.vocab_size, use_bias=False, dtype=compute_dtype,
-                                      param_dtype=jnp.float32, rngs=rngs)
+            self.lm_head = nnx.Linear(
+                spec.d_model,
+                spec.vocab_size,
+                use_bias=False,
+                dtype=compute_dtype,
+                param_dtype=jnp.float32,
+                rngs=rngs,
+            )
         self.tied = spec.tied_embeddings
 
     def __call__(self, tokens):  # (B, T) int -> (B, T, vocab)
@@ -163,13 +194,15 @@ def gpt(*, rngs: nnx.Rngs, compute_dtype=jnp.float32, **hparams) -> GPT:
     return GPT(TransformerSpec(**hparams), compute_dtype=compute_dtype, rngs=rngs)
 
 
-def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0, dropout_seed: int | None = None):
+def build_model(
+    spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0, dropout_seed: int | None = None
+):
     """The twin's NNX model, from its factory (`common.twin`); parameter values come from
     convert.load_canonical.
 
-    A model is built abstractly (shapes only), so no init kernel compiles, unless it holds state other
-    than its parameters that its constructor computes (dropout's RNG state, a user's rotary table):
-    then it is built for real.
+    A model is built abstractly (shapes only), so no init kernel compiles, unless it holds state
+    other than its parameters that its constructor computes (dropout's RNG state, a user's rotary
+    table): then it is built for real.
     """
     twin = twin_of(spec)
     factory = resolve(twin.nnx, twin.base_dir)
@@ -177,9 +210,12 @@ def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0, dropo
     kwargs = hparams_of(spec)
     if twin.nnx_dtype_arg:
         kwargs[twin.nnx_dtype_arg] = compute_dtype
-    elif compute_dtype == jnp.bfloat16:  # (float64 needs none: modules without a dtype follow their inputs')
-        raise TwinError(f"twin {getattr(spec, 'twin', spec.family)} names no nnx_dtype_arg, so its NNX side "
-                        "cannot compute in bfloat16; add one to the Twin or run float32")
+    # (float64 needs none: modules without a dtype follow their inputs')
+    elif compute_dtype == jnp.bfloat16:
+        raise TwinError(
+            f"twin {getattr(spec, 'twin', spec.family)} names no nnx_dtype_arg, so its NNX side "
+            "cannot compute in bfloat16; add one to the Twin or run float32"
+        )
     try:
         rngs = lambda: nnx.Rngs(seed, dropout=seed if dropout_seed is None else dropout_seed)  # noqa: E731
         make = lambda: factory(**kwargs, rngs=rngs())  # noqa: E731  (Rngs made inside the trace)
@@ -189,17 +225,20 @@ def build_model(spec: ModelSpec, compute_dtype=jnp.float32, seed: int = 0, dropo
     except Exception as e:
         raise factory_error("NNX factory", twin.nnx, e, [*kwargs, "rngs"]) from None
     if not isinstance(model, nnx.Module):
-        raise TwinError(f"NNX factory {twin.nnx} returned a {type(model).__name__}, not a flax.nnx.Module")
+        raise TwinError(
+            f"NNX factory {twin.nnx} returned a {type(model).__name__}, not a flax.nnx.Module"
+        )
     if compute_dtype == jnp.float64:
         float64_parameters(model)
     return model
 
 
 def float64_parameters(model: nnx.Module) -> None:
-    """A float64 run's model as a JAX user builds one for it, `param_dtype=jnp.float64`: every layer's param_dtype
-    float64 (its values come from the canonical weights, widened), and an `nnx.Embed` whose compute dtype came
-    from its float32 param_dtype (flax sets `dtype = dtype or param dtype`) computes in float64; left so, it
-    casts its float64 table to float32 (a float32 island where the torch side has none)."""
+    """A float64 run's model as a JAX user builds one for it, `param_dtype=jnp.float64`: every
+    layer's param_dtype float64 (its values come from the canonical weights, widened), and an
+    `nnx.Embed` whose compute dtype came from its float32 param_dtype (flax sets `dtype = dtype or
+    param dtype`) computes in float64; left so, it casts its float64 table to float32 (a float32
+    island where the torch side has none)."""
     for _, module in nnx.iter_modules(model):
         if getattr(module, "param_dtype", None) == jnp.float32:
             if isinstance(module, nnx.Embed) and module.dtype == jnp.float32:
@@ -208,20 +247,25 @@ def float64_parameters(model: nnx.Module) -> None:
 
 
 def nnx_input_axes(spec: RunSpec) -> tuple[int, ...]:
-    """The transpose the NNX side's inputs take (the twin's `nnx_input_axes`), checked against the batch."""
+    """The transpose the NNX side's inputs take (the twin's `nnx_input_axes`), checked against the
+    batch."""
     axes = twin_of(spec.model).nnx_input_axes or ()
-    if isinstance(axes, dict):  # a twin's named inputs (task custom): checked per input as the batch comes
+    # a twin's named inputs (task custom): checked per input as the batch comes
+    if isinstance(axes, dict):
         return {k: tuple(v) for k, v in axes.items()}
     axes = tuple(axes)
     if axes and len(axes) != input_ndim(spec):
-        raise TwinError(f"twin {getattr(spec.model, 'twin', spec.model.family)}: nnx_input_axes={axes} has "
-                        f"{len(axes)} axes but the inputs have {input_ndim(spec)} (batch first); give one per axis")
+        raise TwinError(
+            f"twin {getattr(spec.model, 'twin', spec.model.family)}: nnx_input_axes={axes} has "
+            f"{len(axes)} axes but the inputs have {input_ndim(spec)} (batch first); give one per "
+            "axis"
+        )
     return axes
 
 
 def nnx_inputs(inputs, axes):
-    """A batch's inputs as the NNX side takes them (numpy, jax or abstract arrays; a twin's named inputs, each
-    transposed by its own axes)."""
+    """A batch's inputs as the NNX side takes them (numpy, jax or abstract arrays; a twin's named
+    inputs, each transposed by its own axes)."""
     if isinstance(inputs, dict):
         return {k: nnx_inputs(v, axes.get(k, ()) if axes else ()) for k, v in inputs.items()}
     return inputs.transpose(axes) if axes else inputs

@@ -1,13 +1,14 @@
-"""A parity tensor's summary computed where it lives (`--tensors summary|auto` on jax): the statistics are
-reduced on the devices over every shard, the sampled values gathered there, and only those few numbers come
-to the host. A sharded tensor of a multi-process run is never assembled in one process, and a large one never
-copied to host memory whole (common/files/tensor_summary.py defines the summary; numpy summarizes on the host what
-another backend holds there).
+"""A parity tensor's summary computed where it lives (`--tensors summary|auto` on jax): the
+statistics are reduced on the devices over every shard, the sampled values gathered there, and only
+those few numbers come to the host. A sharded tensor of a multi-process run is never assembled in
+one process, and a large one never copied to host memory whole (common/files/tensor_summary.py
+defines the summary; numpy summarizes on the host what another backend holds there).
 
-The reductions run in float32 (JAX without x64; float64 sums on the host): the sum and sum of squares differ
-from the host's by rounding, far inside what `summary_checks` allows (n * bound, sqrt(n) * bound); the largest
-magnitude, the non-finite count and the sampled values are exact.
+The reductions run in float32 (JAX without x64; float64 sums on the host): the sum and sum of
+squares differ from the host's by rounding, far inside what `summary_checks` allows (n * bound,
+sqrt(n) * bound); the largest magnitude, the non-finite count and the sampled values are exact.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,10 +23,13 @@ from jax_impl.sharding import to_host
 
 @jax.jit
 def _stats(x: jax.Array) -> jax.Array:
-    """sum, sum of squares, largest magnitude (over the finite elements) and the non-finite count."""
+    """sum, sum of squares, largest magnitude (over the finite elements) and the non-finite
+    count."""
     finite = jnp.isfinite(x)
     f = jnp.where(finite, x, 0).astype(jnp.float32)
-    return jnp.stack([f.sum(), (f * f).sum(), jnp.abs(f).max(initial=0.0), (~finite).sum().astype(jnp.float32)])
+    return jnp.stack(
+        [f.sum(), (f * f).sum(), jnp.abs(f).max(initial=0.0), (~finite).sum().astype(jnp.float32)]
+    )
 
 
 @jax.jit
@@ -34,15 +38,23 @@ def _take(x: jax.Array, where: tuple) -> jax.Array:
 
 
 def device_summary(name: str, x: jax.Array) -> TensorSummary:
-    """The summary of canonical tensor `name` (its tensor-file key), equal to common.files.tensor_summary.summarize's
-    of the same values in its shape, sampled values, count, non-finite count and largest magnitude."""
+    """The summary of canonical tensor `name` (its tensor-file key), equal to
+    common.files.tensor_summary.summarize's of the same values in its shape, sampled values, count,
+    non-finite count and largest magnitude."""
     shape = tuple(x.shape)
     indices = sample_indices(name, shape)
     total, squares, largest, nonfinite = (float(v) for v in to_host(_stats(x)))
-    where = tuple(jnp.asarray(i, jnp.int32) for i in np.unravel_index(indices, shape))  # each axis < 2**31
+    # each axis < 2**31
+    where = tuple(jnp.asarray(i, jnp.int32) for i in np.unravel_index(indices, shape))
     values = to_host(_take(x, where))
-    if values.dtype.kind not in "biuf":  # bfloat16: kept as float32, as the tensor file keeps every array
+    # bfloat16: kept as float32, as the tensor file keeps every array
+    if values.dtype.kind not in "biuf":
         values = values.astype(np.float32)
-    stats = {"count": float(math.prod(shape)), "sum": total, "sum_sq": squares, "max_abs": largest,
-             "nonfinite": nonfinite}
+    stats = {
+        "count": float(math.prod(shape)),
+        "sum": total,
+        "sum_sq": squares,
+        "max_abs": largest,
+        "nonfinite": nonfinite,
+    }
     return TensorSummary(shape, stats, indices, values, on_device=True)

@@ -9,6 +9,7 @@ bf16 policy (train.dtype=bfloat16): parameters and optimizer state stay
 float32; modules compute in bfloat16 (their `dtype`); logits are cast to
 float32 before the softmax cross-entropy.
 """
+
 from __future__ import annotations
 
 import time
@@ -47,25 +48,32 @@ def loss_dtype(x):
 
 def cross_entropy(logits, targets):
     """Mean softmax cross-entropy over every position, in float32 (float64 in a float64 run)."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(loss_dtype(logits)), targets).mean()
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(loss_dtype(logits)), targets
+    ).mean()
 
 
 def mean_squared_error(predictions, targets):
     """Mean squared error over every element, in float32 (float64 in a float64 run)."""
     predictions = predictions.astype(loss_dtype(predictions))
-    return jnp.mean((predictions - targets.astype(predictions.dtype).reshape(predictions.shape)) ** 2)
+    return jnp.mean(
+        (predictions - targets.astype(predictions.dtype).reshape(predictions.shape)) ** 2
+    )
 
 
 def task_loss(spec: RunSpec):
-    """`loss(outputs, batch) -> scalar` of the run, on the forward's whole output and batch = {"inputs": ...,
-    "targets": ...}: the twin's own NNX loss, or the task's (cross-entropy or mean squared error of the output
-    the twin's `logits` picks; the twin of torch_impl.train.task_loss)."""
+    """`loss(outputs, batch) -> scalar` of the run, on the forward's whole output and batch =
+    {"inputs": ..., "targets": ...}: the twin's own NNX loss, or the task's (cross-entropy or mean
+    squared error of the output the twin's `logits` picks; the twin of
+    torch_impl.train.task_loss)."""
     twin = twin_of(spec.model)
     if twin.loss:
         loss = user_loss(twin, "nnx")
+
         def own(outputs, batch):
             value = loss(outputs, batch)
             return jnp.asarray(value, loss_dtype(value))
+
         return own
     built_in = mean_squared_error if spec.task == "regression" else cross_entropy
     return lambda outputs, batch: built_in(logits_of(outputs, twin.logits), batch["targets"])
@@ -73,8 +81,8 @@ def task_loss(spec: RunSpec):
 
 def in_this_trace(state):
     """`state` with its Variables made anew in the running trace. Dropout advances its RNG count; a
-    Variable from an outer level (the jit's, inside value_and_grad) refuses that ("Cannot mutate RngCount
-    from a different trace level")."""
+    Variable from an outer level (the jit's, inside value_and_grad) refuses that ("Cannot mutate
+    RngCount from a different trace level")."""
     return jax.tree.map(lambda leaf: leaf, state)
 
 
@@ -84,8 +92,12 @@ class JaxTrainer(JittedTrainer):
     def __init__(self, spec: RunSpec, mesh, options: RunOptions, monitor: CompileMonitor):
         self.bind(spec, options, monitor, mesh)
         checkpoint = options.checkpoint
-        compute_dtype = {"bfloat16": jnp.bfloat16, "float64": jnp.float64}.get(spec.train.dtype, jnp.float32)
-        model = build_model(spec.model, compute_dtype, seed=spec.train.seed, dropout_seed=spec.train.mask_seed)
+        compute_dtype = {"bfloat16": jnp.bfloat16, "float64": jnp.float64}.get(
+            spec.train.dtype, jnp.float32
+        )
+        model = build_model(
+            spec.model, compute_dtype, seed=spec.train.seed, dropout_seed=spec.train.mask_seed
+        )
         self.input_axes, self.which = nnx_input_axes(spec), twin_of(spec.model).logits
         self.loss_fn, self.output_axes = task_loss(spec), tuple(twin_of(spec.model).nnx_output_axes)
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
@@ -98,14 +110,16 @@ class JaxTrainer(JittedTrainer):
         jax.block_until_ready(self.params)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.tx = make_optimizer(spec.train)
-        self.state = self.rest  # RNG state of dropout (and any other non-parameter state), threaded by the step
+        # RNG state of dropout (and any other non-parameter state), threaded by the step
+        self.state = self.rest
         self.compile_functions(mesh)
 
     def fed_dropout(self, feed):
         return masks.fed_dropout(feed)
 
     def torch_layout(self, output):
-        """The forward's output in the torch side's layout (the twin's nnx_output_axes), to be compared."""
+        """The forward's output in the torch side's layout (the twin's nnx_output_axes), to be
+        compared."""
         return output.transpose(self.output_axes) if self.output_axes else output
 
     def _loss_and_aux(self, params, state, batch: StepBatch):
@@ -113,13 +127,16 @@ class JaxTrainer(JittedTrainer):
         fed, seen = self.nnx_batch(batch.inputs, batch.targets)
         out = forward(model, fed)
         outputs = array_outputs(out, self.which)
-        return self.loss_fn(out, seen), (nnx.state(model, nnx.Not(nnx.Param)),
-                                         {**outputs, "logits": self.torch_layout(outputs["logits"])})
+        return self.loss_fn(out, seen), (
+            nnx.state(model, nnx.Not(nnx.Param)),
+            {**outputs, "logits": self.torch_layout(outputs["logits"])},
+        )
 
     def nnx_batch(self, inputs, targets) -> tuple:
-        """(what the forward is fed, what the loss sees) as the NNX side takes them: the inputs transposed by the
-        twin's nnx_input_axes; a built-in task's loss sees the batch as the task makes it, a twin's own named
-        arrays are each transposed by the axes it names, the loss's keys too."""
+        """(what the forward is fed, what the loss sees) as the NNX side takes them: the inputs
+        transposed by the twin's nnx_input_axes; a built-in task's loss sees the batch as the task
+        makes it, a twin's own named arrays are each transposed by the axes it names, the loss's
+        keys too."""
         fed = nnx_inputs(inputs, self.input_axes)
         if isinstance(targets, dict):
             return fed, loss_batch(fed, nnx_inputs(targets, self.input_axes))
@@ -135,13 +152,20 @@ class JaxTrainer(JittedTrainer):
     def _eval_forward(self, params, state, inputs):
         model = nnx.merge(self.graphdef, params, in_this_trace(state))
         model.eval()
-        return self.torch_layout(logits_of(forward(model, nnx_inputs(inputs, self.input_axes)), self.which))
+        return self.torch_layout(
+            logits_of(forward(model, nnx_inputs(inputs, self.input_axes)), self.which)
+        )
 
     def _activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         fed, seen = self.nnx_batch(*jax.tree.map(jnp.asarray, (inputs, targets)))
-        return capture_activations(nnx.merge(self.graphdef, self.params, self.state), fed,  # as training left it
-                                   input_layout(self.input_axes), lambda out: self.loss_fn(out, seen),
-                                   masks=self.capture_masks)
+        # as training left it
+        return capture_activations(
+            nnx.merge(self.graphdef, self.params, self.state),
+            fed,
+            input_layout(self.input_axes),
+            lambda out: self.loss_fn(out, seen),
+            masks=self.capture_masks,
+        )
 
     def float32_islands(self, inputs, targets) -> dict[str, str]:
         fed, seen = self.nnx_batch(*jax.tree.map(jnp.asarray, (inputs, targets)))
@@ -153,20 +177,35 @@ class JaxTrainer(JittedTrainer):
         devices = jax.devices()
         precision = spec.train.matmul_precision
         return RunRecord(
-            backend="jax", spec=spec.to_dict(),
+            backend="jax",
+            spec=spec.to_dict(),
             versions=package_versions("jax", "jaxlib", "flax", "optax"),
-            platform={**host_platform(), "device_platform": devices[0].platform,
-                      "device_kind": devices[0].device_kind, "device_count": len(devices),
-                      "process_count": jax.process_count()},
-            numerics={"dtype": spec.train.dtype, "matmul_precision": precision,
-                      "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-                      "bf16_policy": "float32 params and optimizer state, bfloat16 module compute, float32 loss",
-                      "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
-                      "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
+            platform={
+                **host_platform(),
+                "device_platform": devices[0].platform,
+                "device_kind": devices[0].device_kind,
+                "device_count": len(devices),
+                "process_count": jax.process_count(),
+            },
+            numerics={
+                "dtype": spec.train.dtype,
+                "matmul_precision": precision,
+                "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+                "bf16_policy": "float32 params and optimizer state, bfloat16 module compute, "
+                "float32 loss",
+                "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
+                "weight_decay_applies_to": spec.train.decay_applies_to,
+                "env": numerics_env(),
+            },
             settle_steps=SETTLE_STEPS,
-            extra=RunExtra(notes={
-                "step_api": "jax.jit(pure step over nnx.split state, donate params and optimizer state)",
-                "mesh_strategy": spec.mesh.strategy, "nnx_input_axes": list(nnx_input_axes(spec))}),
+            extra=RunExtra(
+                notes={
+                    "step_api": "jax.jit(pure step over nnx.split state, donate params and "
+                    "optimizer state)",
+                    "mesh_strategy": spec.mesh.strategy,
+                    "nnx_input_axes": list(nnx_input_axes(spec)),
+                }
+            ),
         )
 
     def to_canonical(self, tree, group: str = "") -> dict:

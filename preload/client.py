@@ -1,10 +1,13 @@
-"""Starting a process through a preloading fork server where one serves it, else as a plain subprocess.
+"""Starting a process through a preloading fork server where one serves it, else as a plain
+subprocess.
 
-XLA_TWINS_PRELOAD names a JSON manifest: {"servers": [{"socket": PATH, "python": INTERPRETER, "routes":
-[MODULE, ...]}]}. A command `INTERPRETER -m MODULE ...` whose module is, or is inside, a route of a server for
-that interpreter goes to that server; `-c CODE` goes to the server routing "-c". Anything the server declines or
-cannot be reached for starts as a plain subprocess.Popen, so a command behaves alike either way.
+XLA_TWINS_PRELOAD names a JSON manifest: {"servers": [{"socket": PATH, "python": INTERPRETER,
+"routes": [MODULE, ...]}]}. A command `INTERPRETER -m MODULE ...` whose module is, or is inside, a
+route of a server for that interpreter goes to that server; `-c CODE` goes to the server routing
+"-c". Anything the server declines or cannot be reached for starts as a plain subprocess.Popen, so a
+command behaves alike either way.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,30 +20,70 @@ import subprocess
 MANIFEST_ENV = "XLA_TWINS_PRELOAD"
 
 
-def start(command: list[str], *, stdin=None, stdout=None, stderr=None, env: dict | None = None, cwd=None,
-          pass_fds: tuple[int, ...] = (), start_new_session: bool = False, text: bool = False,
-          errors: str | None = None):
-    """subprocess.Popen(command, ...) for these arguments, served by a preloaded interpreter where one is. Only
-    a command in a session of its own is served: a server's child cannot join the caller's process group. Its
-    arguments may be paths, as Popen's may."""
+def start(
+    command: list[str],
+    *,
+    stdin=None,
+    stdout=None,
+    stderr=None,
+    env: dict | None = None,
+    cwd=None,
+    pass_fds: tuple[int, ...] = (),
+    start_new_session: bool = False,
+    text: bool = False,
+    errors: str | None = None,
+):
+    """subprocess.Popen(command, ...) for these arguments, served by a preloaded interpreter where
+    one is. Only a command in a session of its own is served: a server's child cannot join the
+    caller's process group. Its arguments may be paths, as Popen's may."""
     command = [os.fspath(arg) for arg in command]
     server = _server_for(command) if start_new_session else None
     if server is not None:
-        proc = _start_served(server, command, stdin, stdout, stderr, env, cwd, pass_fds, start_new_session, text,
-                             errors)
+        proc = _start_served(
+            server,
+            command,
+            stdin,
+            stdout,
+            stderr,
+            env,
+            cwd,
+            pass_fds,
+            start_new_session,
+            text,
+            errors,
+        )
         if proc is not None:
             return proc
-    return subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
-                            pass_fds=pass_fds, start_new_session=start_new_session, text=text, errors=errors)
+    return subprocess.Popen(
+        command,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+        cwd=cwd,
+        pass_fds=pass_fds,
+        start_new_session=start_new_session,
+        text=text,
+        errors=errors,
+    )
 
 
-def run(command: list[str], *, env: dict | None = None, cwd=None, timeout: float | None = None,
-        stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
-    """subprocess.run(command, capture_output=True, text=True, ...) through start(): output to unnamed files."""
+def run(
+    command: list[str],
+    *,
+    env: dict | None = None,
+    cwd=None,
+    timeout: float | None = None,
+    stdin=subprocess.DEVNULL,
+) -> subprocess.CompletedProcess:
+    """subprocess.run(command, capture_output=True, text=True, ...) through start(): output to
+    unnamed files."""
     import tempfile
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = start(command, stdin=stdin, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True)
+        proc = start(
+            command, stdin=stdin, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True
+        )
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -53,8 +96,8 @@ def run(command: list[str], *, env: dict | None = None, cwd=None, timeout: float
 
 
 class ServedProcess:
-    """The Popen calls compare makes (pid, poll, wait, signals, stdout) for a child of a fork server, whose
-    exit status the server sends on the connection once it has reaped it."""
+    """The Popen calls compare makes (pid, poll, wait, signals, stdout) for a child of a fork
+    server, whose exit status the server sends on the connection once it has reaped it."""
 
     def __init__(self, args, pid: int, conn: socket.socket, stdin, stdout, stderr):
         self.args, self.pid, self.returncode = args, pid, None
@@ -92,7 +135,8 @@ class ServedProcess:
             if not select.select([self._conn], [], [], left)[0]:
                 return
             chunk = self._conn.recv(64)
-            if not chunk:  # the server died before it could tell: the child's status is lost with it
+            # the server died before it could tell: the child's status is lost with it
+            if not chunk:
                 self._said += b"exit 255\n"
             self._said += chunk
         line = self._said.split(b"\n", 1)[0].decode()
@@ -112,7 +156,8 @@ def _manifest() -> list[dict]:
 
 
 def _note(line: str) -> None:
-    """One line per start in MANIFEST.log: what was served, what started plain and why (the suite's measure)."""
+    """One line per start in MANIFEST.log: what was served, what started plain and why (the suite's
+    measure)."""
     try:
         with open(os.environ[MANIFEST_ENV] + ".log", "a") as f:
             f.write(line.replace("\n", " ") + "\n")
@@ -132,8 +177,11 @@ def _server_for(command: list[str]) -> dict | None:
     return None
 
 
-def _start_served(server, command, stdin, stdout, stderr, env, cwd, pass_fds, session, text, errors):
-    opened, kept = [], {}  # descriptors made here for the child (closed once sent), ends kept for the parent
+def _start_served(
+    server, command, stdin, stdout, stderr, env, cwd, pass_fds, session, text, errors
+):
+    # descriptors made here for the child (closed once sent), ends kept for the parent
+    opened, kept = [], {}
 
     def child_end(spec, fd: int, reading: bool) -> int:
         if spec is None:
@@ -152,9 +200,13 @@ def _start_served(server, command, stdin, stdout, stderr, env, cwd, pass_fds, se
         fds = [child_end(stdin, 0, True), child_end(stdout, 1, False)]
         fds.append(fds[1] if stderr == subprocess.STDOUT else child_end(stderr, 2, False))
         fds += list(pass_fds)
-        request = {"argv": command, "cwd": os.path.abspath(cwd or os.getcwd()),
-                   "env": dict(os.environ if env is None else env), "fds": [0, 1, 2, *pass_fds],
-                   "session": session}
+        request = {
+            "argv": command,
+            "cwd": os.path.abspath(cwd or os.getcwd()),
+            "env": dict(os.environ if env is None else env),
+            "fds": [0, 1, 2, *pass_fds],
+            "session": session,
+        }
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.settimeout(10)
@@ -185,6 +237,10 @@ def _start_served(server, command, stdin, stdout, stderr, env, cwd, pass_fds, se
             os.close(fd)
     conn.settimeout(None)
     _note(f"served {command[2] if command[1] == '-m' else '-c'}")
-    ends = {fd: open(end, "r" if fd else "w", errors=errors) if text else open(end, "rb" if fd else "wb")
-            for fd, end in kept.items()}
+    ends = {
+        fd: open(end, "r" if fd else "w", errors=errors)
+        if text
+        else open(end, "rb" if fd else "wb")
+        for fd, end in kept.items()
+    }
     return ServedProcess(command, int(rest), conn, ends.get(0), ends.get(1), ends.get(2))

@@ -1,15 +1,17 @@
 """The fork server: `python -m preload.server --socket PATH --preload jax,flax.nnx,...`.
 
-It imports the named modules (never a device: no array is made, no backend initialised, so forking stays safe),
-then serves one request per connection on a Unix socket: the command (`python -m MODULE ARGS` or `python -c
-CODE ARGS`, for this very interpreter), its working directory, environment and file descriptors (sent with
-SCM_RIGHTS). It forks; the child becomes that process (its own session where asked, the descriptors at their
-numbers, the environment, path, argv and stdio a fresh interpreter would have) and runs the command as
-`__main__`, so it ends as that interpreter would (exit code, traceback, atexit). The server answers `pid N`,
-then `exit CODE` once it has reaped the child (a negative CODE: killed by that signal), or `decline WHY` for a
-request a fresh interpreter would run differently (another interpreter, or an environment variable the
-preloaded modules read at import differs): the client then starts a plain process.
+It imports the named modules (never a device: no array is made, no backend initialised, so forking
+stays safe), then serves one request per connection on a Unix socket: the command (`python -m MODULE
+ARGS` or `python -c CODE ARGS`, for this very interpreter), its working directory, environment and
+file descriptors (sent with SCM_RIGHTS). It forks; the child becomes that process (its own session
+where asked, the descriptors at their numbers, the environment, path, argv and stdio a fresh
+interpreter would have) and runs the command as `__main__`, so it ends as that interpreter would
+(exit code, traceback, atexit). The server answers `pid N`, then `exit CODE` once it has reaped the
+child (a negative CODE: killed by that signal), or `decline WHY` for a request a fresh interpreter
+would run differently (another interpreter, or an environment variable the preloaded modules read at
+import differs): the client then starts a plain process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,20 +28,43 @@ import sys
 import tempfile
 import types
 
-# Variables a child's environment may set otherwise than the server's: none is read by a preloaded module at
-# import (jax reads XLA_FLAGS when its backend starts, torch_xla its own, XLA_FLAGS and the CPU device count when
-# its runtime starts; the TPU ones are for libtpu when a device starts); PYTHONPATH, PYTHONUNBUFFERED and
-# PYTHONDONTWRITEBYTECODE are applied to the child as its interpreter would.
-MAY_DIFFER = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "TMPDIR", "XDG_CACHE_HOME",
-                        "XLA_FLAGS", "CPU_NUM_DEVICES", "PJRT_DEVICE", "PJRT_CPU_ASYNC_CLIENT", "COLUMNS", "LINES",
-                        "PWD", "OLDPWD", "SHLVL", "_", "TPU_SKIP_MDS_QUERY", "ENABLE_RUNTIME_UPTIME_TELEMETRY"})
+# Variables a child's environment may set otherwise than the server's: none is read by a preloaded
+# module at import (jax reads XLA_FLAGS when its backend starts, torch_xla its own, XLA_FLAGS and
+# the CPU device count when its runtime starts; the TPU ones are for libtpu when a device starts);
+# PYTHONPATH, PYTHONUNBUFFERED and PYTHONDONTWRITEBYTECODE are applied to the child as its
+# interpreter would.
+MAY_DIFFER = frozenset(
+    {
+        "PYTHONPATH",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "TMPDIR",
+        "XDG_CACHE_HOME",
+        "XLA_FLAGS",
+        "CPU_NUM_DEVICES",
+        "PJRT_DEVICE",
+        "PJRT_CPU_ASYNC_CLIENT",
+        "COLUMNS",
+        "LINES",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+        "TPU_SKIP_MDS_QUERY",
+        "ENABLE_RUNTIME_UPTIME_TELEMETRY",
+    }
+)
 MAY_DIFFER_PREFIXES = ("XLA_TWINS_", "PYTEST_")
 BASE_ENV = dict(os.environ)  # what the preloaded modules saw
 
 
 def main(argv: list[str] | None = None) -> Child:
-    parser = argparse.ArgumentParser(prog="python -m preload.server", description=__doc__.splitlines()[0])
-    parser.add_argument("--socket", required=True, help="the Unix socket to serve on (made atomically)")
+    parser = argparse.ArgumentParser(
+        prog="python -m preload.server", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--socket", required=True, help="the Unix socket to serve on (made atomically)"
+    )
     parser.add_argument("--preload", default="", help="comma-separated modules to import first")
     args = parser.parse_args(argv)
     for name in filter(None, args.preload.split(",")):
@@ -49,7 +74,8 @@ def main(argv: list[str] | None = None) -> Child:
 
 
 def serve(path: str) -> Child:
-    """Serves until the parent is gone; returns only in a forked child, the process it is to become."""
+    """Serves until the parent is gone; returns only in a forked child, the process it is to
+    become."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     staging = f"{path}.{os.getpid()}"
     listener.bind(staging)
@@ -79,8 +105,8 @@ def serve(path: str) -> Child:
 
 
 def _answer(conn: socket.socket, children: dict[int, socket.socket], own: list) -> Child | None:
-    """Reads one request and forks its child (returned in the child); `own`: what the server holds open, closed
-    in the child before its descriptors are placed."""
+    """Reads one request and forks its child (returned in the child); `own`: what the server holds
+    open, closed in the child before its descriptors are placed."""
     conn.settimeout(10)
     fds: list[int] = []
     try:
@@ -115,15 +141,21 @@ def _answer(conn: socket.socket, children: dict[int, socket.socket], own: list) 
 
 
 def declined(request: dict) -> str:
-    """Why a fresh interpreter would run `request` otherwise than a child of this server ('' when it would not)."""
+    """Why a fresh interpreter would run `request` otherwise than a child of this server ('' when it
+    would not)."""
     argv = request["argv"]
     if os.path.abspath(argv[0]) != os.path.abspath(sys.executable):
         return f"another interpreter ({argv[0]})"
     if len(argv) < 3 or argv[1] not in ("-m", "-c"):
         return "not python -m MODULE or -c CODE"
     env = request["env"]
-    differ = sorted(k for k in set(env) | set(BASE_ENV) if env.get(k) != BASE_ENV.get(k)
-                    and k not in MAY_DIFFER and not k.startswith(MAY_DIFFER_PREFIXES))
+    differ = sorted(
+        k
+        for k in set(env) | set(BASE_ENV)
+        if env.get(k) != BASE_ENV.get(k)
+        and k not in MAY_DIFFER
+        and not k.startswith(MAY_DIFFER_PREFIXES)
+    )
     return f"environment differs: {','.join(differ)}" if differ else ""
 
 
@@ -208,26 +240,30 @@ class Child:
 
 
 def _import_time_environment() -> None:
-    """What a preloaded module's import does to the environment, done again on the child's own, as its fresh
-    import would have done it: torch_xla's defaults (TF_CPP_MIN_LOG_LEVEL, GRPC_VERBOSITY), its XLA flags
-    (--xla_cpu_enable_fast_math=false, added to the child's XLA_FLAGS) and its dynamic plugins."""
+    """What a preloaded module's import does to the environment, done again on the child's own, as
+    its fresh import would have done it: torch_xla's defaults (TF_CPP_MIN_LOG_LEVEL,
+    GRPC_VERBOSITY), its XLA flags (--xla_cpu_enable_fast_math=false, added to the child's
+    XLA_FLAGS) and its dynamic plugins."""
     torch_xla = sys.modules.get("torch_xla")
     if torch_xla is not None:
         torch_xla._setup_default_env()  # noqa: SLF001  (torch_xla's own, run at its import)
         torch_xla._setup_xla_flags()  # noqa: SLF001
-        if os.getenv("XLA_REGISTER_INSTALLED_PLUGINS", "1") == "1":  # torch_xla.experimental.plugins, at import
+        # torch_xla.experimental.plugins, at import
+        if os.getenv("XLA_REGISTER_INSTALLED_PLUGINS", "1") == "1":
             os.environ["PJRT_DYNAMIC_PLUGINS"] = "1"
 
 
 def _place(fds: list[int], targets: list[int]) -> None:
-    """The received descriptors at the numbers the command was given them (0, 1, 2 and its pass_fds)."""
+    """The received descriptors at the numbers the command was given them (0, 1, 2 and its
+    pass_fds)."""
     high = [os.dup(fd) if fd >= 100 else _dup_high(fd) for fd in fds]
     for fd in fds:
         os.close(fd)
     for fd, target in zip(high, targets):
         os.dup2(fd, target)  # inheritable, as the command's own descriptors are
     keep = {0, 1, 2, *targets}
-    for fd in [int(name) for name in os.listdir("/proc/self/fd")]:  # as Popen's close_fds: nothing else inherited
+    # as Popen's close_fds: nothing else inherited
+    for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
         if fd not in keep:
             try:
                 os.close(fd)
@@ -242,7 +278,8 @@ def _dup_high(fd: int) -> int:
 
 
 def _set_path(pythonpath: str, first: str) -> None:
-    """sys.path as the child's interpreter makes it: its first entry, its PYTHONPATH, then the site's."""
+    """sys.path as the child's interpreter makes it: its first entry, its PYTHONPATH, then the
+    site's."""
     ours = [p for p in BASE_ENV.get("PYTHONPATH", "").split(os.pathsep) if p]
     rest = sys.path[1:]
     for entry in ours:
@@ -252,13 +289,21 @@ def _set_path(pythonpath: str, first: str) -> None:
 
 
 def _set_stdio(unbuffered: bool) -> None:
-    """New stdin/stdout/stderr objects on descriptors 0-2, buffered as a fresh interpreter would buffer them."""
+    """New stdin/stdout/stderr objects on descriptors 0-2, buffered as a fresh interpreter would
+    buffer them."""
     for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
         old = getattr(sys, name)
-        raw = os.fdopen(fd, mode + "b", buffering=0 if unbuffered and mode == "w" else -1, closefd=False)
+        raw = os.fdopen(
+            fd, mode + "b", buffering=0 if unbuffered and mode == "w" else -1, closefd=False
+        )
         tty = os.isatty(fd)
-        new = type(old)(raw, encoding=old.encoding, errors=old.errors, write_through=unbuffered and mode == "w",
-                        line_buffering=tty or name == "stderr")
+        new = type(old)(
+            raw,
+            encoding=old.encoding,
+            errors=old.errors,
+            write_through=unbuffered and mode == "w",
+            line_buffering=tty or name == "stderr",
+        )
         setattr(sys, name, new)
         setattr(sys, f"__{name}__", new)
 

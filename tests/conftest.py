@@ -1,21 +1,23 @@
 """Process-wide setup of the test session.
 
-PyTorch's autograd engine sizes its per-device queues at the first backward of a process, and torch_xla
-counts XLA devices once its runtime has started. Tests in this process run backwards on the CPU (the
-Hugging Face reference, the twins) and on XLA (tests/test_torch_xla_units.py): when a CPU backward came
-first, the XLA one failed an internal assert of the engine (measured). Starting torch_xla's CPU runtime
-before any test, where torch_xla is installed, makes the order not matter.
+PyTorch's autograd engine sizes its per-device queues at the first backward of a process, and
+torch_xla counts XLA devices once its runtime has started. Tests in this process run backwards on
+the CPU (the Hugging Face reference, the twins) and on XLA (tests/test_torch_xla_units.py): when a
+CPU backward came first, the XLA one failed an internal assert of the engine (measured). Starting
+torch_xla's CPU runtime before any test, where torch_xla is installed, makes the order not matter.
 """
+
 import importlib.util
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-# One OpenMP thread in this process and in every process it starts: `make test` runs two test processes on two
-# cores, and eager torch's default two OpenMP threads, spinning against the other process's work, took 2.5x as
-# long as one thread (two gpt-tiny runs side by side: 10.8 s vs 4.4 s; 43 s instead of 4 s seen in the suite).
-# Set before torch is imported, so that this process and its subprocesses compute alike.
+# One OpenMP thread in this process and in every process it starts: `make test` runs two test
+# processes on two cores, and eager torch's default two OpenMP threads, spinning against the other
+# process's work, took 2.5x as long as one thread (two gpt-tiny runs side by side: 10.8 s vs 4.4 s;
+# 43 s instead of 4 s seen in the suite). Set before torch is imported, so that this process and its
+# subprocesses compute alike.
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
@@ -33,48 +35,57 @@ if importlib.util.find_spec("torch_xla") is not None:
     torch_xla.device()
 
 
-NO_BACKENDS = Path(__file__).resolve().parent / "no_backends"  # its sitecustomize refuses backend processes
+# its sitecustomize refuses backend processes
+NO_BACKENDS = Path(__file__).resolve().parent / "no_backends"
 
 
 def pytest_configure(config):
-    """Deselecting the slow tests (`make test-fast`) promises no backend process: every process the tests
-    start imports tests/no_backends/sitecustomize.py first, which refuses to run one and notes it. Otherwise
-    the session's fork servers (tests/preloaded.py) start the backend processes with their frameworks imported.
-    A worker of `-n` inherits the controller's guard or servers."""
+    """Deselecting the slow tests (`make test-fast`) promises no backend process: every process the
+    tests start imports tests/no_backends/sitecustomize.py first, which refuses to run one and notes
+    it. Otherwise the session's fork servers (tests/preloaded.py) start the backend processes with
+    their frameworks imported. A worker of `-n` inherits the controller's guard or servers."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     if "not slow" not in (config.option.markexpr or ""):
-        if os.environ.get("XLA_TWINS_TEST_PRELOAD", "1") != "0":  # 0: every process a fresh interpreter
+        # 0: every process a fresh interpreter
+        if os.environ.get("XLA_TWINS_TEST_PRELOAD", "1") != "0":
             config.preload_servers = preloaded.start()
         return
     fd, log = tempfile.mkstemp(prefix="xla-twins-backend-guard-")
     os.close(fd)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NO_BACKENDS), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(NO_BACKENDS), os.environ.get("PYTHONPATH")])
+    )
     os.environ["XLA_TWINS_BACKEND_GUARD"] = log
     os.environ["XLA_TWINS_BACKEND_GUARD_PACKAGES"] = ",".join(backends.packages())
     config.backend_guard_log = Path(log)
 
 
-# runs that one test makes and another reads (shared_runs below): the maker goes first and the readers last, or
-# a reader waits on the maker in another test process (seen: 99 s, the maker had been queued behind others)
+# runs that one test makes and another reads (shared_runs below): the maker goes first and the
+# readers last, or a reader waits on the maker in another test process (seen: 99 s, the maker had
+# been queued behind others)
 READ_AGAIN = ("resnet_run",)
-# the longest tests (60-190 s each beside the others, measured in `make test`) start first: one of them started
-# late keeps its test process running after the others have ended, a core idle
-LONGEST = ("test_benchmark_measures_every_figure", "test_dropout_runs_on_every_backend_and_passes_statistically",
-           "test_three_provoked_causes_are_named_alike_on_every_compiling_backend",
-           "test_llama_twin_passes_single_device_and_on_a_mesh",
-           "test_hugging_faces_qwen2_passes_on_every_backend_from_save_pretrained",
-           "test_exact_mode_feeds_every_backend_the_same_masks_and_agrees_within_fp32",
-           "test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions",
-           "test_hugging_faces_bert_passes_in_float64_on_torchax_after_its_module_capture",
-           "test_gpt_tiny_in_float64_agrees_to_float64_rounding_on_every_runtime")
+# the longest tests (60-190 s each beside the others, measured in `make test`) start first: one of
+# them started late keeps its test process running after the others have ended, a core idle
+LONGEST = (
+    "test_benchmark_measures_every_figure",
+    "test_dropout_runs_on_every_backend_and_passes_statistically",
+    "test_three_provoked_causes_are_named_alike_on_every_compiling_backend",
+    "test_llama_twin_passes_single_device_and_on_a_mesh",
+    "test_hugging_faces_qwen2_passes_on_every_backend_from_save_pretrained",
+    "test_exact_mode_feeds_every_backend_the_same_masks_and_agrees_within_fp32",
+    "test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions",
+    "test_hugging_faces_bert_passes_in_float64_on_torchax_after_its_module_capture",
+    "test_gpt_tiny_in_float64_agrees_to_float64_rounding_on_every_runtime",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
-    """A test that reads the shared finished run needs a backend to have run: it is slow. The makers of shared
-    runs and the longest tests go first, the other slow tests next, so that the test processes end together on
-    short tests rather than one waiting on a long one; the readers of a shared run go last."""
+    """A test that reads the shared finished run needs a backend to have run: it is slow. The makers
+    of shared runs and the longest tests go first, the other slow tests next, so that the test
+    processes end together on short tests rather than one waiting on a long one; the readers of a
+    shared run go last."""
     made, order = set(), {}
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
@@ -87,7 +98,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _rank(item, makes: bool, reads: bool) -> int:
-    """Where a test goes: a shared run's maker, the longest, the other slow tests, the fast ones, its readers."""
+    """Where a test goes: a shared run's maker, the longest, the other slow tests, the fast ones,
+    its readers."""
     if makes:
         return 0
     if reads:
@@ -99,9 +111,10 @@ def _rank(item, makes: bool, reads: bool) -> int:
 
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory):
-    """`shared_runs(name, make)`: the folder in which `make(folder)` ran once for the whole session, whichever
-    test process asked first (pytest-xdist's workers share their basetemp's parent; the others wait on a lock
-    and read the same folder). Module fixtures would run once per worker instead."""
+    """`shared_runs(name, make)`: the folder in which `make(folder)` ran once for the whole session,
+    whichever test process asked first (pytest-xdist's workers share their basetemp's parent; the
+    others wait on a lock and read the same folder). Module fixtures would run once per worker
+    instead."""
     from filelock import FileLock
 
     base = tmp_path_factory.getbasetemp()
@@ -117,18 +130,28 @@ def shared_runs(tmp_path_factory):
                 make(folder)
                 done.touch()
         return folder
+
     return run_once
 
 
 @pytest.fixture
 def jax_single(shared_runs):
-    """`jax_single(preset)`: the folder of a preset's single-device jax run (5 steps, with its parity tensors),
-    made once in the session: what the mesh, multi-process, parity-tensor and HLO tests read."""
+    """`jax_single(preset)`: the folder of a preset's single-device jax run (5 steps, with its
+    parity tensors), made once in the session: what the mesh, multi-process, parity-tensor and HLO
+    tests read."""
     from tests.helpers import train
 
     def run(preset: str) -> Path:
-        return shared_runs(f"jax-{preset}", lambda out: train("jax_impl", out / "run", "--spec", preset, "--steps",
-                                                              "5", "--parity")) / "run"
+        return (
+            shared_runs(
+                f"jax-{preset}",
+                lambda out: train(
+                    "jax_impl", out / "run", "--spec", preset, "--steps", "5", "--parity"
+                ),
+            )
+            / "run"
+        )
+
     return run
 
 
@@ -143,17 +166,30 @@ def pytest_sessionfinish(session, exitstatus):
     log.unlink(missing_ok=True)
     if started:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        print(f"\nerror: {len(started)} backend process(es) started with the slow tests deselected:\n  "
-              + "\n  ".join(started))
+        print(
+            f"\nerror: {len(started)} backend process(es) started with the slow tests "
+            "deselected:\n  " + "\n  ".join(started)
+        )
 
 
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory):
-    """One finished compare run (jax alone, mlp-tiny, 3 steps) that tests read or reuse with --jax-record; a
-    test that changes it works on a copy."""
+    """One finished compare run (jax alone, mlp-tiny, 3 steps) that tests read or reuse with
+    --jax-record; a test that changes it works on a copy."""
     from tests.helpers import run_cli
 
     out = tmp_path_factory.mktemp("finished") / "run"
-    proc = run_cli("compare", "--quiet", "--out", str(out), "--backend", "jax", "--spec", "mlp-tiny", "--steps", "3")
+    proc = run_cli(
+        "compare",
+        "--quiet",
+        "--out",
+        str(out),
+        "--backend",
+        "jax",
+        "--spec",
+        "mlp-tiny",
+        "--steps",
+        "3",
+    )
     assert proc.returncode == 0, proc.stderr
     return out

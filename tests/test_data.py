@@ -25,14 +25,26 @@ print(h.hexdigest())
 
 
 def test_global_batches_are_byte_identical_across_processes():
-    digests = [subprocess.run([sys.executable, "-c", HASH_SCRIPT], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip() for _ in range(2)]
+    digests = [
+        subprocess.run(
+            [sys.executable, "-c", HASH_SCRIPT],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for _ in range(2)
+    ]
     assert digests[0] == digests[1] and len(digests[0]) == 64
 
 
 def test_batch_shapes_and_dtypes():
     b = make_dataset(load_spec("mlp-tiny")).global_batch(0)
-    assert b.inputs.shape == (128, 784) and b.inputs.dtype == np.float32 and b.targets.dtype == np.int32
+    assert (
+        b.inputs.shape == (128, 784)
+        and b.inputs.dtype == np.float32
+        and b.targets.dtype == np.int32
+    )
     c = make_dataset(load_spec("cnn-digits")).global_batch(0)
     assert c.inputs.shape == (64, 8, 8, 1) and 0 <= c.inputs.min() and c.inputs.max() <= 1
     g = make_dataset(load_spec("gpt-tiny")).global_batch(3)
@@ -76,36 +88,71 @@ def test_process_slices_reassemble_the_global_batch():
 
 def test_user_arrays_and_token_files(tmp_path):
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "set.npz", x=rng.standard_normal((50, 784)).astype(np.float32), y=rng.integers(0, 10, 50))
-    ds = make_dataset(load_spec("mlp-tiny", ["data.dataset=arrays", f"data.path={tmp_path / 'set.npz'}",
-                                             "train.global_batch_size=20"]))
+    np.savez(
+        tmp_path / "set.npz",
+        x=rng.standard_normal((50, 784)).astype(np.float32),
+        y=rng.integers(0, 10, 50),
+    )
+    ds = make_dataset(
+        load_spec(
+            "mlp-tiny",
+            [
+                "data.dataset=arrays",
+                f"data.path={tmp_path / 'set.npz'}",
+                "train.global_batch_size=20",
+            ],
+        )
+    )
     assert ds.global_batch(2).inputs.shape == (20, 784)  # wraps into the second epoch
     tokens = rng.integers(0, 256, 10_000).astype(np.uint16)
     tokens.tofile(tmp_path / "train.bin")
-    spec = load_spec("gpt-tiny", ["data.dataset=tokens-file", f"data.path={tmp_path / 'train.bin'}"])
+    spec = load_spec(
+        "gpt-tiny", ["data.dataset=tokens-file", f"data.path={tmp_path / 'train.bin'}"]
+    )
     b = make_dataset(spec).global_batch(0)
-    starts = [int(np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(tokens, 64) == row, axis=1))[0])
-              for row in b.inputs[:2]]
-    assert all(np.array_equal(tokens[s + 1:s + 65], b.targets[i]) for i, s in enumerate(starts))
+    starts = [
+        int(
+            np.flatnonzero(
+                np.all(np.lib.stride_tricks.sliding_window_view(tokens, 64) == row, axis=1)
+            )[0]
+        )
+        for row in b.inputs[:2]
+    ]
+    assert all(np.array_equal(tokens[s + 1 : s + 65], b.targets[i]) for i, s in enumerate(starts))
     np.save(tmp_path / "tokens.npy", tokens.astype(np.int32))
-    spec = load_spec("gpt-tiny", ["data.dataset=tokens-file", f"data.path={tmp_path / 'tokens.npy'}"])
+    spec = load_spec(
+        "gpt-tiny", ["data.dataset=tokens-file", f"data.path={tmp_path / 'tokens.npy'}"]
+    )
     assert make_dataset(spec).global_batch(0).inputs.shape == (16, 64)
 
 
 def test_bad_user_data_is_explained(tmp_path):
     np.savez(tmp_path / "wrong.npz", x=np.zeros((10, 5), np.float32), y=np.zeros(10, np.int64))
-    with pytest.raises(DataError, match=r"inputs have shape \(5,\) per example, the model needs \(784,\)"):
-        make_dataset(load_spec("mlp-tiny", ["data.dataset=arrays", f"data.path={tmp_path / 'wrong.npz'}"]))
+    with pytest.raises(
+        DataError, match=r"inputs have shape \(5,\) per example, the model needs \(784,\)"
+    ):
+        make_dataset(
+            load_spec("mlp-tiny", ["data.dataset=arrays", f"data.path={tmp_path / 'wrong.npz'}"])
+        )
     with pytest.raises(DataError, match="does not exist"):
-        make_dataset(load_spec("gpt-tiny", ["data.dataset=tokens-file", "data.path=/nonexistent/train.bin"]))
-    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "big.bin")  # ids up to 999; the first bad one is 256
-    with pytest.raises(DataError, match=r"big.bin: token id 256 at position 256 is outside model.vocab_size=256"):
-        make_dataset(load_spec("gpt-tiny", ["data.dataset=tokens-file", f"data.path={tmp_path / 'big.bin'}"]))
+        make_dataset(
+            load_spec("gpt-tiny", ["data.dataset=tokens-file", "data.path=/nonexistent/train.bin"])
+        )
+    # ids up to 999; the first bad one is 256
+    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "big.bin")
+    with pytest.raises(
+        DataError, match=r"big.bin: token id 256 at position 256 is outside model.vocab_size=256"
+    ):
+        make_dataset(
+            load_spec("gpt-tiny", ["data.dataset=tokens-file", f"data.path={tmp_path / 'big.bin'}"])
+        )
     x = np.zeros((10, 784), np.float32)
     x[7, 3] = np.nan
     np.savez(tmp_path / "nan.npz", x=x, y=np.zeros(10, np.int64))
     with pytest.raises(DataError, match="nan.npz: example 7 has a NaN or Inf input"):
-        make_dataset(load_spec("mlp-tiny", ["data.dataset=arrays", f"data.path={tmp_path / 'nan.npz'}"]))
+        make_dataset(
+            load_spec("mlp-tiny", ["data.dataset=arrays", f"data.path={tmp_path / 'nan.npz'}"])
+        )
 
 
 def test_real_text_is_the_running_pythons_language_reference(tmp_path):
@@ -115,7 +162,7 @@ def test_real_text_is_the_running_pythons_language_reference(tmp_path):
     tokens = np.fromfile(tmp_path / "pydoc.bin", dtype=np.uint16)
     assert info["tokens"] == tokens.size > 300_000 and tokens.max() < VOCAB_SIZE
     text = bytes(tokens.astype(np.uint8)).decode("utf-8")
-    assert text == pydoc_text() and "The \"assert\" statement" in text
+    assert text == pydoc_text() and 'The "assert" statement' in text
 
 
 @pytest.mark.slow
@@ -125,6 +172,12 @@ def test_the_gpt_twin_learns_real_text(tmp_path):
     from tests.helpers import train
 
     write_tokens(tmp_path / "pydoc.bin", pydoc_text())
-    record = train("jax_impl", tmp_path / "run", "--set", "data.dataset=tokens-file", "--set",
-                   f"data.path={tmp_path / 'pydoc.bin'}")
+    record = train(
+        "jax_impl",
+        tmp_path / "run",
+        "--set",
+        "data.dataset=tokens-file",
+        "--set",
+        f"data.path={tmp_path / 'pydoc.bin'}",
+    )
     assert record.losses[0] > 5.0 and record.losses[-1] < 3.5  # ln 256 = 5.55: it learned the text

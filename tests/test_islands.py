@@ -1,6 +1,6 @@
-"""Float32 islands of a float64 run (torch_impl/islands.py, jax_impl/islands.py), in this process: the twin
-finders name the module whose own ops compute narrower, and nothing else; a torch model that feeds float32 to a
-float64 layer is refused naming its module."""
+"""Float32 islands of a float64 run (torch_impl/islands.py, jax_impl/islands.py), in this process:
+the twin finders name the module whose own ops compute narrower, and nothing else; a torch model
+that feeds float32 to a float64 layer is refused naming its module."""
 
 import jax
 import numpy as np
@@ -14,7 +14,8 @@ from torch_impl.islands import float32_islands as torch_islands
 
 
 class TorchBlock(torch.nn.Module):
-    """A Linear, then an attention-like softmax computed in float32 as Hugging Face's eager attention does."""
+    """A Linear, then an attention-like softmax computed in float32 as Hugging Face's eager
+    attention does."""
 
     def __init__(self, cast: bool):
         super().__init__()
@@ -28,8 +29,10 @@ class TorchBlock(torch.nn.Module):
 
 class NnxBlock(nnx.Module):
     def __init__(self, rngs: nnx.Rngs):
-        self.fc, self.attn = nnx.Linear(8, 8, rngs=rngs), nnx.MultiHeadAttention(
-            num_heads=2, in_features=8, decode=False, rngs=rngs)
+        self.fc, self.attn = (
+            nnx.Linear(8, 8, rngs=rngs),
+            nnx.MultiHeadAttention(num_heads=2, in_features=8, decode=False, rngs=rngs),
+        )
 
     def __call__(self, x):
         return self.attn(self.fc(x))
@@ -45,7 +48,8 @@ def x64():
 def test_the_torch_module_that_casts_to_float32_is_named_with_its_ops_and_a_float64_one_is_clean():
     x = torch.randn(2, 8, dtype=torch.float64)
     names = {"": "(model)", "fc": "fc", "attn": "attn"}
-    for cast, expected in ((True, {"(model)"}), (False, set())):  # the softmax runs in the block's own forward
+    # the softmax runs in the block's own forward
+    for cast, expected in ((True, {"(model)"}), (False, set())):
         model = TorchBlock(cast).double()
         found = torch_islands(model, x, names, loss_of=lambda out: out.float().sum())
         assert set(found) == expected | {"(loss)"}, found  # the loss casts to float32 too
@@ -59,9 +63,16 @@ def test_the_flax_attention_that_computes_its_softmax_in_float32_is_named(x64):
     graphdef, state = nnx.split(model)
     model = nnx.merge(graphdef, jax.tree.map(lambda a: a.astype(np.float64), state))
     found = nnx_islands(model, np.random.default_rng(0).standard_normal((1, 5, 8)))
-    assert list(found) == ["attn"] and found["attn"].startswith("float32: ")  # flax's dot_product_attention
-    assert nnx_islands(model, np.random.default_rng(0).standard_normal((1, 5, 8)),
-                       loss_of=lambda out: out.sum()) == found  # a float64 loss adds none
+    # flax's dot_product_attention
+    assert list(found) == ["attn"] and found["attn"].startswith("float32: ")
+    assert (
+        nnx_islands(
+            model,
+            np.random.default_rng(0).standard_normal((1, 5, 8)),
+            loss_of=lambda out: out.sum(),
+        )
+        == found
+    )  # a float64 loss adds none
 
 
 def test_a_torch_model_feeding_float32_to_a_float64_layer_is_refused_naming_the_module():
@@ -71,8 +82,14 @@ def test_a_torch_model_feeding_float32_to_a_float64_layer_is_refused_naming_the_
             self.time_mlp = torch.nn.Linear(4, 4)
 
         def forward(self, t):
-            return self.time_mlp(torch.arange(4, dtype=torch.float32)[None] * t.float()[:, None])  # as DDPM code
+            # as DDPM code
+            return self.time_mlp(torch.arange(4, dtype=torch.float32)[None] * t.float()[:, None])
 
-    with pytest.raises(SpecError, match=r"^train.dtype=float64: the torch model cannot compute in float64 as "
-                                        r"written: at module time_mlp, .*make it follow its input's dtype"):
-        torch_islands(Embedded().double(), torch.ones(2, dtype=torch.float64), {"time_mlp": "time_mlp"})
+    with pytest.raises(
+        SpecError,
+        match=r"^train.dtype=float64: the torch model cannot compute in float64 as "
+        r"written: at module time_mlp, .*make it follow its input's dtype",
+    ):
+        torch_islands(
+            Embedded().double(), torch.ones(2, dtype=torch.float64), {"time_mlp": "time_mlp"}
+        )

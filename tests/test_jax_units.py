@@ -1,4 +1,5 @@
 """Fast in-process checks of the JAX twin's pieces (one CPU device)."""
+
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -12,8 +13,16 @@ def test_optimizer_matches_torch_semantics():
 
     from jax_impl.optim import make_optimizer
 
-    spec = load_spec("mlp-tiny", ["train.optimizer=sgd", "train.lr=0.1", "train.momentum=0.9",
-                                  "train.weight_decay=0.5", "train.grad_clip=0"]).train
+    spec = load_spec(
+        "mlp-tiny",
+        [
+            "train.optimizer=sgd",
+            "train.lr=0.1",
+            "train.momentum=0.9",
+            "train.weight_decay=0.5",
+            "train.grad_clip=0",
+        ],
+    ).train
     tx = make_optimizer(spec)
     p, g = {"w": jnp.array([2.0])}, {"w": jnp.array([1.0])}
     state = tx.init(p)
@@ -21,8 +30,12 @@ def test_optimizer_matches_torch_semantics():
     assert float(u1["w"][0]) == pytest.approx(-0.2)
     u2, _ = tx.update(g, state, p)  # buf = 0.9*2 + 2 = 3.8
     assert float(u2["w"][0]) == pytest.approx(-0.38)
-    clip = make_optimizer(load_spec("mlp-tiny", ["train.optimizer=sgd", "train.lr=1", "train.weight_decay=0",
-                                                 "train.grad_clip=1"]).train)
+    clip = make_optimizer(
+        load_spec(
+            "mlp-tiny",
+            ["train.optimizer=sgd", "train.lr=1", "train.weight_decay=0", "train.grad_clip=1"],
+        ).train
+    )
     u, _ = clip.update({"w": jnp.array([3.0, 4.0])}, clip.init(p), p)  # norm 5 -> scale 1/(5+1e-6)
     assert float(u["w"][0]) == pytest.approx(-3.0 / (5.0 + 1e-6), rel=1e-6)
 
@@ -39,16 +52,21 @@ def test_bfloat16_on_a_twin_whose_nnx_factory_takes_no_dtype_is_refused():
     spec = twin_run_spec(f"{REPO}/tests/data/user_project/twins.py:net")
     with pytest.raises(SpecError) as err:
         build_model(spec.model, jnp.bfloat16)
-    assert str(err.value).endswith("names no nnx_dtype_arg, so its NNX side cannot compute in bfloat16; add one "
-                                   "to the Twin or run float32")
+    assert str(err.value).endswith(
+        "names no nnx_dtype_arg, so its NNX side cannot compute in bfloat16; add one "
+        "to the Twin or run float32"
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_summary_made_on_the_device_is_the_hosts_but_for_rounding_and_passes_as_its_second_pass(dtype):
-    """--tensors summary on jax (jax_impl/summary.py): the statistics reduced on the device, the sampled values
-    gathered there. Shape, sample, largest magnitude and counts equal the host's summary of the same values; the
-    sums differ by float32 rounding only, which a second pass's reproduction check allows a summary made on the
-    devices (and nothing more), never one the host made."""
+def test_a_summary_made_on_the_device_is_the_hosts_but_for_rounding_and_passes_as_its_second_pass(
+    dtype,
+):
+    """--tensors summary on jax (jax_impl/summary.py): the statistics reduced on the device, the
+    sampled values gathered there. Shape, sample, largest magnitude and counts equal the host's
+    summary of the same values; the sums differ by float32 rounding only, which a second pass's
+    reproduction check allows a summary made on the devices (and nothing more), never one the host
+    made."""
     import dataclasses
 
     import jax.numpy as jnp
@@ -64,12 +82,15 @@ def test_a_summary_made_on_the_device_is_the_hosts_but_for_rounding_and_passes_a
     ours = device_summary(name, x)
     theirs = summarize(name, np.asarray(x.astype(jnp.float32)))
     assert_summary_agrees_with_the_hosts(ours, theirs)
-    # a summary the host made is reproduced bit for bit or not at all: one ulp more in its sum is another run's
+    # a summary the host made is reproduced bit for bit or not at all: one ulp more in its sum is
+    # another run's
     nudged = {**theirs.stats, "sum": float(np.nextafter(theirs.stats["sum"], np.inf))}
     assert _differs(theirs, dataclasses.replace(theirs, stats=nudged)).startswith("sum ")
     moved = theirs.values.copy()
     moved[7] = np.nextafter(moved[7], np.float32(1))  # one sampled value one ulp off: another run's
     assert _differs(ours, dataclasses.replace(theirs, values=moved)) == "sampled values that differ"
-    grown = {**theirs.stats, "sum": theirs.stats["sum"] + 1e-3 * np.sqrt(theirs.stats["count"] *
-                                                                        theirs.stats["sum_sq"])}
+    grown = {
+        **theirs.stats,
+        "sum": theirs.stats["sum"] + 1e-3 * np.sqrt(theirs.stats["count"] * theirs.stats["sum_sq"]),
+    }
     assert _differs(ours, dataclasses.replace(theirs, stats=grown)).startswith("sum ")

@@ -1,5 +1,7 @@
 """Units behind the performance figures: HLO flops over several graphs, which graphs a step runs,
-the wall-time breakdown, the benchmark's repeat and ratio arithmetic, and how a framework process ends."""
+the wall-time breakdown, the benchmark's repeat and ratio arithmetic, and how a framework process
+ends."""
+
 import subprocess
 import sys
 
@@ -19,7 +21,7 @@ ENTRY main {{
   %b = f32[{k},{n}]{{1,0}} parameter(1)
   ROOT %dot = f32[{m},{n}]{{1,0}} dot(%a, %b), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
 }}
-"""
+"""  # noqa: E501 (HLO text as XLA writes it)
 
 
 def test_matmul_flops_adds_modules_whose_instruction_names_repeat():
@@ -44,14 +46,17 @@ ENTRY main {
   %y = f32[64,4,4,32]{3,2,1,0} convolution(%x, %w), window={size=3x3 stride=2x2 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
   ROOT %dx = f32[64,8,8,16]{3,2,1,0} convolution(%dy, %wt), window={size=3x3 pad=1_2x1_2 lhs_dilate=2x2}, DIMS
 }
-""".replace("DIMS", "dim_labels=b01f_01io->b01f")
+""".replace("DIMS", "dim_labels=b01f_01io->b01f")  # noqa: E501 (HLO text)
 
 
 def test_conv_flops_count_useful_work_only():
-    """A stride-2 conv and its input gradient do the same multiply-adds; the gradient's lhs_dilate zeros
-    are not work (the count of the cnn-digits step then equals torch's FlopCounterMode: tested end to end)."""
+    """A stride-2 conv and its input gradient do the same multiply-adds; the gradient's lhs_dilate
+    zeros are not work (the count of the cnn-digits step then equals torch's FlopCounterMode: tested
+    end to end)."""
     forward = 2 * (64 * 4 * 4 * 32) * (3 * 3 * 16)
-    assert matmul_flops(CONVS) == forward + (2 * (64 * 8 * 8 * 16) * (3 * 3 * 32)) / 4 == 2 * forward
+    assert (
+        matmul_flops(CONVS) == forward + (2 * (64 * 8 * 8 * 16) * (3 * 3 * 32)) / 4 == 2 * forward
+    )
 
 
 def test_step_graphs_lazy_takes_the_settled_graph_and_dynamo_adds_forward_and_backward():
@@ -62,10 +67,13 @@ def test_step_graphs_lazy_takes_the_settled_graph_and_dynamo_adds_forward_and_ba
     # a step 1 that compiled again (state created by step 0): the graph it settled on
     assert step_graphs(_events(-1, 0, 1), 2, "lazy") == [2]
     assert step_graphs(_events(0, 1), 2, "compile") == [1]
-    # dynamo: forward, a tiny graph, backward, first optimizer step at step 0; settled optimizer at step 1
+    # dynamo: forward, a tiny graph, backward, first optimizer step at step 0; settled optimizer at
+    # step 1
     assert step_graphs(_events(-1, 0, 0, 0, 0, 1), 2, "dynamo") == [1, 2, 3, 5]
-    assert step_graphs(_events(0, 0, 0), 2, "dynamo") == [0, 1, 2]  # no state to create: nothing at step 1
-    assert step_graphs(_events(-1, 0, 0, 0, 0), 1, "dynamo") == [1, 2, 3, 4]  # every graph of the settled step 0
+    # no state to create: nothing at step 1
+    assert step_graphs(_events(0, 0, 0), 2, "dynamo") == [0, 1, 2]
+    # every graph of the settled step 0
+    assert step_graphs(_events(-1, 0, 0, 0, 0), 1, "dynamo") == [1, 2, 3, 4]
 
 
 def test_wall_breakdown_parts_add_up_to_the_process_wall_time():
@@ -73,19 +81,34 @@ def test_wall_breakdown_parts_add_up_to_the_process_wall_time():
     record.compile_events = [CompileEvent("a", 0.5, -1, "setup"), CompileEvent("b", 1.5, 0, "loop")]
     record.timeline = {"ready": 102.0, "loop_start": 104.0, "loop_end": 110.0}
     parts = wall_breakdown(record, started_at=100.0, wall_s=12.0)
-    assert parts == {"start_and_imports_s": 2.0, "compile_s": 2.0, "steps_s": 4.5, "other_s": 3.5, "total_s": 12.0}
-    assert wall_breakdown(record, started_at=None, wall_s=12.0) is None  # a reused record: no launch time
-    # a run its describe step's process made: the imports were paid there, the cell says so and for how long
+    assert parts == {
+        "start_and_imports_s": 2.0,
+        "compile_s": 2.0,
+        "steps_s": 4.5,
+        "other_s": 3.5,
+        "total_s": 12.0,
+    }
+    # a reused record: no launch time
+    assert wall_breakdown(record, started_at=None, wall_s=12.0) is None
+    # a run its describe step's process made: the imports were paid there, the cell says so and for
+    # how long
     handed = wall_breakdown(record, started_at=100.0, wall_s=12.0, described_at=93.5)
     assert handed == {**parts, "described_s": 6.5}
-    from compare.reporting.render import _imports  # report.md's "interpreter start + imports (s)" cell
+    # report.md's "interpreter start + imports (s)" cell
+    from compare.reporting.render import _imports
 
-    assert (_imports(handed), _imports(parts)) == ("2.00 (paid describing: that process had run 6.50 s)", "2.00")
+    assert (_imports(handed), _imports(parts)) == (
+        "2.00 (paid describing: that process had run 6.50 s)",
+        "2.00",
+    )
 
 
 def test_repeats_are_summarized_leaf_by_leaf():
-    runs = [{"wall": 3.0, "b": {"ms": 1.0, "mode": "lazy"}}, {"wall": 1.0, "b": {"ms": 2.0, "mode": "lazy"}},
-            {"wall": 2.0, "b": {"ms": 4.0, "mode": "lazy"}}]
+    runs = [
+        {"wall": 3.0, "b": {"ms": 1.0, "mode": "lazy"}},
+        {"wall": 1.0, "b": {"ms": 2.0, "mode": "lazy"}},
+        {"wall": 2.0, "b": {"ms": 4.0, "mode": "lazy"}},
+    ]
     out = summarize_repeats(runs)
     assert out["wall"] == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
     assert out["b"]["ms"]["median"] == 2.0 and out["b"]["mode"] == "lazy"
@@ -101,7 +124,7 @@ def test_peak_rss_is_this_process_in_mib():
     import numpy as np
 
     before = peak_rss_mb()
-    block = np.ones(64 * 2 ** 20 // 8)  # 64 MiB touched
+    block = np.ones(64 * 2**20 // 8)  # 64 MiB touched
     assert peak_rss_mb() >= before and peak_rss_mb() > 64
     del block
     assert 10 < before < 100_000
@@ -120,27 +143,42 @@ def test_an_unreadable_or_stale_cached_cpu_peak_is_measured_again_and_replaced(t
     saved = json.loads(path.read_text())
     assert flops > 0 and source == CPU_PEAK_SOURCE and saved["identity"] == cpu_identity()
     assert saved["flops"] == flops
-    path.write_text(json.dumps({**saved, "identity": {**saved["identity"], "cpu_count": 4096}, "flops": 1e30}))
+    path.write_text(
+        json.dumps({**saved, "identity": {**saved["identity"], "cpu_count": 4096}, "flops": 1e30})
+    )
     flops, source = cpu_peak(tmp_path)  # another machine's peak is never used
-    assert flops < 1e30 and source == CPU_PEAK_SOURCE and json.loads(path.read_text())["identity"] == cpu_identity()
-    path.write_text(json.dumps({**json.loads(path.read_text()), "flops": 1.0}))  # measured while the CPU was busy
+    assert (
+        flops < 1e30
+        and source == CPU_PEAK_SOURCE
+        and json.loads(path.read_text())["identity"] == cpu_identity()
+    )
+    # measured while the CPU was busy
+    path.write_text(json.dumps({**json.loads(path.read_text()), "flops": 1.0}))
     flops, source = cpu_peak(tmp_path)  # this run's look reads more: it replaces the cached peak
-    assert flops > 1.0 and source == CPU_PEAK_SOURCE and json.loads(path.read_text())["flops"] == flops
+    assert (
+        flops > 1.0 and source == CPU_PEAK_SOURCE and json.loads(path.read_text())["flops"] == flops
+    )
 
 
 def _ended(body: str) -> subprocess.CompletedProcess:
     """A plain Python process (no framework) that ends through common.cli.exit_process."""
     code = f"import atexit, threading, time\nfrom driver.process import exit_process\n{body}"
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_exit_process_runs_the_exit_hooks_flushes_and_keeps_the_exit_code():
-    proc = _ended("atexit.register(lambda: print('hook ran'))\nprint('written', end='')\n"
-                  "sys_err = __import__('sys').stderr\nprint('warned', file=sys_err, end='')\nexit_process(3)")
+    proc = _ended(
+        "atexit.register(lambda: print('hook ran'))\nprint('written', end='')\n"
+        "sys_err = __import__('sys').stderr\nprint('warned', file=sys_err, end='')\nexit_process(3)"
+    )
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "writtenhook ran\n", "warned")
 
 
 def test_exit_process_waits_for_a_thread_still_working():
-    proc = _ended("threading.Thread(target=lambda: (time.sleep(0.3), print('thread done'))).start()\n"
-                  "exit_process(4)")
+    proc = _ended(
+        "threading.Thread(target=lambda: (time.sleep(0.3), print('thread done'))).start()\n"
+        "exit_process(4)"
+    )
     assert (proc.returncode, proc.stdout) == (4, "thread done\n")

@@ -1,6 +1,7 @@
-"""preload/: a command a fork server runs behaves as the plain process would (output, exit code, argv, working
-directory, environment, descriptors, process group), and what a fresh interpreter would run otherwise starts
-plain, with the reason logged."""
+"""preload/: a command a fork server runs behaves as the plain process would (output, exit code,
+argv, working directory, environment, descriptors, process group), and what a fresh interpreter
+would run otherwise starts plain, with the reason logged."""
+
 from __future__ import annotations
 
 import json
@@ -21,15 +22,23 @@ PYTHON = sys.executable
 
 @pytest.fixture
 def server(tmp_path, monkeypatch):
-    """A server preloading json only (no framework: this runs in `make test-fast`), routing -c and json.tool."""
+    """A server preloading json only (no framework: this runs in `make test-fast`), routing -c and
+    json.tool."""
     sock = tmp_path / "s.sock"
-    proc = subprocess.Popen([PYTHON, "-m", "preload.server", "--socket", str(sock), "--preload", "json"], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "preload.server", "--socket", str(sock), "--preload", "json"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     manifest = tmp_path / "servers.json"
-    manifest.write_text(json.dumps({"servers": [{"socket": str(sock), "python": PYTHON,
-                                                 "routes": ["-c", "json.tool"]}]}))
+    manifest.write_text(
+        json.dumps(
+            {"servers": [{"socket": str(sock), "python": PYTHON, "routes": ["-c", "json.tool"]}]}
+        )
+    )
     monkeypatch.setenv(client.MANIFEST_ENV, str(manifest))
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # as the server's: nothing differs but what a test sets
+    # as the server's: nothing differs but what a test sets
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
     deadline = time.monotonic() + 30
     while not sock.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -46,13 +55,22 @@ def test_a_served_command_runs_as_the_plain_process_would(server, tmp_path):
     read_end, write_end = os.pipe()
     os.write(write_end, b"through a descriptor")
     os.close(write_end)
-    code = ("import os, sys\nprint(sys.argv, os.getcwd(), os.environ['XLA_TWINS_MINE'], sys.path[:3])\n"
-            "print(os.read(int(sys.argv[1]), 100).decode(), os.getpgrp() == os.getpid(), file=sys.stderr)\n"
-            "print(sorted(int(f) for f in os.listdir('/proc/self/fd')))\nsys.exit(7)")
+    code = (
+        "import os, sys\nprint(sys.argv, os.getcwd(), os.environ['XLA_TWINS_MINE'], sys.path[:3])\n"
+        "print(os.read(int(sys.argv[1]), 100).decode(), os.getpgrp() == os.getpid(), "
+        "file=sys.stderr)\n"
+        "print(sorted(int(f) for f in os.listdir('/proc/self/fd')))\nsys.exit(7)"
+    )
     with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
-        proc = client.start([PYTHON, "-c", code, str(read_end), "b"], stdout=out, stderr=err, cwd=tmp_path,
-                            env={**os.environ, "XLA_TWINS_MINE": "value", "PYTHONPATH": "/first:/second"},
-                            pass_fds=(read_end,), start_new_session=True)
+        proc = client.start(
+            [PYTHON, "-c", code, str(read_end), "b"],
+            stdout=out,
+            stderr=err,
+            cwd=tmp_path,
+            env={**os.environ, "XLA_TWINS_MINE": "value", "PYTHONPATH": "/first:/second"},
+            pass_fds=(read_end,),
+            start_new_session=True,
+        )
         os.close(read_end)
         assert isinstance(proc, client.ServedProcess)
         assert proc.wait(timeout=30) == 7
@@ -60,7 +78,8 @@ def test_a_served_command_runs_as_the_plain_process_would(server, tmp_path):
         err.seek(0)
         argv_line, fds_line = out.read().splitlines()
         assert argv_line == f"['-c', '{read_end}', 'b'] {tmp_path} value ['', '/first', '/second']"
-        fds = set(json.loads(fds_line))  # nothing the server held: the command's, and the listing's own
+        # nothing the server held: the command's, and the listing's own
+        fds = set(json.loads(fds_line))
         assert {0, 1, 2, read_end} <= fds and len(fds) == 5
         assert err.read() == "through a descriptor True\n"
     assert started(server) == ["served -c"]
@@ -68,8 +87,11 @@ def test_a_served_command_runs_as_the_plain_process_would(server, tmp_path):
 
 def test_a_served_command_takes_paths_as_popen_does(server, tmp_path):
     with open(tmp_path / "out", "w+") as out:
-        proc = client.start([PYTHON, "-c", "import sys; print(sys.argv[1:])", tmp_path / "a path"], stdout=out,
-                            start_new_session=True)
+        proc = client.start(
+            [PYTHON, "-c", "import sys; print(sys.argv[1:])", tmp_path / "a path"],
+            stdout=out,
+            start_new_session=True,
+        )
         assert isinstance(proc, client.ServedProcess) and proc.wait(timeout=30) == 0
         out.seek(0)
         assert out.read() == f"[{str(tmp_path / 'a path')!r}]\n"
@@ -77,7 +99,10 @@ def test_a_served_command_takes_paths_as_popen_does(server, tmp_path):
 
 def test_a_module_runs_as_main_and_a_traceback_exits_1(server):
     done = client.run([PYTHON, "-m", "json.tool", str(server / "servers.json")], cwd=REPO)
-    assert done.returncode == 0 and json.loads(done.stdout)["servers"][0]["routes"] == ["-c", "json.tool"]
+    assert done.returncode == 0 and json.loads(done.stdout)["servers"][0]["routes"] == [
+        "-c",
+        "json.tool",
+    ]
     failed = client.run([PYTHON, "-c", "raise ValueError('from the child')"])
     assert failed.returncode == 1
     assert failed.stderr.splitlines()[-1] == "ValueError: from the child"
@@ -85,8 +110,12 @@ def test_a_module_runs_as_main_and_a_traceback_exits_1(server):
 
 
 def test_a_served_process_is_waited_on_signalled_and_killed_with_its_group(server):
-    proc = client.start([PYTHON, "-c", "import time; print('up', flush=True); time.sleep(600)"],
-                        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = client.start(
+        [PYTHON, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert isinstance(proc, client.ServedProcess) and proc.stdout.readline() == "up\n"
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.2)
@@ -96,21 +125,26 @@ def test_a_served_process_is_waited_on_signalled_and_killed_with_its_group(serve
 
 
 def test_what_a_fresh_interpreter_would_run_otherwise_starts_plain_and_says_why(server, tmp_path):
-    other = client.run([PYTHON, "-c", "import os; print(os.environ['JAX_PLATFORMS'])"],
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    other = client.run(
+        [PYTHON, "-c", "import os; print(os.environ['JAX_PLATFORMS'])"],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert other.returncode == 0 and other.stdout == "cpu\n"
-    grouped = client.start([PYTHON, "-c", "pass"])  # in the caller's group: a server's child cannot be
+    # in the caller's group: a server's child cannot be
+    grouped = client.start([PYTHON, "-c", "pass"])
     assert isinstance(grouped, subprocess.Popen) and grouped.wait(timeout=30) == 0
-    unrouted = client.run([PYTHON, "-m", "json"], stdin=subprocess.DEVNULL)  # json.tool's package, not routed
+    # json.tool's package, not routed
+    unrouted = client.run([PYTHON, "-m", "json"], stdin=subprocess.DEVNULL)
     assert unrouted.returncode != 0 and "No module named json.__main__" in unrouted.stderr
     assert started(server) == ["plain -c: environment differs: JAX_PLATFORMS"]
 
 
 @pytest.mark.slow
 def test_torch_xla_served_after_its_preloaded_import_runs_as_a_fresh_interpreter(tmp_path):
-    """The suite's torch_xla server imports torch_xla before torch_xla_impl sets the environment it reads (debug
-    level, XLA's dump folder and flags, CPU devices): a served run equals a plain one, losses bit for bit, compiles,
-    XLA flags (torch_xla's own --xla_cpu_enable_fast_math=false included), its HLO read from the dump."""
+    """The suite's torch_xla server imports torch_xla before torch_xla_impl sets the environment it
+    reads (debug level, XLA's dump folder and flags, CPU devices): a served run equals a plain one,
+    losses bit for bit, compiles, XLA flags (torch_xla's own --xla_cpu_enable_fast_math=false
+    included), its HLO read from the dump."""
     from common.files.record import read_record
     from tests.helpers import process_env
 
@@ -121,18 +155,41 @@ def test_torch_xla_served_after_its_preloaded_import_runs_as_a_fresh_interpreter
         time.sleep(0.5)
     records = {}
     for how, start in (("served", client.start), ("plain", subprocess.Popen)):
-        command = [PYTHON, "-m", "torch_xla_impl", "--spec", "gpt-tiny", "--steps", "3", "--throughput-steps", "0",
-                   "--out", str(tmp_path / how)]
+        command = [
+            PYTHON,
+            "-m",
+            "torch_xla_impl",
+            "--spec",
+            "gpt-tiny",
+            "--steps",
+            "3",
+            "--throughput-steps",
+            "0",
+            "--out",
+            str(tmp_path / how),
+        ]
         with open(tmp_path / f"{how}.err", "w") as err:
-            proc = start(command, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO, env=process_env(),
-                         start_new_session=True)
+            proc = start(
+                command,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                cwd=REPO,
+                env=process_env(),
+                start_new_session=True,
+            )
             assert isinstance(proc, client.ServedProcess) == (how == "served")
             assert proc.wait(timeout=600) == 0, (tmp_path / f"{how}.err").read_text()[-3000:]
         records[how] = read_record(tmp_path / how)
     served, plain = records["served"], records["plain"]
     assert served.losses == plain.losses
-    assert [(e.phase, e.step) for e in served.compile_events] == [(e.phase, e.step) for e in plain.compile_events]
-    no_dump = [{k: re.sub(r" ?--xla_dump_to=\S+", "", v) for k, v in r.numerics["env"].items()}
-               for r in records.values()]
-    assert no_dump[0] == no_dump[1] and "--xla_cpu_enable_fast_math=false" in no_dump[0]["XLA_FLAGS"], no_dump
+    assert [(e.phase, e.step) for e in served.compile_events] == [
+        (e.phase, e.step) for e in plain.compile_events
+    ]
+    no_dump = [
+        {k: re.sub(r" ?--xla_dump_to=\S+", "", v) for k, v in r.numerics["env"].items()}
+        for r in records.values()
+    ]
+    assert (
+        no_dump[0] == no_dump[1] and "--xla_cpu_enable_fast_math=false" in no_dump[0]["XLA_FLAGS"]
+    ), no_dump
     assert served.hlo_stats and served.hlo_stats["op_histogram"] == plain.hlo_stats["op_histogram"]

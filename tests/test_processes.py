@@ -1,6 +1,7 @@
-"""compare --processes N (compare/runs/processes.py): which backends and meshes it runs, and a launcher that never
-leaves a process waiting on a failed one. The run itself: tests/test_jax_backend.py (jax, eager torch and torchax
-as two processes)."""
+"""compare --processes N (compare/runs/processes.py): which backends and meshes it runs, and a
+launcher that never leaves a process waiting on a failed one. The run itself:
+tests/test_jax_backend.py (jax, eager torch and torchax as two processes)."""
+
 import sys
 import textwrap
 import time
@@ -13,37 +14,84 @@ from tests.helpers import REPO, run_cli
 
 @pytest.mark.error_case("processes-one-process", "processes-mesh")
 def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path):
-    """--processes N: only backends whose row says they run as several processes, on a mesh N divides; refused
-    before anything runs (tests/test_jax_backend.py runs jax and torchax as two processes)."""
-    assert [n for n in backends.names() if backends.info(n).processes] == ["jax", "torch", "torchax"]
+    """--processes N: only backends whose row says they run as several processes, on a mesh N
+    divides; refused before anything runs (tests/test_jax_backend.py runs jax and torchax as two
+    processes)."""
+    assert [n for n in backends.names() if backends.info(n).processes] == [
+        "jax",
+        "torch",
+        "torchax",
+    ]
     for processes, args, message in (
-            ("2", ["--backend", "jax,torch_xla", "--mesh", "data=2"], (
-                "error: --processes 2: the torch_xla backend runs as one process (runs as several: jax, torch, "
-                "torchax); drop --processes or leave torch_xla out of --backend")),
-            ("4", ["--backend", "jax", "--mesh", "data=2"], (
-                "error: --processes 4: the mesh's 2 device(s) cannot be split evenly over 4 processes; give a --mesh "
-                "whose device count they divide, e.g. --mesh data=8"))):
+        (
+            "2",
+            ["--backend", "jax,torch_xla", "--mesh", "data=2"],
+            (
+                "error: --processes 2: the torch_xla backend runs as one process (runs as "
+                "several: jax, torch, "
+                "torchax); drop --processes or leave torch_xla out of --backend"
+            ),
+        ),
+        (
+            "4",
+            ["--backend", "jax", "--mesh", "data=2"],
+            (
+                "error: --processes 4: the mesh's 2 device(s) cannot be split evenly over 4 "
+                "processes; give a --mesh "
+                "whose device count they divide, e.g. --mesh data=8"
+            ),
+        ),
+    ):
         proc = run_cli("compare", "--processes", processes, *args, "--out", str(tmp_path / "x"))
         assert proc.returncode == 2 and proc.stderr.strip() == message, proc.stderr
         assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.error_case("hosts-bad")
-@pytest.mark.parametrize("args, message", [
-    (["--num-hosts", "2"], "--num-hosts 2: give every host --coordinator HOST:PORT, host 0's address"),
-    (["--num-hosts", "2", "--host-id", "2", "--coordinator", "127.0.0.1:1"],
-     "--host-id 2: a run of --num-hosts 2 has hosts 0 to 1"),
-    (["--coordinator", "nope"], "--coordinator nope: give it as HOST:PORT, e.g. 10.0.0.2:12355"),
-    (["--coordinator", ":12355"], "--coordinator :12355: give it as HOST:PORT, e.g. 10.0.0.2:12355"),
-    (["--coordinator", "10.0.0.2:"], "--coordinator 10.0.0.2:: give it as HOST:PORT, e.g. 10.0.0.2:12355"),
-    (["--num-hosts", "2", "--coordinator", "127.0.0.1:0"], "--coordinator 127.0.0.1:0: port 0 is not one to count "
-     "up from (a run takes the ports from PORT up, one per launch); give a port from 1024 to 65279"),
-    (["--num-hosts", "2", "--coordinator", "127.0.0.1:99999"], "--coordinator 127.0.0.1:99999: port 99999 is not "
-     "one to count up from (a run takes the ports from PORT up, one per launch); give a port from 1024 to 65279"),
-    (["--num-hosts", "2", "--coordinator", "127.0.0.1:1", "--backend", "jax"],  # the default mesh: one device
-     "--processes 1 on 2 hosts: the mesh's 1 device(s) cannot be split evenly over 2 processes; give a --mesh "
-     "whose device count they divide, e.g. --mesh data=4"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--num-hosts", "2"],
+            "--num-hosts 2: give every host --coordinator HOST:PORT, host 0's address",
+        ),
+        (
+            ["--num-hosts", "2", "--host-id", "2", "--coordinator", "127.0.0.1:1"],
+            "--host-id 2: a run of --num-hosts 2 has hosts 0 to 1",
+        ),
+        (
+            ["--coordinator", "nope"],
+            "--coordinator nope: give it as HOST:PORT, e.g. 10.0.0.2:12355",
+        ),
+        (
+            ["--coordinator", ":12355"],
+            "--coordinator :12355: give it as HOST:PORT, e.g. 10.0.0.2:12355",
+        ),
+        (
+            ["--coordinator", "10.0.0.2:"],
+            "--coordinator 10.0.0.2:: give it as HOST:PORT, e.g. 10.0.0.2:12355",
+        ),
+        (
+            ["--num-hosts", "2", "--coordinator", "127.0.0.1:0"],
+            "--coordinator 127.0.0.1:0: port 0 is not one to count "
+            "up from (a run takes the ports from PORT up, one per launch); give a port from 1024 "
+            "to 65279",
+        ),
+        (
+            ["--num-hosts", "2", "--coordinator", "127.0.0.1:99999"],
+            "--coordinator 127.0.0.1:99999: port 99999 is not "
+            "one to count up from (a run takes the ports from PORT up, one per launch); give a "
+            "port from 1024 to 65279",
+        ),
+        # the default mesh: one device
+        (
+            ["--num-hosts", "2", "--coordinator", "127.0.0.1:1", "--backend", "jax"],
+            "--processes 1 on 2 hosts: the mesh's 1 device(s) cannot be split evenly over 2 "
+            "processes; give a --mesh "
+            "whose device count they divide, e.g. --mesh data=4",
+        ),
+    ],
+)
 def test_a_multi_host_run_is_refused_when_its_hosts_cannot_meet(args, message, tmp_path):
     proc = run_cli("compare", *args, "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and proc.stderr.strip() == f"error: {message}", proc.stderr
@@ -52,20 +100,32 @@ def test_a_multi_host_run_is_refused_when_its_hosts_cannot_meet(args, message, t
 
 @pytest.mark.error_case("processes-one-fails")
 def test_a_process_that_fails_stops_the_others_and_says_why(tmp_path):
-    """Process 1 fails while process 0 would wait on it (in a collective, on a real run) for a minute: the
-    launcher stops process 0, exits with process 1's code and says its error line."""
+    """Process 1 fails while process 0 would wait on it (in a collective, on a real run) for a
+    minute: the launcher stops process 0, exits with process 1's code and says its error line."""
     fake = tmp_path / "backend.py"
-    fake.write_text(textwrap.dedent("""
+    fake.write_text(
+        textwrap.dedent("""
         import sys, time
         rank = int(sys.argv[sys.argv.index("--process-id") + 1])
         if rank == 1:
             sys.exit("error: shard 1 is missing")
         time.sleep(60)
-    """))
+    """)
+    )
     (tmp_path / "logs").mkdir()
     start = time.monotonic()
-    proc = run_cli("compare.runs.processes", "--processes", "2", "--coordinator", "127.0.0.1:1", "--logs",
-                   str(tmp_path / "logs"), "--", sys.executable, str(fake))
+    proc = run_cli(
+        "compare.runs.processes",
+        "--processes",
+        "2",
+        "--coordinator",
+        "127.0.0.1:1",
+        "--logs",
+        str(tmp_path / "logs"),
+        "--",
+        sys.executable,
+        str(fake),
+    )
     assert proc.returncode == 1 and time.monotonic() - start < 30
     assert proc.stderr.strip() == "error: process 1 of 2 exited with code 1: shard 1 is missing"
     assert (tmp_path / "logs" / "process-1.log").read_text().strip() == "error: shard 1 is missing"
@@ -73,9 +133,10 @@ def test_a_process_that_fails_stops_the_others_and_says_why(tmp_path):
 
 @pytest.mark.error_case("processes-torch-inexact")
 def test_eager_torch_refuses_processes_where_averaged_gradients_are_not_the_batchs():
-    """Eager torch as several processes averages each process's gradient over its rows (torch_impl/distributed.py):
-    the whole batch's gradient only for a mean loss over rows on a model that mixes no rows; anything else is
-    refused in one line before the process group starts."""
+    """Eager torch as several processes averages each process's gradient over its rows
+    (torch_impl/distributed.py): the whole batch's gradient only for a mean loss over rows on a
+    model that mixes no rows; anything else is refused in one line before the process group
+    starts."""
     from collections import OrderedDict
 
     import torch
@@ -84,47 +145,77 @@ def test_eager_torch_refuses_processes_where_averaged_gradients_are_not_the_batc
     from common.spec import SpecError
     from torch_impl.distributed import refuse_batch_norm, refuse_inexact
 
-    refuse_inexact(load_spec("gpt-tiny"), 2)  # the task's cross-entropy, torch's own dropout: accepted
+    # the task's cross-entropy, torch's own dropout: accepted
+    refuse_inexact(load_spec("gpt-tiny"), 2)
     regressor = load_spec("", twin=f"{REPO}/tests/data/regression/twins.py:regressor")
     for spec, message in (
-            (regressor, "eager torch on 2 processes averages each process's gradient over its share of the batch, "
-                        "which equals the whole batch's only for a mean over rows; the twin's own loss "
-                        "(torch_regressor.py:smooth_l1) may not be one"),
-            (load_spec("gpt-tiny", ["model.dropout=0.1", "train.dropout_masks=common"]),
-             "common's exact dropout masks are drawn for the whole batch"),
-            (load_spec("gpt-tiny", ["train.global_batch_size=6"]),
-             "train.global_batch_size=6 does not split evenly over 4 processes")):
+        (
+            regressor,
+            "eager torch on 2 processes averages each process's gradient over its share of the "
+            "batch, "
+            "which equals the whole batch's only for a mean over rows; the twin's own loss "
+            "(torch_regressor.py:smooth_l1) may not be one",
+        ),
+        (
+            load_spec("gpt-tiny", ["model.dropout=0.1", "train.dropout_masks=common"]),
+            "common's exact dropout masks are drawn for the whole batch",
+        ),
+        (
+            load_spec("gpt-tiny", ["train.global_batch_size=6"]),
+            "train.global_batch_size=6 does not split evenly over 4 processes",
+        ),
+    ):
         with pytest.raises(SpecError) as caught:
             refuse_inexact(spec, 4 if "global_batch_size=6" in message else 2)
         assert message in str(caught.value), str(caught.value)
-    stem = torch.nn.Sequential(OrderedDict(conv1=torch.nn.Conv2d(3, 4, 3), bn1=torch.nn.BatchNorm2d(4)))
+    stem = torch.nn.Sequential(
+        OrderedDict(conv1=torch.nn.Conv2d(3, 4, 3), bn1=torch.nn.BatchNorm2d(4))
+    )
     refuse_batch_norm(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)), 2)
     with pytest.raises(SpecError) as caught:
         refuse_batch_norm(stem, 2)
     assert str(caught.value) == (
-        "eager torch on 2 processes: module bn1 is BatchNorm2d, whose train-mode statistics would be each process's "
-        "rows, not the whole batch's (torch.nn.SyncBatchNorm runs only on GPUs); compare torch in a run without "
-        "--processes (or leave it out of --backend in this one)")
+        "eager torch on 2 processes: module bn1 is BatchNorm2d, whose train-mode statistics would "
+        "be each process's "
+        "rows, not the whole batch's (torch.nn.SyncBatchNorm runs only on GPUs); compare torch in "
+        "a run without "
+        "--processes (or leave it out of --backend in this one)"
+    )
 
 
 @pytest.mark.slow
 def test_eager_torch_captures_on_one_device_whatever_the_mesh(tmp_path):
-    """The capture compare runs where a pair parts at step 0 (one process, one example, from the start weights)
-    is the same on one device: eager torch takes it with the run's mesh instead of refusing the mesh, so a pair
-    run with --processes is located like any other; a capture that fails anyway says so in the report."""
+    """The capture compare runs where a pair parts at step 0 (one process, one example, from the
+    start weights) is the same on one device: eager torch takes it with the run's mesh instead of
+    refusing the mesh, so a pair run with --processes is located like any other; a capture that
+    fails anyway says so in the report."""
     from common.files.record import read_record
     from common.files.tensor_file import read_tensors
     from compare.runs.extra_runs import mark_failed_captures
     from compare.runs.orchestrate import BackendRun
 
-    proc = run_cli("torch_impl", "--spec", "gpt-tiny", "--mesh", "data=4", "--activations-only", "--out",
-                   str(tmp_path / "capture"))
+    proc = run_cli(
+        "torch_impl",
+        "--spec",
+        "gpt-tiny",
+        "--mesh",
+        "data=4",
+        "--activations-only",
+        "--out",
+        str(tmp_path / "capture"),
+    )
     assert proc.returncode == 0, proc.stderr
     captured = read_tensors(tmp_path / "capture", read_record(tmp_path / "capture"))["activations"]
     assert captured["blocks.1.mlp.fc"].shape == (1, 64, 256)
-    proc = run_cli("torch_impl", "--spec", "gpt-tiny", "--mesh", "data=4", "--steps", "1")  # training: refused
-    assert proc.returncode == 2 and "run it data parallel as processes (compare --processes N)" in proc.stderr
+    # training: refused
+    proc = run_cli("torch_impl", "--spec", "gpt-tiny", "--mesh", "data=4", "--steps", "1")
+    assert (
+        proc.returncode == 2
+        and "run it data parallel as processes (compare --processes N)" in proc.stderr
+    )
     failed = BackendRun("torch", tmp_path, "usage_error", 2, "boom", 1.0, [])
-    report = mark_failed_captures({"reference": "jax", "parity": {"torch": {"first_divergent_module": None}}},
-                                  {"torch": failed})
+    report = mark_failed_captures(
+        {"reference": "jax", "parity": {"torch": {"first_divergent_module": None}}},
+        {"torch": failed},
+    )
     assert report["parity"]["torch"]["capture_failed"] == "torch's capture run usage_error: boom"

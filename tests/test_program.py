@@ -1,5 +1,6 @@
 """The compiled step summarised per backend (report.json `backends.<name>.hlo`, report.md) and
 `python -m compare.hlo`, checked against counts taken another way from the same HLO text."""
+
 import json
 import re
 
@@ -34,7 +35,7 @@ ENTRY %main (x: f32[8,4], w: f32[4,4]) -> (f32[8,4], f32[4,4]) {
   %cc = f32[8,4]{1,0} custom-call(%m), custom_call_target="Sharding"
   ROOT %out = (f32[8,4]{1,0}, f32[4,4]{1,0}) tuple(%cc, %w)
 }
-"""
+"""  # noqa: E501 (HLO text as XLA writes it)
 
 BUFFER_ASSIGNMENT = """BufferAssignment:
 allocation 0: size 128, parameter 0, shape |f32[8,4]| at ShapeIndex {}:
@@ -48,28 +49,44 @@ Total bytes used: 516 (516B)
 
 def test_summary_counts_of_a_known_module():
     s = program_summary(SMALL_MODULE)
-    # kernels: fusion, copy, all-reduce, multiply, custom-call (the reducer's add and the fused dot run
-    # inside other kernels; parameters, get-tuple-element and tuple launch nothing)
+    # kernels: fusion, copy, all-reduce, multiply, custom-call (the reducer's add and the fused dot
+    # run inside other kernels; parameters, get-tuple-element and tuple launch nothing)
     assert s["kernels"] == 5
     assert s["fusions"] == {"kOutput": 1}
-    assert (s["dot"], s["unfused_dot_or_convolution"], s["unfused_elementwise"], s["copies"]) == (1, 0, 1, 1)
-    assert s["collectives"] == {"all-reduce": {"count": 1, "elements": 48, "bytes": 8 * 4 * 4 + 4 * 4 * 2}}
+    assert (s["dot"], s["unfused_dot_or_convolution"], s["unfused_elementwise"], s["copies"]) == (
+        1,
+        0,
+        1,
+        1,
+    )
+    assert s["collectives"] == {
+        "all-reduce": {"count": 1, "elements": 48, "bytes": 8 * 4 * 4 + 4 * 4 * 2}
+    }
     assert s["custom_calls"] == {"Sharding": 1}
     assert s["largest_buffers"][0]["name"] == "ar" and s["largest_buffers"][0]["bytes"] == 160
 
 
 def test_buffer_assignment_memory():
     assert buffer_assignment_memory(BUFFER_ASSIGNMENT) == {
-        "argument_size_in_bytes": 128, "output_size_in_bytes": 128, "constant_size_in_bytes": 4,
-        "temp_size_in_bytes": 256, "total_bytes_used": 516}
+        "argument_size_in_bytes": 128,
+        "output_size_in_bytes": 128,
+        "constant_size_in_bytes": 4,
+        "temp_size_in_bytes": 256,
+        "total_bytes_used": 516,
+    }
 
 
 def _entry(text: str) -> str:
-    """Each module's ENTRY computation and the computations it `call`s (XLA:CPU wraps a kernel it splits
-    across threads in one), cut out by brace position rather than by parsing instructions."""
-    blocks = {m.group(1): m.group(0) for m in re.finditer(r"^(?:ENTRY )?%(\S+) .*?^}", text, re.MULTILINE | re.DOTALL)}
+    """Each module's ENTRY computation and the computations it `call`s (XLA:CPU wraps a kernel it
+    splits across threads in one), cut out by brace position rather than by parsing instructions."""
+    blocks = {
+        m.group(1): m.group(0)
+        for m in re.finditer(r"^(?:ENTRY )?%(\S+) .*?^}", text, re.MULTILINE | re.DOTALL)
+    }
     entries = [b for b in blocks.values() if b.startswith("ENTRY")]
-    called = [blocks[name] for b in entries for name in re.findall(r" call\(.*to_apply=%([\w.\-]+)", b)]
+    called = [
+        blocks[name] for b in entries for name in re.findall(r" call\(.*to_apply=%([\w.\-]+)", b)
+    ]
     return "\n".join(entries + called)
 
 
@@ -90,9 +107,22 @@ def _independent_all_reduce(text: str) -> tuple[int, int]:
 
 @pytest.mark.slow
 @pytest.mark.error_case("hlo-torch-xla-bytes")
-def test_report_sets_both_compiled_programs_side_by_side_under_data_parallelism(jax_single, tmp_path):
+def test_report_sets_both_compiled_programs_side_by_side_under_data_parallelism(
+    jax_single, tmp_path
+):
     out = tmp_path / "dp2"
-    proc = run_cli("compare", "--out", str(out), "--quiet", "--spec", "gpt-tiny", "--steps", "3", "--mesh", "data=2")
+    proc = run_cli(
+        "compare",
+        "--out",
+        str(out),
+        "--quiet",
+        "--spec",
+        "gpt-tiny",
+        "--steps",
+        "3",
+        "--mesh",
+        "data=2",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     for name in ("jax", "torch_xla"):
@@ -100,44 +130,76 @@ def test_report_sets_both_compiled_programs_side_by_side_under_data_parallelism(
         text = (out / program["hlo_file"]).read_text()
         count, nbytes = _independent_all_reduce(text)
         assert count >= 1 and program["collectives"]["all-reduce"] == {
-            "count": count, "bytes": nbytes, "elements": program["collectives"]["all-reduce"]["elements"]}
+            "count": count,
+            "bytes": nbytes,
+            "elements": program["collectives"]["all-reduce"]["elements"],
+        }
         # every gradient is all-reduced: at least the parameters' bytes (gpt-tiny: 136,896 floats)
         assert nbytes >= 136_896 * 4, (name, nbytes)
         entry = _entry(text)
         for kind, n in program["fusions"].items():
-            assert n == len(re.findall(rf"\bfusion\(.*kind={kind.split('(')[0]}\b", entry)), (name, kind)
+            assert n == len(re.findall(rf"\bfusion\(.*kind={kind.split('(')[0]}\b", entry)), (
+                name,
+                kind,
+            )
         assert program["memory"]["peak_bytes"] > program["memory"]["argument_size_in_bytes"] > 0
     assert report["backends"]["jax"]["hlo"]["memory_source"] == "compiled.memory_analysis()"
     assert report["backends"]["torch_xla"]["hlo"]["memory_source"] == "XLA buffer-assignment dump"
     assert "bytes_accessed" in report["backends"]["torch_xla"]["hlo"]["not_available"]
     md = (out / "report.md").read_text()
-    assert "## Compiled step, per settled step (most different first)" in md and "| all-reduce count |" in md
+    assert (
+        "## Compiled step, per settled step (most different first)" in md
+        and "| all-reduce count |" in md
+    )
 
     diff = run_cli("compare.hlo", str(jax_single("gpt-tiny")), str(out), "--backend", "jax")
     assert diff.returncode == 0, diff.stderr
-    assert re.search(r"ops only in B: .*all-reduce", diff.stdout) and "ops only in A: none" in diff.stdout
+    assert (
+        re.search(r"ops only in B: .*all-reduce", diff.stdout)
+        and "ops only in A: none" in diff.stdout
+    )
     assert re.search(r"all-reduce count\s+│\s+-\s+│\s+1\s+│", diff.stdout)
 
 
 @pytest.mark.slow
-@pytest.mark.error_case("hlo-cli-missing", "hlo-cli-no-backend", "hlo-cli-no-program", "hlo-cli-corrupt-record",
-                        "profile-eager-torch")
+@pytest.mark.error_case(
+    "hlo-cli-missing",
+    "hlo-cli-no-backend",
+    "hlo-cli-no-program",
+    "hlo-cli-corrupt-record",
+    "profile-eager-torch",
+)
 def test_hlo_diff_refuses_what_has_no_program(tmp_path):
     def refused(a, *more) -> str:
         proc = run_cli("compare.hlo", str(a), *more)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         return proc.stderr.strip()
 
-    assert refused(tmp_path / "missing", tmp_path) == \
-        f"error: {tmp_path / 'missing'}: no such file or directory (give an HLO text file or a run directory)"
-    eager = train("torch_impl", tmp_path / "torch", "--spec", "mlp-tiny", "--steps", "2", "--profile", "2")
-    assert eager.profile["why"].startswith("eager torch writes no XProf trace")  # --profile is ignored, said why
-    assert refused(tmp_path / "torch", tmp_path / "torch") == \
-        f"error: {tmp_path / 'torch'} (torch) has no compiled program: eager: runs op by op, no compiled program"
-    (tmp_path / "report.json").write_text(json.dumps({"backend_names": ["torch"], "reference": "torch"}))
-    assert refused(tmp_path, tmp_path, "--backend", "torchax") == \
-        f"error: {tmp_path} has no backend 'torchax' (it ran torch); pick one with --backend"
+    assert (
+        refused(tmp_path / "missing", tmp_path)
+        == f"error: {tmp_path / 'missing'}: no such file or directory (give an HLO text file or a "
+        "run directory)"
+    )
+    eager = train(
+        "torch_impl", tmp_path / "torch", "--spec", "mlp-tiny", "--steps", "2", "--profile", "2"
+    )
+    # --profile is ignored, said why
+    assert eager.profile["why"].startswith("eager torch writes no XProf trace")
+    assert (
+        refused(tmp_path / "torch", tmp_path / "torch")
+        == f"error: {tmp_path / 'torch'} (torch) has no compiled program: eager: runs op by op, "
+        "no compiled program"
+    )
+    (tmp_path / "report.json").write_text(
+        json.dumps({"backend_names": ["torch"], "reference": "torch"})
+    )
+    assert (
+        refused(tmp_path, tmp_path, "--backend", "torchax")
+        == f"error: {tmp_path} has no backend 'torchax' (it ran torch); pick one with --backend"
+    )
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "record.json").write_text('{"backend": "ja')
     assert refused(tmp_path / "bad", tmp_path / "torch").startswith(
-        f"error: run record {tmp_path / 'bad' / 'record.json'} is not valid JSON (truncated or corrupt)")
+        f"error: run record {tmp_path / 'bad' / 'record.json'} is not valid JSON (truncated or "
+        "corrupt)"
+    )

@@ -20,13 +20,24 @@ from common.presets import load_spec
 
 def _record(tmp_path) -> RunRecord:
     spec = load_spec("mlp-tiny")
-    rec = RunRecord(backend="jax", spec=spec.to_dict(), versions=package_versions("jax"),
-                    numerics={"dtype": "float32", "matmul_precision": "highest"},
-                    steps=[StepRecord(0, 2.31, 5.0), StepRecord(1, finite_or_none(float("nan")), 1.5)],
-                    compile_events=[CompileEvent("train_step", 0.25, 0, "loop"),
-                                    CompileEvent("init", 0.01, -1, "setup")])
-    rec.tensors = write_tensors(tmp_path, {"outputs": {"logits": np.arange(6.0).reshape(2, 3)},
-                                           "params": {"head.bias": np.ones(10, np.float32)}})
+    rec = RunRecord(
+        backend="jax",
+        spec=spec.to_dict(),
+        versions=package_versions("jax"),
+        numerics={"dtype": "float32", "matmul_precision": "highest"},
+        steps=[StepRecord(0, 2.31, 5.0), StepRecord(1, finite_or_none(float("nan")), 1.5)],
+        compile_events=[
+            CompileEvent("train_step", 0.25, 0, "loop"),
+            CompileEvent("init", 0.01, -1, "setup"),
+        ],
+    )
+    rec.tensors = write_tensors(
+        tmp_path,
+        {
+            "outputs": {"logits": np.arange(6.0).reshape(2, 3)},
+            "params": {"head.bias": np.ones(10, np.float32)},
+        },
+    )
     return rec
 
 
@@ -36,7 +47,9 @@ def test_record_round_trip(tmp_path):
     back = read_record(tmp_path)
     assert back == rec
     assert back.losses == [2.31, None]
-    assert back.compile_events[0].fun_name == "train_step" and back.compile_events[0].phase == "loop"
+    assert (
+        back.compile_events[0].fun_name == "train_step" and back.compile_events[0].phase == "loop"
+    )
     assert back.versions["numpy"] == np.__version__
     tensors = read_tensors(path, back)
     assert np.array_equal(tensors["outputs"]["logits"], np.arange(6.0).reshape(2, 3))
@@ -56,7 +69,9 @@ def test_wrong_schema_missing_and_malformed_records(tmp_path):
     path = write_record(tmp_path, _record(tmp_path))
     raw = json.loads(path.read_text())
     path.write_text(json.dumps({**raw, "schema_version": 1}))  # before the typed fields of schema 2
-    with pytest.raises(RecordError, match=r"has schema_version 1; this toolkit reads 2 \(re-run the backend"):
+    with pytest.raises(
+        RecordError, match=r"has schema_version 1; this toolkit reads 2 \(re-run the backend"
+    ):
         read_record(path)
     path.write_text(json.dumps({k: v for k, v in raw.items() if k != "backend"}))
     with pytest.raises(RecordError, match="lacks the field 'backend'"):
@@ -87,9 +102,9 @@ def test_non_finite_json_is_refused(tmp_path):
 
 @pytest.mark.error_case("shards-foreign")
 def test_a_tensor_kept_as_shards_is_assembled_from_its_own_runs_files_only(tmp_path):
-    """A multi-process run's whole tensor (common/files/shards.py): each process writes its distinct shards, the tensor
-    file marks it; read back whole, tensor by tensor. Shard files of another run, or one missing, are refused in
-    one line: never mixed in, never read as zeros."""
+    """A multi-process run's whole tensor (common/files/shards.py): each process writes its distinct
+    shards, the tensor file marks it; read back whole, tensor by tensor. Shard files of another run,
+    or one missing, are refused in one line: never mixed in, never read as zeros."""
     from types import SimpleNamespace
 
     from common.files.shards import ShardedTensor, shard_file, write_shards
@@ -102,13 +117,18 @@ def test_a_tensor_kept_as_shards_is_assembled_from_its_own_runs_files_only(tmp_p
         return ShardedTensor((6, 8), ((halves[process], full[r0:r1, c0:c1]),), process, 2, run)
 
     for process in (0, 1):
-        write_shards(tmp_path, {"params": {"w": share(process)}, "outputs": {"loss": np.float32(1.5)}})
+        write_shards(
+            tmp_path, {"params": {"w": share(process)}, "outputs": {"loss": np.float32(1.5)}}
+        )
     record = SimpleNamespace(tensors=write_tensors(tmp_path, {"params": {"w": share(0)}}))
     read = read_tensors(tmp_path, record)["params"]
     assert "w" in read and np.array_equal(read["w"], full)
     write_shards(tmp_path, {"params": {"w": share(1, run=8)}})  # process 1's file now another run's
-    with pytest.raises(RecordError, match=r"shard file .*process-1\.npz belongs to another run \(its run \[8, 2, 1\], "
-                                          r"this run \[7, 2, 1\]\); its values are never mixed into this one"):
+    with pytest.raises(
+        RecordError,
+        match=r"shard file .*process-1\.npz belongs to another run \(its run \[8, 2, 1\], "
+        r"this run \[7, 2, 1\]\); its values are never mixed into this one",
+    ):
         read_tensors(tmp_path, record)
     shard_file(tmp_path, 1).unlink()
     with pytest.raises(RecordError, match=r"^params/w: its shards cover 24 of its 48 elements"):
@@ -116,10 +136,18 @@ def test_a_tensor_kept_as_shards_is_assembled_from_its_own_runs_files_only(tmp_p
 
 
 def test_extra_is_typed_and_record_json_keeps_its_keys_in_order(tmp_path):
-    """RunRecord.extra is a RunExtra (issue 44): the driver's facts as fields, the runtime's notes apart; record.json
-    holds the same object as before, keys and order (the notes first, then the facts a run set), and reads back."""
-    raw = {"step_api": "jax.jit(...)", "mesh_strategy": "replicated", "nnx_input_axes": [], "tensors": "summary",
-           "start": {"from": "canonical init"}, "provoked": [], "loss": "the task's (lm)"}
+    """RunRecord.extra is a RunExtra (issue 44): the driver's facts as fields, the runtime's notes
+    apart; record.json holds the same object as before, keys and order (the notes first, then the
+    facts a run set), and reads back."""
+    raw = {
+        "step_api": "jax.jit(...)",
+        "mesh_strategy": "replicated",
+        "nnx_input_axes": [],
+        "tensors": "summary",
+        "start": {"from": "canonical init"},
+        "provoked": [],
+        "loss": "the task's (lm)",
+    }
     rec = _record(tmp_path)
     rec.extra = RunExtra.from_dict(raw)
     assert rec.extra.tensors == "summary" and rec.extra.notes == {k: raw[k] for k in list(raw)[:3]}

@@ -1,4 +1,6 @@
-"""The newer runtimes of the same torch model: eager PyTorch (`torch`) and torchax, each run alone."""
+"""The newer runtimes of the same torch model: eager PyTorch (`torch`) and torchax, each run
+alone."""
+
 import json
 
 import numpy as np
@@ -17,13 +19,21 @@ def test_eager_torch_says_it_compiles_nothing_and_counts_its_flops(tmp_path):
     assert rec.backend == "torch" and rec.status == "ok" and len(rec.steps) == 6
     assert rec.compile_events == [] and rec.settle_steps == 0
     assert rec.extra.notes["compiles"].startswith("none: eager PyTorch")
-    # torch's FlopCounterMode and the JAX twin's HLO agree on a step's matmul flops: forward, and backward
-    # twice over except the first layer's input gradient, which nobody needs
+    # torch's FlopCounterMode and the JAX twin's HLO agree on a step's matmul flops: forward, and
+    # backward twice over except the first layer's input gradient, which nobody needs
     expected = 2 * 128 * (2 * 784 * 256 + 3 * 256 * 256 + 3 * 256 * 10)
-    assert rec.flops_per_step == matmul_flops((tmp_path / "jax" / "train_step.hlo.txt").read_text()) == expected
+    assert (
+        rec.flops_per_step
+        == matmul_flops((tmp_path / "jax" / "train_step.hlo.txt").read_text())
+        == expected
+    )
     assert max_loss_diff(rec, jax) < 1e-5
-    tensors, jax_tensors = read_tensors(tmp_path / "torch", rec), read_tensors(tmp_path / "jax", jax)
-    for name, value in jax_tensors["params"].items():  # the final parameters, not the ones after throughput
+    tensors, jax_tensors = (
+        read_tensors(tmp_path / "torch", rec),
+        read_tensors(tmp_path / "jax", jax),
+    )
+    # the final parameters, not the ones after throughput
+    for name, value in jax_tensors["params"].items():
         assert np.max(np.abs(tensors["params"][name] - value)) < 1e-4, name
 
 
@@ -31,7 +41,11 @@ def test_eager_torch_says_it_compiles_nothing_and_counts_its_flops(tmp_path):
 def test_eager_torch_refuses_a_mesh_in_one_line(tmp_path):
     proc = run_cli("torch_impl", "--spec", "mlp-tiny", "--mesh", "data=2", "--out", str(tmp_path))
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: the torch backend runs eagerly on one device")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: the torch backend runs eagerly on one device")
+    )
 
 
 def test_torchax_on_a_mesh_matches_its_single_device_run(tmp_path):
@@ -42,17 +56,31 @@ def test_torchax_on_a_mesh_matches_its_single_device_run(tmp_path):
     assert max_loss_diff(single, meshed) <= 1e-5
     for rec in (single, meshed):
         loop = [e for e in rec.compile_events if e.phase == "loop"]
-        assert [e.step for e in loop] == [0]  # compiles at step 0, never again: 0 steady-state recompiles
+        # compiles at step 0, never again: 0 steady-state recompiles
+        assert [e.step for e in loop] == [0]
     text = (tmp_path / "mesh" / meshed.hlo_stats["hlo_file"]).read_text()
     assert "all-reduce" in text  # the tensor-parallel layout really runs with collectives
 
 
-
-
 def test_the_new_runtimes_are_deterministic_and_compare_with_each_other(tmp_path):
-    proc = run_cli("compare", "--out", str(tmp_path), "--backend", "torch,torchax", "--spec", "mlp-tiny", "--steps",
-                   "4", "--check-determinism", "--quiet")
+    proc = run_cli(
+        "compare",
+        "--out",
+        str(tmp_path),
+        "--backend",
+        "torch,torchax",
+        "--spec",
+        "mlp-tiny",
+        "--steps",
+        "4",
+        "--check-determinism",
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["reference"] == "torch" and list(report["parity"]) == ["torchax"]  # jax absent: first listed
-    assert {n: d["bitwise_equal"] for n, d in report["determinism"].items()} == {"torch": True, "torchax": True}
+    # jax absent: first listed
+    assert report["reference"] == "torch" and list(report["parity"]) == ["torchax"]
+    assert {n: d["bitwise_equal"] for n, d in report["determinism"].items()} == {
+        "torch": True,
+        "torchax": True,
+    }

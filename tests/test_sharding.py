@@ -17,7 +17,10 @@ def test_megatron_tensor_parallel_gpt():
         assert t[f"blocks.0.attn.{proj}.bias"] == ("tensor",)
     assert t["blocks.0.attn.o.kernel"] == ("tensor", None)  # row-parallel
     assert t["blocks.0.attn.o.bias"] == (None,)
-    assert t["blocks.1.mlp.fc.kernel"] == (None, "tensor") and t["blocks.1.mlp.proj.kernel"] == ("tensor", None)
+    assert t["blocks.1.mlp.fc.kernel"] == (None, "tensor") and t["blocks.1.mlp.proj.kernel"] == (
+        "tensor",
+        None,
+    )
     assert t["blocks.0.ln1.scale"] == (None,) and t["wte.embedding"] == (None, None)
     assert t["lm_head.kernel"] == (None, "tensor")
 

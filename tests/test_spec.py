@@ -18,8 +18,17 @@ def test_required_presets_exist():
 
 
 def test_overrides_are_parsed_to_field_types():
-    spec = load_spec("gpt-tiny", ["model.d_model=128", "model.n_heads=8", "model.seq_len=128",
-                                  "train.lr=3e-4", "mesh.data=2", "model.tied_embeddings=false"])
+    spec = load_spec(
+        "gpt-tiny",
+        [
+            "model.d_model=128",
+            "model.n_heads=8",
+            "model.seq_len=128",
+            "train.lr=3e-4",
+            "mesh.data=2",
+            "model.tied_embeddings=false",
+        ],
+    )
     assert spec.model.d_model == 128 and spec.model.n_heads == 8 and spec.model.seq_len == 128
     assert spec.train.lr == pytest.approx(3e-4) and isinstance(spec.train.lr, float)
     assert spec.mesh.data == 2 and spec.mesh.device_count == 2
@@ -28,22 +37,32 @@ def test_overrides_are_parsed_to_field_types():
     assert mlp.model.hidden_sizes == (32, 16)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["model.n_heads=5"], "model.n_heads=5 does not divide model.d_model=64"),
-    (["model.d_model=0"], "model.d_model=0 must be positive"),
-    (["train.lr=0"], "train.lr=0.0 must be positive"),
-    (["train.lr=fast"], "train.lr=fast must be a number"),
-    (["model.n_layers=2.5"], "model.n_layers=2.5 must be an integer"),
-    (["train.optimizer=lamb"], "train.optimizer=lamb is not one of adamw, sgd"),
-    (["model.foo=1"], "unknown key model.foo"),
-    (["optim.lr=1"], "unknown section 'optim'"),
-    (["train.lr"], "must look like section.field=value"),
-    (["data.seq_len=65"], "data.seq_len=65 is longer than the positional table model.seq_len=64"),
-    (["mesh.data=3"], "train.global_batch_size=16 is not divisible by the data-parallel size mesh.data*mesh.fsdp=3"),
-    (["mesh.tensor=8"], "mesh.tensor=8 does not divide model.n_heads=4"),
-    (["model.family=mlp"], "cannot switch model families"),
-    (["train.nesterov=true"], "train.nesterov=true needs train.momentum > 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.n_heads=5"], "model.n_heads=5 does not divide model.d_model=64"),
+        (["model.d_model=0"], "model.d_model=0 must be positive"),
+        (["train.lr=0"], "train.lr=0.0 must be positive"),
+        (["train.lr=fast"], "train.lr=fast must be a number"),
+        (["model.n_layers=2.5"], "model.n_layers=2.5 must be an integer"),
+        (["train.optimizer=lamb"], "train.optimizer=lamb is not one of adamw, sgd"),
+        (["model.foo=1"], "unknown key model.foo"),
+        (["optim.lr=1"], "unknown section 'optim'"),
+        (["train.lr"], "must look like section.field=value"),
+        (
+            ["data.seq_len=65"],
+            "data.seq_len=65 is longer than the positional table model.seq_len=64",
+        ),
+        (
+            ["mesh.data=3"],
+            "train.global_batch_size=16 is not divisible by the data-parallel size "
+            "mesh.data*mesh.fsdp=3",
+        ),
+        (["mesh.tensor=8"], "mesh.tensor=8 does not divide model.n_heads=4"),
+        (["model.family=mlp"], "cannot switch model families"),
+        (["train.nesterov=true"], "train.nesterov=true needs train.momentum > 0"),
+    ],
+)
 @pytest.mark.error_case("mesh-tensor-heads")
 def test_validation_errors_are_one_line_and_name_the_field(overrides, message):
     with pytest.raises(SpecError) as err:
@@ -65,9 +84,11 @@ def test_unknown_preset_and_unreadable_file(tmp_path):
 
 def test_spec_files_toml_and_json_round_trip(tmp_path):
     toml = tmp_path / "small.toml"
-    toml.write_text('[model]\nfamily = "gpt"\nvocab_size = 128\nseq_len = 32\nd_model = 32\nn_heads = 2\n'
-                    'n_layers = 1\nd_ff = 64\n[train]\nlr = 0.01\nglobal_batch_size = 8\n'
-                    '[data]\ndataset = "synthetic-tokens"\n')
+    toml.write_text(
+        '[model]\nfamily = "gpt"\nvocab_size = 128\nseq_len = 32\nd_model = 32\nn_heads = 2\n'
+        "n_layers = 1\nd_ff = 64\n[train]\nlr = 0.01\nglobal_batch_size = 8\n"
+        '[data]\ndataset = "synthetic-tokens"\n'
+    )
     spec = load_spec(str(toml), ["train.steps=7"])
     assert isinstance(spec.model, TransformerSpec) and spec.model.vocab_size == 128
     assert spec.train.lr == 0.01 and spec.train.steps == 7 and spec.name == "small"
@@ -93,5 +114,7 @@ def test_a_twin_task_missing_a_hyperparameter_its_data_needs():
     spec = TwinSpec(twin="twins.py:t", task="lm", hparams={"vocab_size": 256})
     with pytest.raises(SpecError) as err:
         spec.validate()
-    assert str(err.value) == ("twin twins.py:t: task lm needs the hyperparameter 'seq_len' (seq_len); add it to "
-                              "hparams or map it in io")
+    assert str(err.value) == (
+        "twin twins.py:t: task lm needs the hyperparameter 'seq_len' (seq_len); add it to "
+        "hparams or map it in io"
+    )

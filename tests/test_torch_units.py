@@ -1,5 +1,7 @@
 """Eager torch's own pieces, in this process: parity-tensor summaries made on the tensor's device
-(torch_impl/summary.py) agree with the host's, and the canonical layout made there is the host's bit for bit."""
+(torch_impl/summary.py) agree with the host's, and the canonical layout made there is the host's bit
+for bit."""
+
 import numpy as np
 import pytest
 import torch
@@ -10,37 +12,69 @@ from tests.helpers import assert_summary_agrees_with_the_hosts, device_summary_c
 from torch_impl.convert import to_canonical
 from torch_impl.summary import canonical_on_device, device_summary, kept
 
-# every kind of link: same, transpose, conv, conv_transpose, a declared rearrangement, a torch tensor packing
-# three NNX ones (split) and three torch tensors packed into one NNX tensor (stacked)
-TORCH = {"wte.weight": (50, 8), "ln.weight": (8,), "attn.c_attn.weight": (24, 8), "conv.weight": (4, 3, 5, 5),
-         "up.weight": (4, 6, 3, 3), "heads.weight": (12, 8), "x.q_proj.weight": (8, 4), "x.k_proj.weight": (4, 4),
-         "x.v_proj.weight": (4, 4)}
-NNX = {"wte.embedding": (50, 8), "ln.scale": (8,), "attn.q.kernel": (8, 8), "attn.k.kernel": (8, 8),
-       "attn.v.kernel": (8, 8), "conv.kernel": (5, 5, 3, 4), "up.kernel": (3, 3, 4, 6), "heads.kernel": (8, 3, 4),
-       "x.qkv.kernel": (4, 16)}
+# every kind of link: same, transpose, conv, conv_transpose, a declared rearrangement, a torch
+# tensor packing three NNX ones (split) and three torch tensors packed into one NNX tensor (stacked)
+TORCH = {
+    "wte.weight": (50, 8),
+    "ln.weight": (8,),
+    "attn.c_attn.weight": (24, 8),
+    "conv.weight": (4, 3, 5, 5),
+    "up.weight": (4, 6, 3, 3),
+    "heads.weight": (12, 8),
+    "x.q_proj.weight": (8, 4),
+    "x.k_proj.weight": (4, 4),
+    "x.v_proj.weight": (4, 4),
+}
+NNX = {
+    "wte.embedding": (50, 8),
+    "ln.scale": (8,),
+    "attn.q.kernel": (8, 8),
+    "attn.k.kernel": (8, 8),
+    "attn.v.kernel": (8, 8),
+    "conv.kernel": (5, 5, 3, 4),
+    "up.kernel": (3, 3, 4, 6),
+    "heads.kernel": (8, 3, 4),
+    "x.qkv.kernel": (4, 16),
+}
 
 
 def _correspondence():
-    return derive(TORCH, NNX, packed={"attn.c_attn": ("attn.q", "attn.k", "attn.v"),
-                                      "x.qkv": ("x.q_proj", "x.k_proj", "x.v_proj")},
-                  layouts={"up.kernel": "conv_transpose", "heads.kernel": "(h d) e -> e h d"})
+    return derive(
+        TORCH,
+        NNX,
+        packed={
+            "attn.c_attn": ("attn.q", "attn.k", "attn.v"),
+            "x.qkv": ("x.q_proj", "x.k_proj", "x.v_proj"),
+        },
+        layouts={"up.kernel": "conv_transpose", "heads.kernel": "(h d) e -> e h d"},
+    )
 
 
 def test_the_canonical_layout_made_on_the_device_is_the_hosts_bit_for_bit():
     corr = _correspondence()
-    assert {link.layout for link in corr.links} >= {"same", "transpose", "conv", "conv_transpose",
-                                                   "(h d) e -> e h d"}
+    assert {link.layout for link in corr.links} >= {
+        "same",
+        "transpose",
+        "conv",
+        "conv_transpose",
+        "(h d) e -> e h d",
+    }
     torch.manual_seed(0)
     tensors = {k: torch.randn(s) for k, s in TORCH.items()}
     on_device, on_host = canonical_on_device(tensors, corr), to_canonical(tensors, corr)
     assert list(on_device) == list(on_host) == list(NNX)
     for name, value in on_device.items():
-        assert isinstance(value, torch.Tensor) and np.array_equal(value.numpy(), on_host[name]), name
+        assert isinstance(value, torch.Tensor) and np.array_equal(value.numpy(), on_host[name]), (
+            name
+        )
 
 
 def test_a_0d_parameter_keeps_its_shape_through_the_canonical_layout_made_on_the_device():
-    """CLIP's `logit_scale` under --tensors summary|auto: an empty permutation (a GPU run crashed on it)."""
-    corr = derive({"logit_scale": (), "proj.weight": (3, 2)}, {"logit_scale": (), "proj.kernel": (2, 3)})
+    """CLIP's `logit_scale` under --tensors summary|auto: an empty permutation (a GPU run crashed on
+    it)."""
+    corr = derive(
+        {"logit_scale": (), "proj.weight": (3, 2)}, {"logit_scale": (), "proj.kernel": (2, 3)}
+    )
     tensors = {"logit_scale": torch.tensor(2.5), "proj.weight": torch.randn(3, 2)}
     on_device = canonical_on_device(tensors, corr)
     assert on_device["logit_scale"].shape == () and float(on_device["logit_scale"]) == 2.5
@@ -51,20 +85,29 @@ def test_a_0d_parameter_keeps_its_shape_through_the_canonical_layout_made_on_the
 def test_a_summary_made_on_the_device_agrees_with_the_hosts(dtype):
     name, host = device_summary_case()
     x = torch.from_numpy(host).to(dtype)
-    assert_summary_agrees_with_the_hosts(device_summary(name, x), summarize(name, x.float().numpy()))
+    assert_summary_agrees_with_the_hosts(
+        device_summary(name, x), summarize(name, x.float().numpy())
+    )
     assert device_summary("grads/empty", torch.zeros(0, 3)).stats["max_abs"] == 0.0
 
 
 def test_a_group_is_summarized_on_its_accelerator_only_where_the_file_keeps_summaries():
-    corr = derive({"big.weight": (5000, 2), "small.weight": (3, 2)}, {"big.kernel": (2, 5000),
-                                                                       "small.kernel": (2, 3)})
+    corr = derive(
+        {"big.weight": (5000, 2), "small.weight": (3, 2)},
+        {"big.kernel": (2, 5000), "small.kernel": (2, 3)},
+    )
     tensors = {"big.weight": torch.randn(5000, 2), "small.weight": torch.randn(3, 2)}
     # CPU tensors: copied, and summarized by write_tensors in float64 on the host where they live
     assert isinstance(kept(tensors, corr, "params", "summary")["big.kernel"], np.ndarray)
     summarized = kept(tensors, corr, "params", "summary", on_device=True)  # as on an accelerator
     assert summarized["big.kernel"].on_device and summarized["big.kernel"].shape == (2, 5000)
-    assert np.array_equal(summarized["small.kernel"], tensors["small.weight"].numpy().T)  # small: kept whole
+    # small: kept whole
+    assert np.array_equal(summarized["small.kernel"], tensors["small.weight"].numpy().T)
     # what compare's second pass asks whole: copied whole
-    whole = kept(tensors, corr, "params", "summary", frozenset({"params/big.kernel"}), on_device=True)
+    whole = kept(
+        tensors, corr, "params", "summary", frozenset({"params/big.kernel"}), on_device=True
+    )
     assert np.array_equal(whole["big.kernel"], tensors["big.weight"].numpy().T)
-    assert np.array_equal(kept(tensors, corr, "params", "full")["big.kernel"], tensors["big.weight"].numpy().T)
+    assert np.array_equal(
+        kept(tensors, corr, "params", "full")["big.kernel"], tensors["big.weight"].numpy().T
+    )

@@ -65,8 +65,10 @@ def test_checkpoint_mismatch_names_the_tensor(tmp_path):
     params = init_params(model, 0)
     params["hidden.1.kernel"] = np.zeros((256, 255), np.float32)
     save_checkpoint(tmp_path / "bad.safetensors", params)
-    with pytest.raises(CheckpointError,
-                       match=r"tensor hidden.1.kernel has shape \(256, 255\), the spec needs \(256, 256\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor hidden.1.kernel has shape \(256, 255\), the spec needs \(256, 256\)",
+    ):
         load_checkpoint(tmp_path / "bad.safetensors", model)
     del params["hidden.1.kernel"]
     save_checkpoint(tmp_path / "missing.safetensors", params)
@@ -86,7 +88,8 @@ def test_jitter_moves_every_start_weight_one_unit_in_the_last_place_alike_on_eve
         q = moved[name]
         assert q.dtype == p.dtype == np.float32 and q.shape == p.shape
         up, down = np.nextafter(p, np.float32(np.inf)), np.nextafter(p, np.float32(-np.inf))
-        assert np.all((q == up) | (q == down)), name  # one ulp, never more: zeros become the smallest subnormal
+        # one ulp, never more: zeros become the smallest subnormal
+        assert np.all((q == up) | (q == down)), name
         ups += int(np.count_nonzero(q == up))
     total = sum(p.size for p in params.values())
     assert abs(ups / total - 0.5) < 0.01  # up or down as the seed draws, half each
@@ -101,16 +104,23 @@ def test_jitter_moves_every_start_weight_one_unit_in_the_last_place_alike_on_eve
 
 
 def test_start_scale_moves_one_tensor_on_its_side_and_names_an_unknown_one():
-    """train.start_scale: a deliberate difference of a chosen size (tests/test_compare.py finds it end to end)."""
+    """train.start_scale: a deliberate difference of a chosen size (tests/test_compare.py finds it
+    end to end)."""
     from common.presets import load_spec
     from common.weights import CheckpointError, adjusted_start
 
     params = init_params(load_spec("gpt-tiny").model, 0)
-    moved = adjusted_start(params, load_spec("gpt-tiny", ["train.start_scale=blocks.0.mlp.fc.kernel*1.5"]).train)
-    assert np.array_equal(moved["blocks.0.mlp.fc.kernel"], params["blocks.0.mlp.fc.kernel"] * np.float32(1.5))
+    moved = adjusted_start(
+        params, load_spec("gpt-tiny", ["train.start_scale=blocks.0.mlp.fc.kernel*1.5"]).train
+    )
+    assert np.array_equal(
+        moved["blocks.0.mlp.fc.kernel"], params["blocks.0.mlp.fc.kernel"] * np.float32(1.5)
+    )
     assert moved["blocks.0.mlp.fc.kernel"].dtype == np.float32
     assert all(moved[k] is params[k] for k in params if k != "blocks.0.mlp.fc.kernel")
-    with pytest.raises(CheckpointError, match=r"train.start_scale=nope\*2: nope is not a parameter of this model"):
+    with pytest.raises(
+        CheckpointError, match=r"train.start_scale=nope\*2: nope is not a parameter of this model"
+    ):
         adjusted_start(params, load_spec("gpt-tiny", ["train.start_scale=nope*2"]).train)
     with pytest.raises(ValueError, match=r"train.start_scale=nope must read NAME\*FACTOR"):
         load_spec("gpt-tiny", ["train.start_scale=nope"])

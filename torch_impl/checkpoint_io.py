@@ -1,9 +1,10 @@
 """Reading torch-side checkpoints in a torch process: a state_dict (`.pt`/`.pth`/`.bin` through
 `torch.load(weights_only=True)`, never an arbitrary pickle; or `.safetensors`), and Hugging Face
-safetensors. Tensors of any float dtype come back as float32 numpy arrays, others (a BatchNorm's int64
-`num_batches_tracked`) as they are; parameters must be floating point. A full state_dict loads: its
-buffers (BatchNorm's running statistics) come back beside the parameters. Every failure is one line naming
-the file (and the tensor)."""
+safetensors. Tensors of any float dtype come back as float32 numpy arrays, others (a BatchNorm's
+int64 `num_batches_tracked`) as they are; parameters must be floating point. A full state_dict
+loads: its buffers (BatchNorm's running statistics) come back beside the parameters. Every failure
+is one line naming the file (and the tensor)."""
+
 from __future__ import annotations
 
 import pickle
@@ -26,10 +27,13 @@ def _to_numpy(tensors: dict, source: str) -> dict[str, np.ndarray]:
     out = {}
     for name, value in tensors.items():
         if not isinstance(value, torch.Tensor):
-            raise CheckpointError(f"{source}: entry {name!r} is a {type(value).__name__}, not a tensor (a state_dict "
-                                  "maps parameter names to tensors)")
+            raise CheckpointError(
+                f"{source}: entry {name!r} is a {type(value).__name__}, not a tensor (a state_dict "
+                "maps parameter names to tensors)"
+            )
         if value.is_floating_point():
-            float32_of(name, str(value.dtype).removeprefix("torch."), source)  # (a float8 is refused)
+            # (a float8 is refused)
+            float32_of(name, str(value.dtype).removeprefix("torch."), source)
             value = value.to(torch.float32)
         out[name] = value.detach().numpy()
     return out
@@ -50,19 +54,27 @@ def load_state(path: Path) -> dict[str, np.ndarray]:
         except (SafetensorError, OSError, ValueError) as e:
             if isinstance(e, CheckpointError):
                 raise
-            raise CheckpointError(f"{source} is not a readable safetensors file (truncated?): {e}") from None
+            raise CheckpointError(
+                f"{source} is not a readable safetensors file (truncated?): {e}"
+            ) from None
     if path.suffix not in PICKLE_SUFFIXES:
         raise CheckpointError(f"{source}: a torch checkpoint is .pt, .pth, .bin or .safetensors")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise CheckpointError(f"{source} holds objects other than tensors, which weights_only loading refuses "
-                              f"(save model.state_dict(), not the model): {str(e).splitlines()[0]}") from None
+        raise CheckpointError(
+            f"{source} holds objects other than tensors, which weights_only loading refuses "
+            f"(save model.state_dict(), not the model): {str(e).splitlines()[0]}"
+        ) from None
     except (EOFError, RuntimeError, OSError) as e:
-        raise CheckpointError(f"{source} is not a readable torch file (truncated or corrupt): "
-                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise CheckpointError(
+            f"{source} is not a readable torch file (truncated or corrupt): "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
     if not isinstance(obj, dict):
-        raise CheckpointError(f"{source} holds a {type(obj).__name__}, not a state_dict (a dict of tensors)")
+        raise CheckpointError(
+            f"{source} holds a {type(obj).__name__}, not a state_dict (a dict of tensors)"
+        )
     return _to_numpy(obj, source)
 
 
@@ -74,11 +86,15 @@ def load_hf(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def load_torch_side(ref: CheckpointRef | str, spec, shapes: dict[str, tuple], buffers: dict[str, tuple] | None = None
-                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """A torch or hf checkpoint in the torch model's names, checked against its parameters (`shapes`):
-    (parameters, buffers). The model's buffers (`buffers`: name -> shape) may be in it too, as in a full
-    state_dict; anything else is refused with the rest of the mismatches."""
+def load_torch_side(
+    ref: CheckpointRef | str,
+    spec,
+    shapes: dict[str, tuple],
+    buffers: dict[str, tuple] | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A torch or hf checkpoint in the torch model's names, checked against its parameters
+    (`shapes`): (parameters, buffers). The model's buffers (`buffers`: name -> shape) may be in it
+    too, as in a full state_dict; anything else is refused with the rest of the mismatches."""
     ref = CheckpointRef.of(ref)
     fmt, path = ref.format, ref.path
     source = f"{fmt} checkpoint {path}"
@@ -97,10 +113,12 @@ def load_torch_side(ref: CheckpointRef | str, spec, shapes: dict[str, tuple], bu
     return params, found
 
 
-def start_weights(model: torch.nn.Module, spec, checkpoint: CheckpointRef | None) -> dict[str, np.ndarray]:
-    """What a torch runtime starts from (canonical arrays): the canonical init or checkpoint, or a torch
-    or hf checkpoint read here and carried through the model's correspondence; moved as the spec says
-    (common.weights.adjusted_start)."""
+def start_weights(
+    model: torch.nn.Module, spec, checkpoint: CheckpointRef | None
+) -> dict[str, np.ndarray]:
+    """What a torch runtime starts from (canonical arrays): the canonical init or checkpoint, or a
+    torch or hf checkpoint read here and carried through the model's correspondence; moved as the
+    spec says (common.weights.adjusted_start)."""
     from common.weights import adjusted_start, start_params
     from torch_impl.convert import correspondence
 
@@ -109,10 +127,15 @@ def start_weights(model: torch.nn.Module, spec, checkpoint: CheckpointRef | None
     if fmt in (None, CheckpointFormat.CANONICAL):
         params = start_params(spec.model, spec.train.seed, checkpoint.path if checkpoint else None)
     elif fmt == CheckpointFormat.ORBAX:
-        raise CheckpointError(f"--checkpoint {checkpoint}: an orbax checkpoint is NNX state, which the torch runtimes "
-                              "cannot read; pass it to python -m compare --checkpoint or convert it with python -m "
-                              "compare.convert")
+        raise CheckpointError(
+            f"--checkpoint {checkpoint}: an orbax checkpoint is NNX state, which the torch "
+            "runtimes "
+            "cannot read; pass it to python -m compare --checkpoint or convert it with python -m "
+            "compare.convert"
+        )
     else:
         shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        params = correspondence(model, spec.model).to_canonical(load_torch_side(checkpoint, spec, shapes)[0])
+        params = correspondence(model, spec.model).to_canonical(
+            load_torch_side(checkpoint, spec, shapes)[0]
+        )
     return adjusted_start(params, spec.train)

@@ -1,8 +1,10 @@
-"""The torch side's discrete choices at step 0 (common/capture/decisions.py): every top-k, argmax, argmin, sort and
-argsort a forward calls, seen by a TorchFunctionMode (the function or the Tensor method, wherever the model's code
-calls it), recorded with the module it ran in. Given another side's decisions (`impose`), the i-th call returns
-that side's choice instead, its values gathered from this side's own scores (so gradients flow as they would):
-the check that tells a port's difference from a rounding-level flip of a tie."""
+"""The torch side's discrete choices at step 0 (common/capture/decisions.py): every top-k, argmax,
+argmin, sort and argsort a forward calls, seen by a TorchFunctionMode (the function or the Tensor
+method, wherever the model's code calls it), recorded with the module it ran in. Given another
+side's decisions (`impose`), the i-th call returns that side's choice instead, its values gathered
+from this side's own scores (so gradients flow as they would): the check that tells a port's
+difference from a rounding-level flip of a tie."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -13,10 +15,16 @@ from torch.overrides import TorchFunctionMode
 
 from common.capture.decisions import Decision, oriented
 
-# func -> (op, where its ranked axis is given: (position, keyword, default)); argmax/argmin's default None flattens
+# func -> (op, where its ranked axis is given: (position, keyword, default)); argmax/argmin's
+# default None flattens
 WATCHED = {}
-for _op, _dim in (("topk", (2, "dim", -1)), ("argmax", (1, "dim", None)), ("argmin", (1, "dim", None)),
-                  ("sort", (1, "dim", -1)), ("argsort", (1, "dim", -1))):
+for _op, _dim in (
+    ("topk", (2, "dim", -1)),
+    ("argmax", (1, "dim", None)),
+    ("argmin", (1, "dim", None)),
+    ("sort", (1, "dim", -1)),
+    ("argsort", (1, "dim", -1)),
+):
     WATCHED[getattr(torch, _op)] = WATCHED[getattr(torch.Tensor, _op)] = (_op, _dim)
 
 
@@ -33,9 +41,10 @@ def _smallest(op: str, args, kwargs) -> bool:
 
 
 class DecisionWatch(TorchFunctionMode):
-    """Records each watched call, `where()` naming the module it runs in; with `impose`, returns those choices
-    instead of its own, in call order. The tensors stay on their device until `decisions()` brings them to the
-    host (after a lazy runtime's one sync: torch_xla computes every copy in one graph)."""
+    """Records each watched call, `where()` naming the module it runs in; with `impose`, returns
+    those choices instead of its own, in call order. The tensors stay on their device until
+    `decisions()` brings them to the host (after a lazy runtime's one sync: torch_xla computes every
+    copy in one graph)."""
 
     def __init__(self, where: Callable[[], str], to_numpy, impose: list[Decision] | None = None):
         super().__init__()
@@ -51,8 +60,11 @@ class DecisionWatch(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         watched = WATCHED.get(func)
-        # a ranking of integers (a sort of expert ids to group tokens) is exact: no rounding can flip it
-        if watched is None or not (isinstance(args[0], torch.Tensor) and args[0].is_floating_point()):
+        # a ranking of integers (a sort of expert ids to group tokens) is exact: no rounding can
+        # flip it
+        if watched is None or not (
+            isinstance(args[0], torch.Tensor) and args[0].is_floating_point()
+        ):
             return func(*args, **kwargs)
         op, (position, keyword, default) = watched
         scores, dim = args[0], _arg(args, kwargs, position, keyword, default)
@@ -65,11 +77,14 @@ class DecisionWatch(TorchFunctionMode):
             imposed = self._imposed(op, scores, dim, keepdim)
             out = imposed if imposed is not None else func(*args, **kwargs)
             raw = out[1] if op in ("topk", "sort") else out
-        self.made.append((self.where(), op, raw.detach(), scores.detach(), dim, _smallest(op, args, kwargs)))
+        self.made.append(
+            (self.where(), op, raw.detach(), scores.detach(), dim, _smallest(op, args, kwargs))
+        )
         return out
 
     def _imposed(self, op: str, scores: torch.Tensor, dim: int, keepdim: bool):
-        """The call's result with the imposed choice, or None (nothing imposed, or a choice of another shape)."""
+        """The call's result with the imposed choice, or None (nothing imposed, or a choice of
+        another shape)."""
         if self.impose is None or len(self.made) >= len(self.impose):
             return None
         wanted = self.impose[len(self.made)]
@@ -83,5 +98,8 @@ class DecisionWatch(TorchFunctionMode):
         if op == "argsort":
             return indices
         values = torch.gather(scores, dim, indices)
-        return torch.return_types.topk((values, indices)) if op == "topk" else \
-            torch.return_types.sort((values, indices))
+        return (
+            torch.return_types.topk((values, indices))
+            if op == "topk"
+            else torch.return_types.sort((values, indices))
+        )

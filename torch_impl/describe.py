@@ -1,12 +1,14 @@
 """python -m torch_impl.describe --spec SPEC --out DIR: a twin's torch side, before any training.
 
-Writes `torch_params.json` ({parameter name: shape}, named_parameters order), `torch_modules.json` ({module
-holding parameters: its torch.nn type}, which decides a ConvTranspose's layout) and `torch_init.safetensors`
-(the factory's own initialisation, seeded by train.seed, or with `--load` a torch or Hugging Face
-checkpoint, checked against the model; torch names and layouts), from which compare derives the
-correspondence and both sides' common start. A factory that raises or returns something
-else than an nn.Module, or a user twin whose forward returns no usable logits, is one line and exit 2.
+Writes `torch_params.json` ({parameter name: shape}, named_parameters order), `torch_modules.json`
+({module holding parameters: its torch.nn type}, which decides a ConvTranspose's layout) and
+`torch_init.safetensors` (the factory's own initialisation, seeded by train.seed, or with `--load` a
+torch or Hugging Face checkpoint, checked against the model; torch names and layouts), from which
+compare derives the correspondence and both sides' common start. A factory that raises or returns
+something else than an nn.Module, or a user twin whose forward returns no usable logits, is one line
+and exit 2.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,12 +30,13 @@ from torch_impl.checkpoint_io import load_torch_side
 
 
 def check_forward(model, spec: RunSpec) -> None:
-    """A user twin's forward on step 0's first example (no gradients, eval mode) must return the logits: a
-    tensor, or an output holding them (common/twin/outputs.py). A forward that raises is left to the run, which
-    reports it the same on every backend."""
+    """A user twin's forward on step 0's first example (no gradients, eval mode) must return the
+    logits: a tensor, or an output holding them (common/twin/outputs.py). A forward that raises is
+    left to the run, which reports it the same on every backend."""
     import torch
 
-    if spec.task == "custom":  # every step's batch drawn and checked before anything trains, once (this side)
+    # every step's batch drawn and checked before anything trains, once (this side)
+    if spec.task == "custom":
         check_every_step(spec)
         check_forward_keys(spec, model.forward, "torch")
     first = make_dataset(spec).global_batch(0)
@@ -48,7 +51,10 @@ def check_forward(model, spec: RunSpec) -> None:
         model.train(training)
     twin = twin_of(spec.model)
     if choose(out, twin.logits) is None:
-        raise TwinError(f"twin {spec.model.twin!r}: the forward of torch={twin.torch!r} {refusal(out, twin.logits)}")
+        raise TwinError(
+            f"twin {spec.model.twin!r}: the forward of torch={twin.torch!r} "
+            f"{refusal(out, twin.logits)}"
+        )
     if twin.loss:
         try:
             value = user_loss(twin, "torch")(out, loss_batch(inputs, targets))
@@ -56,8 +62,11 @@ def check_forward(model, spec: RunSpec) -> None:
             value = e
         except Exception:  # a loss that raises is left to the run, as a forward that does
             value = None
-        why = f"the forward of torch={twin.torch!r} {value}" if isinstance(value, NoOwnLoss) else \
-            value is not None and loss_refusal(value, "torch", twin)
+        why = (
+            f"the forward of torch={twin.torch!r} {value}"
+            if isinstance(value, NoOwnLoss)
+            else value is not None and loss_refusal(value, "torch", twin)
+        )
         if why:
             raise TwinError(f"twin {spec.model.twin!r}: {why}")
     if spec.train.dtype == "float64":
@@ -69,13 +78,17 @@ def _tensors(part):
 
     if part is None:
         return None
-    return {k: torch.from_numpy(v) for k, v in part.items()} if isinstance(part, dict) else torch.from_numpy(part)
+    return (
+        {k: torch.from_numpy(v) for k, v in part.items()}
+        if isinstance(part, dict)
+        else torch.from_numpy(part)
+    )
 
 
 def check_float64(model, inputs) -> None:
-    """A float64 run's torch side must compute in float64: a copy of the model in float64, under torch's float64
-    default, on the example widened, refused naming its module where its code feeds float32 to a float64 layer
-    (torch_impl/islands.py), before any backend trains."""
+    """A float64 run's torch side must compute in float64: a copy of the model in float64, under
+    torch's float64 default, on the example widened, refused naming its module where its code feeds
+    float32 to a float64 layer (torch_impl/islands.py), before any backend trains."""
     import copy
 
     import torch
@@ -86,37 +99,50 @@ def check_float64(model, inputs) -> None:
     torch.set_default_dtype(torch.float64)
     try:
         wide = copy.deepcopy(model).to(torch.float64)
-        inputs = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()} \
-            if isinstance(inputs, dict) else (inputs.double() if inputs.is_floating_point() else inputs)
+        inputs = (
+            {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+            if isinstance(inputs, dict)
+            else (inputs.double() if inputs.is_floating_point() else inputs)
+        )
         float32_islands(wide, inputs, {name: name for name, _ in wide.named_modules() if name})
     except SpecError:
         raise
-    except Exception:  # any other failure of the forward is left to the run, which reports it on every backend
+    # any other failure of the forward is left to the run, which reports it on every backend
+    except Exception:
         return
     finally:
         torch.set_default_dtype(default)
 
 
 def start_state(model) -> dict:
-    """Every buffer the model holds but its BatchNorms' running statistics (carried apart), as the factory built
-    it (common/twin/start_state.py): what each torch runtime's record keeps of them after training."""
+    """Every buffer the model holds but its BatchNorms' running statistics (carried apart), as the
+    factory built it (common/twin/start_state.py): what each torch runtime's record keeps of them
+    after training."""
     from torch_impl.convert import canonical_buffers, held_buffers
 
     return canonical_buffers(held_buffers(model))
 
 
 def module_kinds(model) -> dict[str, str]:
-    """{module path: the torch.nn class it is or subclasses} of every module holding parameters of its own."""
-    return {name: next((c.__name__ for c in type(m).__mro__ if c.__module__.startswith("torch.nn.")),
-                       type(m).__name__)
-            for name, m in model.named_modules() if next(m.parameters(recurse=False), None) is not None}
+    """{module path: the torch.nn class it is or subclasses} of every module holding parameters of
+    its own."""
+    return {
+        name: next(
+            (c.__name__ for c in type(m).__mro__ if c.__module__.startswith("torch.nn.")),
+            type(m).__name__,
+        )
+        for name, m in model.named_modules()
+        if next(m.parameters(recurse=False), None) is not None
+    }
 
 
 def main(argv=None) -> int:
     parser = Parser(prog="python -m torch_impl.describe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--load", metavar="FORMAT:PATH", help="start from this torch or hf checkpoint instead")
+    parser.add_argument(
+        "--load", metavar="FORMAT:PATH", help="start from this torch or hf checkpoint instead"
+    )
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec)
@@ -125,13 +151,21 @@ def main(argv=None) -> int:
         model = build_model(spec.model, spec.train.seed)
         shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
         buffer_shapes = {name: tuple(b.shape) for name, b in model.named_buffers()}
-        params, buffers = load_torch_side(args.load, spec, shapes, buffer_shapes) if args.load else \
-            ({name: p.detach().float().cpu().numpy() for name, p in model.named_parameters()}, {})
+        params, buffers = (
+            load_torch_side(args.load, spec, shapes, buffer_shapes)
+            if args.load
+            else (
+                {name: p.detach().float().cpu().numpy() for name, p in model.named_parameters()},
+                {},
+            )
+        )
         if isinstance(spec.model, TwinSpec) and shapes:
             check_forward(model, spec)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
-    write_json_atomic(args.out / "torch_params.json", {name: list(shape) for name, shape in shapes.items()})
+    write_json_atomic(
+        args.out / "torch_params.json", {name: list(shape) for name, shape in shapes.items()}
+    )
     write_json_atomic(args.out / "torch_modules.json", module_kinds(model))
     save_checkpoint(args.out / "torch_init.safetensors", params)
     if isinstance(spec.model, TwinSpec):

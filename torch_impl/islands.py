@@ -1,12 +1,14 @@
 """Float32 islands of a float64 run: the modules that compute in a narrower float on purpose.
 
 Hugging Face's code casts to float32 in places (RMSNorm's variance, rotary tables, a softmax with
-dtype=torch.float32), so a float64 run of it is float32 there, and its difference from a port is float32's
-rounding, not a port error (compare/judge/islands.py judges those modules so). Found by watching every aten op of one
-forward of step 0's batch (a TorchDispatchMode) while module hooks keep the stack of modules running: an op whose
-floating output is narrower than float64 belongs to the innermost module that maps to an NNX module (the root
-where none does). The twin of jax_impl/islands.py (same function, same result).
+dtype=torch.float32), so a float64 run of it is float32 there, and its difference from a port is
+float32's rounding, not a port error (compare/judge/islands.py judges those modules so). Found by
+watching every aten op of one forward of step 0's batch (a TorchDispatchMode) while module hooks
+keep the stack of modules running: an op whose floating output is narrower than float64 belongs to
+the innermost module that maps to an NNX module (the root where none does). The twin of
+jax_impl/islands.py (same function, same result).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +32,9 @@ class _Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        narrow = {t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.dtype in NARROW}
+        narrow = {
+            t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.dtype in NARROW
+        }
         if narrow:
             ops = self.found.setdefault(self.stack[-1], {})
             name = func.overloadpacket.__name__
@@ -39,18 +43,23 @@ class _Watch(TorchDispatchMode):
         return out
 
 
-def float32_islands(model: torch.nn.Module, inputs, names: dict[str, str], loss_of=None) -> dict[str, str]:
-    """{canonical module path: "float32: op, op, ..."} of the modules whose own ops compute in a float narrower
-    than float64 in one no-grad eval-mode forward of `inputs` (`names`: torch module name -> canonical module path,
-    torch_impl.convert.modules_to_canonical), and LOSS where `loss_of(output)` does; {} for a model that is
-    float64 throughout."""
+def float32_islands(
+    model: torch.nn.Module, inputs, names: dict[str, str], loss_of=None
+) -> dict[str, str]:
+    """{canonical module path: "float32: op, op, ..."} of the modules whose own ops compute in a
+    float narrower than float64 in one no-grad eval-mode forward of `inputs` (`names`: torch module
+    name -> canonical module path, torch_impl.convert.modules_to_canonical), and LOSS where
+    `loss_of(output)` does; {} for a model that is float64 throughout."""
     stack, found, handles, training = [ROOT_MODULE], {}, [], model.training
     for torch_name, module in model.named_modules():
         canonical = names.get(torch_name)
         if canonical is None:
             continue
-        handles.append(module.register_forward_pre_hook(lambda *_, c=canonical: stack.append(c) and None))
-        handles.append(module.register_forward_hook(lambda *_: stack.pop() and None))  # None: the output stays
+        handles.append(
+            module.register_forward_pre_hook(lambda *_, c=canonical: stack.append(c) and None)
+        )
+        # None: the output stays
+        handles.append(module.register_forward_hook(lambda *_: stack.pop() and None))
     model.eval()  # no dropout draw, no running statistic moved: the run is not touched
     try:
         with torch.no_grad(), _Watch(stack, found):
@@ -61,10 +70,14 @@ def float32_islands(model: torch.nn.Module, inputs, names: dict[str, str], loss_
     except RuntimeError as e:
         if "dtype" not in str(e) and "Double" not in str(e):
             raise
-        raise SpecError(f"train.dtype=float64: the torch model cannot compute in float64 as written: at module "
-                        f"{stack[-1]}, {str(e).splitlines()[0]} (its code fixes float32, e.g. torch.arange(..., "
-                        "dtype=torch.float32) or .float(), and feeds it to a float64 layer); make it follow its "
-                        "input's dtype (dtype=x.dtype), or compare in float32") from None
+        raise SpecError(
+            f"train.dtype=float64: the torch model cannot compute in float64 as written: at module "
+            f"{stack[-1]}, {str(e).splitlines()[0]} (its code fixes float32, e.g. "
+            "torch.arange(..., "
+            "dtype=torch.float32) or .float(), and feeds it to a float64 layer); make it follow "
+            "its "
+            "input's dtype (dtype=x.dtype), or compare in float32"
+        ) from None
     finally:
         model.train(training)
         for handle in handles:
@@ -73,7 +86,8 @@ def float32_islands(model: torch.nn.Module, inputs, names: dict[str, str], loss_
 
 
 def host_tensors(inputs):
-    """A batch's inputs (an array, or a twin's named arrays) as CPU tensors, integers as torch's int64."""
+    """A batch's inputs (an array, or a twin's named arrays) as CPU tensors, integers as torch's
+    int64."""
     if isinstance(inputs, dict):
         return {k: host_tensors(v) for k, v in inputs.items()}
     array = np.ascontiguousarray(inputs)
@@ -81,14 +95,16 @@ def host_tensors(inputs):
 
 
 def fresh_model_islands(spec, start: tuple, inputs, targets, loss_fn, loss_batch) -> dict[str, str]:
-    """float32_islands of a fresh CPU copy of the run's torch model at its start (`start`: its parameters and
-    StartState, torch_impl/convert.py load_start), its loss
-    `loss_fn(output, loss_batch(inputs, targets))` on CPU tensors (a runtime whose own model lives on a lazy
-    device, where watching ops would build and compile graphs of the run's device)."""
+    """float32_islands of a fresh CPU copy of the run's torch model at its start (`start`: its
+    parameters and StartState, torch_impl/convert.py load_start), its loss
+    `loss_fn(output, loss_batch(inputs, targets))` on CPU tensors (a runtime whose own model lives
+    on a lazy device, where watching ops would build and compile graphs of the run's device)."""
     from torch_impl.convert import load_start, modules_to_canonical
     from torch_impl.models import build_model
 
-    model = load_start(build_model(spec.model, spec.train.seed, spec.train.state_dtype), *start, spec.model)
+    model = load_start(
+        build_model(spec.model, spec.train.seed, spec.train.state_dtype), *start, spec.model
+    )
     x, y = host_tensors(inputs), host_tensors(targets)
     names = modules_to_canonical(model, spec.model)
     return float32_islands(model, x, names, lambda out: loss_fn(out, loss_batch(x, y)))

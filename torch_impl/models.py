@@ -10,6 +10,7 @@ as in nanoGPT. Every numeric choice comes from the spec: LayerNorm epsilon
 causal mask, tied embeddings. The attention is written out with the same ops
 as the JAX twin (no fused SDPA kernel).
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,10 @@ from common.twin.outputs import use_forward_kwargs
 
 
 def at_least_float32(t: torch.Tensor) -> torch.Tensor:
-    """`t` in float32 where it is narrower (a bfloat16 forward's logits, scores), float64 where it is float64."""
+    """`t` in float32 where it is narrower (a bfloat16 forward's logits, scores), float64 where it
+    is float64."""
     return t if t.dtype == torch.float64 else t.float()
+
 
 ACTIVATIONS = {
     "relu": F.relu,
@@ -87,7 +90,8 @@ class Attention(nn.Module):
     def forward(self, x):  # (B, T, D)
         b, t, d = x.shape
         hd = d // self.n_heads
-        q, k, v = (z.reshape(b, t, self.n_heads, hd) for z in self.qkv(x).split(d, dim=2))  # (B, T, H, hd)
+        # (B, T, H, hd)
+        q, k, v = (z.reshape(b, t, self.n_heads, hd) for z in self.qkv(x).split(d, dim=2))
         scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hd)  # (B, H, T, T)
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         scores = at_least_float32(scores).masked_fill(~causal, float("-inf"))
@@ -133,7 +137,9 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(spec.dropout)
         self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.n_layers))
         self.ln_f = nn.LayerNorm(spec.d_model, eps=spec.layernorm_eps)
-        self.lm_head = None if spec.tied_embeddings else nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        self.lm_head = (
+            None if spec.tied_embeddings else nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        )
 
     def forward(self, tokens):  # (B, T) int -> (B, T, vocab)
         t = tokens.shape[1]
@@ -159,14 +165,16 @@ def gpt(**hparams) -> GPT:
 
 
 def build_model(spec: ModelSpec, seed: int = 0, dtype: str = "float32") -> nn.Module:
-    """The twin's torch model on the CPU, from its factory (`common.twin`), seeded. Parameter values come
-    from convert.load_canonical. Built for real, not on the meta device: a model on the meta device
-    imports torch's reference decompositions at its first init call (2.7 s measured on this CPU, more
-    than initialising gpt-tiny), and a user's constructor computes buffers (rotary tables, say).
+    """The twin's torch model on the CPU, from its factory (`common.twin`), seeded. Parameter values
+    come from convert.load_canonical. Built for real, not on the meta device: a model on the meta
+    device imports torch's reference decompositions at its first init call (2.7 s measured on this
+    CPU, more than initialising gpt-tiny), and a user's constructor computes buffers (rotary tables,
+    say).
 
-    dtype float64 (a float64 run, TrainSpec.state_dtype): torch's default dtype is float64 from here on in this
-    process, as a user's float64 run sets it, so that the constructor's buffers and the tensors the forward makes
-    are float64, and the model's floating parameters and buffers are float64."""
+    dtype float64 (a float64 run, TrainSpec.state_dtype): torch's default dtype is float64 from here
+    on in this process, as a user's float64 run sets it, so that the constructor's buffers and the
+    tensors the forward makes are float64, and the model's floating parameters and buffers are
+    float64."""
     if dtype == "float64":
         torch.set_default_dtype(torch.float64)
     twin = twin_of(spec)
@@ -179,5 +187,7 @@ def build_model(spec: ModelSpec, seed: int = 0, dtype: str = "float32") -> nn.Mo
     except Exception as e:
         raise factory_error("torch factory", twin.torch, e, kwargs) from None
     if not isinstance(model, nn.Module):
-        raise TwinError(f"torch factory {twin.torch} returned a {type(model).__name__}, not a torch.nn.Module")
+        raise TwinError(
+            f"torch factory {twin.torch} returned a {type(model).__name__}, not a torch.nn.Module"
+        )
     return model.to(torch.float64) if dtype == "float64" else model

@@ -1,6 +1,8 @@
-"""Torch training: the pieces every torch runtime shares (the loss, the eval-mode forward, buffers kept out
-of analysis steps: the twins of `jax_impl/train.py`'s; the optimizer is torch_impl/optim.py's), and the eager
-PyTorch runtime itself (`TorchTrainer`), which the `torch` backend runs and every port is checked against."""
+"""Torch training: the pieces every torch runtime shares (the loss, the eval-mode forward, buffers
+kept out of analysis steps: the twins of `jax_impl/train.py`'s; the optimizer is
+torch_impl/optim.py's), and the eager PyTorch runtime itself (`TorchTrainer`), which the `torch`
+backend runs and every port is checked against."""
+
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +17,14 @@ from torch.utils.flop_counter import FlopCounterMode
 from common.capture.activations import Capture, torch_output_layout
 from common.capture.decisions import read_decisions
 from common.data import held_inputs, make_dataset
-from common.files.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions, throughput_summary
+from common.files.record import (
+    RunExtra,
+    RunRecord,
+    host_platform,
+    numerics_env,
+    package_versions,
+    throughput_summary,
+)
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
@@ -52,11 +61,14 @@ from torch_impl.optim import clip_gradients, make_optimizer, set_lr
 
 def cross_entropy(logits, targets):
     """Mean softmax cross-entropy over every position, in float32 (float64 in a float64 run)."""
-    return F.cross_entropy(at_least_float32(logits).reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+    return F.cross_entropy(
+        at_least_float32(logits).reshape(-1, logits.shape[-1]), targets.reshape(-1).long()
+    )
 
 
 def torch_ints(array: np.ndarray) -> np.ndarray:
-    """A twin's named integer arrays as int64, torch's index dtype (embedding ids, a loss's labels)."""
+    """A twin's named integer arrays as int64, torch's index dtype (embedding ids, a loss's
+    labels)."""
     return array.astype(np.int64) if array.dtype.kind in "iu" else array
 
 
@@ -67,9 +79,10 @@ def mean_squared_error(predictions, targets):
 
 
 def task_loss(spec: RunSpec):
-    """`loss(outputs, batch) -> scalar` of the run, on the forward's whole output and batch = {"inputs": ...,
-    "targets": ...}: the twin's own torch loss, or the task's (cross-entropy or mean squared error of the output
-    the twin's `logits` picks); every torch runtime trains on it (the twin of jax_impl.train.task_loss)."""
+    """`loss(outputs, batch) -> scalar` of the run, on the forward's whole output and batch =
+    {"inputs": ..., "targets": ...}: the twin's own torch loss, or the task's (cross-entropy or mean
+    squared error of the output the twin's `logits` picks); every torch runtime trains on it (the
+    twin of jax_impl.train.task_loss)."""
     twin = twin_of(spec.model)
     if twin.loss:
         loss = user_loss(twin, "torch")
@@ -80,9 +93,11 @@ def task_loss(spec: RunSpec):
 
 # ---- The eager PyTorch runtime (`python -m torch_impl`): the ground truth of the PyTorch side ----
 
-SETTLE_STEPS = 0  # eager PyTorch compiles nothing: every step is the same Python running the same kernels
+# eager PyTorch compiles nothing: every step is the same Python running the same kernels
+SETTLE_STEPS = 0
 BF16_POLICY = "float32 params and optimizer state, torch.autocast(bfloat16) forward, float32 loss"
-MATMUL_PRECISION = {"highest": "highest", "high": "high", "default": "highest"}  # torch's own default: highest
+# torch's own default: highest
+MATMUL_PRECISION = {"highest": "highest", "high": "high", "default": "highest"}
 
 
 def device_for_this_machine() -> torch.device:
@@ -96,20 +111,31 @@ def wait(device: torch.device) -> None:
 
 
 class TorchTrainer:
-    """Model, optimizer and batches of one spec, eagerly, on this machine's device (driver.harness.Runtime)."""
+    """Model, optimizer and batches of one spec, eagerly, on this machine's device
+    (driver.harness.Runtime)."""
 
     dropout_sites = ()  # step 0's dropout calls, when fed common's masks
-    captures_after_run = False  # step-0 activations are taken before the first update, from the start weights
+    # step-0 activations are taken before the first update, from the start weights
+    captures_after_run = False
 
-    def __init__(self, spec: RunSpec, options: RunOptions | None = None, device: torch.device | None = None,
-                 group: Group | None = None):
+    def __init__(
+        self,
+        spec: RunSpec,
+        options: RunOptions | None = None,
+        device: torch.device | None = None,
+        group: Group | None = None,
+    ):
         options = options or RunOptions()
         self.spec, self.options, self.device = spec, options, device or device_for_this_machine()
-        self.group = group  # one of several processes, data parallel (torch_impl/distributed.py); None: alone
+        # one of several processes, data parallel (torch_impl/distributed.py); None: alone
+        self.group = group
         self.provocations, checkpoint = list(options.provocations), options.checkpoint
         model = build_model(spec.model, spec.train.seed, spec.train.state_dtype)
-        started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
-        self.model = load_start(model, start_weights(model, spec, checkpoint), start_state(checkpoint), spec.model)
+        # the checkpoint's read and conversion, not the model's construction
+        started = time.perf_counter()
+        self.model = load_start(
+            model, start_weights(model, spec, checkpoint), start_state(checkpoint), spec.model
+        )
         self.module_names = modules_to_canonical(self.model, spec.model)
         self.start_buffers = canonical_buffers(held_buffers(self.model))  # what training may change
         self.model = self.model.to(self.device)
@@ -121,19 +147,28 @@ class TorchTrainer:
         self.loss_fn = task_loss(spec)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)
-        torch.manual_seed(spec.train.mask_seed + (group.rank if group else 0))  # dropout draws from here on: each
-        # process its own masks for its own rows, as one process draws different masks for different rows
+        # dropout draws from here on: each
+        torch.manual_seed(spec.train.mask_seed + (group.rank if group else 0))
+        # process its own masks for its own rows, as one process draws
+        # different masks for different rows
         bf16 = spec.train.dtype == "bfloat16"
-        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 \
+        self.autocast = (
+            (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
+            if bf16
             else contextlib.nullcontext
+        )
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = local_rows(provoked_batch(self.data.global_batch(step), step, self.provocations, np.int64), self.group)
+        batch = local_rows(
+            provoked_batch(self.data.global_batch(step), step, self.provocations, np.int64),
+            self.group,
+        )
         return self.to_device(batch.inputs), self.to_device(batch.targets)
 
     def to_device(self, part):
         """An array, or a twin's named arrays, as tensors on this runtime's device."""
-        if isinstance(part, dict):  # named arrays: integers as torch's index dtype, as a torch data loader gives
+        # named arrays: integers as torch's index dtype, as a torch data loader gives
+        if isinstance(part, dict):
             return {k: self.to_device(torch_ints(v)) for k, v in part.items()}
         return torch.from_numpy(np.ascontiguousarray(part)).to(self.device)
 
@@ -141,7 +176,9 @@ class TorchTrainer:
         """Loss and array outputs (common.twin.outputs.array_outputs) of step 0's batch."""
         with self.autocast(), self.masks(0):
             outputs = forward(self.model, inputs)
-        return self.loss_fn(outputs, loss_batch(inputs, targets)), array_outputs(outputs, self.which)
+        return self.loss_fn(outputs, loss_batch(inputs, targets)), array_outputs(
+            outputs, self.which
+        )
 
     def masks(self, step: int):
         """The dropout of `step`: common's masks when the spec asks for them (torch_impl.masks)."""
@@ -150,7 +187,8 @@ class TorchTrainer:
     def step(self, step: int, inputs, targets) -> torch.Tensor:
         set_lr(self.optimizer, self.spec.train, step)
         self.optimizer.zero_grad(set_to_none=True)
-        with self.autocast(), self.masks(step) as feed:  # the logits are not kept: freed once the loss is computed
+        # the logits are not kept: freed once the loss is computed
+        with self.autocast(), self.masks(step) as feed:
             loss = self.loss_fn(forward(self.model, inputs), loss_batch(inputs, targets))
         if step == 0 and feed:  # the run record's extra.dropout_sites: step 0's dropout calls
             self.dropout_sites = feed.sites
@@ -162,52 +200,72 @@ class TorchTrainer:
         return loss
 
     def step0_tensors(self) -> dict[str, dict[str, np.ndarray]]:
-        """Parity tensors before any update: logits and loss of step 0's batch, and every gradient (canonical)."""
+        """Parity tensors before any update: logits and loss of step 0's batch, and every gradient
+        (canonical)."""
         inputs, targets = self.batch(0)
-        with untouched_buffers(self.model):  # an analysis step: BatchNorm's statistics stay the run's
+        # an analysis step: BatchNorm's statistics stay the run's
+        with untouched_buffers(self.model):
             loss, outputs = self.loss(inputs, targets)
             loss.backward()  # (before the statistics are put back: its graph holds them)
         average_gradients(self.model.parameters(), self.group)
         grads = {name: p.grad for name, p in self.model.named_parameters()}
-        out = {"outputs": {**{k: gather_rows(host_float(v), self.group) for k, v in outputs.items()},
-                           "loss": np.asarray(mean_value(loss, self.group).item())},
-               "grads": self.kept(grads, "grads")}
+        out = {
+            "outputs": {
+                **{k: gather_rows(host_float(v), self.group) for k, v in outputs.items()},
+                "loss": np.asarray(mean_value(loss, self.group).item()),
+            },
+            "grads": self.kept(grads, "grads"),
+        }
         self.optimizer.zero_grad(set_to_none=True)
         return out
 
     def step0_activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
-        """Every module's input and output on `inputs` (a slice of step 0's batch; torch_impl.capture), and the
-        gradient of the loss on `targets` at each."""
+        """Every module's input and output on `inputs` (a slice of step 0's batch;
+        torch_impl.capture), and the gradient of the loss on `targets` at each."""
         inputs, targets = self.to_device(inputs), self.to_device(targets)
 
         def capture(probed: bool) -> Capture:
             with self.autocast(), self.masks(0), untouched_buffers(self.model):
                 return capture_activations(
-                    self.model, inputs, self.module_names,
-                    loss_of=(lambda out: self.loss_fn(out, loss_batch(inputs, targets))) if probed else None,
+                    self.model,
+                    inputs,
+                    self.module_names,
+                    loss_of=(lambda out: self.loss_fn(out, loss_batch(inputs, targets)))
+                    if probed
+                    else None,
                     output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes),
-                    impose=read_decisions(self.options.impose_decisions) if self.options.impose_decisions else None)
+                    impose=read_decisions(self.options.impose_decisions)
+                    if self.options.impose_decisions
+                    else None,
+                )
+
         return probed_or_forward_alone(capture)
 
     def eval_logits(self, inputs: np.ndarray) -> np.ndarray:
-        """The trained model's eval-mode logits of `inputs` (dropout off, BatchNorm on its running statistics)."""
+        """The trained model's eval-mode logits of `inputs` (dropout off, BatchNorm on its running
+        statistics)."""
         return eval_logits(self.model, self.to_device(inputs), self.which, self.autocast)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return self.kept(self.model.state_dict(), "params")
 
     def kept(self, tensors: dict, group: str) -> dict:
-        """{canonical name: host array or summary} of a parity group as the tensor file keeps it (summaries made
-        on the model's device: torch_impl/summary.py)."""
-        return summary.kept(tensors, self.correspondence, group, self.options.tensors,
-                            frozenset(self.options.whole_tensors))
+        """{canonical name: host array or summary} of a parity group as the tensor file keeps it
+        (summaries made on the model's device: torch_impl/summary.py)."""
+        return summary.kept(
+            tensors,
+            self.correspondence,
+            group,
+            self.options.tensors,
+            frozenset(self.options.whole_tensors),
+        )
 
     def canonical_state(self) -> dict[str, np.ndarray]:
         return canonical_state(dict(self.model.named_buffers()), self.module_names)
 
     def trained_buffers(self) -> tuple[dict, list[str]]:
-        """The buffers after training as the tensor file keeps them, and those training changed (the twin of
-        jax_impl/loop.py's)."""
+        """The buffers after training as the tensor file keeps them, and those training changed (the
+        twin of jax_impl/loop.py's)."""
         kept = canonical_buffers(held_buffers(self.model))
         return kept, changed_buffers(self.start_buffers, kept)
 
@@ -235,42 +293,72 @@ class TorchTrainer:
 
     def analyse(self, record: RunRecord, tensors: dict) -> None:
         if record.status == RecordStatus.OK:
-            record.flops_per_step = self.matmul_flops(*self.batch(0))  # of this process's rows, as HLO's per device
-            record.flops_source = "torch.utils.flop_counter.FlopCounterMode over one forward + backward"
+            # of this process's rows, as HLO's per device
+            record.flops_per_step = self.matmul_flops(*self.batch(0))
+            record.flops_source = (
+                "torch.utils.flop_counter.FlopCounterMode over one forward + backward"
+            )
 
     def float32_islands(self, inputs, targets) -> dict[str, str]:
         inputs, targets = self.to_device(inputs), self.to_device(targets)
-        return float32_islands(self.model, inputs, self.module_names,
-                               lambda out: self.loss_fn(out, loss_batch(inputs, targets)))
+        return float32_islands(
+            self.model,
+            inputs,
+            self.module_names,
+            lambda out: self.loss_fn(out, loss_batch(inputs, targets)),
+        )
 
     def new_record(self) -> RunRecord:
         spec, device = self.spec, self.device
         kind = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         processes = self.group.size if self.group else 1
-        strategy = spec.mesh.strategy if processes == 1 else (
-            f"data parallel over {processes} processes (torch.distributed, gloo), each a whole replica on its share "
-            f"of the rows (the run's mesh, {spec.mesh.strategy}, is the compiling backends': eager torch splits no "
-            "other axis)")
+        strategy = (
+            spec.mesh.strategy
+            if processes == 1
+            else (
+                f"data parallel over {processes} processes (torch.distributed, gloo), each a "
+                "whole replica on its share "
+                f"of the rows (the run's mesh, {spec.mesh.strategy}, is the compiling backends': "
+                "eager torch splits no "
+                "other axis)"
+            )
+        )
         return RunRecord(
-            backend="torch", spec=spec.to_dict(), versions=package_versions("torch"),
-            platform={**host_platform(), "device_platform": device.type, "device_kind": kind, "device_count": processes,
-                      "process_count": processes},
-            numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
-                      "torch_float32_matmul_precision": torch.get_float32_matmul_precision(),
-                      "bf16_policy": BF16_POLICY,
-                      "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
-                      "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
+            backend="torch",
+            spec=spec.to_dict(),
+            versions=package_versions("torch"),
+            platform={
+                **host_platform(),
+                "device_platform": device.type,
+                "device_kind": kind,
+                "device_count": processes,
+                "process_count": processes,
+            },
+            numerics={
+                "dtype": spec.train.dtype,
+                "matmul_precision": spec.train.matmul_precision,
+                "torch_float32_matmul_precision": torch.get_float32_matmul_precision(),
+                "bf16_policy": BF16_POLICY,
+                "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
+                "weight_decay_applies_to": spec.train.decay_applies_to,
+                "env": numerics_env(),
+            },
             settle_steps=SETTLE_STEPS,
-            extra=RunExtra(notes={
-                "compiles": "none: eager PyTorch runs op by op and compiles nothing, so it has no compile counts or "
-                            "recompile causes",
-                "step_api": "loss.backward(), clip_grad_norm_, optimizer.step()",
-                "mesh_strategy": strategy}),
+            extra=RunExtra(
+                notes={
+                    "compiles": "none: eager PyTorch runs op by op and compiles nothing, so it "
+                    "has no compile counts or "
+                    "recompile causes",
+                    "step_api": "loss.backward(), clip_grad_norm_, optimizer.step()",
+                    "mesh_strategy": strategy,
+                }
+            ),
         )
 
     def matmul_flops(self, inputs, targets) -> float:
-        """Matmul and convolution flops of one forward + backward, counted by torch (FlopCounterMode),
-        on a copy: the count is of the step compare times, without touching the trained model."""
+        """Matmul and convolution flops of one forward + backward, counted by torch
+        (FlopCounterMode), on a copy: the count is of the step compare times, without touching the
+        trained model."""
         model = copy.deepcopy(self.model)
         with FlopCounterMode(display=False) as counter:
             with self.autocast():
@@ -281,8 +369,9 @@ class TorchTrainer:
 
 @contextlib.contextmanager
 def untouched_buffers(model: torch.nn.Module):
-    """Buffers as they were before the block: a forward the run does not train on (the parity step, the
-    activation capture) must not move BatchNorm's running statistics, which the run's own steps move."""
+    """Buffers as they were before the block: a forward the run does not train on (the parity step,
+    the activation capture) must not move BatchNorm's running statistics, which the run's own steps
+    move."""
     saved = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
         yield
@@ -292,9 +381,11 @@ def untouched_buffers(model: torch.nn.Module):
                 b.copy_(saved[name])
 
 
-def eval_logits(model: torch.nn.Module, inputs: torch.Tensor, which, autocast, sync=lambda: None) -> np.ndarray:
-    """`model`'s eval-mode logits (every torch runtime's; `which`: the twin's `logits`; `sync` cuts a lazy
-    graph), the model left in train mode."""
+def eval_logits(
+    model: torch.nn.Module, inputs: torch.Tensor, which, autocast, sync=lambda: None
+) -> np.ndarray:
+    """`model`'s eval-mode logits (every torch runtime's; `which`: the twin's `logits`; `sync` cuts
+    a lazy graph), the model left in train mode."""
     model.eval()
     try:
         with torch.no_grad(), autocast():
@@ -306,21 +397,24 @@ def eval_logits(model: torch.nn.Module, inputs: torch.Tensor, which, autocast, s
 
 
 def make_trainer(spec: RunSpec, options: RunOptions, group: Group | None = None) -> TorchTrainer:
-    """The run's trainer (driver.harness.run builds it after the process is ready): torch's float32 matmul
-    precision from the spec first."""
+    """The run's trainer (driver.harness.run builds it after the process is ready): torch's float32
+    matmul precision from the spec first."""
     precision = MATMUL_PRECISION[spec.train.matmul_precision]
-    if torch.get_float32_matmul_precision() != precision:  # (the call warns even when it changes nothing)
+    # (the call warns even when it changes nothing)
+    if torch.get_float32_matmul_precision() != precision:
         torch.set_float32_matmul_precision(precision)
     return TorchTrainer(spec, options, group=group)
 
 
 def _pipelined_throughput(trainer: TorchTrainer, steps: int | None) -> dict:
-    """K more steps with one wait at the end (on the CPU every op already waits: equal to synced)."""
+    """K more steps with one wait at the end (on the CPU every op already waits: equal to
+    synced)."""
     spec = trainer.spec
     steps = spec.train.steps if steps is None else steps
     if steps <= 0:
         return {}
-    batches = [trainer.batch(spec.train.steps + i) for i in range(steps)]  # on the device before the clock
+    # on the device before the clock
+    batches = [trainer.batch(spec.train.steps + i) for i in range(steps)]
     wait(trainer.device)
     start = time.perf_counter()
     for i, (inputs, targets) in enumerate(batches):

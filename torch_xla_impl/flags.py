@@ -1,5 +1,6 @@
-"""torch_xla's own flags (`python -m torch_xla_impl --mode ... --trace-mode ...`), read into XlaFlags
-(driver.harness.RunOptions.own)."""
+"""torch_xla's own flags (`python -m torch_xla_impl --mode ... --trace-mode ...`), read into
+XlaFlags (driver.harness.RunOptions.own)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,10 +17,18 @@ class XlaFlags:
 
 
 def add_flags(parser) -> type[XlaFlags]:
-    parser.add_argument("--mode", choices=("spmd", "spawn"), default="spmd",
-                        help="multi-device: one process over all devices (SPMD) or one replica per device "
-                             "(xmp.spawn, data parallel)")
-    parser.add_argument("--trace-mode", choices=values(TraceMode), default=TraceMode.LAZY.value,
-                        help="how the step becomes a graph: " + "; ".join(
-                            f"{m.value}: {meaning}" for m, meaning in TRACE_MODE_MEANINGS.items()))
+    parser.add_argument(
+        "--mode",
+        choices=("spmd", "spawn"),
+        default="spmd",
+        help="multi-device: one process over all devices (SPMD) or one replica per device "
+        "(xmp.spawn, data parallel)",
+    )
+    parser.add_argument(
+        "--trace-mode",
+        choices=values(TraceMode),
+        default=TraceMode.LAZY.value,
+        help="how the step becomes a graph: "
+        + "; ".join(f"{m.value}: {meaning}" for m, meaning in TRACE_MODE_MEANINGS.items()),
+    )
     return XlaFlags

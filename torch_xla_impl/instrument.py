@@ -15,6 +15,7 @@
   them back on CPU (nor on TPU, pytorch/xla#9094): "Deserializing serialized
   executable not supported". The record says so instead of claiming a cache.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,25 +33,34 @@ from common.procs import pid_alive
 from common.vocab import Phase, TraceMode
 
 GRAPH_NAME = "SyncTensorsGraph"  # what torch_xla calls every graph a sync cuts
-COUNTERS = ("UncachedCompile", "CachedCompile", "PersistentCacheHit", "PersistentCacheMiss",
-            "PersistentCacheDeserializeFailure")
+COUNTERS = (
+    "UncachedCompile",
+    "CachedCompile",
+    "PersistentCacheHit",
+    "PersistentCacheMiss",
+    "PersistentCacheDeserializeFailure",
+)
 DUMP_DIR = "xla_dump"
 DEBUG_LOG = "xla_debug.log"
 
 
-# XLA's dump writes thousands of small files per compile (on CPU every kernel's LLVM IR, MLIR and object file:
-# 3,650 files, 40 MB for gpt-tiny). Written to disk they cost a torch_xla run 1.7 s of its 15 s (measured, 2.4 s of
-# system CPU); in a memory-backed folder nothing (13.5-13.9 s, as without a dump). The run reads a few of them
-# and removes the folder; one left by a killed process is removed by the next run.
+# XLA's dump writes thousands of small files per compile (on CPU every kernel's LLVM IR, MLIR and
+# object file: 3,650 files, 40 MB for gpt-tiny). Written to disk they cost a torch_xla run 1.7 s of
+# its 15 s (measured, 2.4 s of system CPU); in a memory-backed folder nothing (13.5-13.9 s, as
+# without a dump). The run reads a few of them and removes the folder; one left by a killed process
+# is removed by the next run.
 MEMORY_ROOT = Path("/dev/shm")
-DUMP_ENV = "XLA_TWINS_DUMP_DIR"  # the folder configure_debug chose, for this process and its replicas
+# the folder configure_debug chose, for this process and its replicas
+DUMP_ENV = "XLA_TWINS_DUMP_DIR"
 MEMORY_PREFIX = f"xla-twins-dump-{os.getuid()}-"
-MEMORY_MIN_FREE = 4 << 30  # a model whose dump could fill the memory folder dumps beside its run instead
+# a model whose dump could fill the memory folder dumps beside its run instead
+MEMORY_MIN_FREE = 4 << 30
 
 
 def configure_debug(run_dir: Path, hlo: bool = True) -> None:
-    """Environment for compile causes and HLO dumps; must run before torch_xla's runtime starts, which reads it
-    (before its import in a fresh interpreter; after it in a child of the suite's fork server, tests/preloaded.py)."""
+    """Environment for compile causes and HLO dumps; must run before torch_xla's runtime starts,
+    which reads it (before its import in a fresh interpreter; after it in a child of the suite's
+    fork server, tests/preloaded.py)."""
     os.environ.setdefault("PT_XLA_DEBUG_LEVEL", "1")
     os.environ.pop(DUMP_ENV, None)
     if not hlo:
@@ -61,14 +71,19 @@ def configure_debug(run_dir: Path, hlo: bool = True) -> None:
 
 
 def _new_dump_dir(run_dir: Path) -> Path:
-    """This process's dump folder: in memory where there is room (the stale ones of dead processes removed
-    first), else in its run directory."""
+    """This process's dump folder: in memory where there is room (the stale ones of dead processes
+    removed first), else in its run directory."""
     try:
-        ours = {p: p.name.removeprefix(MEMORY_PREFIX) for p in MEMORY_ROOT.glob(f"{MEMORY_PREFIX}*")}
+        ours = {
+            p: p.name.removeprefix(MEMORY_PREFIX) for p in MEMORY_ROOT.glob(f"{MEMORY_PREFIX}*")
+        }
         stale = [p for p, pid in ours.items() if not (pid.isdigit() and pid_alive(int(pid)))]
         for path in stale:
             shutil.rmtree(path, ignore_errors=True)
-        if os.access(MEMORY_ROOT, os.W_OK) and shutil.disk_usage(MEMORY_ROOT).free >= MEMORY_MIN_FREE:
+        if (
+            os.access(MEMORY_ROOT, os.W_OK)
+            and shutil.disk_usage(MEMORY_ROOT).free >= MEMORY_MIN_FREE
+        ):
             return MEMORY_ROOT / f"{MEMORY_PREFIX}{os.getpid()}"
     except OSError:
         pass
@@ -76,8 +91,9 @@ def _new_dump_dir(run_dir: Path) -> Path:
 
 
 def dump_dir(run_dir: Path) -> Path:
-    """The folder XLA dumps this run's HLO into, ours alone to read and remove (never a dump folder the user's
-    own XLA_FLAGS name): configure_debug's, which xmp.spawn's replica processes inherit, else `run_dir`'s."""
+    """The folder XLA dumps this run's HLO into, ours alone to read and remove (never a dump folder
+    the user's own XLA_FLAGS name): configure_debug's, which xmp.spawn's replica processes inherit,
+    else `run_dir`'s."""
     return Path(os.environ.get(DUMP_ENV) or run_dir / DUMP_DIR)
 
 
@@ -106,7 +122,7 @@ class CompileMonitor:
         self._uncached, self._hits = uncached, hits
         data = self.met.metric_data("CompileTime")
         samples = data[2] if data else ()
-        for _, nanoseconds in samples[self._samples:]:
+        for _, nanoseconds in samples[self._samples :]:
             self.events.append(CompileEvent(GRAPH_NAME, nanoseconds / 1e9, self.step, self.phase))
         self._samples = len(samples)
 
@@ -144,21 +160,31 @@ def enable_compile_cache(path: Path | None) -> dict:
 
 
 def cache_summary(cache: dict, counters: dict[str, int]) -> dict:
-    """Hits, misses and unreadable entries; says plainly when the cache cannot serve this runtime."""
+    """Hits, misses and unreadable entries; says plainly when the cache cannot serve this
+    runtime."""
     if not cache.get("enabled"):
         return cache
-    out = {**cache, "hits": counters.get("PersistentCacheHit", 0), "misses": counters.get("PersistentCacheMiss", 0),
-           "unreadable": counters.get("PersistentCacheDeserializeFailure", 0)}
+    out = {
+        **cache,
+        "hits": counters.get("PersistentCacheHit", 0),
+        "misses": counters.get("PersistentCacheMiss", 0),
+        "unreadable": counters.get("PersistentCacheDeserializeFailure", 0),
+    }
     if out["unreadable"]:
-        out["note"] = ("torch_xla could not load its cached executables (on CPU torch_xla 2.9 logs 'Deserializing "
-                       "serialized executable not supported'; on TPU see pytorch/xla#9094): every graph compiled")
+        out["note"] = (
+            "torch_xla could not load its cached executables (on CPU torch_xla 2.9 logs "
+            "'Deserializing "
+            "serialized executable not supported'; on TPU see pytorch/xla#9094): every graph "
+            "compiled"
+        )
     return out
 
 
 @contextlib.contextmanager
 def removed_at_end(dump: Path):
-    """The dump folder removed however the run ends (a crash included: the backend then exits without its
-    interpreter's shutdown); a folder in memory would otherwise hold its memory until the next run."""
+    """The dump folder removed however the run ends (a crash included: the backend then exits
+    without its interpreter's shutdown); a folder in memory would otherwise hold its memory until
+    the next run."""
     try:
         yield
     finally:
@@ -167,7 +193,8 @@ def removed_at_end(dump: Path):
 
 @contextlib.contextmanager
 def stderr_to(path: Path):
-    """Send file descriptor 2 (C++ and Python) to `path`; afterwards replay what was not analysis."""
+    """Send file descriptor 2 (C++ and Python) to `path`; afterwards replay what was not
+    analysis."""
     sys.stderr.flush()
     saved = os.dup(2)
     with open(path, "w") as log:
@@ -178,8 +205,11 @@ def stderr_to(path: Path):
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
-        others = [ln for ln in path.read_text(errors="replace").splitlines(keepends=True)
-                  if "Analysis:" not in ln and not ln.startswith("Computation hash")]
+        others = [
+            ln
+            for ln in path.read_text(errors="replace").splitlines(keepends=True)
+            if "Analysis:" not in ln and not ln.startswith("Computation hash")
+        ]
         sys.stderr.write("".join(ln for ln in others if ln.strip()))
 
 
@@ -201,9 +231,10 @@ def compilation_causes(path: Path) -> list[str]:
 
 
 def step_graphs(events: list[CompileEvent], settle_steps: int, trace_mode: TraceMode) -> list[int]:
-    """Compile ordinals of the graphs a settled step runs: the last graph compiled while settling (lazy,
-    compile); under dynamo every graph of step 0, its last (the optimizer step) replaced by a later settling
-    step's when one compiled again (an optimizer whose first step created its state)."""
+    """Compile ordinals of the graphs a settled step runs: the last graph compiled while settling
+    (lazy, compile); under dynamo every graph of step 0, its last (the optimizer step) replaced by a
+    later settling step's when one compiled again (an optimizer whose first step created its
+    state)."""
     settling = [i for i, e in enumerate(events) if e.phase == Phase.LOOP and e.step < settle_steps]
     first = [i for i in settling if events[i].step == 0]
     later = [i for i in settling if events[i].step > 0]
@@ -213,13 +244,16 @@ def step_graphs(events: list[CompileEvent], settle_steps: int, trace_mode: Trace
 
 
 def attach_causes(record: RunRecord, out_dir: Path, fed: list[tuple]) -> None:
-    """Each steady-state recompile, named (analysis.recompile) from the batch fed at its step and the one
-    before (`fed`: (shape, dtype) per step) and from its graph against the previous loop graph as traced,
-    with torch_xla's Compilation Analysis (cause and Python frame) kept as the framework's words."""
+    """Each steady-state recompile, named (analysis.recompile) from the batch fed at its step and
+    the one before (`fed`: (shape, dtype) per step) and from its graph against the previous loop
+    graph as traced, with torch_xla's Compilation Analysis (cause and Python frame) kept as the
+    framework's words."""
     log = out_dir / DEBUG_LOG
     analyses = compilation_causes(log) if log.exists() else []
-    traced = sorted(dump_dir(out_dir).glob("*before_optimizations.txt"))  # module_NNNN: compile order
-    compiled = [e for e in record.compile_events if not e.cache_hit]  # analyses and dumps exist for these only
+    # module_NNNN: compile order
+    traced = sorted(dump_dir(out_dir).glob("*before_optimizations.txt"))
+    # analyses and dumps exist for these only
+    compiled = [e for e in record.compile_events if not e.cache_hit]
     graph = lambda k: traced[k].read_text() if k < len(traced) else None  # noqa: E731
     seen = lambda s: fed[s] if 0 <= s < len(fed) else None  # noqa: E731
     previous = None
@@ -228,9 +262,13 @@ def attach_causes(record: RunRecord, out_dir: Path, fed: list[tuple]) -> None:
             continue
         step = event.step
         if step >= record.settle_steps and previous is not None:
-            cause, detail = classify_graph_change(graph(previous), graph(i), seen(compiled[previous].step), seen(step))
+            cause, detail = classify_graph_change(
+                graph(previous), graph(i), seen(compiled[previous].step), seen(step)
+            )
             words = analyses[i] if i < len(analyses) else "no Compilation Analysis captured"
-            record.recompile_causes.append(recompile_entry(step, event.fun_name, cause, detail, words))
+            record.recompile_causes.append(
+                recompile_entry(step, event.fun_name, cause, detail, words)
+            )
         previous = i
 
 
@@ -255,17 +293,26 @@ def hlo_statistics(run_dir: Path, graphs: list[int] | None = None) -> dict | Non
     memory = _memory(chosen)
     shutil.rmtree(dump, ignore_errors=True)
     histogram = op_histogram(text)
-    return {"op_histogram": histogram, "reported_ops": reported_ops(histogram), "hlo_file": "train_step.hlo.txt",
-            "source": ", ".join(m.name for m in chosen), **memory}
+    return {
+        "op_histogram": histogram,
+        "reported_ops": reported_ops(histogram),
+        "hlo_file": "train_step.hlo.txt",
+        "source": ", ".join(m.name for m in chosen),
+        **memory,
+    }
 
 
 def _memory(modules: list[Path]) -> dict:
-    """Memory of the step's modules, summed, from the buffer assignment XLA dumps beside each one."""
+    """Memory of the step's modules, summed, from the buffer assignment XLA dumps beside each
+    one."""
     total: dict[str, int] = {}
     for module in modules:
         assignment = module.with_name(module.name.removesuffix(".txt") + "-buffer-assignment.txt")
         if not assignment.exists():
-            return {"memory": {}, "memory_source": f"not available: no buffer assignment beside {module.name}"}
+            return {
+                "memory": {},
+                "memory_source": f"not available: no buffer assignment beside {module.name}",
+            }
         for key, value in buffer_assignment_memory(assignment.read_text()).items():
             total[key] = total.get(key, 0) + (value or 0)
     return {"memory": total, "memory_source": "XLA buffer-assignment dump"}

@@ -1,6 +1,8 @@
-"""torch_xla's op watch (common/ops.py): every aten op the step dispatches, counted by a TorchDispatchMode (it
-sees each before torch_xla lowers it), the ops torch_xla ran as CPU fallbacks with their calls, from its own
-metrics, and the op whose fallback raised (a CPU kernel that does not take the tensor it was given)."""
+"""torch_xla's op watch (common/ops.py): every aten op the step dispatches, counted by a
+TorchDispatchMode (it sees each before torch_xla lowers it), the ops torch_xla ran as CPU fallbacks
+with their calls, from its own metrics, and the op whose fallback raised (a CPU kernel that does not
+take the tensor it was given)."""
+
 from __future__ import annotations
 
 import collections
@@ -33,4 +35,11 @@ class OpsWatch(TorchDispatchMode):
 
     def found(self, error: BaseException | None) -> dict:
         fallbacks = {op: int(met.counter_value(op) or 0) for op in met.executed_fallback_ops()}
-        return found("torch_xla", self.calls, [], fallbacks, self.failed_op if error is not None else None, error)
+        return found(
+            "torch_xla",
+            self.calls,
+            [],
+            fallbacks,
+            self.failed_op if error is not None else None,
+            error,
+        )

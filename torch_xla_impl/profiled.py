@@ -1,4 +1,6 @@
-"""`--profile N` on PyTorch/XLA: N more steps under torch_xla's profiler, after N timed without it."""
+"""`--profile N` on PyTorch/XLA: N more steps under torch_xla's profiler, after N timed without
+it."""
+
 from __future__ import annotations
 
 import time
@@ -10,10 +12,10 @@ from common.vocab import PROFILE_DIR, ProfileRange
 
 
 def profiled_steps(trainer, first: int, n: int, out_dir: Path) -> dict | None:
-    """`--profile N`: N more steps under torch_xla's profiler, annotated as common.vocab.ProfileRange says;
-    the XProf trace goes to <run>/profile, after N steps timed without it (as in jax_impl.loop). The
-    annotations are the profiler's bare TraceMe: xp.Trace also opens an IR scope, and a sync inside one
-    fails ("Expecting scope to be empty")."""
+    """`--profile N`: N more steps under torch_xla's profiler, annotated as
+    common.vocab.ProfileRange says; the XProf trace goes to <run>/profile, after N steps timed
+    without it (as in jax_impl.loop). The annotations are the profiler's bare TraceMe: xp.Trace also
+    opens an IR scope, and a sync inside one fails ("Expecting scope to be empty")."""
     if n <= 0:
         return None
     import torch_xla.debug.profiler as xp
@@ -45,5 +47,10 @@ def profiled_steps(trainer, first: int, n: int, out_dir: Path) -> dict | None:
             loss.item()
     finally:
         xp.stop_trace()
-    return {"steps": n, "dir": PROFILE_DIR, "tool": f"torch_xla.debug.profiler (torch_xla {torch_xla.__version__})",
-            "step_ms": step_ms, "unprofiled_step_ms": unprofiled}
+    return {
+        "steps": n,
+        "dir": PROFILE_DIR,
+        "tool": f"torch_xla.debug.profiler (torch_xla {torch_xla.__version__})",
+        "step_ms": step_ms,
+        "unprofiled_step_ms": unprofiled,
+    }

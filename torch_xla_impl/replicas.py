@@ -1,6 +1,7 @@
-"""Replicas of one xmp.spawn run meeting each other: the gradient all-reduce, the compile barrier and
-the end-of-run agreement check (docs/xmp-spawn-cpu.md says why CPU needs each). The train loop uses
-these; `spawn.py` starts the replicas."""
+"""Replicas of one xmp.spawn run meeting each other: the gradient all-reduce, the compile barrier
+and the end-of-run agreement check (docs/xmp-spawn-cpu.md says why CPU needs each). The train loop
+uses these; `spawn.py` starts the replicas."""
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,8 @@ def _barrier(world: int) -> threading.Barrier:
 
 
 def release_barriers() -> None:
-    """A replica that fails: every replica waiting at a barrier gets BrokenBarrierError instead of waiting
-    for it forever."""
+    """A replica that fails: every replica waiting at a barrier gets BrokenBarrierError instead of
+    waiting for it forever."""
     with _LOCK:
         _RELEASED.set()
         for barrier in _BARRIERS.values():
@@ -43,13 +44,16 @@ def release_barriers() -> None:
 
 
 def bucketed_all_reduce(params, loss, world: int):
-    """Average every gradient and the loss over the replicas in one collective; returns the mean loss."""
+    """Average every gradient and the loss over the replicas in one collective; returns the mean
+    loss."""
     grads = [p.grad for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1).to(grads[0].dtype)])
-    flat = torch_xla._XLAC._xla_spmd_all_reduce(xm.REDUCE_SUM, flat, 1.0 / world, [list(range(world))])
+    flat = torch_xla._XLAC._xla_spmd_all_reduce(
+        xm.REDUCE_SUM, flat, 1.0 / world, [list(range(world))]
+    )
     offset = 0
     for p, g in zip(params, grads):
-        p.grad = flat[offset:offset + g.numel()].view_as(g)
+        p.grad = flat[offset : offset + g.numel()].view_as(g)
         offset += g.numel()
     return flat[offset]
 
@@ -72,4 +76,6 @@ def check_replicas_agree(trainer, record) -> None:
     _barrier(trainer.replicas).wait()
     if trainer.replica == 0 and len(set(_CHECKSUMS.values())) > 1:
         record.status = RecordStatus.FAILED
-        record.message = f"xmp.spawn replicas ended with different parameters (checksums {_CHECKSUMS})"
+        record.message = (
+            f"xmp.spawn replicas ended with different parameters (checksums {_CHECKSUMS})"
+        )

@@ -25,6 +25,7 @@ aborts the process. The fix (`replicas.py`):
 Limits: at most one replica per core (4 replicas on 2 cores ended with
 different parameters); a graph whose compile skew exceeds 10 s still aborts.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,8 @@ from common.spec import RunSpec
 from common.spec.parse import run_spec_from_dict
 from driver.harness import RunOptions
 
-ERRORS_DIR = ".replica-errors"  # each failing replica's exception, read back by run_spawn, then removed
+# each failing replica's exception, read back by run_spawn, then removed
+ERRORS_DIR = ".replica-errors"
 
 
 def _replica(index: int, spec_dict: dict, options: RunOptions, progress: bool) -> None:
@@ -55,25 +57,32 @@ def _replica(index: int, spec_dict: dict, options: RunOptions, progress: bool) -
     ordinal, world = xr.global_ordinal(), xr.world_size()
     monitor = CompileMonitor() if ordinal == 0 else NoMonitor()
     record, tensors = harness.run(
-        lambda: make_trainer(spec, options, monitor, mode="spawn", replica=ordinal, replicas=world), options,
-        progress_printer(progress and ordinal == 0))
+        lambda: make_trainer(spec, options, monitor, mode="spawn", replica=ordinal, replicas=world),
+        options,
+        progress_printer(progress and ordinal == 0),
+    )
     if ordinal == 0:
         if tensors:
             record.tensors = write_tensors(options.out_dir, tensors, options.tensors)
         write_record(options.out_dir, record)
 
 
-def _reporting_replica(index: int, replica, spec_dict: dict, options: RunOptions, progress: bool) -> None:
-    """Run `replica`; an exception it raises is written down first (the other replicas may then abort the
-    process in XLA's rendezvous before it travels back), and on CPU the replicas waiting for this one at a
-    barrier are released instead of waiting forever."""
+def _reporting_replica(
+    index: int, replica, spec_dict: dict, options: RunOptions, progress: bool
+) -> None:
+    """Run `replica`; an exception it raises is written down first (the other replicas may then
+    abort the process in XLA's rendezvous before it travels back), and on CPU the replicas waiting
+    for this one at a barrier are released instead of waiting forever."""
     try:
         replica(index, spec_dict, options, progress)
     except Exception as e:
         errors = Path(options.out_dir) / ERRORS_DIR
         errors.mkdir(exist_ok=True)
-        (errors / f"{index}.json").write_text(json.dumps(
-            {"replica": index, "time": time.time(), "type": type(e).__name__, "message": str(e)}))
+        (errors / f"{index}.json").write_text(
+            json.dumps(
+                {"replica": index, "time": time.time(), "type": type(e).__name__, "message": str(e)}
+            )
+        )
         from torch_xla_impl import replicas
 
         replicas.release_barriers()
@@ -81,10 +90,13 @@ def _reporting_replica(index: int, replica, spec_dict: dict, options: RunOptions
 
 
 def first_replica_error(out_dir: Path) -> Exception | None:
-    """The first exception any replica raised, as the type the same input raises elsewhere when it is an
-    input error (one line, exit 2), else a RuntimeError naming the replica; the notes are removed."""
+    """The first exception any replica raised, as the type the same input raises elsewhere when it
+    is an input error (one line, exit 2), else a RuntimeError naming the replica; the notes are
+    removed."""
     errors = Path(out_dir) / ERRORS_DIR
-    notes = sorted((json.loads(p.read_text()) for p in errors.glob("*.json")), key=lambda n: n["time"])
+    notes = sorted(
+        (json.loads(p.read_text()) for p in errors.glob("*.json")), key=lambda n: n["time"]
+    )
     shutil.rmtree(errors, ignore_errors=True)
     if not notes:
         return None
@@ -92,12 +104,15 @@ def first_replica_error(out_dir: Path) -> Exception | None:
     for cls in INPUT_ERRORS:
         if cls.__name__ == first["type"]:
             return cls(first["message"])
-    return RuntimeError(f"xmp.spawn replica {first['replica']} raised {first['type']}: {first['message']}")
+    return RuntimeError(
+        f"xmp.spawn replica {first['replica']} raised {first['type']}: {first['message']}"
+    )
 
 
 def run_spawn(spec: RunSpec, options: RunOptions, progress_enabled: bool, replica=_replica):
-    """Run the replicas; replica 0 writes the record, which is read back here. A replica's exception is
-    raised as itself, whichever way the others ended (a broken barrier, XLA's rendezvous abort)."""
+    """Run the replicas; replica 0 writes the record, which is read back here. A replica's exception
+    is raised as itself, whichever way the others ended (a broken barrier, XLA's rendezvous
+    abort)."""
     import torch_xla.distributed.xla_multiprocessing as xmp
 
     from common.files.record import read_record
@@ -110,8 +125,10 @@ def run_spawn(spec: RunSpec, options: RunOptions, progress_enabled: bool, replic
         if first is not None:
             raise first from None
         if isinstance(e, BrokenProcessPool):
-            raise RuntimeError("an xmp.spawn replica process died (on CPU usually XLA's 10 s all-reduce rendezvous "
-                               "timeout, see xla_debug.log and docs/xmp-spawn-cpu.md); retry or use --mode spmd"
-                               ) from None
+            raise RuntimeError(
+                "an xmp.spawn replica process died (on CPU usually XLA's 10 s all-reduce "
+                "rendezvous "
+                "timeout, see xla_debug.log and docs/xmp-spawn-cpu.md); retry or use --mode spmd"
+            ) from None
         raise
     return read_record(out_dir), {}

@@ -1,23 +1,28 @@
 """The PyTorch/XLA train loop as its users write it.
 
-Model on `torch_xla.device()`; a `DataLoader` over `common.data` wrapped in `MpDeviceLoader` (which moves
-batches to the device in background threads, and under SPMD shards them); forward, backward, `clip_grad_norm_`,
-`xm.optimizer_step(optimizer)` (all-reduces gradients across replicas, then steps), and `torch_xla.sync()` (the
-2.9 name of `xm.mark_step()`), which cuts the lazily traced graph and runs it. The learning rate of each step is
-set on the param groups from `TrainSpec.lr_at`, as nanoGPT does; the optimizer's state is made before step 0.
+Model on `torch_xla.device()`; a `DataLoader` over `common.data` wrapped in `MpDeviceLoader` (which
+moves batches to the device in background threads, and under SPMD shards them); forward, backward,
+`clip_grad_norm_`, `xm.optimizer_step(optimizer)` (all-reduces gradients across replicas, then
+steps), and `torch_xla.sync()` (the 2.9 name of `xm.mark_step()`), which cuts the lazily traced
+graph and runs it. The learning rate of each step is set on the param groups from `TrainSpec.lr_at`,
+as nanoGPT does; the optimizer's state is made before step 0.
 
 Timing: a step's clock starts when its batch is on the device and stops after `torch_xla.sync()` and
-`xm.wait_device_ops()`; the tracing part (Python building the graph, until the sync) is recorded apart.
+`xm.wait_device_ops()`; the tracing part (Python building the graph, until the sync) is recorded
+apart.
 
-Trace modes (`--trace-mode`, recorded in the run record): `lazy` (default, the classic loop above: every step is
-traced op by op, then `torch_xla.sync()`); `compile` (the step runs inside `torch_xla.compile(full_graph=True)`,
-which syncs on exit and fails if the step would run a graph early); `dynamo` (forward and loss under
-`torch.compile(backend="openxla")`: dynamo replays the compiled forward/backward graphs instead of re-tracing
-them; clip and optimizer stay lazy, as in torch_xla's Dynamo training recipe. Compiling the optimizer step too
-recompiles at every step: dynamo guards on the float lr).
+Trace modes (`--trace-mode`, recorded in the run record): `lazy` (default, the classic loop above:
+every step is traced op by op, then `torch_xla.sync()`); `compile` (the step runs inside
+`torch_xla.compile(full_graph=True)`, which syncs on exit and fails if the step would run a graph
+early); `dynamo` (forward and loss under `torch.compile(backend="openxla")`: dynamo replays the
+compiled forward/backward graphs instead of re-tracing them; clip and optimizer stay lazy, as in
+torch_xla's Dynamo training recipe. Compiling the optimizer step too recompiles at every step:
+dynamo guards on the float lr).
 
-bf16: float32 parameters and optimizer state, forward under `torch.autocast("xla", dtype=torch.bfloat16)`, float32 loss.
+bf16: float32 parameters and optimizer state, forward under `torch.autocast("xla",
+dtype=torch.bfloat16)`, float32 loss.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,7 +40,14 @@ import torch_xla.runtime as xr
 
 from common.capture.activations import Capture, torch_output_layout
 from common.data import held_inputs, make_dataset
-from common.files.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions, throughput_summary
+from common.files.record import (
+    RunExtra,
+    RunRecord,
+    host_platform,
+    numerics_env,
+    package_versions,
+    throughput_summary,
+)
 from common.provoke import python_value, with_python_value
 from common.spec import RunSpec
 from common.twin import twin_of
@@ -54,34 +66,56 @@ from torch_impl.train import eval_logits, task_loss, untouched_buffers
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
 from torch_xla_impl.batches import StepBatches, flat_ndims, nested, on_device
-from torch_xla_impl.instrument import NoMonitor, attach_causes, dump_dir, hlo_statistics, step_graphs
+from torch_xla_impl.instrument import (
+    NoMonitor,
+    attach_causes,
+    dump_dir,
+    hlo_statistics,
+    step_graphs,
+)
 from torch_xla_impl.profiled import profiled_steps
 
-SETTLE_STEPS = 1  # one step graph from step 0 on: the optimizer state exists before it (create_state)
+# one step graph from step 0 on: the optimizer state exists before it (create_state)
+SETTLE_STEPS = 1
 
 
 class TorchXlaTrainer:
-    """Model, optimizer and device loaders for one spec on this process's XLA device (driver.harness.Runtime).
-    `mode`: single, spmd (one process over every device, `spmd_mesh`) or spawn (xmp.spawn, one replica of
-    `replicas` per device); the trace mode is the options' own `trace_mode`."""
+    """Model, optimizer and device loaders for one spec on this process's XLA device
+    (driver.harness.Runtime). `mode`: single, spmd (one process over every device, `spmd_mesh`) or
+    spawn (xmp.spawn, one replica of `replicas` per device); the trace mode is the options' own
+    `trace_mode`."""
 
     dropout_sites = ()  # step 0's dropout calls, when fed common's masks
-    captures_after_run = True  # from a fresh copy of the start weights, after the run: its graphs are not the run's
+    # from a fresh copy of the start weights, after the run: its graphs are not the run's
+    captures_after_run = True
 
-    def __init__(self, spec: RunSpec, options: RunOptions | None = None, monitor=None, *, spmd_mesh=None,
-                 mode: str = "single", replica: int = 0, replicas: int = 1):
+    def __init__(
+        self,
+        spec: RunSpec,
+        options: RunOptions | None = None,
+        monitor=None,
+        *,
+        spmd_mesh=None,
+        mode: str = "single",
+        replica: int = 0,
+        replicas: int = 1,
+    ):
         self.options = options = options or RunOptions()
         trace_mode = TraceMode(getattr(options.own, "trace_mode", TraceMode.LAZY))
         self.spec, self.mesh, self.trace_mode, self.mode = spec, spmd_mesh, trace_mode, mode
         self.monitor, self.replica, self.replicas = monitor or NoMonitor(), replica, replicas
         checkpoint = options.checkpoint
-        self.trace_ms, self.fed = [], []  # per loop step: its tracing ms, and its batch's (shape, dtype)
+        # per loop step: its tracing ms, and its batch's (shape, dtype)
+        self.trace_ms, self.fed = [], []
         self.device = torch_xla.device()
         model = build_model(spec.model, spec.train.seed, spec.train.state_dtype)
-        started = time.perf_counter()  # the checkpoint's read and conversion, not the model's construction
-        self.started = start_weights(model, spec, checkpoint), start_state(checkpoint)  # (parameters, StartState)
+        # the checkpoint's read and conversion, not the model's construction
+        started = time.perf_counter()
+        # (parameters, StartState)
+        self.started = start_weights(model, spec, checkpoint), start_state(checkpoint)
         convert.load_start(model, *self.started, spec.model)
-        self.start_buffers = convert.canonical_buffers(convert.held_buffers(model))  # what training may change
+        # what training may change
+        self.start_buffers = convert.canonical_buffers(convert.held_buffers(model))
         self.module_names = convert.modules_to_canonical(model, spec.model)
         self.start = start_info(checkpoint, time.perf_counter() - started)
         self.correspondence = convert.correspondence(model, spec.model)
@@ -91,34 +125,61 @@ class TorchXlaTrainer:
         if spmd_mesh is not None:
             sharding.shard_model(self.model, spec.model, spec.mesh, spmd_mesh)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
-        create_state(self.optimizer)  # step 0 then traces the same graph as every later step: one compile
+        # step 0 then traces the same graph as every later step: one compile
+        create_state(self.optimizer)
         torch_xla.sync()
         self.monitor.collect()  # the state's zeros: a setup graph
         self.data = make_dataset(spec)
-        xm.set_rng_state(spec.train.mask_seed, device=self.device)  # the device generator dropout draws from
+        # the device generator dropout draws from
+        xm.set_rng_state(spec.train.mask_seed, device=self.device)
         self.provocations = list(options.provocations)
-        self.autocast = (lambda: torch.autocast("xla", dtype=torch.bfloat16)) if spec.train.dtype == "bfloat16" \
+        self.autocast = (
+            (lambda: torch.autocast("xla", dtype=torch.bfloat16))
+            if spec.train.dtype == "bfloat16"
             else contextlib.nullcontext
-        self.input_sharding = None if spmd_mesh is None else \
-            sharding.input_sharding(spec.mesh, spmd_mesh, flat_ndims(self.data.global_batch(0)))
-        self.train_loss = torch.compile(self._train_loss, backend="openxla") if trace_mode == TraceMode.DYNAMO \
+        )
+        self.input_sharding = (
+            None
+            if spmd_mesh is None
+            else sharding.input_sharding(
+                spec.mesh, spmd_mesh, flat_ndims(self.data.global_batch(0))
+            )
+        )
+        self.train_loss = (
+            torch.compile(self._train_loss, backend="openxla")
+            if trace_mode == TraceMode.DYNAMO
             else self._train_loss
+        )
 
     def loader(self, first_step: int, n_steps: int):
-        """This replica's batches of n_steps steps on the device, through MpDeviceLoader, as the loader carries
-        them: `nested` (in the step, so that its view ops trace into the step's graph wherever the batch came
-        from: nested as they are fetched, a batch's 1-D reshape ran alone at the loader's next sync, and the
-        pipelined steps, whose batches are fetched first, compiled a third program; measured on the UNet)."""
-        batches = StepBatches(self.data, first_step, n_steps, self.replica, self.replicas, self.provocations)
+        """This replica's batches of n_steps steps on the device, through MpDeviceLoader, as the
+        loader carries them: `nested` (in the step, so that its view ops trace into the step's graph
+        wherever the batch came from: nested as they are fetched, a batch's 1-D reshape ran alone at
+        the loader's next sync, and the pipelined steps, whose batches are fetched first, compiled a
+        third program; measured on the UNet)."""
+        batches = StepBatches(
+            self.data, first_step, n_steps, self.replica, self.replicas, self.provocations
+        )
         return self._device_batches(batches)
 
     def global_device_batch(self, step: int) -> dict[str, torch.Tensor]:
-        """The whole global batch of a step on this device (step-0 parity tensors, any mode), nested."""
-        return nested(next(self._device_batches(StepBatches(self.data, step, 1, provocations=self.provocations))))
+        """The whole global batch of a step on this device (step-0 parity tensors, any mode),
+        nested."""
+        return nested(
+            next(
+                self._device_batches(
+                    StepBatches(self.data, step, 1, provocations=self.provocations)
+                )
+            )
+        )
 
     def _device_batches(self, batches: StepBatches):
-        cpu_loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False, num_workers=0)
-        return batches.checked(pl.MpDeviceLoader(cpu_loader, self.device, input_sharding=self.input_sharding))
+        cpu_loader = torch.utils.data.DataLoader(
+            batches, batch_size=None, shuffle=False, num_workers=0
+        )
+        return batches.checked(
+            pl.MpDeviceLoader(cpu_loader, self.device, input_sharding=self.input_sharding)
+        )
 
     def loss(self, batch) -> torch.Tensor:
         """Loss and array outputs (common.twin.outputs.array_outputs) of step 0's batch."""
@@ -128,7 +189,8 @@ class TorchXlaTrainer:
         return loss, array_outputs(outputs, self.which)
 
     def loss_batch(self, inputs, targets) -> dict:
-        """The batch a loss is given; a classifier's targets (B,) as the task makes them (the loader's are (B, 1))."""
+        """The batch a loss is given; a classifier's targets (B,) as the task makes them (the
+        loader's are (B, 1))."""
         if self.user_loss and self.spec.task == "classification":
             targets = targets.reshape(-1)
         return loss_batch(inputs, targets)
@@ -138,8 +200,9 @@ class TorchXlaTrainer:
             return self.loss_fn(forward(self.model, inputs), self.loss_batch(inputs, targets))
 
     def step(self, step: int, batch) -> torch.Tensor:
-        """One train step of a loader batch; returns the (global) loss. In `lazy` and `dynamo` mode nothing runs
-        until `sync()`; in `compile` mode the step runs on leaving `torch_xla.compile`."""
+        """One train step of a loader batch; returns the (global) loss. In `lazy` and `dynamo` mode
+        nothing runs until `sync()`; in `compile` mode the step runs on leaving
+        `torch_xla.compile`."""
         set_lr(self.optimizer, self.spec.train, step)
         batch = nested(batch)
         if self.trace_mode == TraceMode.COMPILE:
@@ -148,7 +211,8 @@ class TorchXlaTrainer:
         return self._update(step, batch)
 
     def _update(self, step: int, batch) -> torch.Tensor:
-        with step_masks(self.spec, step, self.device) as feed:  # common's masks, uploaded as the step traces
+        # common's masks, uploaded as the step traces
+        with step_masks(self.spec, step, self.device) as feed:
             loss = self.train_loss(batch["inputs"], batch["targets"])
         if step == 0 and feed:  # the run record's extra.dropout_sites: step 0's dropout calls
             self.dropout_sites = feed.sites
@@ -168,7 +232,8 @@ class TorchXlaTrainer:
 
     def wait(self) -> None:
         """Wait for this replica's device only: the default (every local device) makes one xmp.spawn
-        thread hold the others' devices while it waits, which deadlocks the all-reduce (seen on CPU)."""
+        thread hold the others' devices while it waits, which deadlocks the all-reduce (seen on
+        CPU)."""
         xm.wait_device_ops(devices=xm.xla_real_devices([self.device]) if self.replicas > 1 else [])
 
     def sync(self, step: int) -> None:
@@ -185,7 +250,9 @@ class TorchXlaTrainer:
 
     def _all_reduce(self, loss):
         if replica_sync.cpu_threads():
-            return replica_sync.bucketed_all_reduce(list(self.model.parameters()), loss, self.replicas)
+            return replica_sync.bucketed_all_reduce(
+                list(self.model.parameters()), loss, self.replicas
+            )
         xm.reduce_gradients(self.optimizer)
         return xm.all_reduce(xm.REDUCE_SUM, loss.detach(), scale=1.0 / self.replicas)
 
@@ -196,40 +263,57 @@ class TorchXlaTrainer:
         return convert.canonical_state(dict(self.model.named_buffers()), self.module_names)
 
     def trained_buffers(self) -> tuple[dict, list[str]]:
-        kept = convert.canonical_buffers(convert.held_buffers(self.model))  # the twin of jax_impl/loop.py's
+        # the twin of jax_impl/loop.py's
+        kept = convert.canonical_buffers(convert.held_buffers(self.model))
         return kept, convert.changed_buffers(self.start_buffers, kept)
 
     def step0_tensors(self) -> dict[str, dict[str, np.ndarray]]:
-        """Parity tensors before any update: logits and loss of step 0's global batch, and every gradient
-        (canonical); replica 0's only."""
+        """Parity tensors before any update: logits and loss of step 0's global batch, and every
+        gradient (canonical); replica 0's only."""
         if self.replica != 0:
             return {}
         batch = self.global_device_batch(0)
-        with untouched_buffers(self.model):  # an analysis step: BatchNorm's statistics stay the run's
+        # an analysis step: BatchNorm's statistics stay the run's
+        with untouched_buffers(self.model):
             loss, outputs = self.loss(batch)
             loss.backward()  # (before the statistics are put back: its graph holds them)
         torch_xla.sync()
         grads = {name: p.grad for name, p in self.model.named_parameters()}
-        out = {"outputs": {**{k: convert.host_float(v) for k, v in outputs.items()},
-                           "loss": np.asarray(loss.item())}, "grads": convert.to_canonical(grads, self.correspondence)}
+        out = {
+            "outputs": {
+                **{k: convert.host_float(v) for k, v in outputs.items()},
+                "loss": np.asarray(loss.item()),
+            },
+            "grads": convert.to_canonical(grads, self.correspondence),
+        }
         self.optimizer.zero_grad(set_to_none=True)
         self.monitor.collect()
         return out
 
     def step0_activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
-        """Every module's input and output on `inputs` (step 0's batch, torch_impl.capture), from a fresh copy of the
-        model at the start weights: after the run, whose graphs, compiles and HLO dump it must not join. Replica 0's."""
+        """Every module's input and output on `inputs` (step 0's batch, torch_impl.capture), from a
+        fresh copy of the model at the start weights: after the run, whose graphs, compiles and HLO
+        dump it must not join. Replica 0's."""
         if self.replica != 0:
             return Capture()
 
         def capture(probed: bool) -> Capture:
             model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.state_dtype)
-            model = convert.moved(convert.load_start(model, *self.started, self.spec.model), self.device)
+            model = convert.moved(
+                convert.load_start(model, *self.started, self.spec.model), self.device
+            )
             with self.autocast(), step_masks(self.spec, 0, self.device):
                 x, y = on_device(inputs, self.device), on_device(targets, self.device)
                 loss_of = (lambda out: self.loss_fn(out, self.loss_batch(x, y))) if probed else None
-                return capture_activations(model, x, self.module_names, sync=torch_xla.sync, loss_of=loss_of,
-                                           output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes))
+                return capture_activations(
+                    model,
+                    x,
+                    self.module_names,
+                    sync=torch_xla.sync,
+                    loss_of=loss_of,
+                    output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes),
+                )
+
         captured = probed_or_forward_alone(capture)  # its own graphs' dump is not the run's
         shutil.rmtree(dump_dir(self.options.out_dir), ignore_errors=True)
         return captured
@@ -239,12 +323,18 @@ class TorchXlaTrainer:
         return {name: t.detach().cpu().clone() for name, t in self.model.state_dict().items()}
 
     def eval_logits(self, state: dict[str, torch.Tensor], inputs: np.ndarray) -> np.ndarray:
-        """The eval-mode logits of `inputs` from a fresh copy of the model holding `state` (host_state): it
-        runs after the run, whose graphs, compile events and HLO dump it must not join."""
+        """The eval-mode logits of `inputs` from a fresh copy of the model holding `state`
+        (host_state): it runs after the run, whose graphs, compile events and HLO dump it must not
+        join."""
         model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.state_dtype)
         model.load_state_dict(state)
-        return eval_logits(convert.moved(model, self.device), on_device(inputs, self.device), self.which,
-                           self.autocast, torch_xla.sync)
+        return eval_logits(
+            convert.moved(model, self.device),
+            on_device(inputs, self.device),
+            self.which,
+            self.autocast,
+            torch_xla.sync,
+        )
 
     # ---- driver.harness.Runtime (step0_tensors, step0_activations above) ----
 
@@ -252,8 +342,8 @@ class TorchXlaTrainer:
         return self.loader(first, n)
 
     def timed_step(self, step: int, batch) -> tuple[float, float]:
-        """One instrumented loop step: (loss on the host, synced wall ms); its tracing ms go to `trace_ms`.
-        The benchmark times this too."""
+        """One instrumented loop step: (loss on the host, synced wall ms); its tracing ms go to
+        `trace_ms`. The benchmark times this too."""
         self.monitor.at(Phase.LOOP, step)
         start = time.perf_counter()
         loss = self.step(step, batch)
@@ -278,10 +368,15 @@ class TorchXlaTrainer:
         if self.options.parity and self.replica == 0:
             tensors["params"], tensors["state"] = self.canonical_params(), self.canonical_state()
             tensors["buffers"], record.extra.buffers_changed = self.trained_buffers()
-            self.trained = self.host_state()  # its eval-mode forward runs last, apart from the run's graphs
+            # its eval-mode forward runs last, apart from the run's graphs
+            self.trained = self.host_state()
         record.throughput = _pipelined_throughput(self, self.options.throughput_steps)
-        record.profile = profiled_steps(self, steps + record.throughput.get("steps", 0), self.options.profile_steps,
-                                         self.options.out_dir)
+        record.profile = profiled_steps(
+            self,
+            steps + record.throughput.get("steps", 0),
+            self.options.profile_steps,
+            self.options.out_dir,
+        )
         self.monitor.collect()
 
     def analyse(self, record: RunRecord, tensors: dict) -> None:
@@ -292,45 +387,75 @@ class TorchXlaTrainer:
         out_dir = self.options.out_dir
         attach_causes(record, out_dir, self.fed)
         if self.options.hlo:
-            record.hlo_stats = hlo_statistics(out_dir, step_graphs(record.compile_events, SETTLE_STEPS,
-                                                                   self.trace_mode))
-        if self.options.parity and record.status == RecordStatus.OK:  # analysis too, after the run's graphs
-            tensors["eval"] = {"logits": self.eval_logits(self.trained, held_inputs(self.spec, self.data))}
+            record.hlo_stats = hlo_statistics(
+                out_dir, step_graphs(record.compile_events, SETTLE_STEPS, self.trace_mode)
+            )
+        # analysis too, after the run's graphs
+        if self.options.parity and record.status == RecordStatus.OK:
+            tensors["eval"] = {
+                "logits": self.eval_logits(self.trained, held_inputs(self.spec, self.data))
+            }
             shutil.rmtree(dump_dir(out_dir), ignore_errors=True)
 
-    def float32_islands(self, inputs, targets) -> dict[str, str]:  # on a CPU copy: no graph of the run's device
-        return fresh_model_islands(self.spec, self.started, inputs, targets, self.loss_fn, self.loss_batch)
+    # on a CPU copy: no graph of the run's device
+    def float32_islands(self, inputs, targets) -> dict[str, str]:
+        return fresh_model_islands(
+            self.spec, self.started, inputs, targets, self.loss_fn, self.loss_batch
+        )
 
     def new_record(self) -> RunRecord:
         spec, replicas = self.spec, self.replicas
         return RunRecord(
-            backend="torch_xla", spec=spec.to_dict(), versions=package_versions("torch", "torch-xla"),
-            platform={**host_platform(), "device_platform": xr.device_type(), "device_kind": xr.device_type(),
-                      "device_count": xr.global_runtime_device_count(), "process_count": xr.process_count()},
-            numerics={"dtype": spec.train.dtype, "matmul_precision": spec.train.matmul_precision,
-                      "torch_xla_mat_mul_precision": torch_xla.backends.get_mat_mul_precision(),
-                      "bf16_policy": "float32 params and optimizer state, torch.autocast('xla', bfloat16) forward, "
-                                     "float32 loss",
-                      "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
-                      "weight_decay_applies_to": spec.train.decay_applies_to, "env": numerics_env()},
-            settle_steps=SETTLE_STEPS, trace_mode=self.trace_mode,
-            extra=RunExtra(notes={
-                "mode": self.mode, "replicas": replicas,
-                "compile_counts_cover": "every replica in this process" if self.mode == "spawn" else "this process",
-                "loader": "torch_xla.distributed.parallel_loader.MpDeviceLoader", "step_api": _step_api(replicas),
-                "sync_api": "torch_xla.sync" if hasattr(torch_xla, "sync") else "xm.mark_step",
-                "mesh_strategy": spec.mesh.strategy}),
+            backend="torch_xla",
+            spec=spec.to_dict(),
+            versions=package_versions("torch", "torch-xla"),
+            platform={
+                **host_platform(),
+                "device_platform": xr.device_type(),
+                "device_kind": xr.device_type(),
+                "device_count": xr.global_runtime_device_count(),
+                "process_count": xr.process_count(),
+            },
+            numerics={
+                "dtype": spec.train.dtype,
+                "matmul_precision": spec.train.matmul_precision,
+                "torch_xla_mat_mul_precision": torch_xla.backends.get_mat_mul_precision(),
+                "bf16_policy": "float32 params and optimizer state, torch.autocast('xla', "
+                "bfloat16) forward, "
+                "float32 loss",
+                "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
+                "weight_decay_applies_to": spec.train.decay_applies_to,
+                "env": numerics_env(),
+            },
+            settle_steps=SETTLE_STEPS,
+            trace_mode=self.trace_mode,
+            extra=RunExtra(
+                notes={
+                    "mode": self.mode,
+                    "replicas": replicas,
+                    "compile_counts_cover": "every replica in this process"
+                    if self.mode == "spawn"
+                    else "this process",
+                    "loader": "torch_xla.distributed.parallel_loader.MpDeviceLoader",
+                    "step_api": _step_api(replicas),
+                    "sync_api": "torch_xla.sync" if hasattr(torch_xla, "sync") else "xm.mark_step",
+                    "mesh_strategy": spec.mesh.strategy,
+                }
+            ),
         )
 
 
-def make_trainer(spec: RunSpec, options: RunOptions, monitor, *, mode: str, replica: int = 0,
-                 replicas: int = 1) -> TorchXlaTrainer:
-    """The run's trainer (driver.harness.run builds it after the process is ready): torch_xla's matmul
-    precision from the spec, and the SPMD mesh when one process runs several devices."""
+def make_trainer(
+    spec: RunSpec, options: RunOptions, monitor, *, mode: str, replica: int = 0, replicas: int = 1
+) -> TorchXlaTrainer:
+    """The run's trainer (driver.harness.run builds it after the process is ready): torch_xla's
+    matmul precision from the spec, and the SPMD mesh when one process runs several devices."""
     logging.getLogger("torch_xla.backends").setLevel(logging.ERROR)  # it warns on every call
     torch_xla.backends.set_mat_mul_precision(spec.train.matmul_precision)
     mesh = sharding.make_mesh(spec.mesh) if mode == "spmd" else None
-    return TorchXlaTrainer(spec, options, monitor, spmd_mesh=mesh, mode=mode, replica=replica, replicas=replicas)
+    return TorchXlaTrainer(
+        spec, options, monitor, spmd_mesh=mesh, mode=mode, replica=replica, replicas=replicas
+    )
 
 
 def _pipelined_throughput(trainer: TorchXlaTrainer, steps: int | None) -> dict:

@@ -1,4 +1,6 @@
-"""python -m torchax_impl: train a spec with the torch model on JAX through torchax and write a run record."""
+"""python -m torchax_impl: train a spec with the torch model on JAX through torchax and write a run
+record."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -11,8 +13,12 @@ from driver.process import add_process_flags, exit_process
 
 for _module in ("torch", "jax", "optax", "torchax"):
     if importlib.util.find_spec(_module) is None:
-        fail(f"the torchax backend needs {_module}, which is not installed in {sys.executable}; install the "
-             "extra (pip install -e '.[torchax]') or pass compare --torchax-python", ExitCode.USAGE)
+        fail(
+            f"the torchax backend needs {_module}, which is not installed in {sys.executable}; "
+            "install the "
+            "extra (pip install -e '.[torchax]') or pass compare --torchax-python",
+            ExitCode.USAGE,
+        )
 
 
 def train(spec, options, progress):
@@ -21,7 +27,8 @@ def train(spec, options, progress):
     from jax_impl.instrument import CompileMonitor, enable_compile_cache
     from torchax_impl.train import make_trainer
 
-    writer = sharding.join(spec, options)  # torchax runs on JAX: its devices and multi-process run are JAX's
+    # torchax runs on JAX: its devices and multi-process run are JAX's
+    writer = sharding.join(spec, options)
     cache = enable_compile_cache(options.compile_cache)
     monitor = CompileMonitor()
     record, tensors = harness.run(lambda: make_trainer(spec, options, monitor), options, progress)
@@ -36,4 +43,8 @@ def ops_watch():
 
 
 if __name__ == "__main__":
-    exit_process(backend_main.main("torchax_impl", sys.argv[1:], add_process_flags, train, ops_watch=ops_watch))
+    exit_process(
+        backend_main.main(
+            "torchax_impl", sys.argv[1:], add_process_flags, train, ops_watch=ops_watch
+        )
+    )

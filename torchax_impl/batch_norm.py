@@ -1,16 +1,18 @@
 """BatchNorm's running statistics under torchax, as torch keeps them.
 
-torchax 0.0.13 lowers `aten.native_batch_norm` to JAX and computes the new running mean and variance,
-but never writes them back into the running-stat tensors (the op mutates them in eager torch): a model
-trained through torchax keeps its initial statistics, and its eval-mode forward is wrong (measured: a
-ResNet's running means stay 0; `num_batches_tracked`, an in-place add, does count). `keep_running_statistics`
-replaces the lowering with one that runs torchax's own and then updates the statistics in place with
-torch's formula (the batch mean, and the unbiased batch variance, blended by `momentum`), so a functional
-call over the buffers leaves them updated and the trainer carries them as step state.
+torchax 0.0.13 lowers `aten.native_batch_norm` to JAX and computes the new running mean and
+variance, but never writes them back into the running-stat tensors (the op mutates them in eager
+torch): a model trained through torchax keeps its initial statistics, and its eval-mode forward is
+wrong (measured: a ResNet's running means stay 0; `num_batches_tracked`, an in-place add, does
+count). `keep_running_statistics` replaces the lowering with one that runs torchax's own and then
+updates the statistics in place with torch's formula (the batch mean, and the unbiased batch
+variance, blended by `momentum`), so a functional call over the buffers leaves them updated and the
+trainer carries them as step state.
 
 torchax's `Environment.override_op_definition` is the public door, but 0.0.13's omits the operator's
 `is_view_op` and raises; the entry is made as it would make it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,8 +24,17 @@ OP = torch.ops.aten.native_batch_norm
 
 
 def _native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    out = interop.call_jax(jaten._aten_native_batch_norm, input, weight, bias, running_mean, running_var,
-                           training, momentum, eps)
+    out = interop.call_jax(
+        jaten._aten_native_batch_norm,
+        input,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        training,
+        momentum,
+        eps,
+    )
     if training and running_mean is not None and running_var is not None:
         with torch.no_grad():
             x, dims = input.detach(), [0, *range(2, input.ndim)]
@@ -34,5 +45,11 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
 
 def keep_running_statistics(env: torchax.tensor.Environment) -> None:
     """Install the lowering above in `env` (idempotent)."""
-    env._ops[OP] = ops_registry.Operator(OP, _native_batch_norm, is_jax_function=False, is_user_defined=True,
-                                         needs_env=False, is_view_op=False)
+    env._ops[OP] = ops_registry.Operator(
+        OP,
+        _native_batch_norm,
+        is_jax_function=False,
+        is_user_defined=True,
+        needs_env=False,
+        is_view_op=False,
+    )

@@ -1,7 +1,8 @@
-"""torchax's op watch (common/ops.py): every aten op the step asks torchax's environment for, counted, and those it
-has no lowering for, from torchax's own table (its Environment's lookup, the one every dispatch makes: wrapped
-while the watch is on, restored after; the class's, so that the watch starts no JAX backend before the run has
-set its devices)."""
+"""torchax's op watch (common/ops.py): every aten op the step asks torchax's environment for,
+counted, and those it has no lowering for, from torchax's own table (its Environment's lookup, the
+one every dispatch makes: wrapped while the watch is on, restored after; the class's, so that the
+watch starts no JAX backend before the run has set its devices)."""
+
 from __future__ import annotations
 
 import collections
@@ -16,13 +17,15 @@ class OpsWatch:
     def __init__(self):
         self.calls: collections.Counter = collections.Counter()
         self.missing: list[str] = []
-        self.lookup = Environment._get_op_or_decomp  # torchax 0.0.13: (env, func) -> its op, or raises
+        # torchax 0.0.13: (env, func) -> its op, or raises
+        self.lookup = Environment._get_op_or_decomp
 
     def __enter__(self):
         lookup = self.lookup
 
         def watched(env, func):
-            if not isinstance(func, torch._ops.OpOverload):  # a torch function: torchax decomposes what it lacks
+            # a torch function: torchax decomposes what it lacks
+            if not isinstance(func, torch._ops.OpOverload):
                 return lookup(env, func)
             name = func._schema.name
             self.calls[name] += 1

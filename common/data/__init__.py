@@ -11,13 +11,23 @@ Batches are `Batch(inputs, targets)`:
   regression      inputs float32 (B, *input_shape), targets float32 (B, num_outputs)
   tokens          inputs int32 (B, T), targets int32 (B, T) (inputs shifted by one)
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
-from common.data.batch import CHAIN, EPOCH_ORDER, EXAMPLES, OFFSETS, TEACHER, Batch, DataError, seeded_rng
+from common.data.batch import (
+    CHAIN,
+    EPOCH_ORDER,
+    EXAMPLES,
+    OFFSETS,
+    TEACHER,
+    Batch,
+    DataError,
+    seeded_rng,
+)
 from common.files.fsutil import require_regular_file
 from common.spec import MLPSpec, RunSpec
 from common.weights import widened
@@ -32,33 +42,36 @@ ACTIVATION_ROWS, ACTIVATION_TOKENS = 2, 64
 
 
 def activation_inputs(spec: RunSpec, inputs, at: tuple[int, int] = (0, 0)):
-    """The slice of step 0's inputs whose per-module activations are captured (and of its targets, whose loss
-    the capture differentiates), small enough to keep for any model: 2 examples from row `at[0]` on (the last two
-    where fewer are left); of a language model that row's sequence up to token `at[1]`, at least its first 64
-    tokens (it is causal: a prefix is computed as in the whole sequence). compare asks for the row and token where
-    the two sides' step-0 logits differ most (compare/runs/capture_runs.py)."""
+    """The slice of step 0's inputs whose per-module activations are captured (and of its targets,
+    whose loss the capture differentiates), small enough to keep for any model: 2 examples from row
+    `at[0]` on (the last two where fewer are left); of a language model that row's sequence up to
+    token `at[1]`, at least its first 64 tokens (it is causal: a prefix is computed as in the whole
+    sequence). compare asks for the row and token where the two sides' step-0 logits differ most
+    (compare/runs/capture_runs.py)."""
     row, token = at
 
     def rows(v):
         start = max(0, min(row, len(v) - ACTIVATION_ROWS))
-        return np.ascontiguousarray(v[start:start + ACTIVATION_ROWS])
+        return np.ascontiguousarray(v[start : start + ACTIVATION_ROWS])
 
-    if isinstance(inputs, dict):  # a twin's own batch (common/data/batches.py): each named array's rows
+    # a twin's own batch (common/data/batches.py): each named array's rows
+    if isinstance(inputs, dict):
         return {k: rows(v) for k, v in inputs.items()}
     if spec.is_language_model:
-        return np.ascontiguousarray(inputs[row:row + 1, :max(ACTIVATION_TOKENS, token + 1)])
+        return np.ascontiguousarray(inputs[row : row + 1, : max(ACTIVATION_TOKENS, token + 1)])
     return rows(inputs)
 
 
 def in_first_capture(language_model: bool, at: tuple[int, int]) -> bool:
-    """Whether the slice `activation_inputs` takes by default, (0, 0), holds the example (row, token) `at`."""
+    """Whether the slice `activation_inputs` takes by default, (0, 0), holds the example (row,
+    token) `at`."""
     row, token = at
     return row == 0 and token < ACTIVATION_TOKENS if language_model else row < ACTIVATION_ROWS
 
 
 def held_inputs(spec: RunSpec, data) -> np.ndarray:
-    """The inputs of the eval-mode check: the capture's slice of the batch after the last step's, which no
-    step trained on."""
+    """The inputs of the eval-mode check: the capture's slice of the batch after the last step's,
+    which no step trained on."""
     return activation_inputs(spec, data.global_batch(spec.train.steps).inputs)
 
 
@@ -80,7 +93,11 @@ class SyntheticClassification:
         self.w2 = rng.standard_normal((n_hidden, outputs or spec.model.num_classes))
 
     def teacher(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        x = seeded_rng(self.seed, EXAMPLES, step).standard_normal((self.batch_size, *self.shape)).astype(np.float32)
+        x = (
+            seeded_rng(self.seed, EXAMPLES, step)
+            .standard_normal((self.batch_size, *self.shape))
+            .astype(np.float32)
+        )
         return x, np.tanh(x.reshape(self.batch_size, -1).astype(np.float64) @ self.w1) @ self.w2
 
     def global_batch(self, step: int) -> Batch:
@@ -103,9 +120,14 @@ def _labels(spec: RunSpec, y: np.ndarray, n: int, source: str) -> np.ndarray:
     if y.shape != (n,):
         raise DataError(f"{source}: labels have shape {y.shape}, expected ({n},)")
     classes = spec.model.num_classes
-    if not np.issubdtype(y.dtype, np.integer) and not (np.isfinite(y).all() and (y == np.round(y)).all()):
-        raise DataError(f"{source}: labels are {y.dtype} with fractions or NaN, a classifier needs integer class ids "
-                        "(float targets are a regression's: a twin with task='regression')")
+    if not np.issubdtype(y.dtype, np.integer) and not (
+        np.isfinite(y).all() and (y == np.round(y)).all()
+    ):
+        raise DataError(
+            f"{source}: labels are {y.dtype} with fractions or NaN, a classifier needs integer "
+            "class ids "
+            "(float targets are a regression's: a twin with task='regression')"
+        )
     if n and (y.min() < 0 or y.max() >= classes):
         raise DataError(f"{source}: labels span {y.min()}..{y.max()}, model.num_classes={classes}")
     return y.astype(np.int32)
@@ -116,11 +138,17 @@ def _regression_targets(spec: RunSpec, y: np.ndarray, n: int, source: str) -> np
     if y.shape == (n,) and outputs == 1:
         y = y[:, None]
     if y.shape != (n, outputs):
-        raise DataError(f"{source}: targets have shape {y.shape}, a regression with model.num_outputs={outputs} "
-                        f"needs ({n}, {outputs})")
+        raise DataError(
+            f"{source}: targets have shape {y.shape}, a regression with "
+            f"model.num_outputs={outputs} "
+            f"needs ({n}, {outputs})"
+        )
     if not np.issubdtype(y.dtype, np.number) or not np.isfinite(y).all():
-        bad = "are not numbers" if not np.issubdtype(y.dtype, np.number) else \
-            f"hold a NaN or Inf (example {int(np.argwhere(~np.isfinite(y))[0][0])})"
+        bad = (
+            "are not numbers"
+            if not np.issubdtype(y.dtype, np.number)
+            else f"hold a NaN or Inf (example {int(np.argwhere(~np.isfinite(y))[0][0])})"
+        )
         raise DataError(f"{source}: targets {bad}; a regression needs finite float targets")
     return np.ascontiguousarray(y, dtype=np.float32)
 
@@ -135,13 +163,19 @@ class ArrayDataset:
         elif x.ndim == 4 and len(want) == 1 and int(np.prod(x.shape[1:])) == want[0]:
             x = x.reshape(len(x), -1)  # images for an MLP
         if tuple(x.shape[1:]) != want:
-            raise DataError(f"{source}: inputs have shape {tuple(x.shape[1:])} per example, the model needs {want}")
+            raise DataError(
+                f"{source}: inputs have shape {tuple(x.shape[1:])} per example, the model needs "
+                f"{want}"
+            )
         targets = _regression_targets if spec.task == "regression" else _labels
         y = targets(spec, y, len(x), source)
         if not np.isfinite(x).all():
             bad = int(np.argwhere(~np.isfinite(x.reshape(len(x), -1)))[0][0])
-            raise DataError(f"{source}: example {bad} has a NaN or Inf input; clean the data (it would make the "
-                            "loss non-finite)")
+            raise DataError(
+                f"{source}: example {bad} has a NaN or Inf input; clean the data (it would make "
+                "the "
+                "loss non-finite)"
+            )
         self.x = np.ascontiguousarray(x, dtype=np.float32)
         self.y = y
         self.batch_size = spec.train.global_batch_size
@@ -174,7 +208,9 @@ def _npz(spec: RunSpec) -> ArrayDataset:
     try:
         with np.load(path) as f:
             if "x" not in f or "y" not in f:
-                raise DataError(f"{path}: an arrays file needs arrays named x and y, found {sorted(f.files)}")
+                raise DataError(
+                    f"{path}: an arrays file needs arrays named x and y, found {sorted(f.files)}"
+                )
             x, y = f["x"], f["y"]
     except (OSError, ValueError) as e:
         if isinstance(e, DataError):
@@ -192,25 +228,33 @@ class TokenDataset:
         self.vocab_size = spec.model.vocab_size
         self.seed = spec.data.seed
         if len(tokens) < self.seq_len + 2:
-            raise DataError(f"{source}: {len(tokens)} tokens is too short for sequences of {self.seq_len}")
+            raise DataError(
+                f"{source}: {len(tokens)} tokens is too short for sequences of {self.seq_len}"
+            )
         self._check_ids()
 
     def _check_ids(self, chunk: int = 1 << 24) -> None:
-        """Every token id against the vocabulary, once, before any backend starts: a bad id found later,
-        inside a framework's data-loader thread, would read as a crash of that framework. One pass over
-        the stream in 16M-token chunks (a second or so per GB of tokens)."""
+        """Every token id against the vocabulary, once, before any backend starts: a bad id found
+        later, inside a framework's data-loader thread, would read as a crash of that framework. One
+        pass over the stream in 16M-token chunks (a second or so per GB of tokens)."""
         for lo in range(0, len(self.tokens), chunk):
-            part = np.asarray(self.tokens[lo:lo + chunk])
+            part = np.asarray(self.tokens[lo : lo + chunk])
             low, high = int(part.min()), int(part.max())
             if low < 0 or high >= self.vocab_size:
                 bad = lo + int(np.argmax((part < 0) | (part >= self.vocab_size)))
-                raise DataError(f"{self.source}: token id {int(self.tokens[bad])} at position {bad} is outside "
-                                f"model.vocab_size={self.vocab_size}; use a matching model.vocab_size or "
-                                "re-tokenize")
+                raise DataError(
+                    f"{self.source}: token id {int(self.tokens[bad])} at position {bad} is outside "
+                    f"model.vocab_size={self.vocab_size}; use a matching model.vocab_size or "
+                    "re-tokenize"
+                )
 
     def global_batch(self, step: int) -> Batch:
-        starts = seeded_rng(self.seed, OFFSETS, step).integers(0, len(self.tokens) - self.seq_len - 1, self.batch_size)
-        windows = np.stack([np.asarray(self.tokens[s:s + self.seq_len + 1]) for s in starts]).astype(np.int32)
+        starts = seeded_rng(self.seed, OFFSETS, step).integers(
+            0, len(self.tokens) - self.seq_len - 1, self.batch_size
+        )
+        windows = np.stack(
+            [np.asarray(self.tokens[s : s + self.seq_len + 1]) for s in starts]
+        ).astype(np.int32)
         return Batch(windows[:, :-1], windows[:, 1:])
 
 
@@ -227,7 +271,9 @@ class SyntheticTokens:
         self.batch_size, self.seq_len = spec.train.global_batch_size, spec.seq_len
         self.vocab_size, self.seed = spec.model.vocab_size, spec.data.seed
         rng = seeded_rng(self.seed, CHAIN, 0)
-        self.successors = rng.integers(0, self.vocab_size, size=(self.vocab_size, len(self.SUCCESSOR_PROBS)))
+        self.successors = rng.integers(
+            0, self.vocab_size, size=(self.vocab_size, len(self.SUCCESSOR_PROBS))
+        )
 
     def global_batch(self, step: int) -> Batch:
         rng = seeded_rng(self.seed, EXAMPLES, step)
@@ -250,8 +296,10 @@ def _token_file(spec: RunSpec) -> TokenDataset:
         if path.endswith(".npy"):
             tokens = np.load(path, mmap_mode="r")
             if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-                raise DataError(f"{path}: a .npy tokens file must be a 1-D integer array, "
-                                f"got {tokens.dtype} of shape {tokens.shape}")
+                raise DataError(
+                    f"{path}: a .npy tokens file must be a 1-D integer array, "
+                    f"got {tokens.dtype} of shape {tokens.shape}"
+                )
         else:  # nanoGPT's train.bin: a flat uint16 stream
             tokens = np.memmap(path, dtype=np.uint16, mode="r")
     except (OSError, ValueError) as e:
@@ -262,14 +310,15 @@ def _token_file(spec: RunSpec) -> TokenDataset:
 
 
 def make_dataset(spec: RunSpec):
-    """The dataset object for a validated spec; `.global_batch(step)` gives a Batch (its float arrays widened
-    exactly to float64 in a float64 run, here once for every backend)."""
+    """The dataset object for a validated spec; `.global_batch(step)` gives a Batch (its float
+    arrays widened exactly to float64 in a float64 run, here once for every backend)."""
     dataset = _dataset(spec)
     return Widened(dataset) if spec.train.state_dtype == "float64" else dataset
 
 
 class Widened:
-    """A dataset whose batches' float32 (and narrower) arrays come as float64: exact, the same values."""
+    """A dataset whose batches' float32 (and narrower) arrays come as float64: exact, the same
+    values."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -279,7 +328,12 @@ class Widened:
 
     def global_batch(self, step: int) -> Batch:
         def wide(part):  # an array, or a twin's named arrays
-            return widened(part, "float64") if isinstance(part, dict) else widened({"a": part}, "float64")["a"]
+            return (
+                widened(part, "float64")
+                if isinstance(part, dict)
+                else widened({"a": part}, "float64")["a"]
+            )
+
         return Batch(*(wide(part) for part in self.dataset.global_batch(step)))
 
 
@@ -306,7 +360,11 @@ def _dataset(spec: RunSpec):
 
 def process_slice(batch: Batch, process_index: int, process_count: int) -> Batch:
     """This process's contiguous share of a global batch."""
-    n = len(next(iter(batch.inputs.values()))) if isinstance(batch.inputs, dict) else len(batch.inputs)
+    n = (
+        len(next(iter(batch.inputs.values())))
+        if isinstance(batch.inputs, dict)
+        else len(batch.inputs)
+    )
     if n % process_count:
         raise DataError(f"global batch {n} is not divisible by {process_count} processes")
     per = n // process_count
@@ -317,4 +375,3 @@ def process_slice(batch: Batch, process_index: int, process_count: int) -> Batch
 def rows(part, lo: int, hi: int):
     """Rows lo:hi of an array, or of every array of a twin's named batch."""
     return {k: v[lo:hi] for k, v in part.items()} if isinstance(part, dict) else part[lo:hi]
-

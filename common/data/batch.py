@@ -1,7 +1,9 @@
-"""What every dataset gives and shares: the batch, its error, and the seeded random streams (numpy only).
+"""What every dataset gives and shares: the batch, its error, and the seeded random streams (numpy
+only).
 
-A batch is `Batch(inputs, targets)`: arrays of a built-in task (common/data/), or of a twin's own batches
-(common/data/batches.py) dicts of named arrays, the forward's and the loss's own."""
+A batch is `Batch(inputs, targets)`: arrays of a built-in task (common/data/), or of a twin's own
+batches (common/data/batches.py) dicts of named arrays, the forward's and the loss's own."""
+
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -5,6 +5,7 @@ field here, so no framework default can leak into a comparison. Specs are
 frozen dataclasses; `validate()` raises `SpecError` with one line that names
 the field, the value and the rule.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -79,16 +80,27 @@ class CNNSpec:
     activation: Activation = "relu"
 
     def validate(self) -> None:
-        _positive("model", self, "input_shape", "channels", "kernel_sizes", "strides", "num_classes")
-        _require(len(self.input_shape) == 3, f"model.input_shape={_fmt(self.input_shape)} must be H,W,C (3 values)")
+        _positive(
+            "model", self, "input_shape", "channels", "kernel_sizes", "strides", "num_classes"
+        )
+        _require(
+            len(self.input_shape) == 3,
+            f"model.input_shape={_fmt(self.input_shape)} must be H,W,C (3 values)",
+        )
         n = len(self.channels)
         for name in ("kernel_sizes", "strides", "paddings"):
             got = getattr(self, name)
-            _require(len(got) == n, f"model.{name}={_fmt(got)} has {len(got)} values; model.channels has {n}")
+            _require(
+                len(got) == n,
+                f"model.{name}={_fmt(got)} has {len(got)} values; model.channels has {n}",
+            )
         for p in self.paddings:
             _require(p >= 0, f"model.paddings={_fmt(self.paddings)} must be >= 0")
         h, w = self.feature_map_hw()
-        _require(h > 0 and w > 0, f"model.input_shape={_fmt(self.input_shape)} shrinks to {h}x{w} after the convs")
+        _require(
+            h > 0 and w > 0,
+            f"model.input_shape={_fmt(self.input_shape)} shrinks to {h}x{w} after the convs",
+        )
 
     def feature_map_hw(self) -> tuple[int, int]:
         """Spatial size after all convs (floor division, like both frameworks)."""
@@ -117,18 +129,38 @@ class TransformerSpec:
     dropout: float = 0.0
 
     def validate(self) -> None:
-        _positive("model", self, "vocab_size", "seq_len", "d_model", "n_heads", "n_layers", "d_ff", "layernorm_eps")
-        _require(self.d_model % self.n_heads == 0,
-                 f"model.n_heads={self.n_heads} does not divide model.d_model={self.d_model}")
+        _positive(
+            "model",
+            self,
+            "vocab_size",
+            "seq_len",
+            "d_model",
+            "n_heads",
+            "n_layers",
+            "d_ff",
+            "layernorm_eps",
+        )
+        _require(
+            self.d_model % self.n_heads == 0,
+            f"model.n_heads={self.n_heads} does not divide model.d_model={self.d_model}",
+        )
         _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
 
 
 TASKS = ("lm", "classification", "regression", "custom")  # custom: the twin's own batches and loss
-TASK_ROLES = {"lm": ("vocab_size", "seq_len"), "classification": ("input_shape", "num_classes"),
-              "regression": ("input_shape", "num_outputs"), "custom": ()}
+TASK_ROLES = {
+    "lm": ("vocab_size", "seq_len"),
+    "classification": ("input_shape", "num_classes"),
+    "regression": ("input_shape", "num_outputs"),
+    "custom": (),
+}
 # the datasets each kind of task can train on
-TASK_DATASETS = {"lm": ("synthetic-tokens", "tokens-file"), "regression": ("synthetic-regression", "arrays"),
-                 "classification": ("synthetic-classification", "digits", "arrays"), "custom": ("batches", "arrays")}
+TASK_DATASETS = {
+    "lm": ("synthetic-tokens", "tokens-file"),
+    "regression": ("synthetic-regression", "arrays"),
+    "classification": ("synthetic-classification", "digits", "arrays"),
+    "custom": ("batches", "arrays"),
+}
 
 
 @dataclass(frozen=True)
@@ -138,8 +170,8 @@ class TwinSpec:
     (names and shapes; `python -m compare --twin` fills it in before any backend runs).
 
     `io` names the hyperparameters the data needs: vocab_size and seq_len for a language model,
-    input_shape and num_classes (num_outputs) for a classifier (a regression); default: hyperparameters of
-    those names.
+    input_shape and num_classes (num_outputs) for a classifier (a regression); default:
+    hyperparameters of those names.
     """
 
     family: Literal["twin"] = "twin"
@@ -148,8 +180,9 @@ class TwinSpec:
     hparams: dict = field(default_factory=dict)
     io: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)  # canonical name -> shape (list of ints)
-    # canonical name -> layout (common/spec/layouts.py) where the twin declared one or the sides' module types
-    # decided it (a ConvTranspose): filled in with `params`, so that each backend derives the same links
+    # canonical name -> layout (common/spec/layouts.py) where the twin declared one or the sides'
+    # module types decided it (a ConvTranspose): filled in with `params`, so that each backend
+    # derives the same links
     layouts: dict = field(default_factory=dict)
 
     def role(self, name: str):
@@ -171,14 +204,22 @@ class TwinSpec:
         _require(self.task in TASKS, f"model.task={self.task!r} is not one of {', '.join(TASKS)}")
         for role in TASK_ROLES[self.task]:
             key = self.io.get(role, role)
-            _require(key in self.hparams, f"twin {self.twin}: task {self.task} needs the hyperparameter "
-                                          f"{key!r} ({role}); add it to hparams or map it in io")
+            _require(
+                key in self.hparams,
+                f"twin {self.twin}: task {self.task} needs the hyperparameter "
+                f"{key!r} ({role}); add it to hparams or map it in io",
+            )
             values = self.role(role) if role != "input_shape" else self.input_shape
             for v in values if isinstance(values, tuple) else (values,):
-                _require(isinstance(v, int) and not isinstance(v, bool) and v > 0,
-                         f"model.{key}={_fmt(values)} must be a positive integer ({role})")
+                _require(
+                    isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                    f"model.{key}={_fmt(values)} must be a positive integer ({role})",
+                )
         for name, layout in self.layouts.items():
-            _require(name in self.params or not self.params, f"model.layouts names {name!r}, no parameter of the twin")
+            _require(
+                name in self.params or not self.params,
+                f"model.layouts names {name!r}, no parameter of the twin",
+            )
             try:
                 check_layout(layout)
             except LayoutError as e:
@@ -186,7 +227,12 @@ class TwinSpec:
 
 
 ModelSpec = MLPSpec | CNNSpec | TransformerSpec | TwinSpec
-MODEL_FAMILIES: dict[str, type] = {"mlp": MLPSpec, "cnn": CNNSpec, "gpt": TransformerSpec, "twin": TwinSpec}
+MODEL_FAMILIES: dict[str, type] = {
+    "mlp": MLPSpec,
+    "cnn": CNNSpec,
+    "gpt": TransformerSpec,
+    "twin": TwinSpec,
+}
 
 
 @dataclass(frozen=True)
@@ -216,15 +262,19 @@ class TrainSpec:
     global_batch_size: int = 64
     steps: int = 50
     timing_warmup_steps: int = 3  # first steps excluded from step-time statistics
-    dtype: Literal["float32", "bfloat16", "float64"] = "float32"  # float64: the proof on the host (DESIGN.md)
+    # float64: the proof on the host (DESIGN.md)
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
     matmul_precision: Literal["default", "high", "highest"] = "highest"
     seed: int = 0  # parameter init
     dropout_seed: int = -1  # dropout's random masks; -1: train.seed
-    dropout_masks: str = MaskSource.FRAMEWORK.value  # common.vocab.MaskSource: whose generator draws them
-    # every start weight moved this many units in the last place, up or down as train.seed draws: a float32 noise
-    # floor run measures how training grows a rounding-size difference (compare/judge/noise_floor.py); 0: none
+    # common.vocab.MaskSource: whose generator draws them
+    dropout_masks: str = MaskSource.FRAMEWORK.value
+    # every start weight moved this many units in the last place, up or down as train.seed draws: a
+    # float32 noise floor run measures how training grows a rounding-size difference
+    # (compare/judge/noise_floor.py); 0: none
     start_jitter_ulps: int = 0
-    # "NAME*FACTOR": one start tensor scaled (one side's --torch-set: what difference compare catches); "": none
+    # "NAME*FACTOR": one start tensor scaled (one side's --torch-set: what difference compare
+    # catches); "": none
     start_scale: str = ""
 
     def validate(self) -> None:
@@ -234,25 +284,51 @@ class TrainSpec:
         _require(self.eps > 0, f"train.eps={self.eps} must be positive")
         _require(self.weight_decay >= 0, f"train.weight_decay={self.weight_decay} must be >= 0")
         _require(0.0 <= self.momentum < 1.0, f"train.momentum={self.momentum} must be in [0, 1)")
-        _require(not (self.nesterov and self.momentum == 0.0),
-                 "train.nesterov=true needs train.momentum > 0")
-        _require(self.schedule_warmup_steps >= 0,
-                 f"train.schedule_warmup_steps={self.schedule_warmup_steps} must be >= 0")
-        _require(0.0 <= self.min_lr_ratio <= 1.0, f"train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        _require(self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0 (0 turns clipping off)")
-        _require(self.timing_warmup_steps >= 0, f"train.timing_warmup_steps={self.timing_warmup_steps} must be >= 0")
+        _require(
+            not (self.nesterov and self.momentum == 0.0),
+            "train.nesterov=true needs train.momentum > 0",
+        )
+        _require(
+            self.schedule_warmup_steps >= 0,
+            f"train.schedule_warmup_steps={self.schedule_warmup_steps} must be >= 0",
+        )
+        _require(
+            0.0 <= self.min_lr_ratio <= 1.0,
+            f"train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]",
+        )
+        _require(
+            self.grad_clip >= 0,
+            f"train.grad_clip={self.grad_clip} must be >= 0 (0 turns clipping off)",
+        )
+        _require(
+            self.timing_warmup_steps >= 0,
+            f"train.timing_warmup_steps={self.timing_warmup_steps} must be >= 0",
+        )
         _require(self.seed >= 0, f"train.seed={self.seed} must be >= 0")
-        _require(0 <= self.start_jitter_ulps <= 1000,
-                 f"train.start_jitter_ulps={self.start_jitter_ulps} must be in [0, 1000]")
-        _require(not self.start_scale or re.fullmatch(r"[^*\s]+\*[0-9.]+(e[-+]?\d+)?", self.start_scale) is not None,
-                 f"train.start_scale={self.start_scale} must read NAME*FACTOR, e.g. blocks.0.mlp.fc.kernel*1.001")
-        _require(self.dropout_seed >= -1, f"train.dropout_seed={self.dropout_seed} must be >= 0 (or -1: train.seed)")
-        _require(self.dropout_masks in values(MaskSource),
-                 f"train.dropout_masks={self.dropout_masks} must be one of {', '.join(values(MaskSource))}")
+        _require(
+            0 <= self.start_jitter_ulps <= 1000,
+            f"train.start_jitter_ulps={self.start_jitter_ulps} must be in [0, 1000]",
+        )
+        _require(
+            not self.start_scale
+            or re.fullmatch(r"[^*\s]+\*[0-9.]+(e[-+]?\d+)?", self.start_scale) is not None,
+            f"train.start_scale={self.start_scale} must read NAME*FACTOR, e.g. "
+            "blocks.0.mlp.fc.kernel*1.001",
+        )
+        _require(
+            self.dropout_seed >= -1,
+            f"train.dropout_seed={self.dropout_seed} must be >= 0 (or -1: train.seed)",
+        )
+        _require(
+            self.dropout_masks in values(MaskSource),
+            f"train.dropout_masks={self.dropout_masks} must be one of "
+            f"{', '.join(values(MaskSource))}",
+        )
 
     @property
     def state_dtype(self) -> str:
-        """Parameters', optimizer state's, float inputs', the loss's and kept tensors' dtype (float32 in bfloat16)."""
+        """Parameters', optimizer state's, float inputs', the loss's and kept tensors' dtype
+        (float32 in bfloat16)."""
         return "float64" if self.dtype == "float64" else "float32"
 
     @property
@@ -261,18 +337,24 @@ class TrainSpec:
         return self.seed if self.dropout_seed < 0 else self.dropout_seed
 
     def decays(self, ndim: int) -> bool:
-        """Whether a parameter of `ndim` dimensions gets weight decay (the one rule both twins build from)."""
+        """Whether a parameter of `ndim` dimensions gets weight decay (the one rule both twins build
+        from)."""
         return self.weight_decay_mask == "all" or ndim >= 2
 
     @property
     def decay_applies_to(self) -> str:
         """The run record's words for the mask."""
-        return "all parameters" if self.weight_decay_mask == "all" else \
-            "parameters of 2+ dimensions (matrices, embeddings, conv kernels); none on biases and norm scales"
+        return (
+            "all parameters"
+            if self.weight_decay_mask == "all"
+            else "parameters of 2+ dimensions (matrices, embeddings, conv kernels); none on "
+            "biases and norm scales"
+        )
 
     @property
     def timed_from(self) -> int:
-        """First step in step-time statistics: after the warm-up, but always at least the last step."""
+        """First step in step-time statistics: after the warm-up, but always at least the last
+        step."""
         return min(self.timing_warmup_steps, self.steps - 1)
 
     def lr_at(self, step: int) -> float:
@@ -317,18 +399,29 @@ class MeshSpec:
 
     @property
     def strategy(self) -> str:
-        parts = [n for n, a in (("dp", "data"), ("fsdp", "fsdp"), ("tp", "tensor")) if getattr(self, a) > 1]
+        parts = [
+            n
+            for n, a in (("dp", "data"), ("fsdp", "fsdp"), ("tp", "tensor"))
+            if getattr(self, a) > 1
+        ]
         return "x".join(parts) or "single"
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Where batches come from. `path` is used by 'arrays' (.npz with x, y, or a custom task's named arrays),
-    'batches' (a custom task's batch function, common/data/batches.py) and
+    """Where batches come from. `path` is used by 'arrays' (.npz with x, y, or a custom task's named
+    arrays), 'batches' (a custom task's batch function, common/data/batches.py) and
     'tokens-file' (flat uint16 .bin read with np.memmap, or a 1-D .npy)."""
 
-    dataset: Literal["synthetic-classification", "digits", "synthetic-regression", "synthetic-tokens", "arrays",
-                     "tokens-file", "batches"] = "synthetic-classification"
+    dataset: Literal[
+        "synthetic-classification",
+        "digits",
+        "synthetic-regression",
+        "synthetic-tokens",
+        "arrays",
+        "tokens-file",
+        "batches",
+    ] = "synthetic-classification"
     path: str = ""
     seed: int = 0  # batch order and synthetic data
     seq_len: int = 0  # tokens per training sequence; 0 = model.seq_len
@@ -358,26 +451,39 @@ class RunSpec:
 
     def _validate_together(self) -> None:
         m, t, mesh, d = self.model, self.train, self.mesh, self.data
-        _require(t.global_batch_size % mesh.batch_replicas == 0,
-                 f"train.global_batch_size={t.global_batch_size} is not divisible by the data-parallel size "
-                 f"mesh.data*mesh.fsdp={mesh.batch_replicas}")
+        _require(
+            t.global_batch_size % mesh.batch_replicas == 0,
+            f"train.global_batch_size={t.global_batch_size} is not divisible by the data-parallel "
+            "size "
+            f"mesh.data*mesh.fsdp={mesh.batch_replicas}",
+        )
         kind = f"model.family={m.family}" if m.family != "twin" else f"model.task={m.task}"
         fits = TASK_DATASETS[self.task]
-        _require(d.dataset in fits, f"data.dataset={d.dataset} cannot feed {kind}; it needs {' or '.join(fits)}")
+        _require(
+            d.dataset in fits,
+            f"data.dataset={d.dataset} cannot feed {kind}; it needs {' or '.join(fits)}",
+        )
         if self.is_language_model:
-            _require(self.seq_len <= m.seq_len,
-                     f"data.seq_len={d.seq_len} is longer than the positional table model.seq_len={m.seq_len}")
+            _require(
+                self.seq_len <= m.seq_len,
+                f"data.seq_len={d.seq_len} is longer than the positional table "
+                f"model.seq_len={m.seq_len}",
+            )
         else:
             _require(d.seq_len == 0, f"data.seq_len={d.seq_len} only applies to language models")
         if isinstance(m, TransformerSpec):
-            _require(m.n_heads % mesh.tensor == 0,
-                     f"mesh.tensor={mesh.tensor} does not divide model.n_heads={m.n_heads}")
+            _require(
+                m.n_heads % mesh.tensor == 0,
+                f"mesh.tensor={mesh.tensor} does not divide model.n_heads={m.n_heads}",
+            )
         if d.dataset == "digits":
             want = 64 if isinstance(m, MLPSpec) else (8, 8, 1)
             got = m.input_size if isinstance(m, MLPSpec) else tuple(m.input_shape)
-            _require(got == want and m.num_classes == 10,
-                     f"data.dataset=digits has 8x8x1 images in 10 classes; model input {_fmt(got)} "
-                     f"/ num_classes {m.num_classes} do not match")
+            _require(
+                got == want and m.num_classes == 10,
+                f"data.dataset=digits has 8x8x1 images in 10 classes; model input {_fmt(got)} "
+                f"/ num_classes {m.num_classes} do not match",
+            )
 
     @property
     def task(self) -> str:

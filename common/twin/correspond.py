@@ -1,10 +1,10 @@
 """Parameter correspondence between a torch model and its NNX twin, derived from the two trees.
 
-The canonical tree is the NNX model's (its `nnx.state(model, nnx.Param)` paths and layouts). Each torch
-parameter links to one canonical tensor, or to several when it packs them (nanoGPT's `attn.qkv`). A
-link is found by name, after the twin's `rename` regexes, with module paths compared case- and
-underscore-blind (and blind to the `layers.` level of an `nnx.Sequential`), and the standard leaf and
-layout rules:
+The canonical tree is the NNX model's (its `nnx.state(model, nnx.Param)` paths and layouts). Each
+torch parameter links to one canonical tensor, or to several when it packs them (nanoGPT's
+`attn.qkv`). A link is found by name, after the twin's `rename` regexes, with module paths compared
+case- and underscore-blind (and blind to the `layers.` level of an `nnx.Sequential`), and the
+standard leaf and layout rules:
 
   torch leaf   NNX leaf     layout (torch -> canonical)
   weight       kernel       2-D: transpose (Linear (out, in) -> (in, out));
@@ -19,21 +19,23 @@ and a reshape where the NNX side splits head axes (nnx.MultiHeadAttention's Line
 nnx.MultiHeadAttention's with no declaration: `in_proj_weight`/`in_proj_bias` pack query|key|value,
 `out_proj` is `out`.
 
-A torch ConvTranspose's weight (in, out, *k) takes its layout from the NNX module it meets (the sides' module
-types, from their describe steps): `nnx.ConvTranspose` keeps it flipped (`conv_transpose`), or, with
-`transpose_kernel=True`, as the convolution it is the gradient of (`conv`); any other NNX module must declare
-it. A twin's `layouts` ({regex over NNX parameter names: layout}) declares a layout no rule derives, a
-rearrangement of axes among them ("(h d) e -> h e d": common/spec/layouts.py); a declaration that matches no NNX
-parameter is an error.
+A torch ConvTranspose's weight (in, out, *k) takes its layout from the NNX module it meets (the
+sides' module types, from their describe steps): `nnx.ConvTranspose` keeps it flipped
+(`conv_transpose`), or, with `transpose_kernel=True`, as the convolution it is the gradient of
+(`conv`); any other NNX module must declare it. A twin's `layouts` ({regex over NNX parameter names:
+layout}) declares a layout no rule derives, a rearrangement of axes among them ("(h d) e -> h e d":
+common/spec/layouts.py); a declaration that matches no NNX parameter is an error.
 
-`packed` works both ways: a key naming a torch module maps it to the NNX modules it packs (split along
-torch's dim 0); a key naming an NNX module (a port that fuses q/k/v, the usual JAX style) maps it to the
-torch modules it packs, whose tensors stack along torch's dim 0 (the NNX kernel's output columns).
+`packed` works both ways: a key naming a torch module maps it to the NNX modules it packs (split
+along torch's dim 0); a key naming an NNX module (a port that fuses q/k/v, the usual JAX style) maps
+it to the torch modules it packs, whose tensors stack along torch's dim 0 (the NNX kernel's output
+columns).
 
-Anything left unmatched on either side fails with one line naming such tensors (12 a side, and how many more),
-each with its shape and closest candidate on the other side (common/twin/unmatched.py). Conversions are numpy and
-exact (transposes, flips, reshapes, splits, concats).
+Anything left unmatched on either side fails with one line naming such tensors (12 a side, and how
+many more), each with its shape and closest candidate on the other side (common/twin/unmatched.py).
+Conversions are numpy and exact (transposes, flips, reshapes, splits, concats).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -64,33 +66,45 @@ class CorrespondenceError(SpecError):
     """The two parameter trees do not correspond; one line listing every unmatched tensor."""
 
 
-# nn.MultiheadAttention's own parameters -> nnx.MultiHeadAttention's modules and leaf (no declaration needed)
+# nn.MultiheadAttention's own parameters -> nnx.MultiHeadAttention's modules and leaf (no
+# declaration needed)
 QKV = ("query", "key", "value")
-STOCK_LEAVES = {"in_proj_weight": (QKV, "kernel"), "in_proj_bias": (QKV, "bias"),
-                "q_proj_weight": (("query",), "kernel"), "k_proj_weight": (("key",), "kernel"),
-                "v_proj_weight": (("value",), "kernel")}
+STOCK_LEAVES = {
+    "in_proj_weight": (QKV, "kernel"),
+    "in_proj_bias": (QKV, "bias"),
+    "q_proj_weight": (("query",), "kernel"),
+    "k_proj_weight": (("key",), "kernel"),
+    "v_proj_weight": (("value",), "kernel"),
+}
 MODULE_ALIASES = {"out_proj": "out"}  # tried when the torch module's own name matches nothing
 
 
 def _layout(leaf: str, torch_shape: tuple, canonical_shape: tuple) -> str:
     if leaf == "kernel":
         return TRANSPOSE if len(torch_shape) == 2 else CONV
-    if len(torch_shape) == 2 and torch_shape != canonical_shape and torch_shape[::-1] == tuple(canonical_shape):
+    if (
+        len(torch_shape) == 2
+        and torch_shape != canonical_shape
+        and torch_shape[::-1] == tuple(canonical_shape)
+    ):
         return TRANSPOSE
     return SAME
 
 
 def _flat_shapes(canonical_shape: tuple, torch_ndim: int) -> list[tuple]:
-    """The shapes a canonical tensor may have before a reshape splits head axes, for a torch tensor of
-    `torch_ndim` dimensions: itself; a LinearGeneral kernel (E, H, D) as (E, H*D) or (H, D, E) as (H*D, E);
-    a bias (H, D) as (H*D,)."""
+    """The shapes a canonical tensor may have before a reshape splits head axes, for a torch tensor
+    of `torch_ndim` dimensions: itself; a LinearGeneral kernel (E, H, D) as (E, H*D) or (H, D, E) as
+    (H*D, E); a bias (H, D) as (H*D,)."""
     n, size = len(canonical_shape), int(np.prod(canonical_shape))
     if n == torch_ndim:
         return [tuple(canonical_shape)]
     if torch_ndim == 1:
         return [(size,)]
     if torch_ndim == 2 and n >= 3:
-        return [(canonical_shape[0], size // canonical_shape[0]), (size // canonical_shape[-1], canonical_shape[-1])]
+        return [
+            (canonical_shape[0], size // canonical_shape[0]),
+            (size // canonical_shape[-1], canonical_shape[-1]),
+        ]
     return []
 
 
@@ -111,7 +125,9 @@ def _fits(torch_shape: tuple, parts: list[tuple]) -> bool:
     """The parts (in torch layout) make up the torch tensor: equal, or stacked along dim 0."""
     if len(parts) == 1:
         return parts[0] == torch_shape
-    return all(p[1:] == torch_shape[1:] for p in parts) and sum(p[0] for p in parts) == torch_shape[0]
+    return (
+        all(p[1:] == torch_shape[1:] for p in parts) and sum(p[0] for p in parts) == torch_shape[0]
+    )
 
 
 def _packed_targets(module: str, packed: Mapping[str, tuple]) -> list[str] | None:
@@ -128,13 +144,21 @@ def renamed(name: str, rename: Mapping[str, str]) -> str:
     return name
 
 
-def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,  # noqa: B006
-           packed: Mapping[str, tuple] = {}, rename: Mapping[str, str] = {}, layouts: Mapping[str, str] = {},
-           torch_kinds: Mapping[str, str] = {}, nnx_kinds: Mapping[str, str] = {}) -> Correspondence:
-    """Link every torch parameter to the canonical tree, or raise CorrespondenceError listing all misses.
-    `layouts`: {canonical name: layout}, declared (`declared_layouts` resolves a twin's regexes) or decided
-    before; `torch_kinds`, `nnx_kinds`: {module path: its framework's type name} of the modules holding
-    parameters (the describe steps'), which decide a ConvTranspose's layout."""
+def derive(
+    torch_params: Mapping[str, tuple],
+    canonical: Mapping[str, tuple],
+    *,  # noqa: B006
+    packed: Mapping[str, tuple] = {},
+    rename: Mapping[str, str] = {},
+    layouts: Mapping[str, str] = {},
+    torch_kinds: Mapping[str, str] = {},
+    nnx_kinds: Mapping[str, str] = {},
+) -> Correspondence:
+    """Link every torch parameter to the canonical tree, or raise CorrespondenceError listing all
+    misses. `layouts`: {canonical name: layout}, declared (`declared_layouts` resolves a twin's
+    regexes) or decided before; `torch_kinds`, `nnx_kinds`: {module path: its framework's type name}
+    of the modules holding parameters (the describe steps'), which decide a ConvTranspose's
+    layout."""
     canonical = {k: tuple(v) for k, v in canonical.items()}
     torch_packed, nnx_packed = _packed_directions(torch_params, canonical, packed, rename)
     decided = dict(layouts)
@@ -155,14 +179,18 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
             for nnx_leaf in nnx_leaves:
                 names = [by_module.get((normalised_path(m), nnx_leaf)) for m in modules]
                 if all(names) and not taken.intersection(names):
-                    layout = layouts.get(names[0]) or _kind_layout(torch_name, names[0], torch_kinds, nnx_kinds)
+                    layout = layouts.get(names[0]) or _kind_layout(
+                        torch_name, names[0], torch_kinds, nnx_kinds
+                    )
                     link = _link(torch_name, torch_shape, names, nnx_leaf, canonical, layout)
                     if link:
                         if layout:
                             decided[names[0]] = layout
                         break
-                    misses[torch_name] = f"{SHAPE_DIFFERS}{names[0]} {list(canonical[names[0]])}" + (
-                        f" under its layout {layout!r}" if layout else "")
+                    misses[torch_name] = (
+                        f"{SHAPE_DIFFERS}{names[0]} {list(canonical[names[0]])}"
+                        + (f" under its layout {layout!r}" if layout else "")
+                    )
                     same_name[torch_name] = names[0]
             if link:
                 break
@@ -177,14 +205,16 @@ def derive(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple], *,
     unmatched_nnx = [n for n in canonical if n not in taken]
     if misses or unmatched_nnx:
         reshaped = {nnx: t for t, nnx in same_name.items() if t in misses and nnx in unmatched_nnx}
-        raise CorrespondenceError(unmatched_message(torch_params, canonical, misses, unmatched_nnx, reshaped))
+        raise CorrespondenceError(
+            unmatched_message(torch_params, canonical, misses, unmatched_nnx, reshaped)
+        )
     return Correspondence(links, canonical, torch_params, decided)
 
 
 def _attempts(module: str, leaf: str, packed: Mapping[str, tuple]):
     """(NNX modules, NNX leaves) to try for a torch parameter, in order: nn.MultiheadAttention's own
-    parameters by their stock counterparts; the module itself (or what `packed` says it packs); the module
-    under its stock alias (`out_proj` -> `out`)."""
+    parameters by their stock counterparts; the module itself (or what `packed` says it packs); the
+    module under its stock alias (`out_proj` -> `out`)."""
     join = lambda *parts: ".".join(p for p in parts if p)  # noqa: E731
     if leaf in STOCK_LEAVES:
         parts, nnx_leaf = STOCK_LEAVES[leaf]
@@ -196,9 +226,11 @@ def _attempts(module: str, leaf: str, packed: Mapping[str, tuple]):
         yield [join(head, MODULE_ALIASES[last])], LEAF_RULES.get(leaf, (leaf,))
 
 
-def _kind_layout(torch_name: str, nnx_name: str, torch_kinds: Mapping[str, str],
-                 nnx_kinds: Mapping[str, str]) -> str | None:
-    """A torch ConvTranspose weight's layout, from the NNX module it meets; None for any other tensor."""
+def _kind_layout(
+    torch_name: str, nnx_name: str, torch_kinds: Mapping[str, str], nnx_kinds: Mapping[str, str]
+) -> str | None:
+    """A torch ConvTranspose weight's layout, from the NNX module it meets; None for any other
+    tensor."""
     torch_module, leaf = module_leaf(torch_name)
     if leaf != "weight" or not torch_kinds.get(torch_module, "").startswith("ConvTranspose"):
         return None
@@ -209,15 +241,21 @@ def _kind_layout(torch_name: str, nnx_name: str, torch_kinds: Mapping[str, str],
     if kind == "ConvTranspose(transpose_kernel=True)":
         return CONV
     raise CorrespondenceError(
-        f"torch {torch_module} is a {torch_kinds[torch_module]}, and its NNX counterpart {nnx_module} is "
-        f"{'a ' + kind if kind else 'no Flax module'}, not an nnx.ConvTranspose: whether its kernel is flipped cannot "
-        f"be told; declare layouts={{{re.escape(nnx_name) + '$'!r}: 'conv_transpose'}} in the twin (torch's weight "
-        "spatially flipped, as lax.conv_transpose uses it) or 'conv' (unflipped, as transpose_kernel=True uses it)")
+        f"torch {torch_module} is a {torch_kinds[torch_module]}, and its NNX counterpart "
+        f"{nnx_module} is "
+        f"{'a ' + kind if kind else 'no Flax module'}, not an nnx.ConvTranspose: whether its "
+        "kernel is flipped cannot "
+        f"be told; declare layouts={{{re.escape(nnx_name) + '$'!r}: 'conv_transpose'}} in the "
+        "twin (torch's weight "
+        "spatially flipped, as lax.conv_transpose uses it) or 'conv' (unflipped, as "
+        "transpose_kernel=True uses it)"
+    )
 
 
 def declared_layouts(patterns: Mapping[str, str], canonical: Mapping[str, tuple]) -> dict[str, str]:
-    """A twin's `layouts` ({regex over canonical names: layout}) by canonical name, the first matching regex
-    winning; a regex that matches no parameter, or a layout that cannot be read, is an error."""
+    """A twin's `layouts` ({regex over canonical names: layout}) by canonical name, the first
+    matching regex winning; a regex that matches no parameter, or a layout that cannot be read, is
+    an error."""
     out = {}
     for pattern, layout in patterns.items():
         try:
@@ -227,21 +265,26 @@ def declared_layouts(patterns: Mapping[str, str], canonical: Mapping[str, tuple]
         matched = [name for name in canonical if re.search(pattern, name)]
         if not matched:
             close = difflib.get_close_matches(pattern, list(canonical), n=1, cutoff=0.0)
-            raise CorrespondenceError(f"layouts {{{pattern!r}: ...}} matches no NNX parameter"
-                                      f"{f' (closest {close[0]})' if close else ''}; write a regex over the NNX "
-                                      "parameter names (nnx_params.json), or drop the declaration")
+            raise CorrespondenceError(
+                f"layouts {{{pattern!r}: ...}} matches no NNX parameter"
+                f"{f' (closest {close[0]})' if close else ''}; write a regex over the NNX "
+                "parameter names (nnx_params.json), or drop the declaration"
+            )
         for name in matched:
             out.setdefault(name, layout)
     return out
 
 
-def _declared_link(torch_name: str, torch_shape: tuple, names: list[str], canonical: Mapping,
-                   layout: str) -> Link | None:
+def _declared_link(
+    torch_name: str, torch_shape: tuple, names: list[str], canonical: Mapping, layout: str
+) -> Link | None:
     if is_rearrangement(layout):
         if len(names) != 1:
-            raise CorrespondenceError(f"layouts: {names[0]}'s rearrangement {layout!r} cannot apply to torch "
-                                      f"{torch_name}, which packs {len(names)} NNX tensors; declare packed from "
-                                      "the NNX side, or a named layout")
+            raise CorrespondenceError(
+                f"layouts: {names[0]}'s rearrangement {layout!r} cannot apply to torch "
+                f"{torch_name}, which packs {len(names)} NNX tensors; declare packed from "
+                "the NNX side, or a named layout"
+            )
         try:
             Rearrangement.parse(layout).sizes(torch_shape, canonical[names[0]])
         except LayoutError as e:
@@ -252,10 +295,16 @@ def _declared_link(torch_name: str, torch_shape: tuple, names: list[str], canoni
     return None
 
 
-def _link(torch_name: str, torch_shape: tuple, names: list[str], nnx_leaf: str, canonical: Mapping,
-          declared: str | None = None) -> Link | None:
-    """The link of a torch tensor to these canonical tensors, under the `declared` layout, else if some layout
-    (and head-axis reshape) fits."""
+def _link(
+    torch_name: str,
+    torch_shape: tuple,
+    names: list[str],
+    nnx_leaf: str,
+    canonical: Mapping,
+    declared: str | None = None,
+) -> Link | None:
+    """The link of a torch tensor to these canonical tensors, under the `declared` layout, else if
+    some layout (and head-axis reshape) fits."""
     if declared:
         return _declared_link(torch_name, torch_shape, names, canonical, declared)
     layout = _layout(nnx_leaf, torch_shape, canonical[names[0]])
@@ -272,11 +321,15 @@ def _ends_in(path: str, key: str) -> bool:
     return path == key or path.endswith("." + key)
 
 
-def _packed_directions(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple],
-                       packed: Mapping[str, tuple], rename: Mapping[str, str]) -> tuple[dict, dict]:
-    """`packed` split by direction: keys naming a torch module (after `rename`; its tensor packs the NNX
-    modules), and keys naming an NNX module (its tensor packs the torch modules). A key naming neither is a
-    typo, said as such rather than as a list of unmatched tensors."""
+def _packed_directions(
+    torch_params: Mapping[str, tuple],
+    canonical: Mapping[str, tuple],
+    packed: Mapping[str, tuple],
+    rename: Mapping[str, str],
+) -> tuple[dict, dict]:
+    """`packed` split by direction: keys naming a torch module (after `rename`; its tensor packs the
+    NNX modules), and keys naming an NNX module (its tensor packs the torch modules). A key naming
+    neither is a typo, said as such rather than as a list of unmatched tensors."""
     torch_modules = sorted({module_leaf(renamed(name, rename))[0] for name in torch_params})
     nnx_modules = sorted({module_leaf(name)[0] for name in canonical})
     torch_side, nnx_side = {}, {}
@@ -288,17 +341,25 @@ def _packed_directions(torch_params: Mapping[str, tuple], canonical: Mapping[str
         else:
             close = difflib.get_close_matches(key, torch_modules + nnx_modules, n=1, cutoff=0.0)
             raise CorrespondenceError(
-                f"packed {{{key!r}: {tuple(parts)!r}}} matches no module: no torch or NNX module is named {key!r} "
-                f"or ends in '.{key}'{f' (closest {close[0]})' if close else ''}; name the module that packs the "
-                "others (a torch module after rename, or an NNX module), or drop the declaration")
+                f"packed {{{key!r}: {tuple(parts)!r}}} matches no module: no torch or NNX module "
+                f"is named {key!r} "
+                f"or ends in '.{key}'{f' (closest {close[0]})' if close else ''}; name the module "
+                "that packs the "
+                "others (a torch module after rename, or an NNX module), or drop the declaration"
+            )
     return torch_side, nnx_side
 
 
-def _nnx_packed_links(torch_params: Mapping[str, tuple], canonical: Mapping[str, tuple],
-                      nnx_packed: Mapping[str, tuple], rename: Mapping[str, str],
-                      layouts: Mapping[str, str]) -> list[Link]:
-    """Links for NNX tensors that pack several torch tensors (a fused `qkv` kernel (E, Hq*D + 2*Hkv*D) made
-    of q_proj/k_proj/v_proj): each torch tensor is a block of rows of the NNX tensor in torch's layout."""
+def _nnx_packed_links(
+    torch_params: Mapping[str, tuple],
+    canonical: Mapping[str, tuple],
+    nnx_packed: Mapping[str, tuple],
+    rename: Mapping[str, str],
+    layouts: Mapping[str, str],
+) -> list[Link]:
+    """Links for NNX tensors that pack several torch tensors (a fused `qkv` kernel (E, Hq*D +
+    2*Hkv*D) made of q_proj/k_proj/v_proj): each torch tensor is a block of rows of the NNX tensor
+    in torch's layout."""
     by_module = {}
     for torch_name in torch_params:
         module, leaf = module_leaf(renamed(torch_name, rename))
@@ -311,13 +372,18 @@ def _nnx_packed_links(torch_params: Mapping[str, tuple], canonical: Mapping[str,
             continue
         prefix = module[: len(module) - len(key)]
         torch_leaf = next((t for t, nnx in LEAF_RULES.items() if nnx_leaf in nnx), nnx_leaf)
-        names = [by_module.get((normalised_path(prefix + part), torch_leaf)) for part in nnx_packed[key]]
+        names = [
+            by_module.get((normalised_path(prefix + part), torch_leaf)) for part in nnx_packed[key]
+        ]
         if not all(names):
             missing = [p for p, n in zip(nnx_packed[key], names) if not n]
             raise CorrespondenceError(
-                f"packed {{{key!r}: {nnx_packed[key]!r}}}: NNX {name} {list(shape)} packs torch modules, but the torch "
-                f"model has no {', '.join(prefix + p + '.' + torch_leaf for p in missing)}; name the torch modules "
-                "it packs, in the order their rows stack")
+                f"packed {{{key!r}: {nnx_packed[key]!r}}}: NNX {name} {list(shape)} packs torch "
+                "modules, but the torch "
+                f"model has no {', '.join(prefix + p + '.' + torch_leaf for p in missing)}; name "
+                "the torch modules "
+                "it packs, in the order their rows stack"
+            )
         layout = layouts.get(name) or _layout(nnx_leaf, tuple(torch_params[names[0]]), shape)
         rows = 0
         for torch_name in names:
@@ -329,10 +395,15 @@ def _nnx_packed_links(torch_params: Mapping[str, tuple], canonical: Mapping[str,
             try:
                 Rearrangement.parse(layout).sizes(stacked, shape)
             except LayoutError as e:
-                raise CorrespondenceError(f"layouts: NNX {name}, which packs {', '.join(names)}: {e}") from None
+                raise CorrespondenceError(
+                    f"layouts: NNX {name}, which packs {', '.join(names)}: {e}"
+                ) from None
         elif not _fits(torch_shape_of(layout, shape), [tuple(torch_params[n]) for n in names]):
             raise CorrespondenceError(
-                f"packed {{{key!r}: {nnx_packed[key]!r}}}: NNX {name} {list(shape)} is not the torch tensors "
-                f"{', '.join(f'{n} {list(torch_params[n])}' for n in names)} stacked along their first axis; "
-                "list the torch modules it packs, in the order of its columns")
+                f"packed {{{key!r}: {nnx_packed[key]!r}}}: NNX {name} {list(shape)} is not the "
+                "torch tensors "
+                f"{', '.join(f'{n} {list(torch_params[n])}' for n in names)} stacked along their "
+                "first axis; "
+                "list the torch modules it packs, in the order of its columns"
+            )
     return links

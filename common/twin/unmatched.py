@@ -1,6 +1,8 @@
-"""The one-line message of two parameter trees that do not correspond (common/twin/correspond.py): a summary first
-(with the one rename that would match them all, when there is one), then each unmatched tensor with its
-closest candidate on the other side, chosen among the shapes some layout links."""
+"""The one-line message of two parameter trees that do not correspond (common/twin/correspond.py): a
+summary first (with the one rename that would match them all, when there is one), then each
+unmatched tensor with its closest candidate on the other side, chosen among the shapes some layout
+links."""
+
 from __future__ import annotations
 
 import difflib
@@ -18,14 +20,19 @@ def module_leaf(name: str) -> tuple[str, str]:
 
 
 DETAIL_LIMIT = 12  # unmatched tensors listed per side; the summary counts them all
-SHAPE_DIFFERS = "shape differs from "  # a torch tensor matched by name to an NNX one of another shape
+# a torch tensor matched by name to an NNX one of another shape
+SHAPE_DIFFERS = "shape differs from "
 
 
 def _fits_any_layout(torch_shape: tuple, canonical_shape: tuple) -> bool:
-    """Whether some standard layout links the two shapes (same, 2-D transposed, conv OIHW <-> HWIO)."""
+    """Whether some standard layout links the two shapes (same, 2-D transposed, conv OIHW <->
+    HWIO)."""
     torch_shape, canonical_shape = tuple(torch_shape), tuple(canonical_shape)
-    return any(torch_shape_of(layout, canonical_shape) == torch_shape for layout in (SAME, TRANSPOSE, CONV)
-               if layout != TRANSPOSE or len(canonical_shape) == 2)
+    return any(
+        torch_shape_of(layout, canonical_shape) == torch_shape
+        for layout in (SAME, TRANSPOSE, CONV)
+        if layout != TRANSPOSE or len(canonical_shape) == 2
+    )
 
 
 def _is_bias(name: str) -> bool:
@@ -33,24 +40,42 @@ def _is_bias(name: str) -> bool:
 
 
 def _natural_fit(nnx_name: str, nnx_shape: tuple, torch_shape: tuple) -> bool:
-    """Whether the two shapes are linked by the layout the NNX leaf implies: a 2-D `kernel` is a Linear's
-    (torch's weight transposed), a 4-D one a convolution's, anything else the same shape (a Linear kernel of
-    (16, 64) is torch's (64, 16) weight, not another Linear's (16, 64))."""
+    """Whether the two shapes are linked by the layout the NNX leaf implies: a 2-D `kernel` is a
+    Linear's (torch's weight transposed), a 4-D one a convolution's, anything else the same shape (a
+    Linear kernel of (16, 64) is torch's (64, 16) weight, not another Linear's (16, 64))."""
     kernel = module_leaf(nnx_name)[1] == "kernel"
-    layout = TRANSPOSE if kernel and len(nnx_shape) == 2 else CONV if kernel and len(nnx_shape) == 4 else SAME
+    layout = (
+        TRANSPOSE
+        if kernel and len(nnx_shape) == 2
+        else CONV
+        if kernel and len(nnx_shape) == 4
+        else SAME
+    )
     return torch_shape_of(layout, tuple(nnx_shape)) == tuple(torch_shape)
 
 
-def _closest_name(name: str, shape: tuple, pool: Mapping[str, tuple], torch_side: bool) -> str | None:
-    """The most similar name in `pool` among those whose shape some layout links to `shape` and that are a bias
-    when `name` is one (a norm's weight of 16 is not an SE convolution's bias of 16), preferring the layout the
-    NNX leaf implies; else among the shapes that fit, else those of as many elements, else among all."""
-    fits = [n for n, s in pool.items() if (_fits_any_layout(shape, s) if torch_side else _fits_any_layout(s, shape))]
+def _closest_name(
+    name: str, shape: tuple, pool: Mapping[str, tuple], torch_side: bool
+) -> str | None:
+    """The most similar name in `pool` among those whose shape some layout links to `shape` and that
+    are a bias when `name` is one (a norm's weight of 16 is not an SE convolution's bias of 16),
+    preferring the layout the NNX leaf implies; else among the shapes that fit, else those of as
+    many elements, else among all."""
+    fits = [
+        n
+        for n, s in pool.items()
+        if (_fits_any_layout(shape, s) if torch_side else _fits_any_layout(s, shape))
+    ]
     alike = [n for n in fits if _is_bias(n) == _is_bias(name)]
-    natural = [n for n in alike if (_natural_fit(n, pool[n], shape) if torch_side else
-                                    _natural_fit(name, shape, pool[n]))]
+    natural = [
+        n
+        for n in alike
+        if (_natural_fit(n, pool[n], shape) if torch_side else _natural_fit(name, shape, pool[n]))
+    ]
     sized = [n for n, s in pool.items() if math.prod(s) == math.prod(shape)]
-    match = difflib.get_close_matches(name, natural or alike or fits or sized or list(pool), n=1, cutoff=0.0)
+    match = difflib.get_close_matches(
+        name, natural or alike or fits or sized or list(pool), n=1, cutoff=0.0
+    )
     return match[0] if match else None
 
 
@@ -60,8 +85,9 @@ def _closest(name: str, shape: tuple, pool: Mapping[str, tuple], torch_side: boo
 
 
 def _rename_hint(pairs: list[tuple[str, str]]) -> str:
-    """One rename that explains the unmatched torch tensors, when each differs from its closest NNX tensor
-    (by layout-aware shape) in one module component, and a few such differences explain them all."""
+    """One rename that explains the unmatched torch tensors, when each differs from its closest NNX
+    tensor (by layout-aware shape) in one module component, and a few such differences explain them
+    all."""
     swaps = set()
     for torch_name, nnx_name in pairs:
         a, b = module_leaf(torch_name)[0].split("."), module_leaf(nnx_name)[0].split(".")
@@ -80,22 +106,51 @@ def _listed(items: list[str]) -> str:
     return "; ".join(items[:DETAIL_LIMIT]) + (f"; ... and {more} more" if more > 0 else "")
 
 
-def unmatched_message(torch_params, canonical, misses: dict, unmatched_nnx: list[str],
-                      reshaped: Mapping[str, str] = {}) -> str:  # noqa: B006
-    """`reshaped`: {NNX name: the torch tensor whose name matched it but not its shape}: named back, not the
-    closest shape."""
+def unmatched_message(
+    torch_params,
+    canonical,
+    misses: dict,
+    unmatched_nnx: list[str],
+    reshaped: Mapping[str, str] = {},
+) -> str:  # noqa: B006
+    """`reshaped`: {NNX name: the torch tensor whose name matched it but not its shape}: named back,
+    not the closest shape."""
     left_torch = {n: torch_params[n] for n in misses}
     left_nnx = {n: canonical[n] for n in unmatched_nnx}
-    torch_items = [f"{n} {list(torch_params[n])} ({why or _closest(n, torch_params[n], left_nnx or canonical, True)})"
-                   for n, why in misses.items()]
-    nnx_items = [f"{n} {list(canonical[n])} (" + (f"{SHAPE_DIFFERS}{reshaped[n]} {list(torch_params[reshaped[n]])}"
-                                                   if n in reshaped else
-                                                   _closest(n, canonical[n], left_torch or torch_params, False)) + ")"
-                 for n in unmatched_nnx]
-    pairs = [(n, _closest_name(n, torch_params[n], left_nnx, True)) for n in misses] if left_nnx else []
-    hint = _rename_hint(pairs) if pairs and all(b for _, b in pairs) and len(misses) == len(unmatched_nnx) else ""
-    return (f"the torch and NNX parameter trees do not correspond{hint}: torch has {len(torch_items)} unmatched "
-            f"[{_listed(torch_items)}], NNX has {len(nnx_items)} unmatched [{_listed(nnx_items)}]; name the "
-            "modules alike, or declare packed/rename in the twin"
-            + ("; a tensor whose shape alone differs needs its layout declared (layouts={regex: 'A -> B'}, "
-               "e.g. 'd 1 1 -> d')" if reshaped else ""))
+    torch_items = [
+        f"{n} {list(torch_params[n])} "
+        f"({why or _closest(n, torch_params[n], left_nnx or canonical, True)})"
+        for n, why in misses.items()
+    ]
+    nnx_items = [
+        f"{n} {list(canonical[n])} ("
+        + (
+            f"{SHAPE_DIFFERS}{reshaped[n]} {list(torch_params[reshaped[n]])}"
+            if n in reshaped
+            else _closest(n, canonical[n], left_torch or torch_params, False)
+        )
+        + ")"
+        for n in unmatched_nnx
+    ]
+    pairs = (
+        [(n, _closest_name(n, torch_params[n], left_nnx, True)) for n in misses] if left_nnx else []
+    )
+    hint = (
+        _rename_hint(pairs)
+        if pairs and all(b for _, b in pairs) and len(misses) == len(unmatched_nnx)
+        else ""
+    )
+    return (
+        f"the torch and NNX parameter trees do not correspond{hint}: torch has {len(torch_items)} "
+        "unmatched "
+        f"[{_listed(torch_items)}], NNX has {len(nnx_items)} unmatched [{_listed(nnx_items)}]; "
+        "name the "
+        "modules alike, or declare packed/rename in the twin"
+        + (
+            "; a tensor whose shape alone differs needs its layout declared (layouts={regex: 'A "
+            "-> B'}, "
+            "e.g. 'd 1 1 -> d')"
+            if reshaped
+            else ""
+        )
+    )

@@ -3,6 +3,7 @@
 report.json's `backends.<name>.hlo` is `compiled_program`; report.md's "Compiled step" table and
 `python -m compare.hlo` both use `metric_rows`, which puts the metrics that differ most first.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,19 +17,32 @@ NOT_COMPILED = "eager: runs op by op, no compiled program"
 
 def program_of_text(text: str) -> dict:
     modules = parse_modules(text)  # once for the three readings
-    return {**program_summary(modules), "matmul_flops": matmul_flops(modules), "op_histogram": op_histogram(modules)}
+    return {
+        **program_summary(modules),
+        "matmul_flops": matmul_flops(modules),
+        "op_histogram": op_histogram(modules),
+    }
 
 
 def compiled_program(record: RunRecord, record_dir: Path) -> dict:
-    """Summary of the HLO the backend saved, with the flops, bytes and memory its framework measured;
-    every number that is not available says why instead of a guess."""
+    """Summary of the HLO the backend saved, with the flops, bytes and memory its framework
+    measured; every number that is not available says why instead of a guess."""
     stats = record.hlo_stats or {}
     path = record_dir / stats["hlo_file"] if stats.get("hlo_file") else None
     if path is None or not path.exists():
-        return {"available": False, "why": NOT_COMPILED if not _compiles(record.backend) else
-                "no HLO file recorded (run with --no-hlo, or it did not finish)"}
-    out = {"available": True, "hlo_file": str(path.relative_to(record_dir.parent)) if record_dir.parent in
-           path.parents else str(path), **program_of_text(path.read_text())}
+        return {
+            "available": False,
+            "why": NOT_COMPILED
+            if not _compiles(record.backend)
+            else "no HLO file recorded (run with --no-hlo, or it did not finish)",
+        }
+    out = {
+        "available": True,
+        "hlo_file": str(path.relative_to(record_dir.parent))
+        if record_dir.parent in path.parents
+        else str(path),
+        **program_of_text(path.read_text()),
+    }
     missing = {}
     out["cost_analysis_flops"] = stats.get("flops")
     out["bytes_accessed"] = stats.get("bytes_accessed")
@@ -48,8 +62,8 @@ def _compiles(name: str) -> bool:
 
 
 def peak_bytes(memory: dict) -> int | None:
-    """Bytes live at once: XLA's own total when it reports one, else arguments + outputs + temporaries
-    less what outputs alias from arguments (donated buffers are counted once)."""
+    """Bytes live at once: XLA's own total when it reports one, else arguments + outputs +
+    temporaries less what outputs alias from arguments (donated buffers are counted once)."""
     if memory.get("total_bytes_used"):
         return int(memory["total_bytes_used"])
     parts = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")
@@ -64,26 +78,37 @@ def flat_metrics(program: dict) -> dict[str, float | None]:
         return {}
     out = {"kernels per step": program["kernels"]}
     out.update({f"fusions {kind}": n for kind, n in program["fusions"].items()})
-    out.update({"dot (all)": program["dot"], "convolution (all)": program["convolution"],
-                "dot/convolution outside fusions": program["unfused_dot_or_convolution"],
-                "element-wise outside fusions": program["unfused_elementwise"], "copies": program["copies"],
-                "transposes": program["transposes"], "RNG ops": program["rng"]})
+    out.update(
+        {
+            "dot (all)": program["dot"],
+            "convolution (all)": program["convolution"],
+            "dot/convolution outside fusions": program["unfused_dot_or_convolution"],
+            "element-wise outside fusions": program["unfused_elementwise"],
+            "copies": program["copies"],
+            "transposes": program["transposes"],
+            "RNG ops": program["rng"],
+        }
+    )
     for op, c in program["collectives"].items():
         out[f"{op} count"], out[f"{op} bytes"] = c["count"], c["bytes"]
     out.update({f"custom-call {t}": n for t, n in program["custom_calls"].items()})
     out["matmul flops"] = program.get("matmul_flops")
     out["bytes accessed (cost analysis)"] = program.get("bytes_accessed")
     memory = program.get("memory") or {}
-    for key, label in (("argument_size_in_bytes", "memory: arguments (B)"), ("output_size_in_bytes",
-                       "memory: outputs (B)"), ("temp_size_in_bytes", "memory: temporaries (B)"),
-                       ("peak_bytes", "memory: peak (B)")):
+    for key, label in (
+        ("argument_size_in_bytes", "memory: arguments (B)"),
+        ("output_size_in_bytes", "memory: outputs (B)"),
+        ("temp_size_in_bytes", "memory: temporaries (B)"),
+        ("peak_bytes", "memory: peak (B)"),
+    ):
         if key in memory:
             out[label] = memory[key]
     return out
 
 
 def _spread(values: list) -> float:
-    """How much a metric differs across programs: max/min (a metric one side lacks counts as most)."""
+    """How much a metric differs across programs: max/min (a metric one side lacks counts as
+    most)."""
     present = [v for v in values if v is not None]
     if len(present) < len(values):
         return float("inf")

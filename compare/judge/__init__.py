@@ -1,2 +1,3 @@
-"""Judging parity: tolerances, tensor and loss errors, the first divergent module forward and backward,
-distributions, curves, noise floors, the statistical and determinism checks, the verdict."""
+"""Judging parity: tolerances, tensor and loss errors, the first divergent module forward and
+backward, distributions, curves, noise floors, the statistical and determinism checks, the
+verdict."""

@@ -10,6 +10,7 @@ measured over 40 pairs of identical runs (`python -m benchmarks.false_alarm`): s
 docs/performance.md. The report also gives every backend's per-step loss band (min, mean, max
 over the seeds).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,12 +28,16 @@ TEST = "two-sided paired t-test over seeds of the mean loss per run"
 
 
 def seed_dirs(out: Path, name: str, seeds: list[int]) -> dict[int, Path]:
-    """Where each seed's run of a backend lives: the main run for the first seed, seeds/<s>/<name> after."""
-    return {s: out / name if i == 0 else out / SEEDS_DIR / str(s) / name for i, s in enumerate(seeds)}
+    """Where each seed's run of a backend lives: the main run for the first seed, seeds/<s>/<name>
+    after."""
+    return {
+        s: out / name if i == 0 else out / SEEDS_DIR / str(s) / name for i, s in enumerate(seeds)
+    }
 
 
 def paired_t_test(differences: list[float]) -> tuple[float, float]:
-    """(t, two-sided p) of the paired differences' mean against 0 (Student's t, n - 1 degrees of freedom)."""
+    """(t, two-sided p) of the paired differences' mean against 0 (Student's t, n - 1 degrees of
+    freedom)."""
     from scipy import stats  # only here: compare's start stays light
 
     d = np.asarray(differences, np.float64)
@@ -58,8 +63,8 @@ def band(per_seed: list[list[float]]) -> dict:
 
 
 def judge(out: Path, names: list[str], reference: str, seeds: list[int]) -> dict:
-    """report.json's `statistical`: per backend its loss band, per other backend the test against the
-    reference."""
+    """report.json's `statistical`: per backend its loss band, per other backend the test against
+    the reference."""
     losses = {n: {s: _losses(d) for s, d in seed_dirs(out, n, seeds).items()} for n in names}
     result = {"test": TEST, "alpha": ALPHA, "seeds": seeds, "bands": {}, "backends": {}}
     for name in names:
@@ -72,21 +77,37 @@ def judge(out: Path, names: list[str], reference: str, seeds: list[int]) -> dict
         pairs = [(losses[reference][s], losses[name][s]) for s in seeds]
         missing = [s for s, (a, b) in zip(seeds, pairs) if a is None or b is None]
         if missing:
-            result["backends"][name] = {"passed": False, "message": f"no usable run for seed(s) {missing}"}
+            result["backends"][name] = {
+                "passed": False,
+                "message": f"no usable run for seed(s) {missing}",
+            }
             continue
         diffs = [float(np.mean(b) - np.mean(a)) for a, b in pairs]
         t, p = paired_t_test(diffs)
-        result["backends"][name] = {"passed": p >= ALPHA, "p": p, "t": t, "mean_difference": float(np.mean(diffs)),
-                                    "differences": diffs}
+        result["backends"][name] = {
+            "passed": p >= ALPHA,
+            "p": p,
+            "t": t,
+            "mean_difference": float(np.mean(diffs)),
+            "differences": diffs,
+        }
     return result
 
 
 def statistical_check(out: Path, names: list[str], reference: str, seeds: list[int]) -> CheckResult:
-    """The statistical test decides the numbers' verdict (compare/judge/verdict.py): step-0 tensors and losses of one
-    seed (report.parity) are shown but cannot agree when the masks differ."""
+    """The statistical test decides the numbers' verdict (compare/judge/verdict.py): step-0 tensors
+    and losses of one seed (report.parity) are shown but cannot agree when the masks differ."""
     result = judge(out, names, reference, seeds)
     failed = {n: r for n, r in result["backends"].items() if not r["passed"]}
-    message = "; ".join(f"{n}: statistical parity failed: " + (r.get("message") or
-                        f"mean loss differs from {reference}'s by {r['mean_difference']:.3g} "
-                        f"(paired t-test p={r['p']:.3g} < {ALPHA})") for n, r in failed.items())
-    return CheckResult("statistical", ReportStatus.PARITY_FAILED if failed else ReportStatus.OK, message, result)
+    message = "; ".join(
+        f"{n}: statistical parity failed: "
+        + (
+            r.get("message")
+            or f"mean loss differs from {reference}'s by {r['mean_difference']:.3g} "
+            f"(paired t-test p={r['p']:.3g} < {ALPHA})"
+        )
+        for n, r in failed.items()
+    )
+    return CheckResult(
+        "statistical", ReportStatus.PARITY_FAILED if failed else ReportStatus.OK, message, result
+    )

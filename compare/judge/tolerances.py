@@ -33,6 +33,7 @@ Measured on gpt-tiny (CPU, step 0), each runtime fp32 vs its own bf16: KL
 The bf16 bounds leave room for trained models, whose sharper distributions
 move further under bf16 (a top-1 flip needs a near-tie).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,25 +48,53 @@ from compare.judge.islands import island_policy, islands_of
 KINDS = ("forward", "grad", "loss", "params")
 TENSOR_KINDS = ("forward", "grad", "params")  # judged element by element: a fraction may be over
 DISTRIBUTION_KEYS = ("kl_mean", "top1")
-DISTRIBUTION = {"float32": {"kl_mean": 1e-8, "top1": 0.99}, "bfloat16": {"kl_mean": 1e-3, "top1": 0.9},
-                "float64": {"kl_mean": 1e-12, "top1": 0.99}}  # float64: max-abs decides (KL ~ rel^2)
+DISTRIBUTION = {
+    "float32": {"kl_mean": 1e-8, "top1": 0.99},
+    "bfloat16": {"kl_mean": 1e-3, "top1": 0.9},
+    # float64: max-abs decides (KL ~ rel^2)
+    "float64": {"kl_mean": 1e-12, "top1": 0.99},
+}
 
 PROFILES: dict[str, dict[str, dict[str, dict[str, float]]]] = {
     "default": {
-        "float32": {"forward": {"atol": 1e-5, "rtol": 1e-4}, "grad": {"atol": 1e-6, "rtol": 1e-3},
-                    "loss": {"atol": 1e-4, "rtol": 5e-4}, "params": {"atol": 5e-3, "rtol": 1e-2}},
-        "bfloat16": {"forward": {"atol": 5e-2, "rtol": 2e-2}, "grad": {"atol": 1e-3, "rtol": 5e-2},
-                     "loss": {"atol": 5e-2, "rtol": 2e-2}, "params": {"atol": 2e-2, "rtol": 2e-2}},
-        "float64": {"forward": {"atol": 1e-13, "rtol": 1e-9}, "grad": {"atol": 1e-14, "rtol": 1e-9},
-                    "loss": {"atol": 1e-12, "rtol": 1e-9}, "params": {"atol": 1e-9, "rtol": 1e-8}},
+        "float32": {
+            "forward": {"atol": 1e-5, "rtol": 1e-4},
+            "grad": {"atol": 1e-6, "rtol": 1e-3},
+            "loss": {"atol": 1e-4, "rtol": 5e-4},
+            "params": {"atol": 5e-3, "rtol": 1e-2},
+        },
+        "bfloat16": {
+            "forward": {"atol": 5e-2, "rtol": 2e-2},
+            "grad": {"atol": 1e-3, "rtol": 5e-2},
+            "loss": {"atol": 5e-2, "rtol": 2e-2},
+            "params": {"atol": 2e-2, "rtol": 2e-2},
+        },
+        "float64": {
+            "forward": {"atol": 1e-13, "rtol": 1e-9},
+            "grad": {"atol": 1e-14, "rtol": 1e-9},
+            "loss": {"atol": 1e-12, "rtol": 1e-9},
+            "params": {"atol": 1e-9, "rtol": 1e-8},
+        },
     },
     "strict": {
-        "float32": {"forward": {"atol": 1e-6, "rtol": 1e-5}, "grad": {"atol": 1e-7, "rtol": 1e-4},
-                    "loss": {"atol": 1e-5, "rtol": 1e-5}, "params": {"atol": 1e-4, "rtol": 1e-4}},
-        "bfloat16": {"forward": {"atol": 1e-2, "rtol": 1e-2}, "grad": {"atol": 1e-4, "rtol": 1e-2},
-                     "loss": {"atol": 1e-2, "rtol": 1e-2}, "params": {"atol": 5e-3, "rtol": 5e-3}},
-        "float64": {"forward": {"atol": 1e-14, "rtol": 1e-10}, "grad": {"atol": 1e-15, "rtol": 1e-10},
-                    "loss": {"atol": 1e-13, "rtol": 1e-10}, "params": {"atol": 1e-10, "rtol": 1e-9}},
+        "float32": {
+            "forward": {"atol": 1e-6, "rtol": 1e-5},
+            "grad": {"atol": 1e-7, "rtol": 1e-4},
+            "loss": {"atol": 1e-5, "rtol": 1e-5},
+            "params": {"atol": 1e-4, "rtol": 1e-4},
+        },
+        "bfloat16": {
+            "forward": {"atol": 1e-2, "rtol": 1e-2},
+            "grad": {"atol": 1e-4, "rtol": 1e-2},
+            "loss": {"atol": 1e-2, "rtol": 1e-2},
+            "params": {"atol": 5e-3, "rtol": 5e-3},
+        },
+        "float64": {
+            "forward": {"atol": 1e-14, "rtol": 1e-10},
+            "grad": {"atol": 1e-15, "rtol": 1e-10},
+            "loss": {"atol": 1e-13, "rtol": 1e-10},
+            "params": {"atol": 1e-10, "rtol": 1e-9},
+        },
     },
 }
 
@@ -74,22 +103,28 @@ class ToleranceError(ValueError):
     pass
 
 
-def pair_policy(policy: dict, profile: str, ref: RunRecord, other: RunRecord,
-                has_state: bool = False) -> tuple[dict, dict]:
-    """The policy the pair of runs is judged by, and {what: why} of each way it differs from `policy` (the
-    run's, of `profile`). In float64: each tensor kind's rtol no tighter than what either runtime's own lowerings
-    need (its registry row's `float64_rtol`); where the two keep BatchNorm's running variance by different
-    conventions and the runs have running statistics (`has_state`), those and the eval-mode forward that reads
-    them (`state` bounds, used by compare/judge/parity.py for those groups) at float32's after-training bounds, which
-    hold the convention's 1/(n-1); with float32 islands on either side, float32's bounds from the first island
-    on (compare/judge/islands.py)."""
+def pair_policy(
+    policy: dict, profile: str, ref: RunRecord, other: RunRecord, has_state: bool = False
+) -> tuple[dict, dict]:
+    """The policy the pair of runs is judged by, and {what: why} of each way it differs from
+    `policy` (the run's, of `profile`). In float64: each tensor kind's rtol no tighter than what
+    either runtime's own lowerings need (its registry row's `float64_rtol`); where the two keep
+    BatchNorm's running variance by different conventions and the runs have running statistics
+    (`has_state`), those and the eval-mode forward that reads them (`state` bounds, used by
+    compare/judge/parity.py for those groups) at float32's after-training bounds, which hold the
+    convention's 1/(n-1); with float32 islands on either side, float32's bounds from the first
+    island on (compare/judge/islands.py)."""
     if str(ref.numerics.get("dtype")) != "float64":
         return policy, {}
     policy, why = runtime_policy(policy, (ref.backend, other.backend), has_state)
-    return (island_policy(policy, load_policy(profile, "float32")) if islands_of(ref, other) else policy), why
+    return (
+        island_policy(policy, load_policy(profile, "float32")) if islands_of(ref, other) else policy
+    ), why
 
 
-def runtime_policy(policy: dict, names: tuple[str, ...], has_state: bool = False) -> tuple[dict, dict]:
+def runtime_policy(
+    policy: dict, names: tuple[str, ...], has_state: bool = False
+) -> tuple[dict, dict]:
     """The float64 policy of a pair of runtimes: their registry rows' own rounding and conventions
     (pair_policy)."""
     rows = [backends.info(n) for n in names if n in backends.registry()]
@@ -104,30 +139,40 @@ def runtime_policy(policy: dict, names: tuple[str, ...], has_state: bool = False
     if has_state and len(set(conventions.values())) > 1:
         out["state"] = dict(PROFILES["default"]["float32"]["params"])
         kept = " and ".join(f"{v} on {n}" for n, v in conventions.items())
-        why["running statistics"] = (f"the running variance is {kept} (a convention of the frameworks, 1/(n-1) "
-                                     "relative): running statistics and the eval-mode forward judged at float32's "
-                                     "after-training bounds")
+        why["running statistics"] = (
+            f"the running variance is {kept} (a convention of the frameworks, 1/(n-1) "
+            "relative): running statistics and the eval-mode forward judged at float32's "
+            "after-training bounds"
+        )
     return out, why
 
 
 def load_policy(profile: str, dtype: str) -> dict[str, dict[str, float]]:
-    """A named profile, or a JSON file {dtype: {kind: {atol, rtol}}} (missing kinds fall back to default)."""
+    """A named profile, or a JSON file {dtype: {kind: {atol, rtol}}} (missing kinds fall back to
+    default)."""
     if profile in PROFILES:
         table = PROFILES[profile]
     else:
-        path = require_regular_file(Path(profile), "--tolerance-profile", ToleranceError)  # a FIFO would block forever
+        # a FIFO would block forever
+        path = require_regular_file(Path(profile), "--tolerance-profile", ToleranceError)
         try:
             table = json.loads(path.read_text())
         except OSError as e:
-            raise ToleranceError(f"--tolerance-profile {profile}: not a profile ({', '.join(PROFILES)}) and "
-                                 f"not a readable file ({e.strerror or e})") from None
+            raise ToleranceError(
+                f"--tolerance-profile {profile}: not a profile ({', '.join(PROFILES)}) and "
+                f"not a readable file ({e.strerror or e})"
+            ) from None
         except json.JSONDecodeError as e:
             raise ToleranceError(f"--tolerance-profile {profile} is not valid JSON: {e}") from None
         except UnicodeDecodeError as e:
-            raise ToleranceError(f"--tolerance-profile {profile} is not UTF-8 text (a binary file?): {e}") from None
+            raise ToleranceError(
+                f"--tolerance-profile {profile} is not UTF-8 text (a binary file?): {e}"
+            ) from None
         except RecursionError:
-            raise ToleranceError(f"--tolerance-profile {profile} is not a tolerance file: its values nest too "
-                                 "deep to read") from None
+            raise ToleranceError(
+                f"--tolerance-profile {profile} is not a tolerance file: its values nest too "
+                "deep to read"
+            ) from None
     check_table(table, profile)
     policy = {k: dict(v) for k, v in PROFILES["default"][dtype].items()}
     policy["distribution"] = dict(DISTRIBUTION[dtype])
@@ -139,37 +184,63 @@ def load_policy(profile: str, dtype: str) -> dict[str, dict[str, float]]:
 
 
 def _kind_of(value) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), "a number")
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+    }.get(type(value), "a number")
 
 
 def check_table(table, profile: str) -> None:
-    """A tolerance file's whole table, every dtype in it (not only this run's): {dtype: {kind: {atol, rtol}}}
-    with finite numbers >= 0 (top1 a share from 0 to 1). The error names the file, the field and the fix."""
+    """A tolerance file's whole table, every dtype in it (not only this run's): {dtype: {kind:
+    {atol, rtol}}} with finite numbers >= 0 (top1 a share from 0 to 1). The error names the file,
+    the field and the fix."""
     where = f"--tolerance-profile {profile}"
     example = '{"float32": {"loss": {"atol": 1e-4, "rtol": 5e-4}}}'
     if not isinstance(table, dict):
-        raise ToleranceError(f"{where} holds {_kind_of(table)}; a tolerance file is a JSON object "
-                             f"{{dtype: {{kind: {{atol, rtol}}}}}}, e.g. {example}")
+        raise ToleranceError(
+            f"{where} holds {_kind_of(table)}; a tolerance file is a JSON object "
+            f"{{dtype: {{kind: {{atol, rtol}}}}}}, e.g. {example}"
+        )
     for dtype, kinds in table.items():
         if dtype not in DISTRIBUTION:
-            raise ToleranceError(f"{where}: unknown dtype {dtype!r}; the dtypes are {', '.join(DISTRIBUTION)}")
+            raise ToleranceError(
+                f"{where}: unknown dtype {dtype!r}; the dtypes are {', '.join(DISTRIBUTION)}"
+            )
         if not isinstance(kinds, dict):
-            raise ToleranceError(f"{where}: {dtype} is {_kind_of(kinds)}; it must be an object {{kind: {{atol, "
-                                 f"rtol}}}}, e.g. {example}")
+            raise ToleranceError(
+                f"{where}: {dtype} is {_kind_of(kinds)}; it must be an object {{kind: {{atol, "
+                f"rtol}}}}, e.g. {example}"
+            )
         for kind, bounds in kinds.items():
-            keys = DISTRIBUTION_KEYS if kind == "distribution" else \
-                ("atol", "rtol", "fraction") if kind in TENSOR_KINDS else ("atol", "rtol")
+            keys = (
+                DISTRIBUTION_KEYS
+                if kind == "distribution"
+                else ("atol", "rtol", "fraction")
+                if kind in TENSOR_KINDS
+                else ("atol", "rtol")
+            )
             if kind == "loss" and isinstance(bounds, dict) and "fraction" in bounds:
-                raise ToleranceError(f"{where}: {dtype}.loss.fraction: the loss is judged step by step, not by "
-                                     f"elements; a fraction applies to {', '.join(TENSOR_KINDS)}")
-            if kind not in (*KINDS, "distribution") or not isinstance(bounds, dict) or set(bounds) - set(keys):
-                raise ToleranceError(f"{where}: {dtype}.{kind} must be one of {', '.join(KINDS)} with atol/rtol "
-                                     f"numbers (and a fraction for {', '.join(TENSOR_KINDS)}), or distribution "
-                                     "with kl_mean/top1")
+                raise ToleranceError(
+                    f"{where}: {dtype}.loss.fraction: the loss is judged step by step, not by "
+                    f"elements; a fraction applies to {', '.join(TENSOR_KINDS)}"
+                )
+            if (
+                kind not in (*KINDS, "distribution")
+                or not isinstance(bounds, dict)
+                or set(bounds) - set(keys)
+            ):
+                raise ToleranceError(
+                    f"{where}: {dtype}.{kind} must be one of {', '.join(KINDS)} with atol/rtol "
+                    f"numbers (and a fraction for {', '.join(TENSOR_KINDS)}), or distribution "
+                    "with kl_mean/top1"
+                )
             for key, value in bounds.items():
                 number = isinstance(value, (int, float)) and not isinstance(value, bool)
-                size = float(value) if number and abs(value) < 1e300 else math.inf  # a 400-digit int: too big
+                # a 400-digit int: too big
+                size = float(value) if number and abs(value) < 1e300 else math.inf
                 share = key in ("top1", "fraction")
                 if not number or not math.isfinite(size) or size < 0 or (share and size > 1):
                     rule = "a share from 0 to 1" if share else "a finite number >= 0"

@@ -1,13 +1,15 @@
 """The verdict of a compare run, made in one place.
 
-Every check returns a CheckResult: the backends' runs themselves (`compare.reporting.report.runs_check`),
-parity (`compare.reporting.report.parity_check`), the statistical test
-(`compare.judge.statistical.statistical_check`), determinism (`compare.judge.determinism.determinism_check`),
-and whatever check comes next. `decide` folds them into the run's
-one status, exit code and message by one precedence: the most serious status any check gives wins, and the
-message is what the checks giving it said. A check that cannot be made at all is an internal error (exit 6),
-which a failure found elsewhere still outranks: a verdict is never a pass without every check.
+Every check returns a CheckResult: the backends' runs themselves
+(`compare.reporting.report.runs_check`), parity (`compare.reporting.report.parity_check`), the
+statistical test (`compare.judge.statistical.statistical_check`), determinism
+(`compare.judge.determinism.determinism_check`), and whatever check comes next. `decide` folds them
+into the run's one status, exit code and message by one precedence: the most serious status any
+check gives wins, and the message is what the checks giving it said. A check that cannot be made at
+all is an internal error (exit 6), which a failure found elsewhere still outranks: a verdict is
+never a pass without every check.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,17 +17,26 @@ from dataclasses import dataclass
 from common.vocab import REPORT_STATUS_EXIT, ExitCode, ReportStatus
 
 # most serious first
-PRECEDENCE = (ReportStatus.INTERRUPTED, ReportStatus.USAGE_ERROR, ReportStatus.BACKEND_FAILED,
-              ReportStatus.NOT_COMPARABLE, ReportStatus.PARITY_FAILED, ReportStatus.NONDETERMINISTIC,
-              ReportStatus.INTERNAL_ERROR, ReportStatus.OK)
+PRECEDENCE = (
+    ReportStatus.INTERRUPTED,
+    ReportStatus.USAGE_ERROR,
+    ReportStatus.BACKEND_FAILED,
+    ReportStatus.NOT_COMPARABLE,
+    ReportStatus.PARITY_FAILED,
+    ReportStatus.NONDETERMINISTIC,
+    ReportStatus.INTERNAL_ERROR,
+    ReportStatus.OK,
+)
 
 
 @dataclass(frozen=True)
 class CheckResult:
-    check: str  # the check's name: its section's key in report.json ("parity", "statistical", "determinism")
+    # the check's name: its section's key in report.json ("parity", "statistical", "determinism")
+    check: str
     status: ReportStatus  # OK when the check passes
     message: str = ""  # why, when it does not
-    section: object = None  # what report.json holds under `check`; None: the check writes no section
+    # what report.json holds under `check`; None: the check writes no section
+    section: object = None
 
 
 def not_made(check: str, why: str) -> CheckResult:

@@ -1,2 +1,2 @@
-"""Building report.json from the runs and records, rendering report.md and the terminal tables, the plots, and
-writing them."""
+"""Building report.json from the runs and records, rendering report.md and the terminal tables, the
+plots, and writing them."""

@@ -1,5 +1,6 @@
-"""The end of a compare run: the report written (or exit 7), and what is printed (tables or JSON on stdout,
-failures on stderr)."""
+"""The end of a compare run: the report written (or exit 7), and what is printed (tables or JSON on
+stdout, failures on stderr)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,9 @@ from compare.reporting.report import strict_report
 
 
 def write_report(report: dict, out: Path) -> None:
-    """report.json, report.md and the plots, or exit 7 with nothing half-written. The report is made strict
-    JSON and checked first, so nothing is written for a report the JSON writer would refuse."""
+    """report.json, report.md and the plots, or exit 7 with nothing half-written. The report is made
+    strict JSON and checked first, so nothing is written for a report the JSON writer would
+    refuse."""
     strict_report(report)
     try:
         report["plots"] = write_plots(report, out)
@@ -30,17 +32,23 @@ def write_report(report: dict, out: Path) -> None:
         for name in (*PLOT_FILES, "report.json", "report.md"):
             with contextlib.suppress(OSError):
                 (out / name).unlink(missing_ok=True)
-        fail(f"cannot write the report to {out}: {e.strerror or e} (disk full, or the directory became "
-             "unwritable); free space or pass another --out", ExitCode.IO)
+        fail(
+            f"cannot write the report to {out}: {e.strerror or e} (disk full, or the directory "
+            "became "
+            "unwritable); free space or pass another --out",
+            ExitCode.IO,
+        )
 
 
 def _reader_gone() -> None:
-    """stdout's reader stopped reading (`| head`): the rest goes nowhere, at exit too; the exit code stays."""
+    """stdout's reader stopped reading (`| head`): the rest goes nowhere, at exit too; the exit code
+    stays."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class _Stdout(Console):
-    def on_broken_pipe(self) -> None:  # rich's own exits with 1, which would read as "parity failed"
+    # rich's own exits with 1, which would read as "parity failed"
+    def on_broken_pipe(self) -> None:
         self.quiet = True
         _reader_gone()
 
@@ -55,15 +63,25 @@ def show(output: Output, report: dict, runs: dict) -> None:
             sys.stdout.flush()
     except BrokenPipeError:
         _reader_gone()
-    except OSError as e:  # stdout itself cannot be written (a full disk, /dev/full): the report is whole
+    # stdout itself cannot be written (a full disk, /dev/full): the report is whole
+    except OSError as e:
         _reader_gone()
-        fail(f"cannot write to stdout: {e.strerror or e}; the report is in {output.out}", ExitCode.IO)
+        fail(
+            f"cannot write to stdout: {e.strerror or e}; the report is in {output.out}", ExitCode.IO
+        )
     apart = (report.get("devices") or {}).get("note")
     if apart:  # one line naming the devices, refused (--require-same-device) or not
         print(f"warning: {apart}", file=sys.stderr)
     for run in runs.values():
         if run.status != BackendStatus.OK:
-            print(f"error: {run.name}: {run.status}: {run.message} (logs: {run.run_dir})", file=sys.stderr)
+            print(
+                f"error: {run.name}: {run.status}: {run.message} (logs: {run.run_dir})",
+                file=sys.stderr,
+            )
     if report["status"] == ReportStatus.INTERNAL_ERROR:
-        print(f"error: {report['message']} (report: {output.out / 'report.json'}; rerun with --debug for the "
-              "traceback)", file=sys.stderr)
+        print(
+            f"error: {report['message']} (report: {output.out / 'report.json'}; rerun with "
+            "--debug for the "
+            "traceback)",
+            file=sys.stderr,
+        )

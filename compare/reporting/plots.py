@@ -1,4 +1,5 @@
 """PNG plots for report.md: loss curves, |Δloss| against its tolerance, step-time distributions."""
+
 from __future__ import annotations
 
 import io
@@ -15,19 +16,22 @@ _IMPORTING: list[threading.Thread] = []  # matplotlib's import in idle time, whi
 
 
 def import_while_idle() -> None:
-    """matplotlib's import and a first drawing (~0.3 s of the plots' ~0.5 s) started now, in a thread at the lowest
-    CPU priority: it runs on a core that the twin loader and the backends leave idle while compare waits on them,
-    and yields to every other process (a backend's timings are not disturbed); write_plots waits for it. Linux
-    only (a thread's own priority); elsewhere the plots import matplotlib as they draw."""
+    """matplotlib's import and a first drawing (~0.3 s of the plots' ~0.5 s) started now, in a
+    thread at the lowest CPU priority: it runs on a core that the twin loader and the backends leave
+    idle while compare waits on them, and yields to every other process (a backend's timings are not
+    disturbed); write_plots waits for it. Linux only (a thread's own priority); elsewhere the plots
+    import matplotlib as they draw."""
     if sys.platform != "linux" or "matplotlib.backends.backend_agg" in sys.modules:
         return
 
     def niced_import():
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread alone (Linux)
+            # this thread alone (Linux)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except OSError:
             return
-        try:  # and one small figure drawn, which loads the font and builds the log axis' label parser
+        # and one small figure drawn, which loads the font and builds the log axis' label parser
+        try:
             fig, ax = _figure()
             ax.semilogy([1.0, 10.0], label="Δ")
             ax.legend()
@@ -40,14 +44,17 @@ def import_while_idle() -> None:
 
 
 def write_plots(report: dict, run_dir: Path) -> list[str]:
-    """Draw and write the plots of a strict report (compare/reporting/report.py strict_report); returns the files
-    written. A plot that cannot be drawn (any exception but a failed write, OSError, which is the caller's
-    exit 7) is left out and named in `report["not_built"]`."""
+    """Draw and write the plots of a strict report (compare/reporting/report.py strict_report);
+    returns the files written. A plot that cannot be drawn (any exception but a failed write,
+    OSError, which is the caller's exit 7) is left out and named in `report["not_built"]`."""
     written = []
     while _IMPORTING:
         _IMPORTING.pop().join()
-    for name, draw in (("loss.png", _loss_plot), ("loss_diff.png", _loss_diff_plot),
-                       ("step_time.png", _step_time_plot)):
+    for name, draw in (
+        ("loss.png", _loss_plot),
+        ("loss_diff.png", _loss_diff_plot),
+        ("step_time.png", _step_time_plot),
+    ):
         try:
             if draw(report, run_dir / name):
                 written.append(name)
@@ -56,14 +63,21 @@ def write_plots(report: dict, run_dir: Path) -> list[str]:
         except Exception as e:  # a plot's bad value must not cost the report
             why = f"{type(e).__name__}: {e}".splitlines()[0]
             report.setdefault("not_built", []).append({"part": f"plots.{name}", "why": why})
-            print(f"warning: report: plot {name} could not be drawn ({why}); report.json says so (not_built)",
-                  file=sys.stderr)
+            print(
+                f"warning: report: plot {name} could not be drawn ({why}); report.json says so "
+                "(not_built)",
+                file=sys.stderr,
+            )
     return written
 
 
 def _finite(values) -> list[float]:
-    """Numbers to plot: None and report.json's "nan" / "inf" / "-inf" strings as NaN (a gap in the line)."""
-    return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan") for v in values]
+    """Numbers to plot: None and report.json's "nan" / "inf" / "-inf" strings as NaN (a gap in the
+    line)."""
+    return [
+        float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+        for v in values
+    ]
 
 
 def _loss_plot(report: dict, path: Path) -> bool:
@@ -72,8 +86,12 @@ def _loss_plot(report: dict, path: Path) -> bool:
         return False
     fig, ax = _figure()
     for name, losses in with_losses.items():
-        ax.plot(range(len(losses)), _finite(losses), label=name,
-                linestyle="-" if name == report["reference"] else "--")
+        ax.plot(
+            range(len(losses)),
+            _finite(losses),
+            label=name,
+            linestyle="-" if name == report["reference"] else "--",
+        )
     ax.set(xlabel="step", ylabel="loss")
     _title(ax, "Training loss")
     ax.legend()
@@ -95,8 +113,9 @@ def _step_time_plot(report: dict, path: Path) -> bool:
 
 
 def _loss_diff_plot(report: dict, path: Path) -> bool:
-    """|loss_b - loss_ref| per step for every backend b, against the loss tolerance of the reference's loss (in
-    bfloat16 under the noise floor, each pair's own per-step bounds, and the long-run band of its averaged gap)."""
+    """|loss_b - loss_ref| per step for every backend b, against the loss tolerance of the
+    reference's loss (in bfloat16 under the noise floor, each pair's own per-step bounds, and the
+    long-run band of its averaged gap)."""
     parity = report.get("parity") or {}
     diffs = {n: _finite((p.get("loss") or {}).get("per_step_abs") or []) for n, p in parity.items()}
     diffs = {n: d for n, d in diffs.items() if d}
@@ -111,23 +130,52 @@ def _loss_diff_plot(report: dict, path: Path) -> bool:
     positive = [v for d in diffs.values() for v in d + bound if v > 0 and math.isfinite(v)]
     floor = min(positive, default=1e-12) / 10
     for name, per_step in diffs.items():
-        line = ax.semilogy(range(len(per_step)), [v if v else float("nan") for v in per_step], marker=".",
-                           label=f"|loss_{name} - loss_{ref_name}|")[0]
+        line = ax.semilogy(
+            range(len(per_step)),
+            [v if v else float("nan") for v in per_step],
+            marker=".",
+            label=f"|loss_{name} - loss_{ref_name}|",
+        )[0]
         exact = [s for s, v in enumerate(per_step) if v == 0]
         if exact:  # a log axis has no 0: mark exact agreement along the bottom
-            ax.plot(exact, [floor] * len(exact), linestyle="none", marker="o", fillstyle="none",
-                    color=line.get_color(), label=f"{name}: exactly equal")
+            ax.plot(
+                exact,
+                [floor] * len(exact),
+                linestyle="none",
+                marker="o",
+                fillstyle="none",
+                color=line.get_color(),
+                label=f"{name}: exactly equal",
+            )
         floor_bounds = report["parity"][name]["loss"].get("bounds")
-        if floor_bounds:  # judged by the noise floor: this pair's own bound per step, not the fixed tolerance
-            ax.semilogy(range(len(floor_bounds)), floor_bounds, color=line.get_color(), linestyle=":",
-                        label=f"{name}: step bound (noise floor)")
+        # judged by the noise floor: this pair's own bound per step, not the fixed tolerance
+        if floor_bounds:
+            ax.semilogy(
+                range(len(floor_bounds)),
+                floor_bounds,
+                color=line.get_color(),
+                linestyle=":",
+                label=f"{name}: step bound (noise floor)",
+            )
         curves = report["parity"][name].get("curves")
-        if curves:  # the long-run check (compare/judge/curves.py): the averaged gap against its band
+        # the long-run check (compare/judge/curves.py): the averaged gap against its band
+        if curves:
             steps = range(curves["window"] - 1, curves["window"] - 1 + len(curves["gap"]))
-            ax.semilogy(steps, [abs(g) or float("nan") for g in curves["gap"]], color=line.get_color(),
-                        linestyle="--", label=f"{name}: |mean gap| over {curves['window']} steps")
-            ax.semilogy(steps, curves["band"], color=line.get_color(), linestyle="-.", alpha=0.6,
-                        label=f"{name}: its band ({curves['factor']:g}x the pair's own noise)")
+            ax.semilogy(
+                steps,
+                [abs(g) or float("nan") for g in curves["gap"]],
+                color=line.get_color(),
+                linestyle="--",
+                label=f"{name}: |mean gap| over {curves['window']} steps",
+            )
+            ax.semilogy(
+                steps,
+                curves["band"],
+                color=line.get_color(),
+                linestyle="-.",
+                alpha=0.6,
+                label=f"{name}: its band ({curves['factor']:g}x the pair's own noise)",
+            )
         first = report["parity"][name].get("first_divergent_step")
         if first is not None:
             ax.axvline(first, color=line.get_color(), alpha=0.4)
@@ -141,10 +189,12 @@ def _loss_diff_plot(report: dict, path: Path) -> bool:
 
 
 def _figure():
-    """A figure of its own (matplotlib's object API: no pyplot, whose import and global figure list a file
-    writer does not need), its margins fixed: measuring every label to fit them (tight_layout) took a third
-    of the drawing time, 0.14 s of compare's wall time for the three plots."""
-    from matplotlib.figure import Figure  # here, not at the top: compare's start does not pay for it
+    """A figure of its own (matplotlib's object API: no pyplot, whose import and global figure list
+    a file writer does not need), its margins fixed: measuring every label to fit them
+    (tight_layout) took a third of the drawing time, 0.14 s of compare's wall time for the three
+    plots."""
+    # here, not at the top: compare's start does not pay for it
+    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6, 3.5))
     fig.subplots_adjust(left=0.13, right=0.97, bottom=0.14, top=0.9)
@@ -152,8 +202,8 @@ def _figure():
 
 
 def _title(ax, title: str) -> None:
-    """The title at the axes' top, said so (y=1): left to matplotlib, it measures every tick label on each draw to
-    lift the title over a top axis these plots do not have."""
+    """The title at the axes' top, said so (y=1): left to matplotlib, it measures every tick label
+    on each draw to lift the title over a top axis these plots do not have."""
     ax.set_title(title, y=1.0)
 
 

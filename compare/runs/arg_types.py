@@ -1,5 +1,6 @@
-"""The types of compare's command-line values: each refuses a bad one with a message argparse prints in one
-line."""
+"""The types of compare's command-line values: each refuses a bad one with a message argparse prints
+in one line."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,11 @@ def bounded_int(low: int, high: int, what: str):
         except ValueError:
             value = None
         if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what} from {low} to {high}")
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number of {what} from {low} to {high}"
+            )
         return value
+
     return parse
 
 

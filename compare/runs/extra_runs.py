@@ -1,7 +1,9 @@
-"""The runs compare makes after the backends' own, each only when the report needs it: a noise-floor run per
-backend (its dtype's policy, or a float32 pair whose fixed bounds contradict its module checks), whole tensors where
-a summary left tolerance (`--tensors auto`), step 0's activations where a pair parts at step 0 with no module found
-yet, and whole activations where a location was found on their summaries."""
+"""The runs compare makes after the backends' own, each only when the report needs it: a noise-floor
+run per backend (its dtype's policy, or a float32 pair whose fixed bounds contradict its module
+checks), whole tensors where a summary left tolerance (`--tensors auto`), step 0's activations where
+a pair parts at step 0 with no module found yet, and whole activations where a location was found on
+their summaries."""
+
 from __future__ import annotations
 
 from common import backends
@@ -19,22 +21,35 @@ CONFIRM_PASSES = 3  # captures confirming a location found on summaries, at most
 
 
 def noise_floor_runs(opts: CompareOptions, policy: str, plan: Plan, outcome) -> list[str]:
-    """The backends run once more for their noise floor (compare/judge/noise_floor.py: bfloat16 in float32, float32
-    from jittered start weights) when their dtype's policy asks: every one that ran here (not a reused record)
-    and finished, in the deterministic or exact mode (the statistical test judges its own way)."""
-    if policy != "noise-floor" or outcome.interrupted or opts.judging.parity_mode == ParityMode.STATISTICAL:
+    """The backends run once more for their noise floor (compare/judge/noise_floor.py: bfloat16 in
+    float32, float32 from jittered start weights) when their dtype's policy asks: every one that ran
+    here (not a reused record) and finished, in the deterministic or exact mode (the statistical
+    test judges its own way)."""
+    if (
+        policy != "noise-floor"
+        or outcome.interrupted
+        or opts.judging.parity_mode == ParityMode.STATISTICAL
+    ):
         return []
-    return [n for n in plan.launches if n in outcome.runs and outcome.runs[n].status == BackendStatus.OK]
+    return [
+        n for n in plan.launches if n in outcome.runs and outcome.runs[n].status == BackendStatus.OK
+    ]
 
 
-def floor_where_needed(opts: CompareOptions, plan: Plan, outcome, report: dict, tensor_mode: str,
-                             rebuild) -> dict:
-    """The report, built again by `rebuild(why)` with a noise floor (compare/judge/noise_floor.py), when a float32
-    pair fails its fixed bounds where only a floor tells rounding from a port error (`floor_needed`): the reference
-    and those backends run once more from jittered start weights. Not for summarized tensors (a floor of summaries
-    measures nothing), reused records, the statistical mode or several hosts; unchanged otherwise."""
-    if outcome.interrupted or tensor_mode != "full" or opts.judging.parity_mode == ParityMode.STATISTICAL \
-            or opts.hosts.hosts > 1:
+def floor_where_needed(
+    opts: CompareOptions, plan: Plan, outcome, report: dict, tensor_mode: str, rebuild
+) -> dict:
+    """The report, built again by `rebuild(why)` with a noise floor (compare/judge/noise_floor.py),
+    when a float32 pair fails its fixed bounds where only a floor tells rounding from a port error
+    (`floor_needed`): the reference and those backends run once more from jittered start weights.
+    Not for summarized tensors (a floor of summaries measures nothing), reused records, the
+    statistical mode or several hosts; unchanged otherwise."""
+    if (
+        outcome.interrupted
+        or tensor_mode != "full"
+        or opts.judging.parity_mode == ParityMode.STATISTICAL
+        or opts.hosts.hosts > 1
+    ):
         return report
     needed = floor_needed(report)
     names = list(needed)
@@ -42,78 +57,128 @@ def floor_where_needed(opts: CompareOptions, plan: Plan, outcome, report: dict, 
         return report
     try:
         for name in (report["reference"], *names):
-            run_backend(name, plan.pythons[name], floor_launch(opts, name, "float32"), plan.out / FLOOR_DIR / name,
-                        plan.timeout_s)
+            run_backend(
+                name,
+                plan.pythons[name],
+                floor_launch(opts, name, "float32"),
+                plan.out / FLOOR_DIR / name,
+                plan.timeout_s,
+            )
     except KeyboardInterrupt:
         outcome.interrupted = True
         return report
-    return rebuild("measured because, judged by the fixed float32 bounds, " +
-                   "; ".join(f"{name}: {why}" for name, why in needed.items()))
+    return rebuild(
+        "measured because, judged by the fixed float32 bounds, "
+        + "; ".join(f"{name}: {why}" for name, why in needed.items())
+    )
 
 
-def keep_whole(opts: CompareOptions, plan: Plan, outcome, floored: list[str], dtype: str, report: dict, build) -> dict:
-    """The report (`report`, built from the runs), built again (`build(interrupted)`) after a second pass of
-    the backends whose summarized tensors left tolerance (compare/runs/second_pass.py), and of their noise-floor
-    runs when they have one; unchanged when none did or the tensors were not summarized by `auto`. A reused
-    record is not run again: its tensors are judged as it kept them."""
-    if opts.capture.tensors != "auto" or outcome.interrupted or opts.judging.parity_mode == ParityMode.STATISTICAL \
-            or opts.hosts.hosts > 1:  # every host would have to run it: compare/runs/hosts.py
+def keep_whole(
+    opts: CompareOptions, plan: Plan, outcome, floored: list[str], dtype: str, report: dict, build
+) -> dict:
+    """The report (`report`, built from the runs), built again (`build(interrupted)`) after a second
+    pass of the backends whose summarized tensors left tolerance (compare/runs/second_pass.py), and
+    of their noise-floor runs when they have one; unchanged when none did or the tensors were not
+    summarized by `auto`. A reused record is not run again: its tensors are judged as it kept
+    them."""
+    if (
+        opts.capture.tensors != "auto"
+        or outcome.interrupted
+        or opts.judging.parity_mode == ParityMode.STATISTICAL
+        or opts.hosts.hosts > 1
+    ):  # every host would have to run it: compare/runs/hosts.py
         return report
     wanted = {n: keys for n, keys in needs_whole(report).items() if n in plan.launches}
     if not wanted:
         return report
     try:
         for name, keys in wanted.items():
-            run_backend(name, plan.pythons[name], whole_launch(opts, name, keys), plan.out / name / WHOLE_DIR,
-                        plan.timeout_s)
+            run_backend(
+                name,
+                plan.pythons[name],
+                whole_launch(opts, name, keys),
+                plan.out / name / WHOLE_DIR,
+                plan.timeout_s,
+            )
             if name in floored:
-                run_backend(name, plan.pythons[name], whole_launch(opts, name, keys, dtype),
-                            plan.out / FLOOR_DIR / name / WHOLE_DIR, plan.timeout_s)
+                run_backend(
+                    name,
+                    plan.pythons[name],
+                    whole_launch(opts, name, keys, dtype),
+                    plan.out / FLOOR_DIR / name / WHOLE_DIR,
+                    plan.timeout_s,
+                )
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
     return build(outcome.interrupted)
 
 
 def locate_divergence(opts: CompareOptions, plan: Plan, outcome, report: dict, build) -> dict:
-    """The report, built again with the activations of the backends that part at step 0 when there are any,
-    captured now (not with --activations: the runs captured theirs), and with a location found on summaries
-    confirmed whole. Not in the statistical mode: each framework draws its own dropout masks, so step 0 parts
-    by design and its activations locate nothing."""
-    if outcome.interrupted or opts.judging.parity_mode == ParityMode.STATISTICAL \
-            or opts.hosts.hosts > 1:  # every host would have to run it: compare/runs/hosts.py
+    """The report, built again with the activations of the backends that part at step 0 when there
+    are any, captured now (not with --activations: the runs captured theirs), and with a location
+    found on summaries confirmed whole. Not in the statistical mode: each framework draws its own
+    dropout masks, so step 0 parts by design and its activations locate nothing."""
+    if (
+        outcome.interrupted
+        or opts.judging.parity_mode == ParityMode.STATISTICAL
+        or opts.hosts.hosts > 1
+    ):  # every host would have to run it: compare/runs/hosts.py
         return report
     parted, at = parted_at_step0(report, plan.out, opts.capture.activations)
     parted = [n for n in parted if n in plan.launches]
     try:
         if parted:
-            runs = capture(parted, plan.pythons, {n: capture_launch(opts, n, at=at) for n in parted}, plan.out,
-                           plan.timeout_s)
+            runs = capture(
+                parted,
+                plan.pythons,
+                {n: capture_launch(opts, n, at=at) for n in parted},
+                plan.out,
+                plan.timeout_s,
+            )
             report = mark_failed_captures(build(outcome.interrupted), runs)
-        return confirm_locations(opts, plan, impose_choices(opts, plan, report, build, at), build, at)
+        return confirm_locations(
+            opts, plan, impose_choices(opts, plan, report, build, at), build, at
+        )
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
         return build(True)
 
 
-def impose_choices(opts: CompareOptions, plan: Plan, report: dict, build, at: tuple[int, int]) -> dict:
-    """The report built again after the capture, with the reference's top-k/argmax/sort choices imposed, of each
-    backend whose choices differ from the reference's at ties only and that can take them (compare/judge/decided.py),
-    into `<backend>/activations/imposed/`; unchanged when there is none."""
+def impose_choices(
+    opts: CompareOptions, plan: Plan, report: dict, build, at: tuple[int, int]
+) -> dict:
+    """The report built again after the capture, with the reference's top-k/argmax/sort choices
+    imposed, of each backend whose choices differ from the reference's at ties only and that can
+    take them (compare/judge/decided.py), into `<backend>/activations/imposed/`; unchanged when
+    there is none."""
     ref = report["reference"]
     source = plan.out / ref / CAPTURE_DIR
-    source = source if (source / RECORD_FILE).exists() else plan.out / ref  # a run that captured its own
-    wanted = [n for n, p in (report.get("parity") or {}).items()
-              if needs_imposing(p) and n in plan.launches and backends.info(n).imposes_decisions]
+    # a run that captured its own
+    source = source if (source / RECORD_FILE).exists() else plan.out / ref
+    wanted = [
+        n
+        for n, p in (report.get("parity") or {}).items()
+        if needs_imposing(p) and n in plan.launches and backends.info(n).imposes_decisions
+    ]
     for name in wanted:
-        run_backend(name, plan.pythons[name], capture_launch(opts, name, impose=source, at=at),
-                    plan.out / name / CAPTURE_DIR / IMPOSED_DIR, plan.timeout_s)
+        run_backend(
+            name,
+            plan.pythons[name],
+            capture_launch(opts, name, impose=source, at=at),
+            plan.out / name / CAPTURE_DIR / IMPOSED_DIR,
+            plan.timeout_s,
+        )
     return build(False) if wanted else report
 
 
 def mark_failed_captures(report: dict, runs: dict) -> dict:
-    """A pair whose capture run failed says so where its location would be (`capture_failed`), not a bare '-'."""
-    failed = {n: f"{n}'s capture run {run.status}: {run.message}" for n, run in runs.items()
-              if run.status != BackendStatus.OK}
+    """A pair whose capture run failed says so where its location would be (`capture_failed`), not a
+    bare '-'."""
+    failed = {
+        n: f"{n}'s capture run {run.status}: {run.message}"
+        for n, run in runs.items()
+        if run.status != BackendStatus.OK
+    }
     for name, parity in (report.get("parity") or {}).items():
         why = failed.get(name) or failed.get(report["reference"])
         if why and not parity.get("first_divergent_module"):
@@ -121,42 +186,66 @@ def mark_failed_captures(report: dict, runs: dict) -> dict:
     return report
 
 
-def confirm_locations(opts: CompareOptions, plan: Plan, report: dict, build, at: tuple[int, int]) -> dict:
-    """A location found on summaries of the activations (a capture under --tensors summary|auto) confirmed by a
-    capture that keeps its module's input and output whole on both sides (compare/runs/second_pass.py
-    activations_to_confirm), into `<backend>/activations/whole-tensors/`. Whole, the input may turn out to
-    differ in elements no summary sampled: the search then moves on, and the next location is confirmed in turn,
-    up to CONFIRM_PASSES captures (each keeping every key asked so far); one left unconfirmed says so."""
+def confirm_locations(
+    opts: CompareOptions, plan: Plan, report: dict, build, at: tuple[int, int]
+) -> dict:
+    """A location found on summaries of the activations (a capture under --tensors summary|auto)
+    confirmed by a capture that keeps its module's input and output whole on both sides
+    (compare/runs/second_pass.py activations_to_confirm), into
+    `<backend>/activations/whole-tensors/`. Whole, the input may turn out to differ in elements no
+    summary sampled: the search then moves on, and the next location is confirmed in turn, up to
+    CONFIRM_PASSES captures (each keeping every key asked so far); one left unconfirmed says so."""
     kept: dict[str, set[str]] = {}
     for _ in range(CONFIRM_PASSES):
-        wanted = {n: keys for n, keys in activations_to_confirm(report).items() if n in plan.launches}
+        wanted = {
+            n: keys for n, keys in activations_to_confirm(report).items() if n in plan.launches
+        }
         if not wanted:
             break
         for name, keys in wanted.items():
             kept.setdefault(name, set()).update(keys)
-            run_backend(name, plan.pythons[name], capture_launch(opts, name, tuple(sorted(kept[name])), at=at),
-                        plan.out / name / CAPTURE_DIR / WHOLE_DIR, plan.timeout_s)
+            run_backend(
+                name,
+                plan.pythons[name],
+                capture_launch(opts, name, tuple(sorted(kept[name])), at=at),
+                plan.out / name / CAPTURE_DIR / WHOLE_DIR,
+                plan.timeout_s,
+            )
         report = build(False)
     return report
 
 
 def choices_where_parted(opts: CompareOptions, plan: Plan, outcome, report: dict, build) -> dict:
-    """The report built again with both sides' top-k/argmax/sort choices at the step where a pair's runs part after
-    a step 0 that agreed in everything (compare/judge/decided.py judge_later_choices): the
-    reference and that backend trained to that step once more and captured on its whole batch, into
-    `<backend>/activations/at-step-<s>/`. Only runtimes that capture from the weights their steps left
-    (captures_later_steps); not in the statistical mode or on several hosts; unchanged when no pair parts so."""
+    """The report built again with both sides' top-k/argmax/sort choices at the step where a pair's
+    runs part after a step 0 that agreed in everything (compare/judge/decided.py
+    judge_later_choices): the reference and that backend trained to that step once more and captured
+    on its whole batch, into `<backend>/activations/at-step-<s>/`. Only runtimes that capture from
+    the weights their steps left (captures_later_steps); not in the statistical mode or on several
+    hosts; unchanged when no pair parts so."""
     ref = report["reference"]
-    if outcome.interrupted or opts.judging.parity_mode == ParityMode.STATISTICAL or opts.hosts.hosts > 1 \
-            or ref not in plan.launches or not backends.info(ref).captures_later_steps:
+    if (
+        outcome.interrupted
+        or opts.judging.parity_mode == ParityMode.STATISTICAL
+        or opts.hosts.hosts > 1
+        or ref not in plan.launches
+        or not backends.info(ref).captures_later_steps
+    ):
         return report
-    wanted = {n: p["first_divergent_step"] for n, p in (report.get("parity") or {}).items()
-              if n in plan.launches and backends.info(n).captures_later_steps and _parted_later(p)}
+    wanted = {
+        n: p["first_divergent_step"]
+        for n, p in (report.get("parity") or {}).items()
+        if n in plan.launches and backends.info(n).captures_later_steps and _parted_later(p)
+    }
     try:
         for step in sorted(set(wanted.values())):
             for name in (ref, *(n for n, s in wanted.items() if s == step)):
-                run_backend(name, plan.pythons[name], capture_launch(opts, name, step=step),
-                            plan.out / name / CAPTURE_DIR / f"{LATER_DIR}{step}", plan.timeout_s)
+                run_backend(
+                    name,
+                    plan.pythons[name],
+                    capture_launch(opts, name, step=step),
+                    plan.out / name / CAPTURE_DIR / f"{LATER_DIR}{step}",
+                    plan.timeout_s,
+                )
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
         return build(True)
@@ -164,8 +253,9 @@ def choices_where_parted(opts: CompareOptions, plan: Plan, outcome, report: dict
 
 
 def _parted_later(parity: dict) -> bool:
-    """A pair whose runs part at a step after 0 that agreed in everything: its choices alike then, or not captured
-    then (whether the model makes any is not known; a step-0 capture that found none says it makes none)."""
+    """A pair whose runs part at a step after 0 that agreed in everything: its choices alike then,
+    or not captured then (whether the model makes any is not known; a step-0 capture that found none
+    says it makes none)."""
     if not (parity.get("unmeasured_noise") and parity.get("first_divergent_step")):
         return False
     found = parity.get("decisions")

@@ -9,6 +9,7 @@ watches, SIGKILLs what is left after a grace period, and exits. A parent-death s
 (PR_SET_PDEATHSIG) would reach only the backend itself, not its children (data loaders, xmp.spawn
 workers); a process group reaches them all.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,8 @@ import time
 GRACE_S = 3.0
 
 
-def _alive(pgid: int) -> bool:  # common.procs.group_alive's twin: this file runs alone (`python -I`)
+# common.procs.group_alive's twin: this file runs alone (`python -I`)
+def _alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
         return True
@@ -60,10 +62,14 @@ class Guard:
 
     def _pipe(self):
         if self._proc is None or self._proc.poll() is not None:
-            # its own session: a Ctrl-C sent to compare's terminal group must not take the guard first
-            # (run as a script in isolated mode: it needs the standard library only)
-            self._proc = subprocess.Popen([sys.executable, "-I", __file__], stdin=subprocess.PIPE, text=True,
-                                          start_new_session=True)
+            # its own session: a Ctrl-C sent to compare's terminal group must not take the guard
+            # first (run as a script in isolated mode: it needs the standard library only)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", __file__],
+                stdin=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
         return self._proc.stdin
 
     def _say(self, line: str) -> None:
@@ -71,7 +77,8 @@ class Guard:
             pipe = self._pipe()
             pipe.write(line + "\n")
             pipe.flush()
-        except OSError:  # no guard (cannot start a process): the groups are still killed on every normal path
+        # no guard (cannot start a process): the groups are still killed on every normal path
+        except OSError:
             pass
 
     def watch(self, pgid: int) -> None:

@@ -1,15 +1,16 @@
-"""python -m compare.runs.processes: a backend run as cooperating processes (`compare --processes N`,
-compare/runs/hosts.py).
+"""python -m compare.runs.processes: a backend run as cooperating processes (`compare --processes
+N`, compare/runs/hosts.py).
 
-compare runs this launcher where it would run the backend, in the backend's own process group: it starts N
-copies of the backend command, each told its place in the run (`--coordinator HOST:PORT --num-processes TOTAL
---process-id I`: JAX's multi-controller runtime, `jax.distributed`; on host H of a multi-host run the ids from
-H x N), and waits for them. This host's first process speaks for it: its stdout (progress lines) and stderr are
-the launcher's; process 0 of the run writes the record. The others' output goes to `process-<I>.log` in the run
-directory. When one process fails the others are stopped (they would wait on it in a collective until their
-timeout), and the launcher exits with the failed one's code, its error line said on stderr. Framework-free,
-like compare.
+compare runs this launcher where it would run the backend, in the backend's own process group: it
+starts N copies of the backend command, each told its place in the run (`--coordinator HOST:PORT
+--num-processes TOTAL --process-id I`: JAX's multi-controller runtime, `jax.distributed`; on host H
+of a multi-host run the ids from H x N), and waits for them. This host's first process speaks for
+it: its stdout (progress lines) and stderr are the launcher's; process 0 of the run writes the
+record. The others' output goes to `process-<I>.log` in the run directory. When one process fails
+the others are stopped (they would wait on it in a collective until their timeout), and the launcher
+exits with the failed one's code, its error line said on stderr. Framework-free, like compare.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,37 +27,69 @@ GRACE_S = 5.0
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m compare.runs.processes", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--processes", type=int, required=True, help="how many processes this launcher starts")
-    parser.add_argument("--first-id", type=int, default=0, help="the process id of the first (host I of a "
-                                                                    "multi-host run: I x --processes)")
-    parser.add_argument("--total", type=int, help="the processes of the whole run, every host's (default: --processes)")
+    parser = argparse.ArgumentParser(
+        prog="python -m compare.runs.processes", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--processes", type=int, required=True, help="how many processes this launcher starts"
+    )
+    parser.add_argument(
+        "--first-id",
+        type=int,
+        default=0,
+        help="the process id of the first (host I of a multi-host run: I x --processes)",
+    )
+    parser.add_argument(
+        "--total",
+        type=int,
+        help="the processes of the whole run, every host's (default: --processes)",
+    )
     parser.add_argument("--coordinator", required=True, help="host:port of process 0")
-    parser.add_argument("--logs", type=Path, required=True, help="where processes 1.. write process-<I>.log")
+    parser.add_argument(
+        "--logs", type=Path, required=True, help="where processes 1.. write process-<I>.log"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the backend command")
     args = parser.parse_args(argv)
     args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
     args.total = args.total or args.processes
-    if args.processes < 1 or not args.command or not 0 <= args.first_id <= args.total - args.processes:
+    if (
+        args.processes < 1
+        or not args.command
+        or not 0 <= args.first_id <= args.total - args.processes
+    ):
         parser.error("needs --processes >= 1, ids within --total and a backend command after --")
     return args
 
 
-def start(command: list[str], processes: int, first_id: int, total: int, coordinator: str,
-          logs: Path) -> list[tuple[subprocess.Popen, Path | None]]:
-    """`processes` copies of the backend `command`, with ids from `first_id`, of `total`; the first speaks on this
-    launcher's output, the others each to its `process-<I>.log` in `logs`."""
+def start(
+    command: list[str], processes: int, first_id: int, total: int, coordinator: str, logs: Path
+) -> list[tuple[subprocess.Popen, Path | None]]:
+    """`processes` copies of the backend `command`, with ids from `first_id`, of `total`; the first
+    speaks on this launcher's output, the others each to its `process-<I>.log` in `logs`."""
     procs = []
     for i in range(processes):
-        command_i = [*command, "--coordinator", coordinator, "--num-processes", str(total),
-                     "--process-id", str(first_id + i)]
+        command_i = [
+            *command,
+            "--coordinator",
+            coordinator,
+            "--num-processes",
+            str(total),
+            "--process-id",
+            str(first_id + i),
+        ]
         if i == 0:  # this host's first process speaks on the launcher's output
             procs.append((subprocess.Popen(command_i), None))
             continue
         log = logs / f"process-{first_id + i}.log"
         with open(log, "w") as out:
-            procs.append((subprocess.Popen(command_i, stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL), log))
+            procs.append(
+                (
+                    subprocess.Popen(
+                        command_i, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                    ),
+                    log,
+                )
+            )
     return procs
 
 
@@ -76,7 +109,9 @@ def stop(procs) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    procs = start(args.command, args.processes, args.first_id, args.total, args.coordinator, args.logs)
+    procs = start(
+        args.command, args.processes, args.first_id, args.total, args.coordinator, args.logs
+    )
     try:
         while True:
             codes = [proc.poll() for proc, _ in procs]
@@ -86,8 +121,12 @@ def main(argv=None) -> int:
                 log = procs[failed][1]
                 if log is not None:  # process 0 said its own error on this stderr
                     line = error_line(log.read_text(errors="replace"))
-                    print(f"error: process {args.first_id + failed} of {args.total} exited with code {codes[failed]}"
-                          + (f": {line}" if line else f" (see {log})"), file=sys.stderr, flush=True)
+                    print(
+                        f"error: process {args.first_id + failed} of {args.total} exited with "
+                        f"code {codes[failed]}" + (f": {line}" if line else f" (see {log})"),
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return codes[failed] if codes[failed] > 0 else 128 - codes[failed]
             if all(code == 0 for code in codes):
                 return 0

@@ -1,4 +1,6 @@
-"""The live display while backends run: a rich progress bar per backend with step, loss and step time."""
+"""The live display while backends run: a rich progress bar per backend with step, loss and step
+time."""
+
 from __future__ import annotations
 
 from rich.console import Console
@@ -8,9 +10,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 class LiveProgress:
     def __init__(self, enabled: bool, steps: int):
         self.steps = steps
-        self.progress = Progress(TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("loss {task.fields[loss]}  {task.fields[ms]} ms/step"),
-                                 TimeElapsedColumn(), console=Console(stderr=True), disable=not enabled)
+        self.progress = Progress(
+            TextColumn("{task.description:>10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}  {task.fields[ms]} ms/step"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            disable=not enabled,
+        )
 
     def __enter__(self):
         self.progress.__enter__()

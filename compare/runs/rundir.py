@@ -11,6 +11,7 @@ Replacing an earlier run (`--overwrite` for a finished one; a run that never fin
 needs no flag and is reported) removes exactly that run's files: the listed files of a finished
 run, the listed entries of a killed one. Files a user put beside them stay.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -29,7 +30,8 @@ from common.files.fsutil import dangerous_dir, require_regular_file, write_json_
 MARKER = ".xla-twins-run.json"
 LOCK = ".xla-twins-run.lock"
 OWN = {MARKER, LOCK}
-START_DIR = "start"  # the prepared common start (a user twin, a torch / hf checkpoint) in the run directory
+# the prepared common start (a user twin, a torch / hf checkpoint) in the run directory
+START_DIR = "start"
 RUN_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
@@ -42,7 +44,8 @@ def new_run_id() -> str:
 
 
 def default_out(run_id: str) -> Path:
-    """runs/compare-<time>-<run id>: two runs started in the same second still get directories of their own."""
+    """runs/compare-<time>-<run id>: two runs started in the same second still get directories of
+    their own."""
     return Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:6]}"
 
 
@@ -66,7 +69,8 @@ class RunDir:
         marker.update(state="finished", status=status, finished_at=time.time(), files=self.files())
         try:
             write_json_atomic(self.path / MARKER, marker)
-        except OSError as e:  # the report is written; a later run will see this one as unfinished and say so
+        # the report is written; a later run will see this one as unfinished and say so
+        except OSError as e:
             print(f"warning: cannot mark {self.path} finished ({e.strerror or e})", file=sys.stderr)
 
     def files(self) -> list[str]:
@@ -83,19 +87,26 @@ class RunDir:
 
 
 def check(out: Path, overwrite: bool, backend_folders: list[str] = ()) -> None:
-    """The refusals of `claim` that need no write: made before compare prepares anything, so a run that
-    will be refused costs nothing and leaves nothing. `backend_folders`: the top-level entries in which this
-    run's backends will run (each refuses a folder holding files not its own)."""
+    """The refusals of `claim` that need no write: made before compare prepares anything, so a run
+    that will be refused costs nothing and leaves nothing. `backend_folders`: the top-level entries
+    in which this run's backends will run (each refuses a folder holding files not its own)."""
     why = dangerous_dir(out)
     if why:
-        raise RunDirError(f"--out {out}: {why}; give the run a directory of its own, e.g. --out runs/my-run")
+        raise RunDirError(
+            f"--out {out}: {why}; give the run a directory of its own, e.g. --out runs/my-run"
+        )
     if out.exists() and not out.is_dir():
-        raise RunDirError(f"run directory {out} is not writable (Not a directory); pass a writable --out")
+        raise RunDirError(
+            f"run directory {out} is not writable (Not a directory); pass a writable --out"
+        )
     if out.is_dir():
         foreign = sorted(set(os.listdir(out)) - OWN)
         if foreign and not (out / MARKER).exists():
-            raise RunDirError(f"--out {out} holds files this toolkit did not write ({_some(foreign)}); pass a new "
-                              "or empty directory")
+            raise RunDirError(
+                f"--out {out} holds files this toolkit did not write ({_some(foreign)}); pass a "
+                "new "
+                "or empty directory"
+            )
         marker = _read_marker(out)
         _refuse_finished(out, marker, overwrite)
         _refuse_foreign_inside(out, marker, backend_folders)
@@ -103,24 +114,39 @@ def check(out: Path, overwrite: bool, backend_folders: list[str] = ()) -> None:
             _lock(os.open(out / LOCK, os.O_RDONLY | os.O_CLOEXEC), out, release=True)
 
 
-def claim(out: Path, run_id: str, entries: list[str], overwrite: bool, inputs: dict[str, Path]) -> RunDir:
-    """Make `out` this run's directory (see the module docstring); `inputs`: {flag: path} this run reads,
-    which must not lie in what an --overwrite would remove."""
+def claim(
+    out: Path, run_id: str, entries: list[str], overwrite: bool, inputs: dict[str, Path]
+) -> RunDir:
+    """Make `out` this run's directory (see the module docstring); `inputs`: {flag: path} this run
+    reads, which must not lie in what an --overwrite would remove."""
     check(out, overwrite)
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError as e:
-        raise RunDirError(f"run directory {out} is not writable ({e.strerror or e}); pass a writable --out") from None
+        raise RunDirError(
+            f"run directory {out} is not writable ({e.strerror or e}); pass a writable --out"
+        ) from None
     _lock(fd, out)
     try:
         replaced = _replace_earlier(out, overwrite, inputs)
-        write_json_atomic(out / MARKER, {"run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
-                                         "started_at": time.time(), "state": "running", "entries": entries,
-                                         "argv": sys.argv[1:]})
+        write_json_atomic(
+            out / MARKER,
+            {
+                "run_id": run_id,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started_at": time.time(),
+                "state": "running",
+                "entries": entries,
+                "argv": sys.argv[1:],
+            },
+        )
     except OSError as e:
         os.close(fd)
-        raise RunDirError(f"run directory {out} is not writable ({e.strerror or e}); pass a writable --out") from None
+        raise RunDirError(
+            f"run directory {out} is not writable ({e.strerror or e}); pass a writable --out"
+        ) from None
     except RunDirError:
         os.close(fd)
         raise
@@ -128,17 +154,24 @@ def claim(out: Path, run_id: str, entries: list[str], overwrite: bool, inputs: d
 
 
 def _lock(fd: int, out: Path, release: bool = False) -> None:
-    """Hold an exclusive lock on `fd` (released when the process ends, however it ends), or refuse."""
+    """Hold an exclusive lock on `fd` (released when the process ends, however it ends), or
+    refuse."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         other = _read_marker(out) or {}
-        hosts = "--host-id" in (other.get("argv") or []) or "--host-id" in sys.argv  # a multi-host run's hosts
-        raise RunDirError(f"another compare (pid {other.get('pid', '?')}, run {other.get('run_id', '?')}) is "
-                          f"writing to {out}; " + ("each host of a multi-host run writes its own --out: pass this "
-                                                   "host another one" if hosts else
-                                                   "wait for it to finish or pass another --out")) from None
+        # a multi-host run's hosts
+        hosts = "--host-id" in (other.get("argv") or []) or "--host-id" in sys.argv
+        raise RunDirError(
+            f"another compare (pid {other.get('pid', '?')}, run {other.get('run_id', '?')}) is "
+            f"writing to {out}; "
+            + (
+                "each host of a multi-host run writes its own --out: pass this host another one"
+                if hosts
+                else "wait for it to finish or pass another --out"
+            )
+        ) from None
     if release:
         os.close(fd)
 
@@ -147,20 +180,27 @@ def _replace_earlier(out: Path, overwrite: bool, inputs: dict[str, Path]) -> dic
     marker = _read_marker(out)
     if marker is None:
         return None
-    _refuse_finished(out, marker, overwrite)  # again under the lock: it may have finished since `check`
+    # again under the lock: it may have finished since `check`
+    _refuse_finished(out, marker, overwrite)
     finished = marker.get("state") == "finished"
-    doomed = [out / p for p in (marker.get("files") if finished else marker.get("entries")) or []
-              if _inside(out / p, out)]
+    doomed = [
+        out / p
+        for p in (marker.get("files") if finished else marker.get("entries")) or []
+        if _inside(out / p, out)
+    ]
     for flag, path in inputs.items():
         if any(_inside(Path(path), d) or _inside(d, Path(path)) for d in doomed):
-            raise RunDirError(f"{flag} {path} is part of the run in {out} that this one would replace; copy it "
-                              "elsewhere first or pass another --out")
+            raise RunDirError(
+                f"{flag} {path} is part of the run in {out} that this one would replace; copy it "
+                "elsewhere first or pass another --out"
+            )
     for path in doomed:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         elif path.is_symlink() or path.exists():
             path.unlink()
-    for entry in marker.get("entries") or []:  # directories the earlier run made, now empty; its temp files
+    # directories the earlier run made, now empty; its temp files
+    for entry in marker.get("entries") or []:
         _prune_empty(out / entry, out)
         for tmp in out.glob(f".{entry}.*.tmp"):
             tmp.unlink()
@@ -169,15 +209,17 @@ def _replace_earlier(out: Path, overwrite: bool, inputs: dict[str, Path]) -> dic
 
 def _refuse_finished(out: Path, marker: dict | None, overwrite: bool) -> None:
     if marker and marker.get("state") == "finished" and not overwrite:
-        raise RunDirError(f"{out} already holds a finished run (report.json); pass --overwrite or another --out")
+        raise RunDirError(
+            f"{out} already holds a finished run (report.json); pass --overwrite or another --out"
+        )
 
 
 def _refuse_foreign_inside(out: Path, marker: dict | None, folders: list[str]) -> None:
-    """A finished run lists its files: one of the user's inside a folder a backend of this run will run in would
-    stop that backend (driver/backend_main.py refuses it) after the earlier run was removed and the other
-    backends had run. Refused first, so that nothing is removed and nothing runs. Beside the run's files, and
-    in the folder of a backend whose record is reused, a file of the user's stays, as it is. (A killed run lists
-    no files: its entries are all its own.)"""
+    """A finished run lists its files: one of the user's inside a folder a backend of this run will
+    run in would stop that backend (driver/backend_main.py refuses it) after the earlier run was
+    removed and the other backends had run. Refused first, so that nothing is removed and nothing
+    runs. Beside the run's files, and in the folder of a backend whose record is reused, a file of
+    the user's stays, as it is. (A killed run lists no files: its entries are all its own.)"""
     if not marker or marker.get("state") != "finished":
         return
     listed, foreign = set(marker.get("files") or []), []
@@ -186,11 +228,17 @@ def _refuse_foreign_inside(out: Path, marker: dict | None, folders: list[str]) -
         if not top.is_dir() or top.is_symlink():
             continue
         for root, dirs, names in os.walk(top):
-            foreign += [rel for n in names if (rel := os.path.relpath(os.path.join(root, n), out)) not in listed]
+            foreign += [
+                rel
+                for n in names
+                if (rel := os.path.relpath(os.path.join(root, n), out)) not in listed
+            ]
             dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
     if foreign:
-        raise RunDirError(f"--out {out}: {_some(sorted(foreign))} inside the run's own folders are not this "
-                          "toolkit's; move them out of the run or pass another --out")
+        raise RunDirError(
+            f"--out {out}: {_some(sorted(foreign))} inside the run's own folders are not this "
+            "toolkit's; move them out of the run or pass another --out"
+        )
 
 
 def _prune_empty(top: Path, out: Path) -> None:
@@ -221,8 +269,10 @@ def _read_marker(out: Path) -> dict | None:
     try:
         marker = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunDirError(f"{path} is unreadable ({e}); the directory's run cannot be told from your files: "
-                          "pass another --out") from None
+        raise RunDirError(
+            f"{path} is unreadable ({e}); the directory's run cannot be told from your files: "
+            "pass another --out"
+        ) from None
     if not isinstance(marker, dict):
         raise RunDirError(f"{path} is not a run marker of this toolkit; pass another --out")
     return marker

@@ -1,6 +1,7 @@
-"""The twin's own contrastive loss, on each side: the symmetric cross-entropy of the image-text logits, each image
-matched to its own caption (the diagonal), as CLIP trains. `one_directional` is the loss's mis-port: the images'
-direction alone."""
+"""The twin's own contrastive loss, on each side: the symmetric cross-entropy of the image-text
+logits, each image matched to its own caption (the diagonal), as CLIP trains. `one_directional` is
+the loss's mis-port: the images' direction alone."""
+
 from __future__ import annotations
 
 
@@ -19,8 +20,10 @@ def nnx_clip_loss(outputs, batch):
 
     logits = outputs["logits_per_image"]
     labels = jnp.arange(logits.shape[0])
-    return (optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-            + optax.softmax_cross_entropy_with_integer_labels(logits.T, labels).mean()) / 2
+    return (
+        optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        + optax.softmax_cross_entropy_with_integer_labels(logits.T, labels).mean()
+    ) / 2
 
 
 def nnx_one_directional(outputs, batch):
@@ -28,4 +31,6 @@ def nnx_one_directional(outputs, batch):
     import optax
 
     logits = outputs["logits_per_image"]
-    return optax.softmax_cross_entropy_with_integer_labels(logits, jnp.arange(logits.shape[0])).mean()
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits, jnp.arange(logits.shape[0])
+    ).mean()

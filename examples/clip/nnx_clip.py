@@ -1,12 +1,14 @@
-"""A Flax NNX port of CLIP, in the usual JAX style: NHWC images, module names of its own (`text`, `vision`,
-`attn`, `final_norm`, `patch`), each tower returning its pooled vector alone (the text's at each caption's first
-EOS token, the image's at its class token), the projections and the 0-d `logit_scale` at the top. The forward
-returns {"logits_per_image", "logits_per_text"}, as Hugging Face's CLIPOutput names them.
+"""A Flax NNX port of CLIP, in the usual JAX style: NHWC images, module names of its own (`text`,
+`vision`, `attn`, `final_norm`, `patch`), each tower returning its pooled vector alone (the text's
+at each caption's first EOS token, the image's at its class token), the projections and the 0-d
+`logit_scale` at the top. The forward returns {"logits_per_image", "logits_per_text"}, as Hugging
+Face's CLIPOutput names them.
 
-The factories below the model are the mis-ports `twin.py` checks: the text embeddings not normalised before the
-logits, and the text pooled at its first position (BOS, as a BERT-style [CLS] pooling would) instead of the EOS
-token.
+The factories below the model are the mis-ports `twin.py` checks: the text embeddings not normalised
+before the logits, and the text pooled at its first position (BOS, as a BERT-style [CLS] pooling
+would) instead of the EOS token.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,12 +26,17 @@ def quick_gelu(x):
 class Attention(nnx.Module):
     def __init__(self, d_model: int, n_heads: int, rngs: nnx.Rngs):
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nnx.Linear(d_model, d_model, rngs=rngs)
-                                                                for _ in range(4))
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
+            nnx.Linear(d_model, d_model, rngs=rngs) for _ in range(4)
+        )
 
-    def __call__(self, x, mask=None):  # x (B, T, D); mask (B, 1, T, T) True where a query may attend
+    # x (B, T, D); mask (B, 1, T, T) True where a query may attend
+    def __call__(self, x, mask=None):
         b, t, _ = x.shape
-        q, k, v = (p(x).reshape(b, t, self.n_heads, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(x).reshape(b, t, self.n_heads, self.head_dim)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.head_dim)
         if mask is not None:
             scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
@@ -42,7 +49,10 @@ class EncoderLayer(nnx.Module):
         self.layer_norm1 = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
         self.attn = Attention(d_model, n_heads, rngs)
         self.layer_norm2 = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
-        self.fc1, self.fc2 = nnx.Linear(d_model, d_ff, rngs=rngs), nnx.Linear(d_ff, d_model, rngs=rngs)
+        self.fc1, self.fc2 = (
+            nnx.Linear(d_model, d_ff, rngs=rngs),
+            nnx.Linear(d_ff, d_model, rngs=rngs),
+        )
 
     def __call__(self, x, mask=None):
         x = x + self.attn(self.layer_norm1(x), mask)
@@ -50,10 +60,22 @@ class EncoderLayer(nnx.Module):
 
 
 class TextTower(nnx.Module):
-    def __init__(self, vocab_size, seq_len, d_model, n_layers, n_heads, d_ff, rngs: nnx.Rngs, pool_first=False):
+    def __init__(
+        self,
+        vocab_size,
+        seq_len,
+        d_model,
+        n_layers,
+        n_heads,
+        d_ff,
+        rngs: nnx.Rngs,
+        pool_first=False,
+    ):
         self.token_embedding = nnx.Embed(vocab_size, d_model, rngs=rngs)
         self.position_embedding = nnx.Embed(seq_len, d_model, rngs=rngs)
-        self.layers = nnx.List([EncoderLayer(d_model, n_heads, d_ff, rngs) for _ in range(n_layers)])
+        self.layers = nnx.List(
+            [EncoderLayer(d_model, n_heads, d_ff, rngs) for _ in range(n_layers)]
+        )
         self.final_norm = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
         self.eos, self.pool_first = vocab_size - 1, pool_first
 
@@ -71,18 +93,29 @@ class TextTower(nnx.Module):
 
 class VisionTower(nnx.Module):
     def __init__(self, image_size, patch_size, d_model, n_layers, n_heads, d_ff, rngs: nnx.Rngs):
-        self.patch = nnx.Conv(3, d_model, (patch_size, patch_size), strides=patch_size, padding="VALID",
-                              use_bias=False, rngs=rngs)
+        self.patch = nnx.Conv(
+            3,
+            d_model,
+            (patch_size, patch_size),
+            strides=patch_size,
+            padding="VALID",
+            use_bias=False,
+            rngs=rngs,
+        )
         self.class_embedding = nnx.Param(jax.random.normal(rngs.params(), (d_model,)))
         self.position_embedding = nnx.Embed((image_size // patch_size) ** 2 + 1, d_model, rngs=rngs)
         self.pre_norm = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
-        self.layers = nnx.List([EncoderLayer(d_model, n_heads, d_ff, rngs) for _ in range(n_layers)])
+        self.layers = nnx.List(
+            [EncoderLayer(d_model, n_heads, d_ff, rngs) for _ in range(n_layers)]
+        )
         self.post_norm = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
 
     def __call__(self, images):  # (B, H, W, 3) -> (B, D), pooled at the class token
         patches = self.patch(images)
         b, d = patches.shape[0], patches.shape[-1]
-        x = jnp.concatenate([jnp.broadcast_to(self.class_embedding[...], (b, 1, d)), patches.reshape(b, -1, d)], 1)
+        x = jnp.concatenate(
+            [jnp.broadcast_to(self.class_embedding[...], (b, 1, d)), patches.reshape(b, -1, d)], 1
+        )
         x = self.pre_norm(x + self.position_embedding(jnp.arange(x.shape[1]))[None])
         for layer in self.layers:
             x = layer(x)
@@ -90,10 +123,26 @@ class VisionTower(nnx.Module):
 
 
 class CLIP(nnx.Module):
-    def __init__(self, vocab_size: int, seq_len: int, image_size: int, patch_size: int, d_model: int, n_layers: int,
-                 n_heads: int, d_ff: int, embed_dim: int, *, rngs: nnx.Rngs, normalise_text=True, pool_first=False,
-                 one_directional=False):
-        self.text = TextTower(vocab_size, seq_len, d_model, n_layers, n_heads, d_ff, rngs, pool_first)
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        image_size: int,
+        patch_size: int,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        d_ff: int,
+        embed_dim: int,
+        *,
+        rngs: nnx.Rngs,
+        normalise_text=True,
+        pool_first=False,
+        one_directional=False,
+    ):
+        self.text = TextTower(
+            vocab_size, seq_len, d_model, n_layers, n_heads, d_ff, rngs, pool_first
+        )
         self.vision = VisionTower(image_size, patch_size, d_model, n_layers, n_heads, d_ff, rngs)
         self.text_projection = nnx.Linear(d_model, embed_dim, use_bias=False, rngs=rngs)
         self.visual_projection = nnx.Linear(d_model, embed_dim, use_bias=False, rngs=rngs)
@@ -110,20 +159,25 @@ class CLIP(nnx.Module):
         out = {"logits_per_image": logits_per_text.T, "logits_per_text": logits_per_text}
         if not return_loss:
             return out
-        # as CLIPModel(return_loss=True): each caption's cross-entropy over the images, each image's over captions
+        # as CLIPModel(return_loss=True): each caption's cross-entropy over the images, each image's
+        # over captions
         labels = jnp.arange(logits_per_text.shape[0])
         per_text = optax.softmax_cross_entropy_with_integer_labels(logits_per_text, labels).mean()
-        per_image = optax.softmax_cross_entropy_with_integer_labels(logits_per_text.T, labels).mean()
+        per_image = optax.softmax_cross_entropy_with_integer_labels(
+            logits_per_text.T, labels
+        ).mean()
         return {"loss": per_image if self.one_directional else (per_text + per_image) / 2, **out}
 
 
 def clip_text_not_normalised(**hparams) -> CLIP:
-    """The mis-port: the text embeddings used as projected, not L2-normalised as the image ones are."""
+    """The mis-port: the text embeddings used as projected, not L2-normalised as the image ones
+    are."""
     return CLIP(**hparams, normalise_text=False)
 
 
 def clip_pooled_first(**hparams) -> CLIP:
-    """The mis-port: each caption pooled at its first position (its BOS token), not at its first EOS token."""
+    """The mis-port: each caption pooled at its first position (its BOS token), not at its first EOS
+    token."""
     return CLIP(**hparams, pool_first=True)
 
 

@@ -1,12 +1,14 @@
-"""A Flax NNX port of Qwen2, in the usual JAX style: one fused, biased `qkv` projection per layer (its output
-columns q | k | v, grouped-query: k and v narrower than q), rotary embeddings on rotate-half pairs, RMSNorm,
-SwiGLU, an untied head. Its module names are the port's own (`attn`, `qkv`); the twin declares them.
-Parameters are float32; `dtype` is the compute dtype (bfloat16 under compare's bf16 policy: the twin's
-`nnx_dtype_arg`), the attention softmax and RMSNorm's statistics stay float32 as in Hugging Face's code.
+"""A Flax NNX port of Qwen2, in the usual JAX style: one fused, biased `qkv` projection per layer
+(its output columns q | k | v, grouped-query: k and v narrower than q), rotary embeddings on
+rotate-half pairs, RMSNorm, SwiGLU, an untied head. Its module names are the port's own (`attn`,
+`qkv`); the twin declares them. Parameters are float32; `dtype` is the compute dtype (bfloat16 under
+compare's bf16 policy: the twin's `nnx_dtype_arg`), the attention softmax and RMSNorm's statistics
+stay float32 as in Hugging Face's code.
 
-The factories below the model are the mis-ports `twin.py` checks: a rotary base and an RMSNorm epsilon copied
-from Llama instead of Qwen2's config.
+The factories below the model are the mis-ports `twin.py` checks: a rotary base and an RMSNorm
+epsilon copied from Llama instead of Qwen2's config.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,23 +20,35 @@ from flax import nnx
 INIT = nnx.initializers.normal(0.02)
 
 
-def rotate_half_rotary(x, theta: float):  # x (B, T, H, hd): pairs i and i + hd/2, as Hugging Face forms them
+# x (B, T, H, hd): pairs i and i + hd/2, as Hugging Face forms them
+def rotate_half_rotary(x, theta: float):
     t, hd = x.shape[1], x.shape[-1]
     inv_freq = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
     freqs = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-    cos, sin = (jnp.concatenate((f, f), axis=-1)[None, :, None, :].astype(x.dtype)  # as HF casts them
-                for f in (jnp.cos(freqs), jnp.sin(freqs)))
+    # as HF casts them
+    cos, sin = (
+        jnp.concatenate((f, f), axis=-1)[None, :, None, :].astype(x.dtype)
+        for f in (jnp.cos(freqs), jnp.sin(freqs))
+    )
     half = hd // 2
     return x * cos + jnp.concatenate((-x[..., half:], x[..., :half]), axis=-1) * sin
 
 
 class Attention(nnx.Module):
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, rope_theta: float, rngs: nnx.Rngs, dtype):
+    def __init__(
+        self, d_model: int, n_heads: int, n_kv_heads: int, rope_theta: float, rngs: nnx.Rngs, dtype
+    ):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         width = (n_heads + 2 * n_kv_heads) * self.head_dim
         self.qkv = nnx.Linear(d_model, width, kernel_init=INIT, dtype=dtype, rngs=rngs)
-        self.o_proj = nnx.Linear(n_heads * self.head_dim, d_model, use_bias=False, kernel_init=INIT, dtype=dtype,
-                                 rngs=rngs)
+        self.o_proj = nnx.Linear(
+            n_heads * self.head_dim,
+            d_model,
+            use_bias=False,
+            kernel_init=INIT,
+            dtype=dtype,
+            rngs=rngs,
+        )
         self.rope_theta = rope_theta
 
     def __call__(self, x):  # (B, T, D)
@@ -48,25 +62,35 @@ class Attention(nnx.Module):
         k, v = jnp.repeat(k, repeat, axis=2), jnp.repeat(v, repeat, axis=2)
         scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.head_dim)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        probs = jax.nn.softmax(jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1).astype(x.dtype)
+        probs = jax.nn.softmax(
+            jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1
+        ).astype(x.dtype)
         return self.o_proj(jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, -1))
 
 
 class MLP(nnx.Module):
     def __init__(self, d_model: int, d_ff: int, rngs: nnx.Rngs, dtype):
-        self.gate_proj, self.up_proj = (nnx.Linear(d_model, d_ff, use_bias=False, kernel_init=INIT, dtype=dtype,
-                                                   rngs=rngs) for _ in range(2))
-        self.down_proj = nnx.Linear(d_ff, d_model, use_bias=False, kernel_init=INIT, dtype=dtype, rngs=rngs)
+        self.gate_proj, self.up_proj = (
+            nnx.Linear(d_model, d_ff, use_bias=False, kernel_init=INIT, dtype=dtype, rngs=rngs)
+            for _ in range(2)
+        )
+        self.down_proj = nnx.Linear(
+            d_ff, d_model, use_bias=False, kernel_init=INIT, dtype=dtype, rngs=rngs
+        )
 
     def __call__(self, x):
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rngs: nnx.Rngs, dtype):
+    def __init__(
+        self, d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rngs: nnx.Rngs, dtype
+    ):
         self.input_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
         self.attn = Attention(d_model, n_heads, n_kv_heads, rope_theta, rngs, dtype)
-        self.post_attention_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
+        self.post_attention_layernorm = nnx.RMSNorm(
+            d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs
+        )
         self.mlp = MLP(d_model, d_ff, rngs, dtype)
 
     def __call__(self, x):
@@ -75,14 +99,35 @@ class DecoderLayer(nnx.Module):
 
 
 class Qwen2(nnx.Module):
-    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
-                 d_ff: int, rms_eps: float, rope_theta: float, *, rngs: nnx.Rngs, dtype=jnp.float32):
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        n_kv_heads: int,
+        d_ff: int,
+        rms_eps: float,
+        rope_theta: float,
+        *,
+        rngs: nnx.Rngs,
+        dtype=jnp.float32,
+    ):
         del seq_len  # positions come from the input's length
-        self.embed_tokens = nnx.Embed(vocab_size, d_model, embedding_init=INIT, dtype=dtype, rngs=rngs)
-        self.layers = nnx.List([DecoderLayer(d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rngs, dtype)
-                                for _ in range(n_layers)])
+        self.embed_tokens = nnx.Embed(
+            vocab_size, d_model, embedding_init=INIT, dtype=dtype, rngs=rngs
+        )
+        self.layers = nnx.List(
+            [
+                DecoderLayer(d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rngs, dtype)
+                for _ in range(n_layers)
+            ]
+        )
         self.norm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
-        self.lm_head = nnx.Linear(d_model, vocab_size, use_bias=False, kernel_init=INIT, dtype=dtype, rngs=rngs)
+        self.lm_head = nnx.Linear(
+            d_model, vocab_size, use_bias=False, kernel_init=INIT, dtype=dtype, rngs=rngs
+        )
 
     def __call__(self, tokens):  # (B, T) int -> (B, T, vocab)
         x = self.embed_tokens(tokens)

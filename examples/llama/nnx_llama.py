@@ -3,18 +3,20 @@ names follow the port's own style (`attn`, not `self_attn`); the twin declares t
 keeps Linear kernels (in, out), Embed's `embedding` and RMSNorm's `scale`: the toolkit derives every
 layout from the two trees.
 
-`rope_layout` picks how rotary pairs are formed: "rotate_half" (Hugging Face's, pairs i and i + hd/2,
-what the torch model does) or "interleaved" (Meta's original checkpoints, pairs 2i and 2i + 1). The
-second one is the classic port mistake `twin.py:llama_tiny_misported` makes.
+`rope_layout` picks how rotary pairs are formed: "rotate_half" (Hugging Face's, pairs i and i +
+hd/2, what the torch model does) or "interleaved" (Meta's original checkpoints, pairs 2i and 2i +
+1). The second one is the classic port mistake `twin.py:llama_tiny_misported` makes.
 
-`rope_table` holds the rotary frequencies in a `Buffer` per attention, as `torch_llama.py` holds them in its
-`inv_freq` buffer, built with that base (None: computed in the forward from `rope_theta`). `twin.py:llama_table`
-holds them; `llama_table_misported` builds them with Llama 3's base, the compare names that buffer.
+`rope_table` holds the rotary frequencies in a `Buffer` per attention, as `torch_llama.py` holds
+them in its `inv_freq` buffer, built with that base (None: computed in the forward from
+`rope_theta`). `twin.py:llama_table` holds them; `llama_table_misported` builds them with Llama 3's
+base, the compare names that buffer.
 
-Parameters are float32; `dtype` is the compute dtype (bfloat16 under compare's bf16 policy: the twin's
-`nnx_dtype_arg`); the attention softmax and the rotary tables stay float32, as in `torch_llama.py` (a bf16
-query times float32 tables computes in float32 on both sides).
+Parameters are float32; `dtype` is the compute dtype (bfloat16 under compare's bf16 policy: the
+twin's `nnx_dtype_arg`); the attention softmax and the rotary tables stay float32, as in
+`torch_llama.py` (a bf16 query times float32 tables computes in float32 on both sides).
 """
+
 from __future__ import annotations
 
 import math
@@ -25,12 +27,19 @@ from flax import nnx
 
 
 def _linear(n_in: int, n_out: int, rngs: nnx.Rngs, dtype) -> nnx.Linear:
-    return nnx.Linear(n_in, n_out, use_bias=False, kernel_init=nnx.initializers.normal(0.02), dtype=dtype, rngs=rngs)
+    return nnx.Linear(
+        n_in,
+        n_out,
+        use_bias=False,
+        kernel_init=nnx.initializers.normal(0.02),
+        dtype=dtype,
+        rngs=rngs,
+    )
 
 
 class Buffer(nnx.Variable):
-    """A value the model holds and never trains, as torch's `register_buffer` (not an nnx.Param: no optimizer
-    updates it)."""
+    """A value the model holds and never trains, as torch's `register_buffer` (not an nnx.Param: no
+    optimizer updates it)."""
 
 
 def frequencies(theta: float, hd: int):
@@ -41,7 +50,10 @@ def rotary(x, inv_freq, layout: str):  # x (B, T, H, hd)
     t, hd = x.shape[1], x.shape[-1]
     freqs = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # (T, hd/2)
     if layout == "rotate_half":
-        cos, sin = (jnp.concatenate((f, f), axis=-1)[None, :, None, :] for f in (jnp.cos(freqs), jnp.sin(freqs)))
+        cos, sin = (
+            jnp.concatenate((f, f), axis=-1)[None, :, None, :]
+            for f in (jnp.cos(freqs), jnp.sin(freqs))
+        )
         half = hd // 2
         return x * cos + jnp.concatenate((-x[..., half:], x[..., :half]), axis=-1) * sin
     cos, sin = jnp.cos(freqs)[None, :, None, :], jnp.sin(freqs)[None, :, None, :]
@@ -50,7 +62,17 @@ def rotary(x, inv_freq, layout: str):  # x (B, T, H, hd)
 
 
 class Attention(nnx.Module):
-    def __init__(self, d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs: nnx.Rngs, dtype, rope_table=None):
+    def __init__(
+        self,
+        d_model,
+        n_heads,
+        n_kv_heads,
+        rope_theta,
+        rope_layout,
+        rngs: nnx.Rngs,
+        dtype,
+        rope_table=None,
+    ):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         self.q_proj = _linear(d_model, n_heads * self.head_dim, rngs, dtype)
         self.k_proj = _linear(d_model, n_kv_heads * self.head_dim, rngs, dtype)
@@ -65,13 +87,19 @@ class Attention(nnx.Module):
         q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
-        inv_freq = self.inv_freq.value if hasattr(self, "inv_freq") else frequencies(self.rope_theta, self.head_dim)
+        inv_freq = (
+            self.inv_freq.value
+            if hasattr(self, "inv_freq")
+            else frequencies(self.rope_theta, self.head_dim)
+        )
         q, k = (rotary(z, inv_freq, self.rope_layout) for z in (q, k))
         repeat = self.n_heads // self.n_kv_heads
         k, v = jnp.repeat(k, repeat, axis=2), jnp.repeat(v, repeat, axis=2)
         scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.head_dim)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        probs = jax.nn.softmax(jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1).astype(x.dtype)
+        probs = jax.nn.softmax(
+            jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1
+        ).astype(x.dtype)
         return self.o_proj(jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, -1))
 
 
@@ -86,11 +114,26 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rope_layout, rngs: nnx.Rngs,
-                 dtype, rope_table=None):
+    def __init__(
+        self,
+        d_model,
+        n_heads,
+        n_kv_heads,
+        d_ff,
+        rms_eps,
+        rope_theta,
+        rope_layout,
+        rngs: nnx.Rngs,
+        dtype,
+        rope_table=None,
+    ):
         self.input_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
-        self.attn = Attention(d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs, dtype, rope_table)
-        self.post_attention_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
+        self.attn = Attention(
+            d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs, dtype, rope_table
+        )
+        self.post_attention_layernorm = nnx.RMSNorm(
+            d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs
+        )
         self.mlp = MLP(d_model, d_ff, rngs, dtype)
 
     def __call__(self, x):
@@ -99,13 +142,47 @@ class DecoderLayer(nnx.Module):
 
 
 class Llama(nnx.Module):
-    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
-                 d_ff: int, rms_eps: float = 1e-5, rope_theta: float = 10000.0, rope_layout: str = "rotate_half",
-                 rope_table: float | None = None, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        self.embed_tokens = nnx.Embed(vocab_size, d_model, embedding_init=nnx.initializers.normal(0.02), dtype=dtype,
-                                      rngs=rngs)
-        self.layers = nnx.List([DecoderLayer(d_model, n_heads, n_kv_heads, d_ff, rms_eps, rope_theta, rope_layout,
-                                             rngs, dtype, rope_table) for _ in range(n_layers)])
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        n_kv_heads: int,
+        d_ff: int,
+        rms_eps: float = 1e-5,
+        rope_theta: float = 10000.0,
+        rope_layout: str = "rotate_half",
+        rope_table: float | None = None,
+        *,
+        rngs: nnx.Rngs,
+        dtype=jnp.float32,
+    ):
+        self.embed_tokens = nnx.Embed(
+            vocab_size,
+            d_model,
+            embedding_init=nnx.initializers.normal(0.02),
+            dtype=dtype,
+            rngs=rngs,
+        )
+        self.layers = nnx.List(
+            [
+                DecoderLayer(
+                    d_model,
+                    n_heads,
+                    n_kv_heads,
+                    d_ff,
+                    rms_eps,
+                    rope_theta,
+                    rope_layout,
+                    rngs,
+                    dtype,
+                    rope_table,
+                )
+                for _ in range(n_layers)
+            ]
+        )
         self.norm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
         self.lm_head = _linear(d_model, vocab_size, rngs, dtype)
 
@@ -117,13 +194,14 @@ class Llama(nnx.Module):
 
 
 def llama_interleaved(**hparams) -> Llama:
-    """The mis-port: rotary pairs formed as Meta's original code does, while the torch model rotates halves."""
+    """The mis-port: rotary pairs formed as Meta's original code does, while the torch model rotates
+    halves."""
     return Llama(**hparams, rope_layout="interleaved")
 
 
 def llama_table(**hparams) -> Llama:
-    """The rotary frequencies held in a Buffer per attention, built with the model's base, as torch_llama.py holds
-    them."""
+    """The rotary frequencies held in a Buffer per attention, built with the model's base, as
+    torch_llama.py holds them."""
     return Llama(**hparams, rope_table=hparams.get("rope_theta", 10000.0))
 
 

@@ -1,22 +1,34 @@
-"""The Llama example twin, as a user declares one: this file imports no framework (compare imports it in
-a subprocess of its own); the two models live in torch_llama.py and nnx_llama.py.
+"""The Llama example twin, as a user declares one: this file imports no framework (compare imports
+it in a subprocess of its own); the two models live in torch_llama.py and nnx_llama.py.
 
     python -m compare --twin examples/llama/twin.py:llama_tiny --backend both
     python -m compare --twin examples/llama/twin.py:llama_tiny --mesh data=2,tensor=2
-    python -m compare --twin examples/llama/twin.py:llama_tiny_misported    # fails at layer 0's attention
-    python -m compare --twin examples/llama/twin.py:llama_table_misported   # fails at a rotary buffer
-    python -m compare --twin examples/llama/twin.py:llama_hf --checkpoint hf:DIR  # transformers' own class
+    python -m compare --twin examples/llama/twin.py:llama_tiny_misported    # fails at layer 0's
+    attention python -m compare --twin examples/llama/twin.py:llama_table_misported   # fails at a
+    rotary buffer python -m compare --twin examples/llama/twin.py:llama_hf --checkpoint hf:DIR  #
+    transformers' own class
 """
+
 import dataclasses
 
 from common.spec import TrainSpec
 from common.twin import Twin
 
-HPARAMS = {"vocab_size": 256, "seq_len": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
-           "d_ff": 176, "rms_eps": 1e-5, "rope_theta": 10000.0}
+HPARAMS = {
+    "vocab_size": 256,
+    "seq_len": 64,
+    "d_model": 64,
+    "n_layers": 2,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "d_ff": 176,
+    "rms_eps": 1e-5,
+    "rope_theta": 10000.0,
+}
 
 # Megatron's tensor-parallel layout over the NNX (canonical) names: column-parallel q/k/v, gate and
-# up (their output columns split), row-parallel o and down (their input rows), a vocab-parallel head.
+# up (their output columns split), row-parallel o and down (their
+# input rows), a vocab-parallel head.
 PARTITION_RULES = (
     (r"attn\.(q|k|v)_proj\.kernel$", (None, "tensor")),
     (r"mlp\.(gate|up)_proj\.kernel$", (None, "tensor")),
@@ -24,24 +36,44 @@ PARTITION_RULES = (
     (r"lm_head\.kernel$", (None, "tensor")),
 )
 
-# Hugging Face's LlamaForCausalLM checkpoints load onto it: the same names behind "model.", and these
-# config fields must equal the hyperparameters (common/twin/hf.py checks them, naming every mismatch)
-HF = {"model_type": "llama", "prefix": "model.",
-      "config": {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
-                 "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads", "intermediate_size": "d_ff",
-                 "rms_norm_eps": "rms_eps", "rope_parameters.rope_theta": "rope_theta"}}
+# Hugging Face's LlamaForCausalLM checkpoints load onto it: the same names behind "model.", and
+# these config fields must equal the hyperparameters (common/twin/hf.py
+# checks them, naming every mismatch)
+HF = {
+    "model_type": "llama",
+    "prefix": "model.",
+    "config": {
+        "vocab_size": "vocab_size",
+        "hidden_size": "d_model",
+        "num_hidden_layers": "n_layers",
+        "num_attention_heads": "n_heads",
+        "num_key_value_heads": "n_kv_heads",
+        "intermediate_size": "d_ff",
+        "rms_norm_eps": "rms_eps",
+        "rope_parameters.rope_theta": "rope_theta",
+    },
+}
 
 llama_tiny = Twin(
     torch="torch_llama.py:Llama",
     nnx="nnx_llama.py:Llama",
     task="lm",
     hparams=HPARAMS,
-    rename={r"\.self_attn\.": ".attn."},  # Hugging Face's name on the torch side, the port's own on the NNX side
+    # Hugging Face's name on the torch side, the port's own on the NNX side
+    rename={r"\.self_attn\.": ".attn."},
     partition_rules=PARTITION_RULES,
     hf=HF,
     nnx_dtype_arg="dtype",  # the port computes in bfloat16 under --dtype bfloat16
-    train=TrainSpec(optimizer="adamw", lr=3e-3, weight_decay=0.1, beta2=0.95, schedule="warmup_cosine",
-                    schedule_warmup_steps=5, global_batch_size=16, steps=30),
+    train=TrainSpec(
+        optimizer="adamw",
+        lr=3e-3,
+        weight_decay=0.1,
+        beta2=0.95,
+        schedule="warmup_cosine",
+        schedule_warmup_steps=5,
+        global_batch_size=16,
+        steps=30,
+    ),
 )
 
 llama_tiny_misported = Twin(
@@ -55,8 +87,8 @@ llama_tiny_misported = Twin(
     train=llama_tiny.train,
 )
 
-# Hugging Face's own LlamaForCausalLM as the torch side, unchanged (hf_llama.py): its names carry "model.",
-# and a save_pretrained directory loads as it is (prefix "")
+# Hugging Face's own LlamaForCausalLM as the torch side, unchanged (hf_llama.py): its names carry
+# "model.", and a save_pretrained directory loads as it is (prefix "")
 llama_hf = Twin(
     torch="hf_llama.py:llama",
     nnx="nnx_llama.py:Llama",
@@ -71,7 +103,8 @@ llama_hf = Twin(
 
 llama_hf_misported = dataclasses.replace(llama_hf, nnx="nnx_llama.py:llama_interleaved", hf={})
 
-# the port holding its rotary frequencies in an NNX Buffer, as the torch model holds its `inv_freq` buffer: the
-# start state is compared by name (layers.N.self_attn.inv_freq meets layers.N.attn.inv_freq through the rename)
+# the port holding its rotary frequencies in an NNX Buffer, as the torch model holds its `inv_freq`
+# buffer: the start state is compared by name (layers.N.self_attn.inv_freq meets
+# layers.N.attn.inv_freq through the rename)
 llama_table = dataclasses.replace(llama_tiny, nnx="nnx_llama.py:llama_table")
 llama_table_misported = dataclasses.replace(llama_tiny, nnx="nnx_llama.py:llama_table_misported")

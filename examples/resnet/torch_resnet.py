@@ -1,8 +1,10 @@
-"""A ResNet written as torchvision writes one (`torchvision.models.resnet`): BasicBlock with in-place ReLU,
-BatchNorm after every convolution, a projection shortcut (`downsample`, a Sequential of a 1x1 convolution
-and a BatchNorm) where the shape changes, Kaiming initialisation. The stem is the small-image one (a 3x3
-convolution, no max-pool), as CIFAR-style ResNets use; everything else keeps torchvision's names.
+"""A ResNet written as torchvision writes one (`torchvision.models.resnet`): BasicBlock with
+in-place ReLU, BatchNorm after every convolution, a projection shortcut (`downsample`, a Sequential
+of a 1x1 convolution and a BatchNorm) where the shape changes, Kaiming initialisation. The stem is
+the small-image one (a 3x3 convolution, no max-pool), as CIFAR-style ResNets use; everything else
+keeps torchvision's names.
 """
+
 from __future__ import annotations
 
 from torch import Tensor, nn
@@ -19,7 +21,9 @@ def conv1x1(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
 class BasicBlock(nn.Module):
     expansion = 1
 
-    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
+    def __init__(
+        self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None
+    ):
         super().__init__()
         self.conv1 = conv3x3(inplanes, planes, stride)
         self.bn1 = nn.BatchNorm2d(planes)
@@ -44,10 +48,14 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    def __init__(self, layers=(1, 1, 1), widths=(16, 32, 64), num_classes: int = 10, in_channels: int = 3):
+    def __init__(
+        self, layers=(1, 1, 1), widths=(16, 32, 64), num_classes: int = 10, in_channels: int = 3
+    ):
         super().__init__()
         self.inplanes = widths[0]
-        self.conv1 = nn.Conv2d(in_channels, self.inplanes, kernel_size=3, stride=1, padding=1, bias=False)
+        self.conv1 = nn.Conv2d(
+            in_channels, self.inplanes, kernel_size=3, stride=1, padding=1, bias=False
+        )
         self.bn1 = nn.BatchNorm2d(self.inplanes)
         self.relu = nn.ReLU(inplace=True)
         self.layer1 = self._make_layer(widths[0], layers[0])
@@ -65,8 +73,10 @@ class ResNet(nn.Module):
     def _make_layer(self, planes: int, blocks: int, stride: int = 1) -> nn.Sequential:
         downsample = None
         if stride != 1 or self.inplanes != planes * BasicBlock.expansion:
-            downsample = nn.Sequential(conv1x1(self.inplanes, planes * BasicBlock.expansion, stride),
-                                       nn.BatchNorm2d(planes * BasicBlock.expansion))
+            downsample = nn.Sequential(
+                conv1x1(self.inplanes, planes * BasicBlock.expansion, stride),
+                nn.BatchNorm2d(planes * BasicBlock.expansion),
+            )
         layers = [BasicBlock(self.inplanes, planes, stride, downsample)]
         self.inplanes = planes * BasicBlock.expansion
         layers += [BasicBlock(self.inplanes, planes) for _ in range(1, blocks)]
@@ -84,6 +94,9 @@ class ResNet(nn.Module):
         return self.fc(x)
 
 
-def resnet(input_shape=(3, 16, 16), layers=(1, 1, 1), widths=(16, 32, 64), num_classes: int = 10) -> ResNet:
-    """The factory the twin names (as torchvision's `resnet18()`): the channels from the (C, H, W) images."""
+def resnet(
+    input_shape=(3, 16, 16), layers=(1, 1, 1), widths=(16, 32, 64), num_classes: int = 10
+) -> ResNet:
+    """The factory the twin names (as torchvision's `resnet18()`): the channels from the (C, H, W)
+    images."""
     return ResNet(layers, widths, num_classes, in_channels=input_shape[0])

@@ -1,12 +1,16 @@
-"""A small DDPM-style denoising UNet written as a PyTorch user writes one: NCHW images, `nn.Sequential` for
-the time MLP, `nn.ModuleList`s of ResBlocks and of resamplers, `F.silu`, PyTorch's default initialisation.
+"""A small DDPM-style denoising UNet written as a PyTorch user writes one: NCHW images,
+`nn.Sequential` for the time MLP, `nn.ModuleList`s of ResBlocks and of resamplers, `F.silu`,
+PyTorch's default initialisation.
 
-Time: DDPM's sinusoidal embedding of t (dim = base_width; sin | cos of t * exp(-log(10000) i / (half - 1)))
--> Linear -> SiLU -> Linear (to 4 * base_width). ResBlock: GroupNorm -> SiLU -> Conv3x3 -> + Linear(temb)
-broadcast over H, W -> GroupNorm -> SiLU -> Conv3x3, plus a 1x1 conv skip where the channels change. One
-ResBlock per level, a stride-2 Conv3x3 (padding 1) down, a middle ResBlock, ConvTranspose2d(k=4, s=2, p=1)
-up, skips joined by channel concatenation, then GroupNorm -> SiLU -> Conv3x3 to the predicted noise.
+Time: DDPM's sinusoidal embedding of t (dim = base_width; sin | cos of t * exp(-log(10000) i / (half
+- 1))) -> Linear -> SiLU -> Linear (to 4 * base_width). ResBlock: GroupNorm -> SiLU -> Conv3x3 -> +
+  Linear(temb)
+broadcast over H, W -> GroupNorm -> SiLU -> Conv3x3, plus a 1x1 conv skip where the channels change.
+One ResBlock per level, a stride-2 Conv3x3 (padding 1) down, a middle ResBlock, ConvTranspose2d(k=4,
+s=2, p=1) up, skips joined by channel concatenation, then GroupNorm -> SiLU -> Conv3x3 to the
+predicted noise.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,10 +21,12 @@ from torch import Tensor, nn
 
 
 def timestep_embedding(t: Tensor, dim: int) -> Tensor:
-    """(B,) int -> (B, dim) in torch's default float (float32; float64 in a float64 run): sin | cos of
-    t * exp(-log(10000) * i / (half - 1)), as DDPM."""
+    """(B,) int -> (B, dim) in torch's default float (float32; float64 in a float64 run): sin | cos
+    of t * exp(-log(10000) * i / (half - 1)), as DDPM."""
     half, dtype = dim // 2, torch.get_default_dtype()
-    freqs = torch.exp(torch.arange(half, dtype=dtype, device=t.device) * (-math.log(10000.0) / (half - 1)))
+    freqs = torch.exp(
+        torch.arange(half, dtype=dtype, device=t.device) * (-math.log(10000.0) / (half - 1))
+    )
     args = t.to(dtype)[:, None] * freqs[None, :]
     return torch.cat([torch.sin(args), torch.cos(args)], dim=1)
 
@@ -43,11 +49,15 @@ class ResBlock(nn.Module):
 
 
 class UNet(nn.Module):
-    def __init__(self, in_channels: int = 3, base_width: int = 16, channel_mults=(1, 2), groups: int = 8):
+    def __init__(
+        self, in_channels: int = 3, base_width: int = 16, channel_mults=(1, 2), groups: int = 8
+    ):
         super().__init__()
         self.base_width = base_width
         temb_ch = 4 * base_width
-        self.time_embed = nn.Sequential(nn.Linear(base_width, temb_ch), nn.SiLU(), nn.Linear(temb_ch, temb_ch))
+        self.time_embed = nn.Sequential(
+            nn.Linear(base_width, temb_ch), nn.SiLU(), nn.Linear(temb_ch, temb_ch)
+        )
         self.conv_in = nn.Conv2d(in_channels, base_width, 3, padding=1)
         widths = [base_width * m for m in channel_mults]
         self.down_blocks, self.downsamples = nn.ModuleList(), nn.ModuleList()
@@ -84,15 +94,20 @@ class UNet(nn.Module):
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
-def unet(in_channels: int = 3, image_size: int = 16, base_width: int = 16, channel_mults=(1, 2),
-         groups: int = 8) -> UNet:
+def unet(
+    in_channels: int = 3,
+    image_size: int = 16,
+    base_width: int = 16,
+    channel_mults=(1, 2),
+    groups: int = 8,
+) -> UNet:
     """The factory: `image_size` only checks that every level halves it evenly."""
     assert image_size % 2 ** (len(channel_mults) - 1) == 0, (image_size, channel_mults)
     return UNet(in_channels, base_width, tuple(channel_mults), groups)
 
 
 def mse_loss(outputs: Tensor, batch) -> Tensor:
-    """Mean squared error, in float32 (float64 in a float64 run), between the predicted noise (B, C, H, W) and
-    batch["noise"]."""
+    """Mean squared error, in float32 (float64 in a float64 run), between the predicted noise (B, C,
+    H, W) and batch["noise"]."""
     dtype = torch.float64 if outputs.dtype == torch.float64 else torch.float32
     return F.mse_loss(outputs.to(dtype), batch["noise"].to(dtype))

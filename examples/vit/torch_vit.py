@@ -1,8 +1,10 @@
-"""A Vision Transformer written as torchvision writes one (`torchvision.models.vision_transformer`): a
-patch convolution, a class token, learned position embeddings, pre-norm encoder blocks around
+"""A Vision Transformer written as torchvision writes one (`torchvision.models.vision_transformer`):
+a patch convolution, a class token, learned position embeddings, pre-norm encoder blocks around
 `nn.MultiheadAttention(batch_first=True)` and an MLP block (`nn.Sequential` of Linear, exact GELU,
-Dropout, Linear, Dropout), torchvision's module names (`encoder.layers.encoder_layer_0.self_attention`).
+Dropout, Linear, Dropout), torchvision's module names
+(`encoder.layers.encoder_layer_0.self_attention`).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -13,15 +15,29 @@ from torch import nn
 
 class MLPBlock(nn.Sequential):
     def __init__(self, in_dim: int, mlp_dim: int, dropout: float):
-        super().__init__(nn.Linear(in_dim, mlp_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(mlp_dim, in_dim),
-                         nn.Dropout(dropout))
+        super().__init__(
+            nn.Linear(in_dim, mlp_dim),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(mlp_dim, in_dim),
+            nn.Dropout(dropout),
+        )
 
 
 class EncoderBlock(nn.Module):
-    def __init__(self, num_heads: int, hidden_dim: int, mlp_dim: int, dropout: float, attention_dropout: float):
+    def __init__(
+        self,
+        num_heads: int,
+        hidden_dim: int,
+        mlp_dim: int,
+        dropout: float,
+        attention_dropout: float,
+    ):
         super().__init__()
         self.ln_1 = nn.LayerNorm(hidden_dim, eps=1e-6)
-        self.self_attention = nn.MultiheadAttention(hidden_dim, num_heads, dropout=attention_dropout, batch_first=True)
+        self.self_attention = nn.MultiheadAttention(
+            hidden_dim, num_heads, dropout=attention_dropout, batch_first=True
+        )
         self.dropout = nn.Dropout(dropout)
         self.ln_2 = nn.LayerNorm(hidden_dim, eps=1e-6)
         self.mlp = MLPBlock(hidden_dim, mlp_dim, dropout)
@@ -37,14 +53,28 @@ class EncoderBlock(nn.Module):
 
 
 class Encoder(nn.Module):
-    def __init__(self, seq_length: int, num_layers: int, num_heads: int, hidden_dim: int, mlp_dim: int,
-                 dropout: float, attention_dropout: float):
+    def __init__(
+        self,
+        seq_length: int,
+        num_layers: int,
+        num_heads: int,
+        hidden_dim: int,
+        mlp_dim: int,
+        dropout: float,
+        attention_dropout: float,
+    ):
         super().__init__()
         self.pos_embedding = nn.Parameter(torch.empty(1, seq_length, hidden_dim).normal_(std=0.02))
         self.dropout = nn.Dropout(dropout)
-        self.layers = nn.Sequential(OrderedDict(
-            (f"encoder_layer_{i}", EncoderBlock(num_heads, hidden_dim, mlp_dim, dropout, attention_dropout))
-            for i in range(num_layers)))
+        self.layers = nn.Sequential(
+            OrderedDict(
+                (
+                    f"encoder_layer_{i}",
+                    EncoderBlock(num_heads, hidden_dim, mlp_dim, dropout, attention_dropout),
+                )
+                for i in range(num_layers)
+            )
+        )
         self.ln = nn.LayerNorm(hidden_dim, eps=1e-6)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -53,15 +83,29 @@ class Encoder(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    def __init__(self, image_size: int, patch_size: int, num_layers: int, num_heads: int, hidden_dim: int,
-                 mlp_dim: int, num_classes: int, in_channels: int = 3, dropout: float = 0.0,
-                 attention_dropout: float = 0.0):
+    def __init__(
+        self,
+        image_size: int,
+        patch_size: int,
+        num_layers: int,
+        num_heads: int,
+        hidden_dim: int,
+        mlp_dim: int,
+        num_classes: int,
+        in_channels: int = 3,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+    ):
         super().__init__()
         self.patch_size, self.hidden_dim = patch_size, hidden_dim
-        self.conv_proj = nn.Conv2d(in_channels, hidden_dim, kernel_size=patch_size, stride=patch_size)
+        self.conv_proj = nn.Conv2d(
+            in_channels, hidden_dim, kernel_size=patch_size, stride=patch_size
+        )
         seq_length = (image_size // patch_size) ** 2 + 1  # the patches and the class token
         self.class_token = nn.Parameter(torch.zeros(1, 1, hidden_dim))
-        self.encoder = Encoder(seq_length, num_layers, num_heads, hidden_dim, mlp_dim, dropout, attention_dropout)
+        self.encoder = Encoder(
+            seq_length, num_layers, num_heads, hidden_dim, mlp_dim, dropout, attention_dropout
+        )
         self.heads = nn.Sequential(OrderedDict(head=nn.Linear(hidden_dim, num_classes)))
 
     def _process_input(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,8 +120,24 @@ class VisionTransformer(nn.Module):
         return self.heads(x[:, 0])
 
 
-def vit(input_shape=(3, 16, 16), patch_size=4, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64,
-        num_classes=10) -> VisionTransformer:
-    """The factory the twin names (as torchvision's `vit_b_16()`): channels and size from (C, H, W) images."""
-    return VisionTransformer(input_shape[1], patch_size, num_layers, num_heads, hidden_dim, mlp_dim, num_classes,
-                             in_channels=input_shape[0])
+def vit(
+    input_shape=(3, 16, 16),
+    patch_size=4,
+    num_layers=2,
+    num_heads=4,
+    hidden_dim=32,
+    mlp_dim=64,
+    num_classes=10,
+) -> VisionTransformer:
+    """The factory the twin names (as torchvision's `vit_b_16()`): channels and size from (C, H, W)
+    images."""
+    return VisionTransformer(
+        input_shape[1],
+        patch_size,
+        num_layers,
+        num_heads,
+        hidden_dim,
+        mlp_dim,
+        num_classes,
+        in_channels=input_shape[0],
+    )

@@ -1,11 +1,16 @@
-"""xmp.spawn with one replica failing on its input, as a user's code can: `python tests/data/failing_replica.py OUT`.
+"""xmp.spawn with one replica failing on its input, as a user's code can: `python
+tests/data/failing_replica.py OUT`.
 
-Replica 1 raises a DataError at once; replica 0 trains and meets the others at the first compile barrier.
-Prints what `run_spawn` raised: `<type>: <message>`."""
+Replica 1 raises a DataError at once; replica 0 trains and meets the others at the first compile
+barrier. Prints what `run_spawn` raised: `<type>: <message>`."""
+
 import sys
 from pathlib import Path
 
-MESSAGE = "shard-1.bin: token id 300 at position 12 is outside model.vocab_size=256; use a matching vocab_size"
+MESSAGE = (
+    "shard-1.bin: token id 300 at position 12 is outside model.vocab_size=256; use a "
+    "matching vocab_size"
+)
 
 
 def replica(index, spec_dict, options, progress):

@@ -1,12 +1,13 @@
 """`make test-fast` starts no backend process, and this proves it.
 
-tests/conftest.py puts this directory first on PYTHONPATH when the slow tests are deselected, so every
-Python process the tests start (and the ones those start: compare's backends, a twin's describe step)
-imports this module first. A process started to run a backend (`python -m <package>` of a registered
-backend, or `python -m <package>.<step>`: a twin's describe or export step) writes its command line to
-$XLA_TWINS_BACKEND_GUARD and exits 97 before any of the backend's code runs; the session then fails,
-naming it.
+tests/conftest.py puts this directory first on PYTHONPATH when the slow tests are deselected, so
+every Python process the tests start (and the ones those start: compare's backends, a twin's
+describe step) imports this module first. A process started to run a backend (`python -m <package>`
+of a registered backend, or `python -m <package>.<step>`: a twin's describe or export step) writes
+its command line to $XLA_TWINS_BACKEND_GUARD and exits 97 before any of the backend's code runs; the
+session then fails, naming it.
 """
+
 import os
 import sys
 
@@ -30,6 +31,8 @@ def _module_run() -> str | None:
 if _LOG and _PACKAGES and (_module := _module_run()) and _module.split(".")[0] in _PACKAGES:
     with open(_LOG, "a") as _log:
         _log.write(" ".join(sys.orig_argv) + "\n")
-    sys.stderr.write(f"error: make test-fast started a backend process (python -m {_module}); mark its test "
-                     "slow\n")
+    sys.stderr.write(
+        f"error: make test-fast started a backend process (python -m {_module}); mark its test "
+        "slow\n"
+    )
     os._exit(97)

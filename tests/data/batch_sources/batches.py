@@ -1,12 +1,16 @@
-"""Batch sources for tests/test_tasks.py: one that is fine, and one for each way a source can go wrong."""
+"""Batch sources for tests/test_tasks.py: one that is fine, and one for each way a source can go
+wrong."""
+
 import numpy as np
 
 
 def good(seed, step, batch_size, features, conditions):
     rng = np.random.default_rng([seed, step])
-    return {"x": rng.standard_normal((batch_size, features)).astype(np.float32),
-            "c": rng.integers(0, conditions, batch_size).astype(np.int32),
-            "target": rng.standard_normal((batch_size, features)).astype(np.float32)}
+    return {
+        "x": rng.standard_normal((batch_size, features)).astype(np.float32),
+        "c": rng.integers(0, conditions, batch_size).astype(np.int32),
+        "target": rng.standard_normal((batch_size, features)).astype(np.float32),
+    }
 
 
 def shape_changes(seed, step, batch_size, features, conditions):
@@ -54,4 +58,7 @@ def raises_at_step_3(seed, step, batch_size, features, conditions):
 
 
 def extra_key(seed, step, batch_size, features, conditions):
-    return {**good(seed, step, batch_size, features, conditions), "weights": np.ones(batch_size, np.float32)}
+    return {
+        **good(seed, step, batch_size, features, conditions),
+        "weights": np.ones(batch_size, np.float32),
+    }

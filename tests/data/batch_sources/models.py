@@ -1,4 +1,6 @@
-"""A small model that takes two named inputs, a feature vector and an integer condition, in torch and in NNX."""
+"""A small model that takes two named inputs, a feature vector and an integer condition, in torch
+and in NNX."""
+
 import jax.numpy as jnp
 import torch
 from flax import nnx
@@ -32,7 +34,8 @@ def nnx_loss(outputs, batch):
     return jnp.mean((outputs - batch["target"]) ** 2)
 
 
-class TorchTwoOutputs(TorchNet):  # a second output no loss reads, as a model's features or its auxiliary head
+# a second output no loss reads, as a model's features or its auxiliary head
+class TorchTwoOutputs(TorchNet):
     def forward(self, x, c):
         return {"logits": super().forward(x, c), "features": torch.tanh(self.fc(x))}
 
@@ -42,7 +45,8 @@ class NnxTwoOutputs(NnxNet):
         return {"logits": super().__call__(x, c), "features": jnp.tanh(self.fc(x))}
 
 
-class NnxTwoOutputsMisported(NnxNet):  # its features through another nonlinearity: the loss never sees it
+# its features through another nonlinearity: the loss never sees it
+class NnxTwoOutputsMisported(NnxNet):
     def __call__(self, x, c):
         return {"logits": super().__call__(x, c), "features": nnx.sigmoid(self.fc(x))}
 

@@ -1,4 +1,6 @@
-"""A tiny ConvNeXt written the way torchvision/models/convnext.py writes it (by a new user, from the README)."""
+"""A tiny ConvNeXt written the way torchvision/models/convnext.py writes it (by a new user, from the
+README)."""
+
 from functools import partial
 
 import torch
@@ -65,32 +67,47 @@ class CNBlock(nn.Module):
 
 
 class ConvNeXt(nn.Module):
-    def __init__(self, input_shape=(3, 32, 32), num_classes=10, dims=(16, 32), depths=(1, 1),
-                 layer_scale=0.1, stochastic_depth_prob=0.0):
+    def __init__(
+        self,
+        input_shape=(3, 32, 32),
+        num_classes=10,
+        dims=(16, 32),
+        depths=(1, 1),
+        layer_scale=0.1,
+        stochastic_depth_prob=0.0,
+    ):
         super().__init__()
         norm_layer = partial(LayerNorm2d, eps=1e-6)
         in_ch = input_shape[0]
         layers = []
-        # Conv2dNormActivation(3, dims[0], kernel_size=4, stride=4, padding=0, norm_layer, activation_layer=None)
-        layers.append(nn.Sequential(
-            nn.Conv2d(in_ch, dims[0], kernel_size=4, stride=4, padding=0, bias=True),
-            norm_layer(dims[0]),
-        ))
+        # Conv2dNormActivation(3, dims[0], kernel_size=4, stride=4, padding=0,
+        # norm_layer, activation_layer=None)
+        layers.append(
+            nn.Sequential(
+                nn.Conv2d(in_ch, dims[0], kernel_size=4, stride=4, padding=0, bias=True),
+                norm_layer(dims[0]),
+            )
+        )
         total_stage_blocks = sum(depths)
         stage_block_id = 0
         for i, (dim, depth) in enumerate(zip(dims, depths)):
             stage = []
             for _ in range(depth):
-                sd_prob = stochastic_depth_prob * stage_block_id / (total_stage_blocks - 1.0) \
-                    if total_stage_blocks > 1 else 0.0
+                sd_prob = (
+                    stochastic_depth_prob * stage_block_id / (total_stage_blocks - 1.0)
+                    if total_stage_blocks > 1
+                    else 0.0
+                )
                 stage.append(CNBlock(dim, layer_scale, sd_prob))
                 stage_block_id += 1
             layers.append(nn.Sequential(*stage))
             if i + 1 < len(dims):
-                layers.append(nn.Sequential(
-                    norm_layer(dim),
-                    nn.Conv2d(dim, dims[i + 1], kernel_size=2, stride=2),
-                ))
+                layers.append(
+                    nn.Sequential(
+                        norm_layer(dim),
+                        nn.Conv2d(dim, dims[i + 1], kernel_size=2, stride=2),
+                    )
+                )
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.classifier = nn.Sequential(

@@ -1,5 +1,7 @@
-"""torchvision's ConvNeXt (its index-named Sequentials, LayerNorm2d, a (dim, 1, 1) layer scale) against an NHWC
-NNX port with its own names: the rename a new user wrote, containers included, and the layer scale's layout."""
+"""torchvision's ConvNeXt (its index-named Sequentials, LayerNorm2d, a (dim, 1, 1) layer scale)
+against an NHWC NNX port with its own names: the rename a new user wrote, containers included, and
+the layer scale's layout."""
+
 from common.spec import TrainSpec
 from common.twin import Twin
 
@@ -19,12 +21,25 @@ RENAME = {
     r"^classifier\.0\.": "norm.",
     r"^classifier\.2\.": "head.",
 }
-COMMON = dict(task="classification", rename=RENAME, layouts={r"\.gamma$": "d 1 1 -> d"},
-              hparams={"input_shape": (3, 32, 32), "num_classes": 10, "dims": (16, 32), "depths": (1, 1),
-                       "layer_scale": 0.1},
-              nnx_input_axes=(0, 2, 3, 1), train=TrainSpec(optimizer="adamw", lr=1e-3, global_batch_size=8, steps=2))
+COMMON = dict(
+    task="classification",
+    rename=RENAME,
+    layouts={r"\.gamma$": "d 1 1 -> d"},
+    hparams={
+        "input_shape": (3, 32, 32),
+        "num_classes": 10,
+        "dims": (16, 32),
+        "depths": (1, 1),
+        "layer_scale": 0.1,
+    },
+    nnx_input_axes=(0, 2, 3, 1),
+    train=TrainSpec(optimizer="adamw", lr=1e-3, global_batch_size=8, steps=2),
+)
 
 convnext = Twin(torch="models_torch.py:ConvNeXt", nnx="models_nnx.py:ConvNeXt", **COMMON)
-convnext_block_eps_misported = Twin(torch="models_torch.py:ConvNeXt", nnx="models_nnx.py:convnext_block_eps_misported",
-                                    **COMMON)
-convnext_tanh_gelu = Twin(torch="models_torch.py:ConvNeXt", nnx="models_nnx.py:convnext_tanh_gelu", **COMMON)
+convnext_block_eps_misported = Twin(
+    torch="models_torch.py:ConvNeXt", nnx="models_nnx.py:convnext_block_eps_misported", **COMMON
+)
+convnext_tanh_gelu = Twin(
+    torch="models_torch.py:ConvNeXt", nnx="models_nnx.py:convnext_tanh_gelu", **COMMON
+)

@@ -1,5 +1,7 @@
-"""A user's classifier whose head is padded to a round size and masks the padded class with -inf (as a
-language model masks the padded entries of its vocabulary): its logits hold -inf on both sides, by design."""
+"""A user's classifier whose head is padded to a round size and masks the padded class with -inf (as
+a language model masks the padded entries of its vocabulary): its logits hold -inf on both sides, by
+design."""
+
 import jax.numpy as jnp
 import torch
 from flax import nnx

@@ -1,8 +1,10 @@
 """The Flax NNX port of `torch_regressor.py`, its own module names, and its loss written with optax.
 
-optax's Huber loss with `delta` is torch's smooth L1 with `beta = delta` times `delta`: the faithful port divides
-by delta; `huber_as_smooth_l1` is the usual mistake, optax's function taken for torch's (twins.py).
+optax's Huber loss with `delta` is torch's smooth L1 with `beta = delta` times `delta`: the faithful
+port divides by delta; `huber_as_smooth_l1` is the usual mistake, optax's function taken for torch's
+(twins.py).
 """
+
 import optax
 from flax import nnx
 

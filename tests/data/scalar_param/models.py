@@ -1,4 +1,6 @@
-"""A model with a learned scalar, as CLIP's logit_scale (a 0-d nn.Parameter / nnx.Param), written as users do."""
+"""A model with a learned scalar, as CLIP's logit_scale (a 0-d nn.Parameter / nnx.Param), written as
+users do."""
+
 import jax.numpy as jnp
 import torch
 from flax import nnx

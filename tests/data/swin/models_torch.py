@@ -1,4 +1,5 @@
 """A tiny Swin Transformer (v1) written the way torchvision.models.swin_transformer writes it."""
+
 from collections.abc import Callable
 from functools import partial
 
@@ -21,8 +22,16 @@ class Permute(torch.nn.Module):
 class MLP(torch.nn.Sequential):
     """torchvision.ops.misc.MLP"""
 
-    def __init__(self, in_channels, hidden_channels, norm_layer=None, activation_layer=torch.nn.ReLU,
-                 inplace=None, bias=True, dropout=0.0):
+    def __init__(
+        self,
+        in_channels,
+        hidden_channels,
+        norm_layer=None,
+        activation_layer=torch.nn.ReLU,
+        inplace=None,
+        bias=True,
+        dropout=0.0,
+    ):
         params = {} if inplace is None else {"inplace": inplace}
         layers = []
         in_dim = in_channels
@@ -72,9 +81,17 @@ def _get_relative_position_bias(relative_position_bias_table, relative_position_
 
 
 def shifted_window_attention(
-    input: Tensor, qkv_weight: Tensor, proj_weight: Tensor, relative_position_bias: Tensor,
-    window_size: list[int], num_heads: int, shift_size: list[int], attention_dropout: float = 0.0,
-    dropout: float = 0.0, qkv_bias: Tensor | None = None, proj_bias: Tensor | None = None,
+    input: Tensor,
+    qkv_weight: Tensor,
+    proj_weight: Tensor,
+    relative_position_bias: Tensor,
+    window_size: list[int],
+    num_heads: int,
+    shift_size: list[int],
+    attention_dropout: float = 0.0,
+    dropout: float = 0.0,
+    qkv_bias: Tensor | None = None,
+    proj_bias: Tensor | None = None,
     training: bool = True,
 ) -> Tensor:
     B, H, W, C = input.shape
@@ -97,8 +114,11 @@ def shifted_window_attention(
 
     # partition windows
     num_windows = (pad_H // window_size[0]) * (pad_W // window_size[1])
-    x = x.view(B, pad_H // window_size[0], window_size[0], pad_W // window_size[1], window_size[1], C)
-    x = x.permute(0, 1, 3, 2, 4, 5).reshape(B * num_windows, window_size[0] * window_size[1], C)  # B*nW, Ws*Ws, C
+    x = x.view(
+        B, pad_H // window_size[0], window_size[0], pad_W // window_size[1], window_size[1], C
+    )
+    # B*nW, Ws*Ws, C
+    x = x.permute(0, 1, 3, 2, 4, 5).reshape(B * num_windows, window_size[0] * window_size[1], C)
 
     # multi-head attention
     qkv = F.linear(x, qkv_weight, qkv_bias)
@@ -119,8 +139,12 @@ def shifted_window_attention(
             for w in w_slices:
                 attn_mask[h[0] : h[1], w[0] : w[1]] = count
                 count += 1
-        attn_mask = attn_mask.view(pad_H // window_size[0], window_size[0], pad_W // window_size[1], window_size[1])
-        attn_mask = attn_mask.permute(0, 2, 1, 3).reshape(num_windows, window_size[0] * window_size[1])
+        attn_mask = attn_mask.view(
+            pad_H // window_size[0], window_size[0], pad_W // window_size[1], window_size[1]
+        )
+        attn_mask = attn_mask.permute(0, 2, 1, 3).reshape(
+            num_windows, window_size[0] * window_size[1]
+        )
         attn_mask = attn_mask.unsqueeze(1) - attn_mask.unsqueeze(2)
         attn_mask = attn_mask.masked_fill(attn_mask != 0, (-100.0)).masked_fill(attn_mask == 0, 0.0)
         attn = attn.view(x.size(0) // num_windows, num_windows, num_heads, x.size(1), x.size(1))
@@ -135,7 +159,9 @@ def shifted_window_attention(
     x = F.dropout(x, p=dropout, training=training)
 
     # reverse windows
-    x = x.view(B, pad_H // window_size[0], pad_W // window_size[1], window_size[0], window_size[1], C)
+    x = x.view(
+        B, pad_H // window_size[0], pad_W // window_size[1], window_size[0], window_size[1], C
+    )
     x = x.permute(0, 1, 3, 2, 4, 5).reshape(B, pad_H, pad_W, C)
 
     # reverse cyclic shift
@@ -148,9 +174,17 @@ def shifted_window_attention(
 
 
 class ShiftedWindowAttention(nn.Module):
-    def __init__(self, dim: int, window_size: list[int], shift_size: list[int], num_heads: int,
-                 qkv_bias: bool = True, proj_bias: bool = True, attention_dropout: float = 0.0,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        window_size: list[int],
+        shift_size: list[int],
+        num_heads: int,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        attention_dropout: float = 0.0,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         if len(window_size) != 2 or len(shift_size) != 2:
             raise ValueError("window_size and shift_size must be of length 2")
@@ -169,7 +203,9 @@ class ShiftedWindowAttention(nn.Module):
     def define_relative_position_bias_table(self):
         # define a parameter table of relative position bias
         self.relative_position_bias_table = nn.Parameter(
-            torch.zeros((2 * self.window_size[0] - 1) * (2 * self.window_size[1] - 1), self.num_heads)
+            torch.zeros(
+                (2 * self.window_size[0] - 1) * (2 * self.window_size[1] - 1), self.num_heads
+            )
         )  # 2*Wh-1 * 2*Ww-1, nH
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
@@ -189,15 +225,26 @@ class ShiftedWindowAttention(nn.Module):
 
     def get_relative_position_bias(self) -> torch.Tensor:
         return _get_relative_position_bias(
-            self.relative_position_bias_table, self.relative_position_index, self.window_size  # type: ignore[arg-type]
+            self.relative_position_bias_table,
+            self.relative_position_index,
+            self.window_size,  # type: ignore[arg-type]
         )
 
     def forward(self, x: Tensor) -> Tensor:
         relative_position_bias = self.get_relative_position_bias()
         return shifted_window_attention(
-            x, self.qkv.weight, self.proj.weight, relative_position_bias, self.window_size, self.num_heads,
-            shift_size=self.shift_size, attention_dropout=self.attention_dropout, dropout=self.dropout,
-            qkv_bias=self.qkv.bias, proj_bias=self.proj.bias, training=self.training,
+            x,
+            self.qkv.weight,
+            self.proj.weight,
+            relative_position_bias,
+            self.window_size,
+            self.num_heads,
+            shift_size=self.shift_size,
+            attention_dropout=self.attention_dropout,
+            dropout=self.dropout,
+            qkv_bias=self.qkv.bias,
+            proj_bias=self.proj.bias,
+            training=self.training,
         )
 
 
@@ -221,17 +268,38 @@ class StochasticDepth(nn.Module):
 
 
 class SwinTransformerBlock(nn.Module):
-    def __init__(self, dim: int, num_heads: int, window_size: list[int], shift_size: list[int],
-                 mlp_ratio: float = 4.0, dropout: float = 0.0, attention_dropout: float = 0.0,
-                 stochastic_depth_prob: float = 0.0, norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
-                 attn_layer: Callable[..., nn.Module] = ShiftedWindowAttention):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window_size: list[int],
+        shift_size: list[int],
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        stochastic_depth_prob: float = 0.0,
+        norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
+        attn_layer: Callable[..., nn.Module] = ShiftedWindowAttention,
+    ):
         super().__init__()
         self.norm1 = norm_layer(dim)
-        self.attn = attn_layer(dim, window_size, shift_size, num_heads,
-                               attention_dropout=attention_dropout, dropout=dropout)
+        self.attn = attn_layer(
+            dim,
+            window_size,
+            shift_size,
+            num_heads,
+            attention_dropout=attention_dropout,
+            dropout=dropout,
+        )
         self.stochastic_depth = StochasticDepth(stochastic_depth_prob, "row")
         self.norm2 = norm_layer(dim)
-        self.mlp = MLP(dim, [int(dim * mlp_ratio), dim], activation_layer=nn.GELU, inplace=None, dropout=dropout)
+        self.mlp = MLP(
+            dim,
+            [int(dim * mlp_ratio), dim],
+            activation_layer=nn.GELU,
+            inplace=None,
+            dropout=dropout,
+        )
 
         for m in self.mlp.modules():
             if isinstance(m, nn.Linear):
@@ -246,10 +314,22 @@ class SwinTransformerBlock(nn.Module):
 
 
 class SwinTransformer(nn.Module):
-    def __init__(self, patch_size: list[int], embed_dim: int, depths: list[int], num_heads: list[int],
-                 window_size: list[int], mlp_ratio: float = 4.0, dropout: float = 0.0,
-                 attention_dropout: float = 0.0, stochastic_depth_prob: float = 0.0, num_classes: int = 1000,
-                 norm_layer=None, block=None, downsample_layer=PatchMerging):
+    def __init__(
+        self,
+        patch_size: list[int],
+        embed_dim: int,
+        depths: list[int],
+        num_heads: list[int],
+        window_size: list[int],
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        stochastic_depth_prob: float = 0.0,
+        num_classes: int = 1000,
+        norm_layer=None,
+        block=None,
+        downsample_layer=PatchMerging,
+    ):
         super().__init__()
         self.num_classes = num_classes
         if block is None:
@@ -261,8 +341,12 @@ class SwinTransformer(nn.Module):
         # split image into non-overlapping patches
         layers.append(
             nn.Sequential(
-                nn.Conv2d(3, embed_dim, kernel_size=(patch_size[0], patch_size[1]),
-                          stride=(patch_size[0], patch_size[1])),
+                nn.Conv2d(
+                    3,
+                    embed_dim,
+                    kernel_size=(patch_size[0], patch_size[1]),
+                    stride=(patch_size[0], patch_size[1]),
+                ),
                 Permute([0, 2, 3, 1]),
                 norm_layer(embed_dim),
             )
@@ -278,10 +362,17 @@ class SwinTransformer(nn.Module):
                 # adjust stochastic depth probability based on the depth of the stage block
                 sd_prob = stochastic_depth_prob * float(stage_block_id) / (total_stage_blocks - 1)
                 stage.append(
-                    block(dim, num_heads[i_stage], window_size=window_size,
-                          shift_size=[0 if i_layer % 2 == 0 else w // 2 for w in window_size],
-                          mlp_ratio=mlp_ratio, dropout=dropout, attention_dropout=attention_dropout,
-                          stochastic_depth_prob=sd_prob, norm_layer=norm_layer)
+                    block(
+                        dim,
+                        num_heads[i_stage],
+                        window_size=window_size,
+                        shift_size=[0 if i_layer % 2 == 0 else w // 2 for w in window_size],
+                        mlp_ratio=mlp_ratio,
+                        dropout=dropout,
+                        attention_dropout=attention_dropout,
+                        stochastic_depth_prob=sd_prob,
+                        norm_layer=norm_layer,
+                    )
                 )
                 stage_block_id += 1
             layers.append(nn.Sequential(*stage))
@@ -313,9 +404,22 @@ class SwinTransformer(nn.Module):
         return x
 
 
-def swin_tiny(input_shape=(3, 32, 32), num_classes=10, patch=4, embed_dim=16, depths=(2, 2),
-              heads=(2, 4), window=4):
+def swin_tiny(
+    input_shape=(3, 32, 32),
+    num_classes=10,
+    patch=4,
+    embed_dim=16,
+    depths=(2, 2),
+    heads=(2, 4),
+    window=4,
+):
     assert input_shape[0] == 3
-    return SwinTransformer(patch_size=[patch, patch], embed_dim=embed_dim, depths=list(depths),
-                           num_heads=list(heads), window_size=[window, window], num_classes=num_classes,
-                           stochastic_depth_prob=0.0)
+    return SwinTransformer(
+        patch_size=[patch, patch],
+        embed_dim=embed_dim,
+        depths=list(depths),
+        num_heads=list(heads),
+        window_size=[window, window],
+        num_classes=num_classes,
+        stochastic_depth_prob=0.0,
+    )

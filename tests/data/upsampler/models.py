@@ -1,6 +1,7 @@
-"""A user's small upsampling classifier: a strided convolution down, torch's ConvTranspose2d back up (as many
-channels out as in, so that its kernel's shape cannot tell its layout), a 1x1 convolution, global average
-pooling and a Linear head; and its NHWC NNX port with nnx.ConvTranspose."""
+"""A user's small upsampling classifier: a strided convolution down, torch's ConvTranspose2d back up
+(as many channels out as in, so that its kernel's shape cannot tell its layout), a 1x1 convolution,
+global average pooling and a Linear head; and its NHWC NNX port with nnx.ConvTranspose."""
+
 import jax.numpy as jnp
 import torch
 from flax import nnx
@@ -22,9 +23,13 @@ class TorchUpsampler(nn.Module):
 
 class NnxUpsampler(nnx.Module):
     def __init__(self, input_shape, width, num_classes, *, rngs, up_padding=((1, 2), (1, 2))):
-        self.down = nnx.Conv(input_shape[0], width, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)), rngs=rngs)
+        self.down = nnx.Conv(
+            input_shape[0], width, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)), rngs=rngs
+        )
         # torch's padding p is Flax's k - 1 - p on each side, plus output_padding after
-        self.up = nnx.ConvTranspose(width, width, (3, 3), strides=(2, 2), padding=up_padding, rngs=rngs)
+        self.up = nnx.ConvTranspose(
+            width, width, (3, 3), strides=(2, 2), padding=up_padding, rngs=rngs
+        )
         self.mix = nnx.Conv(width, width, (1, 1), rngs=rngs)
         self.head = nnx.Linear(width, num_classes, rngs=rngs)
 
@@ -34,5 +39,6 @@ class NnxUpsampler(nnx.Module):
 
 
 def nnx_upsampler_torch_padding(input_shape, width, num_classes, *, rngs):
-    """The mis-port: torch's padding=1 copied into nnx.ConvTranspose, where it means something else."""
+    """The mis-port: torch's padding=1 copied into nnx.ConvTranspose, where it means something
+    else."""
     return NnxUpsampler(input_shape, width, num_classes, rngs=rngs, up_padding=1)

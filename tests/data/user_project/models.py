@@ -1,5 +1,6 @@
 """A user's own small classifier, once in torch.nn and once in Flax NNX (a throwaway project's file:
 the toolkit reaches it only through twins.py)."""
+
 import jax
 import torch
 from flax import nnx
@@ -18,7 +19,9 @@ class TorchNet(nn.Module):
 
 
 class NnxNet(nnx.Module):
-    def __init__(self, input_shape: int, hidden: int, num_classes: int, *, rngs: nnx.Rngs, gelu: bool = False):
+    def __init__(
+        self, input_shape: int, hidden: int, num_classes: int, *, rngs: nnx.Rngs, gelu: bool = False
+    ):
         self.fc1 = nnx.Linear(input_shape, hidden, rngs=rngs)
         self.norm = nnx.LayerNorm(hidden, epsilon=1e-5, rngs=rngs)
         self.fc2 = nnx.Linear(hidden, num_classes, rngs=rngs)
@@ -84,8 +87,9 @@ class TorchScores(TorchNet):  # its logits under a name of its own
 
 
 class _LinearFunction(torch.autograd.Function):
-    """y = x W^T + b with a hand-written backward, as fused or custom kernels are wrapped. `clamped`: the
-    mis-port's backward passes the input gradient back through max(W, 0), a bug its forward never shows."""
+    """y = x W^T + b with a hand-written backward, as fused or custom kernels are wrapped.
+    `clamped`: the mis-port's backward passes the input gradient back through max(W, 0), a bug its
+    forward never shows."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, clamped: bool):
@@ -123,8 +127,8 @@ def torch_net_backward_misported(**hparams):
 
 
 class TorchNetFixesFloat32(TorchNet):
-    """Its input cast to float32 on purpose (`x.float()`, as code written for float32 does): it cannot run in a
-    float64 run, where fc1 is float64."""
+    """Its input cast to float32 on purpose (`x.float()`, as code written for float32 does): it
+    cannot run in a float64 run, where fc1 is float64."""
 
     def forward(self, x):
         return super().forward(x.float())

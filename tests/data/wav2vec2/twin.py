@@ -1,7 +1,9 @@
-"""Hugging Face's Wav2Vec2ForSequenceClassification, unchanged (its feature encoder sets requires_grad on its
-input; its positional convolution is weight-normed), against a new user's NNX port with its own names, fed
-raw audio. `w2v_inner_conv` is that user's first rename: HF's inner Conv1d (its output before the trim) on
-the port's pos_conv, a module boundary the two sides draw apart."""
+"""Hugging Face's Wav2Vec2ForSequenceClassification, unchanged (its feature encoder sets
+requires_grad on its input; its positional convolution is weight-normed), against a new user's NNX
+port with its own names, fed raw audio. `w2v_inner_conv` is that user's first rename: HF's inner
+Conv1d (its output before the trim) on the port's pos_conv, a module boundary the two sides draw
+apart."""
+
 from common.twin import Twin
 
 HP = {"input_shape": (400,), "num_classes": 4}
@@ -16,8 +18,8 @@ RENAME = {
     r"^encoder\.pos_conv_embed\.conv\.parametrizations\.weight\.original0$": "encoder.pos_conv.g",
     r"^encoder\.pos_conv_embed\.conv\.parametrizations\.weight\.original1$": "encoder.pos_conv.v",
     r"^encoder\.pos_conv_embed\.conv\.bias$": "encoder.pos_conv.bias",
-    # module paths: HF's whole Wav2Vec2PositionalConvEmbedding (conv + SamePad + GELU) is my pos_conv;
-    # its inner Conv1d (untrimmed output) maps to no NNX module
+    # module paths: HF's whole Wav2Vec2PositionalConvEmbedding (conv + SamePad + GELU) is my
+    # pos_conv; its inner Conv1d (untrimmed output) maps to no NNX module
     r"^encoder\.pos_conv_embed\.$": "encoder.pos_conv.",
     r"^encoder\.layer_norm\.": "encoder.norm.",
     r"\.attention\.q_proj\.": ".attn.query.",
@@ -41,16 +43,24 @@ LAYOUTS = {
 
 
 def _twin(nnx_factory, rename=RENAME):
-    return Twin(torch="models_torch.py:wav2vec2_cls", nnx=f"models_nnx.py:{nnx_factory}",
-                task="classification", hparams=dict(HP), rename=dict(rename), layouts=dict(LAYOUTS))
+    return Twin(
+        torch="models_torch.py:wav2vec2_cls",
+        nnx=f"models_nnx.py:{nnx_factory}",
+        task="classification",
+        hparams=dict(HP),
+        rename=dict(rename),
+        layouts=dict(LAYOUTS),
+    )
 
 
 w2v = _twin("wav2vec2_cls")
-w2v_inner_conv = _twin("wav2vec2_cls", {**RENAME, r"^encoder\.pos_conv_embed\.conv\.": "encoder.pos_conv."})
+w2v_inner_conv = _twin(
+    "wav2vec2_cls", {**RENAME, r"^encoder\.pos_conv_embed\.conv\.": "encoder.pos_conv."}
+)
 
 # deliberate mis-ports, one per twin
-misport_tanh_gelu = _twin("misport_tanh_gelu")    # (a) tanh GELU in the feed-forward
-misport_wn_axis = _twin("misport_wn_axis")        # (b) weight norm over the wrong axes
-misport_groupnorm = _twin("misport_groupnorm")    # (c) GroupNorm with 1 group instead of 16
-misport_samepad = _twin("misport_samepad")        # (d) SamePad trims the first step, not the last
-misport_gn_eps = _twin("misport_gn_eps")        # (c2) GroupNorm eps 1e-6 (Flax default)
+misport_tanh_gelu = _twin("misport_tanh_gelu")  # (a) tanh GELU in the feed-forward
+misport_wn_axis = _twin("misport_wn_axis")  # (b) weight norm over the wrong axes
+misport_groupnorm = _twin("misport_groupnorm")  # (c) GroupNorm with 1 group instead of 16
+misport_samepad = _twin("misport_samepad")  # (d) SamePad trims the first step, not the last
+misport_gn_eps = _twin("misport_gn_eps")  # (c2) GroupNorm eps 1e-6 (Flax default)
