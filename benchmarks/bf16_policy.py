@@ -1,7 +1,8 @@
 """The bfloat16 noise-floor policy's false-alarm rate and power, measured on long runs of real text.
 
-    python -m benchmarks.bf16_policy                       # 4 seeds x 3 correct pairs + 5
-    mis-ports, 300 steps python -m benchmarks.bf16_policy --seeds 2 --steps 150 --backend jax,torch
+    # 4 seeds x 3 correct pairs + 5 mis-ports, 300 steps
+    python -m benchmarks.bf16_policy
+    python -m benchmarks.bf16_policy --seeds 2 --steps 150 --backend jax,torch
 
 Each run is a whole `python -m compare --dtype bfloat16` (the noise-floor policy, every backend also
 run in float32) of gpt-tiny on the Python language reference (`common.data.text`, nothing

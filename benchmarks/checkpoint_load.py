@@ -1,8 +1,9 @@
 """Checkpoint load + conversion per backend vs a plain safetensors load of the same file, side by
 side.
 
-    python -m benchmarks.checkpoint_load                 # gpt2-small-sized random weights (124M
-    parameters) python -m benchmarks.checkpoint_load --spec gpt-tiny --backends jax,torch
+    # gpt2-small-sized random weights (124M parameters)
+    python -m benchmarks.checkpoint_load
+    python -m benchmarks.checkpoint_load --spec gpt-tiny --backends jax,torch
 
 Writes the canonical checkpoint once; then, per backend in its own process, times a plain
 `safetensors.numpy.load_file` of it, builds the backend's trainer from it (what its record reports

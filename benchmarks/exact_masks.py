@@ -1,8 +1,9 @@
 """What common's dropout masks (`--parity-mode exact`) cost a step: median step time with them over
 the same run with each framework's own masks.
 
-    python -m benchmarks.exact_masks                   # gpt-tiny, dropout 0.1, every backend, 3
-    pairs python -m benchmarks.exact_masks --backends jax,torch_xla --pairs 5
+    # gpt-tiny, dropout 0.1, every backend, 3 pairs
+    python -m benchmarks.exact_masks
+    python -m benchmarks.exact_masks --backends jax,torch_xla --pairs 5
 
 Per backend, `python -m <backend> --spec S --set model.dropout=D` with
 `train.dropout_masks=framework` and `=common` run alternately (the order swaps every pair); each

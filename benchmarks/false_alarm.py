@@ -1,7 +1,8 @@
 """The statistical parity test's false-alarm rate, measured on identical implementations.
 
-    python -m benchmarks.false_alarm                  # 40 pairs, 5 seeds each, gpt-tiny with
-    dropout 0.1 python -m benchmarks.false_alarm --pairs 20 --seeds 3 --steps 10
+    # 40 pairs, 5 seeds each, gpt-tiny with dropout 0.1
+    python -m benchmarks.false_alarm
+    python -m benchmarks.false_alarm --pairs 20 --seeds 3 --steps 10
 
 A pair is the same implementation (eager torch, in this process) run twice over the same K seeds
 (the same start weights and batches per seed) with different dropout masks (train.dropout_seed

@@ -1,8 +1,9 @@
 """What the compiled-program analysis costs a backend run: wall time with it over wall time without
 it.
 
-    python -m benchmarks.hlo_cost                      # gpt-tiny, jax / torch_xla / torchax, 3
-    pairs each python -m benchmarks.hlo_cost --spec mlp-tiny --pairs 5
+    # gpt-tiny, jax / torch_xla / torchax, 3 pairs each
+    python -m benchmarks.hlo_cost
+    python -m benchmarks.hlo_cost --spec mlp-tiny --pairs 5
 
 Per backend, `python -m <backend> --spec S --parity` and the same with `--no-hlo` run alternately
 (the order swaps every pair), each a whole process as compare starts it (the spec's own steps and

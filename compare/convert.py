@@ -1,9 +1,10 @@
 """python -m compare.convert: carry a model's weights between formats, through the canonical one.
 
     python -m compare.convert --spec gpt-tiny --from torch:model.pt --to orbax:runs/gpt-orbax
-    python -m compare.convert --twin examples/llama/twin.py:llama_tiny --from hf:DIR --to
-    torch:llama.pt python -m compare.convert --twin examples/llama/twin.py:llama_tiny --from
-    orbax:DIR --to torch:back.pt
+    python -m compare.convert --twin examples/llama/twin.py:llama_tiny \
+        --from hf:DIR --to torch:llama.pt
+    python -m compare.convert --twin examples/llama/twin.py:llama_tiny \
+        --from orbax:DIR --to torch:back.pt
 
 Reads canonical, torch (.pt/.pth/.bin/.safetensors), hf and orbax; writes canonical, torch (.pt or
 .safetensors) and orbax (an NNX `nnx.state(model, nnx.Param)` checkpoint that `nnx.update`

@@ -4,8 +4,8 @@ environment's packages install together, in about half a second each (pip's `ins
 --report` gave the same pins in 30-70 s here: without the index's metadata files it fetches and
 hashes every wheel, 4 GB of CUDA libraries for the GPU one).
 
-    python -m tests.platforms EXTRA CONSTRAINTS_FILE   write the pins resolved for this project's
-    EXTRA
+    # write the pins resolved for this project's EXTRA
+    python -m tests.platforms EXTRA CONSTRAINTS_FILE
 """
 
 from __future__ import annotations

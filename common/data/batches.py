@@ -1,9 +1,10 @@
 """A twin's own batches (task `custom`): named arrays from a numpy function the user writes once, or
 from an .npz of named arrays, fed to each side's forward by name.
 
-    # batches.py (numpy only; the twin names it as data=DataSpec(dataset="batches",
-    path="batches.py:denoising")) def denoising(seed, step, batch_size, image_size):   #
-    hyperparameters it names are passed to it
+    # batches.py (numpy only; the twin names it as
+    # data=DataSpec(dataset="batches", path="batches.py:denoising"))
+
+    def denoising(seed, step, batch_size, image_size):   # hyperparameters it names are passed to it
         rng = np.random.default_rng([seed, step])
         return {"x": ..., "t": ..., "noise": ...}       # the global batch of `step`, any dtypes
 

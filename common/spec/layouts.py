@@ -5,22 +5,19 @@ A layout is one of these names, or a rearrangement declared in einops' notation:
 
   same            the same array
   transpose       2-D reversed (Linear (out, in) -> kernel (in, out))
-  conv            (O, I, *k) -> (*k, I, O)  (Conv OIHW -> HWIO; ConvTranspose (in, out, *k) under
-  Flax's
-                  `transpose_kernel=True`, which keeps the kernel of the convolution it is the
-                  gradient of)
+  conv            (O, I, *k) -> (*k, I, O)  (Conv OIHW -> HWIO; ConvTranspose (in, out, *k)
+                  under Flax's `transpose_kernel=True`, which keeps the kernel of the convolution
+                  it is the gradient of)
   conv_transpose  (I, O, *k) -> (*k, I, O) with the spatial axes flipped: torch's ConvTranspose
-  weight as
-                  `nnx.ConvTranspose` (`transpose_kernel=False`, Flax's default) holds it. torch
-                  computes the gradient of a convolution, which correlates with the flipped kernel;
-                  `lax.conv_transpose` correlates with the kernel as it is.
+                  weight as `nnx.ConvTranspose` (`transpose_kernel=False`, Flax's default) holds
+                  it. torch computes the gradient of a convolution, which correlates with the
+                  flipped kernel; `lax.conv_transpose` correlates with the kernel as it is.
   "A -> B"        a rearrangement from torch's tensor to the NNX one: each side lists the axes by
-  name, a
-                  parenthesised group being several axes merged into one, e.g. "(h d) e -> h e d" (a
-                  q_proj (heads * head_dim, embed) as a heads-first einsum kernel (heads, embed,
-                  head_dim)). `1` (or `()`) is an axis of size 1, on either side: "d 1 1 -> d"
-                  (ConvNeXt's layer scale, (dim, 1, 1) in torchvision, (dim,) in a JAX port). Axis
-                  sizes come from the two shapes.
+                  name, a parenthesised group being several axes merged into one, e.g.
+                  "(h d) e -> h e d" (a q_proj (heads * head_dim, embed) as a heads-first einsum
+                  kernel (heads, embed, head_dim)). `1` (or `()`) is an axis of size 1, on either
+                  side: "d 1 1 -> d" (ConvNeXt's layer scale, (dim, 1, 1) in torchvision, (dim,)
+                  in a JAX port). Axis sizes come from the two shapes.
 
 The derived layouts are the named ones; a rearrangement is declared in a twin (`layouts`), for a
 layout no rule can derive.

@@ -8,8 +8,8 @@ instead: compare runs every backend once more in float32 (same spec, start and b
 what bfloat16 rounding alone moved it there. Two backends' bfloat16 runs can differ by about the sum
 of their own noises; a tensor is within when
 
-    max|other - ref| <= max(FACTOR * max(noise of ref, noise of other), the float32 bound of its
-    kind)
+    max|other - ref| <= max(FACTOR * max(noise of ref, noise of other),
+                            the float32 bound of its kind)
 
 with noise = max|bf16 run - its own fp32 run|, and a step's loss likewise against the largest loss
 noise up to that step. Each side's own noise, not the reference's alone: torchax accumulated the

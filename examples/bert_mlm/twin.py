@@ -3,9 +3,10 @@ port with its own module names, on padded sentence pairs (attention mask, token 
 numpy batch function, each side computing its own loss from `labels`.
 
     python -m compare --twin examples/bert_mlm/twin.py:bert_tiny --backend all
-    python -m compare --twin examples/bert_mlm/twin.py:bert_mask_ignored   # attends to padding:
-    fails at layers.0 python -m compare --twin examples/bert_mlm/twin.py:bert_tanh_gelu --dtype
-    float64   # fails at layers.0
+    # attends to padding: fails at layers.0
+    python -m compare --twin examples/bert_mlm/twin.py:bert_mask_ignored
+    # fails at layers.0
+    python -m compare --twin examples/bert_mlm/twin.py:bert_tanh_gelu --dtype float64
 
 (The attention's math lies between its projections, in no module of its own on either side: the
 first module whose input agrees and output does not is the layer. nnx_bert.py's tanh-GELU mis-port

@@ -4,11 +4,14 @@ trained on image-caption batches of its own (batches.py) with its own contrastiv
 This file imports no framework.
 
     python -m compare --twin examples/clip/twin.py:clip_tiny --backend jax,torch
-    python -m compare --twin examples/clip/twin.py:clip_one_directional_loss --backend jax,torch   #
-    in the loss python -m compare --twin examples/clip/twin.py:clip_text_not_normalised --backend
-    jax,torch    # fails python -m compare --twin examples/clip/twin.py:clip_pooled_first --backend
-    jax,torch            # fails python -m compare --twin
-    examples/clip/twin.py:clip_own_loss_one_directional --backend jax,torch  # in the loss
+    # in the loss
+    python -m compare --twin examples/clip/twin.py:clip_one_directional_loss --backend jax,torch
+    # fails
+    python -m compare --twin examples/clip/twin.py:clip_text_not_normalised --backend jax,torch
+    # fails
+    python -m compare --twin examples/clip/twin.py:clip_pooled_first --backend jax,torch
+    # in the loss
+    python -m compare --twin examples/clip/twin.py:clip_own_loss_one_directional --backend jax,torch
 """
 
 import dataclasses

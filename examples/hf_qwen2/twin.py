@@ -3,10 +3,12 @@
 imports no framework.
 
     python -m compare --twin examples/hf_qwen2/twin.py:qwen2_tiny --backend all
-    python -m compare --twin examples/hf_qwen2/twin.py:qwen2_tiny --checkpoint hf:DIR   # a
-    save_pretrained dir python -m compare --twin examples/hf_qwen2/twin.py:qwen2_rope_base_misported
-    # fails at layers.0.attn python -m compare --twin
-    examples/hf_qwen2/twin.py:qwen2_norm_eps_misported         # layers.0.input_layernorm
+    # a save_pretrained dir
+    python -m compare --twin examples/hf_qwen2/twin.py:qwen2_tiny --checkpoint hf:DIR
+    # fails at layers.0.attn
+    python -m compare --twin examples/hf_qwen2/twin.py:qwen2_rope_base_misported
+    # layers.0.input_layernorm
+    python -m compare --twin examples/hf_qwen2/twin.py:qwen2_norm_eps_misported
 """
 
 import dataclasses

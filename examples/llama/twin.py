@@ -3,10 +3,12 @@ it in a subprocess of its own); the two models live in torch_llama.py and nnx_ll
 
     python -m compare --twin examples/llama/twin.py:llama_tiny --backend both
     python -m compare --twin examples/llama/twin.py:llama_tiny --mesh data=2,tensor=2
-    python -m compare --twin examples/llama/twin.py:llama_tiny_misported    # fails at layer 0's
-    attention python -m compare --twin examples/llama/twin.py:llama_table_misported   # fails at a
-    rotary buffer python -m compare --twin examples/llama/twin.py:llama_hf --checkpoint hf:DIR  #
-    transformers' own class
+    # fails at layer 0's attention
+    python -m compare --twin examples/llama/twin.py:llama_tiny_misported
+    # fails at a rotary buffer
+    python -m compare --twin examples/llama/twin.py:llama_table_misported
+    # transformers' own class
+    python -m compare --twin examples/llama/twin.py:llama_hf --checkpoint hf:DIR
 """
 
 import dataclasses

@@ -3,11 +3,12 @@
 file imports no framework.
 
     python -m compare --twin examples/mixtral/twin.py:mixtral_tiny --backend jax,torch
-    python -m compare --twin examples/mixtral/twin.py:mixtral_router_zeroed --backend jax,torch
-    # routing ties python -m compare --twin examples/mixtral/twin.py:mixtral_softmax_over_tokens
-    --backend jax,torch  # layers.0.moe python -m compare --twin
-    examples/mixtral/twin.py:mixtral_not_renormalised --backend jax,torch  # fails python -m compare
-    --twin examples/mixtral/twin.py:mixtral_gelu_experts --backend jax,torch      # fails
+    python -m compare --twin examples/mixtral/twin.py:mixtral_router_zeroed  # routing ties
+    python -m compare --twin examples/mixtral/twin.py:mixtral_softmax_over_tokens  # layers.0.moe
+    python -m compare --twin examples/mixtral/twin.py:mixtral_not_renormalised  # fails
+    python -m compare --twin examples/mixtral/twin.py:mixtral_gelu_experts  # fails
+
+(each with --backend jax,torch to run the two in seconds)
 """
 
 import dataclasses

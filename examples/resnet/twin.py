@@ -1,9 +1,10 @@
 """The ResNet example twin: torchvision's way on the torch side, an NHWC NNX port on the other.
 
     python -m compare --twin examples/resnet/twin.py:resnet_tiny --backend all
-    python -m compare --twin examples/resnet/twin.py:resnet_tiny_same_padding   # fails at
-    layer2.0.conv1 python -m compare --twin examples/resnet/twin.py:resnet_tiny_bn_momentum    #
-    trains alike, evaluates apart
+    # fails at layer2.0.conv1
+    python -m compare --twin examples/resnet/twin.py:resnet_tiny_same_padding
+    # trains alike, evaluates apart
+    python -m compare --twin examples/resnet/twin.py:resnet_tiny_bn_momentum
 
 16 channels on 16x16 images: the stem's and layer1's activations have the same shape in NCHW and
 NHWC, so only their known layouts set them side by side (common/capture/activations.py).

@@ -4,8 +4,8 @@ position bias owned by each stack, as T5X keeps it), on padded sources and -100-
 a numpy batch function, each side computing its own loss from `labels`.
 
     python -m compare --twin examples/t5_seq2seq/twin.py:t5_tiny --backend all
-    python -m compare --twin examples/t5_seq2seq/twin.py:t5_scaled_attention   # scores /
-    sqrt(d_kv): T5 has none
+    # scores / sqrt(d_kv): T5 has none
+    python -m compare --twin examples/t5_seq2seq/twin.py:t5_scaled_attention
 """
 
 import dataclasses

@@ -3,9 +3,10 @@ batches a numpy function (batches.py) and its loss written once per framework, t
 error against the noise.
 
     python -m compare --twin examples/unet_denoiser/twin.py:unet_tiny --backend all
-    python -m compare --twin examples/unet_denoiser/twin.py:unet_same_padding_down   # fails at
-    encoder.0.resample python -m compare --twin examples/unet_denoiser/twin.py:unet_groupnorm_eps
+    # fails at encoder.0.resample
+    python -m compare --twin examples/unet_denoiser/twin.py:unet_same_padding_down
     # fails at encoder.0.res.gn_a
+    python -m compare --twin examples/unet_denoiser/twin.py:unet_groupnorm_eps
 
 The torch side is NCHW, the NNX port NHWC: the twin transposes the images and the noise (the loss's
 key) for the NNX side; the timesteps go as they are.

@@ -4,8 +4,8 @@ where the port names modules its own way (torchvision's `encoder_layer_N`, the M
 index, `heads.head`).
 
     python -m compare --twin examples/vit/twin.py:vit_tiny --backend all
-    python -m compare --twin examples/vit/twin.py:vit_tiny_tanh_gelu   # fails at
-    encoder.layers.0.mlp
+    # fails at encoder.layers.0.mlp
+    python -m compare --twin examples/vit/twin.py:vit_tiny_tanh_gelu
 """
 
 import dataclasses

@@ -1,9 +1,9 @@
 """A regression twin with its own loss per framework (tests/test_tasks.py).
 
 python -m compare --twin tests/data/regression/twins.py:regressor --backend all
-python -m compare --twin tests/data/regression/twins.py:regressor_mse          # the task's own loss
-python -m compare --twin tests/data/regression/twins.py:regressor_huber_misported   # fails on the
-loss
+python -m compare --twin tests/data/regression/twins.py:regressor_mse          # the task's own
+loss python -m compare --twin tests/data/regression/twins.py:regressor_huber_misported   # fails
+on the loss
 """
 
 import dataclasses
