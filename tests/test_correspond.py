@@ -203,7 +203,10 @@ def test_unmatched_tensors_of_both_sides_are_all_listed_with_shapes_and_closest(
         "head.kernel [8, 60]",
     ):
         assert item in message, item
-    assert "head.weight [50, 8] (shape differs from head.kernel [8, 60])" in message
+    assert (
+        "head.weight [50, 8] (shape differs from head.kernel [8, 60] under the layout "
+        "'transpose', which asks torch for [60, 8])" in message
+    )
     assert "blocks.0.attn.wq.weight [8, 8] (closest blocks.0.attn.query.kernel [8, 8])" in message
 
 
@@ -440,3 +443,40 @@ def test_a_layer_scale_of_another_shape_is_refused_and_declared_with_unit_axes()
     ported = corr.to_canonical(arrays)
     assert np.array_equal(ported["stages.1.gamma"], arrays["features.3.0.layer_scale"].reshape(32))
     assert all(np.array_equal(corr.to_torch(ported)[k], v) for k, v in arrays.items())
+
+
+def test_a_probed_orientation_decides_a_kernels_transpose_square_or_not():
+    """How the torch module uses its weight (the describe step's probe) decides the layout, even
+    where the shapes cannot: HF's Conv1D (in, out) is the kernel as it is, nn.Linear transposed;
+    without a probe the leaf rule transposes."""
+    torch_side = {"attn.c_attn.weight": (8, 24), "attn.c_proj.weight": (8, 8), "fc.weight": (8, 8)}
+    nnx_side = {"attn.c_attn.kernel": (8, 24), "attn.c_proj.kernel": (8, 8), "fc.kernel": (8, 8)}
+    probed = {"attn.c_attn.weight": "in_out", "attn.c_proj.weight": "in_out"}
+    corr = derive(torch_side, nnx_side, torch_orientations=probed)
+    layouts = {link.torch: link.layout for link in corr.links}
+    assert layouts == {
+        "attn.c_attn.weight": "same",
+        "attn.c_proj.weight": "same",
+        "fc.weight": "transpose",
+    }
+    assert corr.decided == {"attn.c_attn.kernel": "same", "attn.c_proj.kernel": "same"}
+    probed["fc.weight"] = "out_in"
+    assert derive(torch_side, nnx_side, torch_orientations=probed).decided["fc.kernel"] == (
+        "transpose"
+    )
+
+
+def test_a_tensor_a_tie_leaves_unmatched_names_the_tie():
+    torch_side = {"transformer.wte.weight": (50, 8)}
+    nnx_side = {"wte.embedding": (50, 8), "lm_head.kernel": (8, 50)}
+    with pytest.raises(CorrespondenceError) as raised:
+        derive(
+            torch_side,
+            nnx_side,
+            rename={r"^transformer\.": ""},
+            torch_ties={"lm_head.weight": "transformer.wte.weight"},
+        )
+    assert (
+        "lm_head.kernel [8, 50] (torch's lm_head.weight is transformer.wte.weight: tied, one "
+        "tensor;" in str(raised.value)
+    )

@@ -409,7 +409,8 @@ def test_a_declaration_that_cannot_work_is_refused_when_the_twin_loads(
         pytest.param(
             "torch_exits",
             r"describing the torch side of twin '.*:torch_exits' exited with code 0 before "
-            r"writing torch_params.json, torch_modules.json, torch_init.safetensors \(sys.exit or "
+            r"writing torch_params.json, torch_modules.json, torch_weights.json, "
+            r"torch_init.safetensors \(sys.exit or "
             r"os._exit in the torch factory",
             marks=pytest.mark.error_case("twin-factory-exits"),
         ),

@@ -111,3 +111,23 @@ def test_a_group_is_summarized_on_its_accelerator_only_where_the_file_keeps_summ
     assert np.array_equal(
         kept(tensors, corr, "params", "full")["big.kernel"], tensors["big.weight"].numpy().T
     )
+
+
+def test_the_probe_reads_how_each_module_uses_its_matrix_and_finds_ties():
+    """Hugging Face's GPT-2 as it ships: its Conv1D projections compute x @ W (in_out), the square
+    c_proj too; an nn.Linear computes x @ W.T (out_in) even from a zero init; an embedding is not
+    probed; the tied head is listed under the embedding's name."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from torch_impl.orientation import tied_names, weight_orientations
+
+    config = GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=32, n_positions=8)
+    gpt2 = GPT2LMHeadModel(config)
+    found = weight_orientations(gpt2)
+    for conv1d in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+        assert found[f"transformer.h.0.{conv1d}.weight"] == "in_out", conv1d
+    assert "transformer.wte.weight" not in found and "transformer.wpe.weight" not in found
+    assert tied_names(gpt2) == {"lm_head.weight": "transformer.wte.weight"}
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Embedding(10, 8))
+    torch.nn.init.zeros_(plain[0].weight)
+    assert weight_orientations(plain) == {"0.weight": "out_in"} and tied_names(plain) == {}

@@ -1,7 +1,9 @@
 """python -m torch_impl.describe --spec SPEC --out DIR: a twin's torch side, before any training.
 
 Writes `torch_params.json` ({parameter name: shape}, named_parameters order), `torch_modules.json`
-({module holding parameters: its torch.nn type}, which decides a ConvTranspose's layout) and
+({module holding parameters: its torch.nn type}, which decides a ConvTranspose's layout),
+`torch_weights.json` (how each module uses its matrix, probed, and the tied names:
+torch_impl/orientation.py) and
 `torch_init.safetensors` (the factory's own initialisation, seeded by train.seed, or with `--load` a
 torch or Hugging Face checkpoint, checked against the model; torch names and layouts), from which
 compare derives the correspondence and both sides' common start. A factory that raises or returns
@@ -27,6 +29,7 @@ from common.weights import save_checkpoint
 from common.weights.checkpoints import TORCH_BUFFERS
 from driver.process import exit_process
 from torch_impl.checkpoint_io import load_torch_side
+from torch_impl.orientation import tied_names, weight_orientations
 
 
 def check_forward(model, spec: RunSpec) -> None:
@@ -167,6 +170,10 @@ def main(argv=None) -> int:
         args.out / "torch_params.json", {name: list(shape) for name, shape in shapes.items()}
     )
     write_json_atomic(args.out / "torch_modules.json", module_kinds(model))
+    write_json_atomic(
+        args.out / "torch_weights.json",
+        {"orientations": weight_orientations(model), "ties": tied_names(model)},
+    )
     save_checkpoint(args.out / "torch_init.safetensors", params)
     if isinstance(spec.model, TwinSpec):
         save_checkpoint(args.out / TORCH_STATE, start_state(model))

@@ -153,12 +153,17 @@ def derive(
     layouts: Mapping[str, str] = {},
     torch_kinds: Mapping[str, str] = {},
     nnx_kinds: Mapping[str, str] = {},
+    torch_orientations: Mapping[str, str] = {},
+    torch_ties: Mapping[str, str] = {},
 ) -> Correspondence:
     """Link every torch parameter to the canonical tree, or raise CorrespondenceError listing all
     misses. `layouts`: {canonical name: layout}, declared (`declared_layouts` resolves a twin's
     regexes) or decided before; `torch_kinds`, `nnx_kinds`: {module path: its framework's type name}
     of the modules holding parameters (the describe steps'), which decide a ConvTranspose's
-    layout."""
+    layout; `torch_orientations`: {torch parameter: "out_in" | "in_out"}, how its module uses a
+    2-D weight, probed (torch_impl/orientation.py), which decides a kernel's transpose;
+    `torch_ties`: {torch name: the name it is listed under}, named where a tie leaves a tensor
+    unmatched."""
     canonical = {k: tuple(v) for k, v in canonical.items()}
     torch_packed, nnx_packed = _packed_directions(torch_params, canonical, packed, rename)
     decided = dict(layouts)
@@ -179,17 +184,18 @@ def derive(
             for nnx_leaf in nnx_leaves:
                 names = [by_module.get((normalised_path(m), nnx_leaf)) for m in modules]
                 if all(names) and not taken.intersection(names):
-                    layout = layouts.get(names[0]) or _kind_layout(
-                        torch_name, names[0], torch_kinds, nnx_kinds
+                    layout = (
+                        layouts.get(names[0])
+                        or _kind_layout(torch_name, names[0], torch_kinds, nnx_kinds)
+                        or _probed_layout(torch_name, nnx_leaf, torch_shape, torch_orientations)
                     )
                     link = _link(torch_name, torch_shape, names, nnx_leaf, canonical, layout)
                     if link:
                         if layout:
                             decided[names[0]] = layout
                         break
-                    misses[torch_name] = (
-                        f"{SHAPE_DIFFERS}{names[0]} {list(canonical[names[0]])}"
-                        + (f" under its layout {layout!r}" if layout else "")
+                    misses[torch_name] = _shape_miss(
+                        names[0], canonical[names[0]], nnx_leaf, torch_shape, layout
                     )
                     same_name[torch_name] = names[0]
             if link:
@@ -205,8 +211,9 @@ def derive(
     unmatched_nnx = [n for n in canonical if n not in taken]
     if misses or unmatched_nnx:
         reshaped = {nnx: t for t, nnx in same_name.items() if t in misses and nnx in unmatched_nnx}
+        ties = _ties_left(torch_ties, unmatched_nnx, rename)
         raise CorrespondenceError(
-            unmatched_message(torch_params, canonical, misses, unmatched_nnx, reshaped)
+            unmatched_message(torch_params, canonical, misses, unmatched_nnx, reshaped, ties)
         )
     return Correspondence(links, canonical, torch_params, decided)
 
@@ -224,6 +231,54 @@ def _attempts(module: str, leaf: str, packed: Mapping[str, tuple]):
     head, _, last = module.rpartition(".")
     if last in MODULE_ALIASES:
         yield [join(head, MODULE_ALIASES[last])], LEAF_RULES.get(leaf, (leaf,))
+
+
+def _shape_miss(
+    nnx_name: str, canonical_shape: tuple, nnx_leaf: str, torch_shape: tuple, layout: str | None
+) -> str:
+    """Why a same-named tensor did not link: the NNX shape, and the layout tried with the torch
+    shape it asks for (a layout refusal shows the two shapes as they differ)."""
+    tried = layout or _layout(nnx_leaf, torch_shape, canonical_shape)
+    message = f"{SHAPE_DIFFERS}{nnx_name} {list(canonical_shape)}"
+    if is_rearrangement(tried):
+        return f"{message} under its layout {tried!r}"
+    try:
+        wanted = list(torch_shape_of(tried, canonical_shape))
+    except (LayoutError, ValueError, IndexError):
+        return message
+    how = "its layout" if layout else "the layout"
+    return message + (
+        f" under {how} {tried!r}, which asks torch for {wanted}" if tried != SAME else ""
+    )
+
+
+def _probed_layout(
+    torch_name: str, nnx_leaf: str, torch_shape: tuple, orientations: Mapping[str, str]
+) -> str | None:
+    """A 2-D weight linked to a kernel (in, out): transposed where its module computes x @ W.T
+    (nn.Linear), as it is where it computes x @ W (Hugging Face's Conv1D), as the describe step's
+    probe found; None where the probe could not tell (the leaf rule then applies)."""
+    orientation = orientations.get(torch_name)
+    if nnx_leaf != "kernel" or len(torch_shape) != 2 or orientation is None:
+        return None
+    return TRANSPOSE if orientation == "out_in" else SAME
+
+
+def _ties_left(
+    ties: Mapping[str, str], unmatched_nnx: list[str], rename: Mapping[str, str]
+) -> dict[str, tuple[str, str]]:
+    """{unmatched NNX tensor: (torch's second name for a tensor, the name it is listed under)} where
+    the NNX tensor's module is the one a tie names (a port's own head against HF's tied one)."""
+    by_module = {
+        normalised_path(module_leaf(renamed(alias, rename))[0]): (alias, owner)
+        for alias, owner in ties.items()
+    }
+    found = {}
+    for name in unmatched_nnx:
+        module = normalised_path(module_leaf(name)[0])
+        if module in by_module:
+            found[name] = by_module[module]
+    return found
 
 
 def _kind_layout(

@@ -20,7 +20,7 @@ import numpy as np
 
 from common.files.fsutil import require_regular_file
 from common.spec import TransformerSpec
-from common.twin import Twin, hparams_of
+from common.twin import BUILTIN, Twin, hparams_of
 from common.weights import CheckpointError
 
 GPT2_CONFIG = {
@@ -149,6 +149,13 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def _builtin_gpt(twin: Twin) -> bool:
+    """Whether GPT-2 checkpoints go to the built-in gpt model (its own names and config fields):
+    decided by the twin, never by the checkpoint's model_type, which a user's twin of Hugging
+    Face's GPT-2 shares (its names are HF's own, behind its `prefix`)."""
+    return twin == BUILTIN["gpt"]
+
+
 def check_config(config: dict, model_spec, twin: Twin, source: str) -> None:
     """Every HF config field the twin maps must equal the spec's; all mismatches named in one
     line."""
@@ -164,7 +171,7 @@ def check_config(config: dict, model_spec, twin: Twin, source: str) -> None:
             f"{source} is a {model_type!r} model; this twin loads {want!r} checkpoints "
             "(a checkpoint of another architecture?)"
         )
-    if want == "gpt2":
+    if _builtin_gpt(twin):
         pairs = _expected_gpt2(config, model_spec)
     else:
         hparams = hparams_of(model_spec)
@@ -192,7 +199,7 @@ def to_torch_names(arrays: dict[str, np.ndarray], twin: Twin, source: str) -> di
             "interleaved rotary pairs); convert it to Hugging Face's rotate-half layout first "
             "(transformers' convert_llama_weights_to_hf.py permutes the q and k rows)"
         )
-    if twin.hf.get("model_type") == "gpt2":
+    if _builtin_gpt(twin):
         return _gpt2_to_torch(arrays)
     arrays = _stacked_experts(arrays, source)
     prefix = twin.hf.get("prefix", "")

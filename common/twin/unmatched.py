@@ -106,15 +106,26 @@ def _listed(items: list[str]) -> str:
     return "; ".join(items[:DETAIL_LIMIT]) + (f"; ... and {more} more" if more > 0 else "")
 
 
+def _tie(nnx_name: str, alias: str, owner: str) -> str:
+    module = module_leaf(nnx_name)[0]
+    return (
+        f"torch's {alias} is {owner}: tied, one tensor; compute the port's {module} from that "
+        "tensor (e.g. nnx.Embed.attend), or build the torch side untied "
+        "(tie_word_embeddings=False)"
+    )
+
+
 def unmatched_message(
     torch_params,
     canonical,
     misses: dict,
     unmatched_nnx: list[str],
     reshaped: Mapping[str, str] = {},
+    ties: Mapping[str, tuple[str, str]] = {},
 ) -> str:  # noqa: B006
     """`reshaped`: {NNX name: the torch tensor whose name matched it but not its shape}: named back,
-    not the closest shape."""
+    not the closest shape; `ties`: {NNX name: (torch's tied name, the tensor it is)}: the tie
+    named."""
     left_torch = {n: torch_params[n] for n in misses}
     left_nnx = {n: canonical[n] for n in unmatched_nnx}
     torch_items = [
@@ -127,6 +138,8 @@ def unmatched_message(
         + (
             f"{SHAPE_DIFFERS}{reshaped[n]} {list(torch_params[reshaped[n]])}"
             if n in reshaped
+            else _tie(n, *ties[n])
+            if n in ties
             else _closest(n, canonical[n], left_torch or torch_params, False)
         )
         + ")"

@@ -29,7 +29,12 @@ from compare.runs.orchestrate import backend_env
 # what each side's describe step writes; a step that exits 0 without them
 # was stopped by the user's code
 SIDE_FILES = {
-    "torch": ("torch_params.json", "torch_modules.json", "torch_init.safetensors"),
+    "torch": (
+        "torch_params.json",
+        "torch_modules.json",
+        "torch_weights.json",
+        "torch_init.safetensors",
+    ),
     "NNX": ("nnx_params.json", "nnx_modules.json"),
 }
 

@@ -200,9 +200,12 @@ def _convert(spec, twin, fmt, path, folder: Path) -> RunSpec:
             "nn.Parameter / nnx.Param"
         )
     link_start_state(folder, twin.rename)
+    weights = _read_json(folder / "torch_weights.json")
     kinds = {
         "torch_kinds": _read_json(folder / "torch_modules.json"),
         "nnx_kinds": _read_json(folder / "nnx_modules.json") if user_twin else {},
+        "torch_orientations": weights.get("orientations", {}),
+        "torch_ties": weights.get("ties", {}),
     }
     corr = derive(
         torch_params,
