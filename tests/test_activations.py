@@ -121,7 +121,7 @@ class PatchEmbed(torch.nn.Module):
         self.proj = torch.nn.Conv2d(3, 16, kernel_size=4, stride=4)
 
     def forward(self, x):
-        # (N, 16 patches, 16 features): NCL and NLC alike
+        # (N, 16 patches, 16 features): the features moved last by the transpose
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
@@ -134,22 +134,38 @@ class Attention(torch.nn.Module):
         return self.q(hidden_states)
 
 
+class ChannelShuffle(torch.nn.Module):
+    """ShuffleNet's shuffle, written out: a channel-first tensor reshaped across its channels."""
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        return x.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h * w)
+
+
 class TinyViT(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.patch, self.norm, self.attn = PatchEmbed(), torch.nn.LayerNorm(16), Attention()
+        self.shuffle = ChannelShuffle()
 
     def forward(self, x):
+        self.shuffle(self.patch.proj(x))
         # keyword-only, as Hugging Face calls it
         return self.attn(hidden_states=self.norm(self.patch(x)))
 
 
-def test_an_unknown_layout_is_left_out_with_the_reason_and_keyword_calls_are_captured():
+def test_a_layout_is_read_from_the_ops_and_an_unknown_one_left_out_with_the_reason():
+    """The patch embedding's output is known from its ops (a convolution, a flatten of its spatial
+    axes, a transpose moving the channels last), never from the module's type; a tensor reshaped
+    across its channels is left out, said why; a module called by keyword is captured."""
     model = TinyViT()
     names = {n: n or "(model)" for n, _ in model.named_modules()}
     captured = torch_capture(model, torch.randn(2, 3, 16, 16), names)
-    assert captured.skipped == {"patch": UNKNOWN_REASON}
-    assert "patch" not in captured.arrays and captured.arrays["patch.proj"].shape == (2, 4, 4, 16)
+    assert captured.skipped == {"shuffle": UNKNOWN_REASON}
+    assert captured.arrays["patch.proj"].shape == (2, 4, 4, 16)
+    np.testing.assert_array_equal(
+        captured.arrays["patch"], captured.arrays["patch.proj"].reshape(2, 16, 16)
+    )
     # a LayerNorm's input has its features last: the patches as the
     # convolution made them, channel-last
     np.testing.assert_array_equal(

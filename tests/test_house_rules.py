@@ -329,7 +329,7 @@ LONG_FUNCTIONS = {
     "compare/judge/parity.py:check_parity": 132,
     "compare/judge/messages.py:failure_message": 113,
     "compare/runs/orchestrate.py:run_backend": 103,
-    "torch_impl/capture.py:capture_activations": 122,
+    "torch_impl/capture.py:capture_activations": 118,
     "driver/process.py:backend_parser": 102,
     "benchmarks/tables.py:print_all": 159,
     "benchmarks/__main__.py:main": 124,

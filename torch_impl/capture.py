@@ -38,6 +38,7 @@ from common.twin.modules import ROOT_MODULE
 from common.twin.outputs import forward
 from torch_impl.decisions import DecisionWatch
 from torch_impl.models import at_least_float32
+from torch_impl.op_layouts import OpLayouts
 
 # layers whose type fixes where their output's channels are (the rest:
 # common/capture/activations.py's rules)
@@ -161,6 +162,18 @@ def probed_or_forward_alone(capture: Callable[[bool], Capture]) -> Capture:
     return capture(False)
 
 
+def _never_called(model: nn.Module, names: dict[str, str], entered: dict) -> dict[str, str]:
+    """The named modules holding parameters whose forward never ran (torchvision's attention: its
+    parent reads their weights itself), with the reason."""
+    return {
+        names[n]: NEVER_CALLED_REASON
+        for n, m in model.named_modules()
+        if names.get(n)
+        and id(m) not in entered
+        and next(m.parameters(recurse=False), None) is not None
+    }
+
+
 def capture_activations(
     model: torch.nn.Module,
     inputs,
@@ -186,6 +199,9 @@ def capture_activations(
     inside: list[str] = []  # the named modules the forward is in, innermost last
     watch = DecisionWatch(lambda: inside[-1] if inside else ROOT_MODULE, to_numpy, impose)
     probes = _Probes(tracker) if loss_of is not None else None
+    # every tensor's layout from the op that made it (torch_impl/op_layouts.py)
+    layouts = OpLayouts(tracker.by_id, tracker.held)
+    layouts.feed(inputs, CHANNEL_FIRST)
 
     def before(name, module, leaf):
         def record(_, args, kwargs):
@@ -250,7 +266,7 @@ def capture_activations(
         handles.append(m.register_forward_hook(after(names.get(n), m, leaf), with_kwargs=True))
     try:
         with torch.enable_grad() if probes else torch.no_grad():
-            with watch:
+            with watch, layouts:
                 output = forward(model, inputs)
             if probes:
                 loss_of(output).backward()
@@ -270,14 +286,7 @@ def capture_activations(
     capture = Capture(
         more_inputs=more_inputs, more_outputs=more_outputs, decisions=watch.decisions()
     )
-    # a module whose weights its parent reads itself (torchvision's attention)
-    for n, m in model.named_modules():
-        if (
-            names.get(n)
-            and id(m) not in entered
-            and next(m.parameters(recurse=False), None) is not None
-        ):
-            capture.skipped[names[n]] = NEVER_CALLED_REASON
+    capture.skipped.update(_never_called(model, names, entered))
     for key, (value, layout) in held.items():
         tracker.keep(capture, key, kept_float(to_numpy(value)), layout)
     for key, (value, layout) in grads.items():

@@ -2,7 +2,10 @@
 shapes).
 
 Both sides store their activations channel-last, the canonical (NNX) layout, so compare reads them
-as they are. Each side knows the layout of a module's output from the module:
+as they are. The torch side reads the layout of every tensor its forward makes from the op that
+made it (torch_impl/op_layouts.py: a convolution-family op's output is channel-first, everything
+else as it is), so a module is known by what it computes. Where no op says (a module that returns
+what it was given) and on the NNX side, the layout of a module's output comes from the module:
 
 - a layer whose type fixes it: torch's convolutions, batch/group/instance norms and pools are
   channel-first, its Linear, LayerNorm, Embedding and attention channel-last; NNX's layers are
@@ -11,9 +14,10 @@ as they are. Each side knows the layout of a module's output from the module:
 - another module's output passed on as it is (a Sequential, a block ending in its ReLU): that
   module's.
 - a module with no submodules and no known type (ReLU, Dropout, GELU): elementwise, so its input's
-  (unless torch shows its output is a permuted view of its input, as torchvision's `Permute`:
-  channel-last when it moves a channel-first tensor's channels last, channel-first when it moves
-  them back, else unknown).
+  where its output keeps the input's shape (unless torch shows its output is a permuted view of its
+  input, as torchvision's `Permute`: channel-last when it moves a channel-first tensor's channels
+  last, channel-first when it moves them back, else unknown); a new tensor made from an input of
+  fewer than 3 dimensions (an embedding of the port's own) as it is; else unknown.
 - a module whose output comes from its own code after its last submodule (a residual add): that
   submodule's layout, when the output still has its shape and that layout is known; else its
   input's, when the output has the shape the module was fed (a squeeze-and-excitation gate: its last
@@ -185,6 +189,17 @@ def count_beyond_first(found: dict, key: str, args, kwargs, out, is_array) -> No
         found[key] = more
 
 
+def _leaf_layout(in_layout: str, shape: tuple, x) -> str:
+    """A leaf module of no known type keeps its input's layout where it keeps its shape (an
+    activation, a dropout, a norm of its own); one that makes a new tensor from an input of fewer
+    than 3 dimensions (an embedding of its own: token ids in, (B, T, D) out) makes it as it is; one
+    that reshapes a tensor of 3 or more is unknown."""
+    x_shape = tuple(getattr(x, "shape", ()))
+    if x is None or shape == x_shape:
+        return in_layout
+    return CHANNEL_LAST if len(x_shape) < 3 else UNKNOWN
+
+
 class LayoutTracker:
     """The layout of every tensor a forward's modules pass, by the rules above. A backend calls
     `enter` when a module is called and `leave` when it returns, with the module's own layout (None
@@ -219,7 +234,7 @@ class LayoutTracker:
         elif rearranged:
             layout = _permuted(rearranged, in_layout) if isinstance(rearranged, tuple) else UNKNOWN
         elif leaf:
-            layout = in_layout
+            layout = _leaf_layout(in_layout, shape, x)
         elif shape == self.last_shape and self.current != UNKNOWN:
             layout = self.current
         # a gate, or a residual around a body that permutes and permutes back: shaped as it was fed
