@@ -184,18 +184,25 @@ def derive(
             for nnx_leaf in nnx_leaves:
                 names = [by_module.get((normalised_path(m), nnx_leaf)) for m in modules]
                 if all(names) and not taken.intersection(names):
-                    layout = (
-                        layouts.get(names[0])
-                        or _kind_layout(torch_name, names[0], torch_kinds, nnx_kinds)
-                        or _probed_layout(torch_name, nnx_leaf, torch_shape, torch_orientations)
+                    layout = layouts.get(names[0]) or _kind_layout(
+                        torch_name, names[0], torch_kinds, nnx_kinds
                     )
-                    link = _link(torch_name, torch_shape, names, nnx_leaf, canonical, layout)
+                    probed = (
+                        None
+                        if layout
+                        else _probed_layout(torch_name, nnx_leaf, torch_shape, torch_orientations)
+                    )
+                    link = _link(
+                        torch_name, torch_shape, names, nnx_leaf, canonical, layout, probed
+                    )
                     if link:
-                        if layout:
-                            decided[names[0]] = layout
+                        # a probe that overrules the leaf's rule is carried to the backends
+                        rule = _layout(nnx_leaf, torch_shape, canonical[names[0]])
+                        if layout or probed not in (None, rule):
+                            decided[names[0]] = layout or probed
                         break
                     misses[torch_name] = _shape_miss(
-                        names[0], canonical[names[0]], nnx_leaf, torch_shape, layout
+                        names[0], canonical[names[0]], nnx_leaf, torch_shape, layout, probed
                     )
                     same_name[torch_name] = names[0]
             if link:
@@ -234,11 +241,16 @@ def _attempts(module: str, leaf: str, packed: Mapping[str, tuple]):
 
 
 def _shape_miss(
-    nnx_name: str, canonical_shape: tuple, nnx_leaf: str, torch_shape: tuple, layout: str | None
+    nnx_name: str,
+    canonical_shape: tuple,
+    nnx_leaf: str,
+    torch_shape: tuple,
+    layout: str | None,
+    probed: str | None,
 ) -> str:
     """Why a same-named tensor did not link: the NNX shape, and the layout tried with the torch
     shape it asks for (a layout refusal shows the two shapes as they differ)."""
-    tried = layout or _layout(nnx_leaf, torch_shape, canonical_shape)
+    tried = layout or probed or _layout(nnx_leaf, torch_shape, canonical_shape)
     message = f"{SHAPE_DIFFERS}{nnx_name} {list(canonical_shape)}"
     if is_rearrangement(tried):
         return f"{message} under its layout {tried!r}"
@@ -357,12 +369,14 @@ def _link(
     nnx_leaf: str,
     canonical: Mapping,
     declared: str | None = None,
+    probed: str | None = None,
 ) -> Link | None:
     """The link of a torch tensor to these canonical tensors, under the `declared` layout, else if
-    some layout (and head-axis reshape) fits."""
+    the `probed` one (how its module uses it), or the leaf's rule, fits with a head-axis reshape or
+    none."""
     if declared:
         return _declared_link(torch_name, torch_shape, names, canonical, declared)
-    layout = _layout(nnx_leaf, torch_shape, canonical[names[0]])
+    layout = probed or _layout(nnx_leaf, torch_shape, canonical[names[0]])
     options = [_flat_shapes(canonical[n], len(torch_shape)) for n in names]
     for g in range(min(map(len, options))):
         flat = tuple(o[g] for o in options)
