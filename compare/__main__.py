@@ -27,6 +27,7 @@ from common.cli import (  # noqa: E402
     resolve_spec,
 )
 from common.data import make_dataset  # noqa: E402
+from common.environment import check_environment  # noqa: E402
 from common.files.fsutil import symlink_loop  # noqa: E402
 from common.files.record import RecordError, peak_rss_mb, read_record  # noqa: E402
 from common.files.tensor_file import TENSOR_MODES, read_tensors  # noqa: E402
@@ -308,6 +309,7 @@ def check_inputs(opts: CompareOptions):
         opts = opts.with_specs({n: side_spec(opts, n) for n in opts.names})
         policy = load_policy(opts.judging.profile, spec.train.dtype)
         opts.check_parity_mode(spec)
+        opts.check_tolerance_flags(spec)
         hosts.check(opts, spec)
         # a user's data file is read and checked once here, before any backend starts (a twin's own
         # batches are its code, run by its describe step, never in this process:
@@ -429,6 +431,10 @@ def main(argv=None) -> int:
     install_signal_handlers()
     entered = time.time()
     opts = parse_options(argv)
+    try:
+        check_environment()  # every variable the toolkit reads, once (common/environment.py)
+    except INPUT_ERRORS as e:
+        fail(str(e), ExitCode.USAGE)
     with meeting.refusals_told(opts.hosts):  # a host that refuses the run tells host 0 why
         return compare(opts, entered)
 
