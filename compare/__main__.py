@@ -40,6 +40,7 @@ from common.vocab import (  # noqa: E402
     CheckpointFormat,
     ExitCode,
     ParityMode,
+    ReportStatus,
     values,
 )
 from compare.judge.determinism import determinism_check  # noqa: E402
@@ -58,14 +59,14 @@ from compare.runs.arg_types import bounded_int, positive_seconds, run_id_arg  # 
 from compare.runs.cache import default_cache_dir, peak_cache_dir  # noqa: E402
 from compare.runs.extra_runs import (  # noqa: E402
     choices_where_parted,
+    extra_runs_check,
     floor_where_needed,
     keep_whole,
     locate_divergence,
-    noise_floor_runs,
+    run_noise_floors,
 )
 from compare.runs.launch import (  # noqa: E402
     describing_runs,
-    floor_launch,
     main_launch,
     op_check_launches,
     seed_launch,
@@ -509,13 +510,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
                 ),
                 live,
             ).interrupted
-        floored = noise_floor_runs(opts, floors, plan, outcome)
-        if floored:
-            launches = {n: floor_launch(opts, n, spec.train.dtype) for n in floored}
-            outcome.interrupted = run_all(
-                Plan(floored, plan.pythons, launches, {}, out / FLOOR_DIR, opts.timeout_s, False),
-                live,
-            ).interrupted
+        floored = run_noise_floors(opts, floors, plan, outcome, spec.train.dtype, live)
     backends_done = time.time()
     # a host other than 0 of a multi-host run: host 0 writes the report
     if hosts.follows(opts.hosts):
@@ -546,6 +541,8 @@ def compare(opts: CompareOptions, entered: float) -> int:
     checks = [
         ("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds))
     ] * bool(seeds)
+    # the extra runs the verdict rests on: one that failed is said (filled as they run)
+    checks.append(("extra_runs", functools.partial(extra_runs_check, outcome.extra_failed)))
     if judging.check_determinism:
         checks.append(
             ("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats))
@@ -578,6 +575,9 @@ def compare(opts: CompareOptions, entered: float) -> int:
             tuple(checks),
         ),
     )
+    if outcome.interrupted and report["status"] != ReportStatus.INTERRUPTED:
+        # a signal during an extra run: the run was interrupted, whatever the runs before said
+        report = build(True)
     report["run_id"], report["replaced_run"] = run_id, run_dir.replaced
     report["compare_peak_rss_mb"] = peak_rss_mb()  # compare's own process, its backends apart
     report["hosts"] = hosts.section(opts.hosts)
