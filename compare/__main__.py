@@ -28,7 +28,7 @@ from common.cli import (  # noqa: E402
 )
 from common.data import make_dataset  # noqa: E402
 from common.environment import check_environment  # noqa: E402
-from common.files.fsutil import symlink_loop  # noqa: E402
+from common.files.fsutil import not_utf8, symlink_loop  # noqa: E402
 from common.files.record import RecordError, peak_rss_mb, read_record  # noqa: E402
 from common.files.tensor_file import TENSOR_MODES, read_tensors  # noqa: E402
 from common.ops import OPS_DIR  # noqa: E402
@@ -428,6 +428,28 @@ def claim_run_dir(opts: CompareOptions, prepared: Path | None):
     return run_dir, opts
 
 
+def refuse_bad_paths(opts: CompareOptions) -> None:
+    """The paths a run reads and writes, refused before any is resolved: a loop of symbolic links
+    (no open can follow it), a path that is not UTF-8 (the toolkit writes paths into its JSON
+    records; the current folder too, where the run directory goes by default)."""
+    paths = {"--out": opts.output.out or None, **opts.paths_read()}
+    for flag, path in paths.items():
+        if path and symlink_loop(path):
+            fail(
+                f"{flag} {path}: a loop of symbolic links; point it at a real file or folder",
+                ExitCode.USAGE,
+            )
+    here = {} if opts.output.out else {"the current folder": Path.cwd()}
+    for flag, path in {**here, **paths}.items():
+        shown = not_utf8(path) if path else None
+        if shown:
+            fail(
+                f"{flag} {shown}: its path is not UTF-8, and the toolkit writes paths into its "
+                "JSON records; rename the folder (or file), or move it where the path is UTF-8",
+                ExitCode.USAGE,
+            )
+
+
 def main(argv=None) -> int:
     install_signal_handlers()
     entered = time.time()
@@ -442,13 +464,7 @@ def main(argv=None) -> int:
 
 def compare(opts: CompareOptions, entered: float) -> int:
     names = list(opts.names)
-    # before any path is resolved
-    for flag, path in {"--out": opts.output.out, **opts.paths_read()}.items():
-        if path and symlink_loop(path):
-            fail(
-                f"{flag} {path}: a loop of symbolic links; point it at a real file or folder",
-                ExitCode.USAGE,
-            )
+    refuse_bad_paths(opts)
     import_while_idle()  # the plots' import, while compare waits on its twin loader and backends
     spec, policy, opts = check_inputs(opts)
     run_id = opts.output.run_id or new_run_id()

@@ -149,3 +149,16 @@ def test_a_cached_cpu_peak_that_is_a_fifo_is_neither_read_nor_replaced(tmp_path)
     assert proc.stdout.split()[0] == "True" and "cached" not in proc.stdout
     assert f"warning: {tmp_path / 'cpu_peak.json'} is not a regular file" in proc.stderr
     assert (tmp_path / "cpu_peak.json").is_fifo()
+
+
+@pytest.mark.error_case("path-not-utf8")
+def test_a_twin_in_a_folder_whose_name_is_not_utf8_is_refused_in_one_line(tmp_path):
+    folder = os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9")  # latin-1's é
+    os.makedirs(folder)
+    Path(folder, "twin.py").write_text((REPO / "examples" / "hf_gpt2" / "twin.py").read_text())
+    line = refused("compare", tmp_path, "--backend", "jax,torch", "--twin", f"{folder}/twin.py:x")
+    assert line == (
+        f"error: --twin {tmp_path}/caf\\xe9/twin.py: its path is not UTF-8, and the toolkit writes "
+        "paths into its JSON records; rename the folder (or file), or move it where the path is "
+        "UTF-8"
+    )
