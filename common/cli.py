@@ -24,6 +24,28 @@ from common.weights.checkpoint_ref import CheckpointRef
 INPUT_ERRORS = (SpecError, DataError, CheckpointError, RecordError)
 
 
+# the largest count an integer flag takes (steps, seeds' range aside): past it a value is a typo
+MOST = 10**9
+
+
+def bounded_int(low: int, high: int, what: str):
+    """An integer flag's type: a whole number from `low` to `high`, else argparse's one line."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number{f' of {what}' if what else ''} from {low} to "
+                f"{high}"
+            )
+        return value
+
+    return parse
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with the toolkit's error form: one `error:` line and the hint to run --help, exit 2
     (not argparse's usage block)."""
@@ -56,11 +78,15 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         metavar="SECTION.FIELD=VALUE",
         help="override a spec field, e.g. --set model.d_model=128 (repeatable)",
     )
-    parser.add_argument("--steps", type=int, help="train steps (train.steps)")
+    parser.add_argument(
+        "--steps", type=bounded_int(1, MOST, "steps"), help="train steps (train.steps)"
+    )
     parser.add_argument("--mesh", help="mesh axis sizes, e.g. data=2,fsdp=1,tensor=4")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float64"), help="train.dtype")
     parser.add_argument(
-        "--seed", type=int, help="seed of parameter init and data (train.seed, data.seed)"
+        "--seed",
+        type=bounded_int(0, 2**32 - 1, ""),
+        help="seed of parameter init and data (train.seed, data.seed)",
     )
     add_provoke_flag(parser)
 

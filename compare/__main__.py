@@ -27,7 +27,8 @@ from common.cli import (  # noqa: E402
     resolve_spec,
 )
 from common.data import make_dataset  # noqa: E402
-from common.files.fsutil import symlink_loop  # noqa: E402
+from common.environment import check_environment  # noqa: E402
+from common.files.fsutil import not_utf8, symlink_loop  # noqa: E402
 from common.files.record import RecordError, peak_rss_mb, read_record  # noqa: E402
 from common.files.tensor_file import TENSOR_MODES, read_tensors  # noqa: E402
 from common.ops import OPS_DIR  # noqa: E402
@@ -39,6 +40,7 @@ from common.vocab import (  # noqa: E402
     CheckpointFormat,
     ExitCode,
     ParityMode,
+    ReportStatus,
     values,
 )
 from compare.judge.determinism import determinism_check  # noqa: E402
@@ -57,14 +59,14 @@ from compare.runs.arg_types import bounded_int, positive_seconds, run_id_arg  # 
 from compare.runs.cache import default_cache_dir, peak_cache_dir  # noqa: E402
 from compare.runs.extra_runs import (  # noqa: E402
     choices_where_parted,
+    extra_runs_check,
     floor_where_needed,
     keep_whole,
     locate_divergence,
-    noise_floor_runs,
+    run_noise_floors,
 )
 from compare.runs.launch import (  # noqa: E402
     describing_runs,
-    floor_launch,
     main_launch,
     op_check_launches,
     seed_launch,
@@ -308,6 +310,7 @@ def check_inputs(opts: CompareOptions):
         opts = opts.with_specs({n: side_spec(opts, n) for n in opts.names})
         policy = load_policy(opts.judging.profile, spec.train.dtype)
         opts.check_parity_mode(spec)
+        opts.check_tolerance_flags(spec)
         hosts.check(opts, spec)
         # a user's data file is read and checked once here, before any backend starts (a twin's own
         # batches are its code, run by its describe step, never in this process:
@@ -425,23 +428,43 @@ def claim_run_dir(opts: CompareOptions, prepared: Path | None):
     return run_dir, opts
 
 
+def refuse_bad_paths(opts: CompareOptions) -> None:
+    """The paths a run reads and writes, refused before any is resolved: a loop of symbolic links
+    (no open can follow it), a path that is not UTF-8 (the toolkit writes paths into its JSON
+    records; the current folder too, where the run directory goes by default)."""
+    paths = {"--out": opts.output.out or None, **opts.paths_read()}
+    for flag, path in paths.items():
+        if path and symlink_loop(path):
+            fail(
+                f"{flag} {path}: a loop of symbolic links; point it at a real file or folder",
+                ExitCode.USAGE,
+            )
+    here = {} if opts.output.out else {"the current folder": Path.cwd()}
+    for flag, path in {**here, **paths}.items():
+        shown = not_utf8(path) if path else None
+        if shown:
+            fail(
+                f"{flag} {shown}: its path is not UTF-8, and the toolkit writes paths into its "
+                "JSON records; rename the folder (or file), or move it where the path is UTF-8",
+                ExitCode.USAGE,
+            )
+
+
 def main(argv=None) -> int:
     install_signal_handlers()
     entered = time.time()
     opts = parse_options(argv)
+    try:
+        check_environment()  # every variable the toolkit reads, once (common/environment.py)
+    except INPUT_ERRORS as e:
+        fail(str(e), ExitCode.USAGE)
     with meeting.refusals_told(opts.hosts):  # a host that refuses the run tells host 0 why
         return compare(opts, entered)
 
 
 def compare(opts: CompareOptions, entered: float) -> int:
     names = list(opts.names)
-    # before any path is resolved
-    for flag, path in {"--out": opts.output.out, **opts.paths_read()}.items():
-        if path and symlink_loop(path):
-            fail(
-                f"{flag} {path}: a loop of symbolic links; point it at a real file or folder",
-                ExitCode.USAGE,
-            )
+    refuse_bad_paths(opts)
     import_while_idle()  # the plots' import, while compare waits on its twin loader and backends
     spec, policy, opts = check_inputs(opts)
     run_id = opts.output.run_id or new_run_id()
@@ -503,13 +526,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
                 ),
                 live,
             ).interrupted
-        floored = noise_floor_runs(opts, floors, plan, outcome)
-        if floored:
-            launches = {n: floor_launch(opts, n, spec.train.dtype) for n in floored}
-            outcome.interrupted = run_all(
-                Plan(floored, plan.pythons, launches, {}, out / FLOOR_DIR, opts.timeout_s, False),
-                live,
-            ).interrupted
+        floored = run_noise_floors(opts, floors, plan, outcome, spec.train.dtype, live)
     backends_done = time.time()
     # a host other than 0 of a multi-host run: host 0 writes the report
     if hosts.follows(opts.hosts):
@@ -540,6 +557,8 @@ def compare(opts: CompareOptions, entered: float) -> int:
     checks = [
         ("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds))
     ] * bool(seeds)
+    # the extra runs the verdict rests on: one that failed is said (filled as they run)
+    checks.append(("extra_runs", functools.partial(extra_runs_check, outcome.extra_failed)))
     if judging.check_determinism:
         checks.append(
             ("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats))
@@ -572,6 +591,9 @@ def compare(opts: CompareOptions, entered: float) -> int:
             tuple(checks),
         ),
     )
+    if outcome.interrupted and report["status"] != ReportStatus.INTERRUPTED:
+        # a signal during an extra run: the run was interrupted, whatever the runs before said
+        report = build(True)
     report["run_id"], report["replaced_run"] = run_id, run_dir.replaced
     report["compare_peak_rss_mb"] = peak_rss_mb()  # compare's own process, its backends apart
     report["hosts"] = hosts.section(opts.hosts)

@@ -184,6 +184,17 @@ class CompareOptions:
         inputs["--tolerance-profile"] = Path(profile) if profile not in PROFILES else None
         return {flag: path for flag, path in inputs.items() if path}
 
+    def check_tolerance_flags(self, spec: RunSpec) -> None:
+        """A tolerance flag for another dtype than the run's is refused, never ignored: a float64
+        run is judged by float64's bounds (every verdict's sensitivity stated), and
+        --fp32-tolerance's noise floor is float32's."""
+        if spec.train.dtype == "float64" and self.judging.fp32 == "noise-floor":
+            raise SpecError(
+                "--fp32-tolerance noise-floor: this run is float64, judged by float64's bounds "
+                "with the sensitivity of every verdict stated; the float32 noise floor judges "
+                "float32 runs: drop the flag, or run in float32"
+            )
+
     def check_parity_mode(self, spec: RunSpec) -> None:
         """A run with randomness cannot be judged bit by bit; the statistical mode needs runs of its
         own."""

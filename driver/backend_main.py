@@ -18,7 +18,9 @@ import traceback
 from pathlib import Path
 
 from common import backends
+from common.capture.decisions import read_decisions
 from common.cli import INPUT_ERRORS, SpecInputs, fail, resolve_spec
+from common.environment import check_environment
 from common.files.fsutil import dangerous_dir, write_json_atomic
 from common.files.record import (
     LOG_FILES,
@@ -33,10 +35,11 @@ from common.files.shards import SHARDS_DIR, write_shards
 from common.files.tensor_file import write_tensors
 from common.ops import OPS_FILE
 from common.protocol import progress_line
+from common.spec import SpecError
 from common.vocab import IO_ERRNOS, ExitCode, Phase, RecordStatus
 from driver.harness import RunOptions
 from driver.nonfinite import input_problem, likely_cause
-from driver.process import backend_parser
+from driver.process import backend_parser, check_whole_tensors
 
 
 def progress_printer(enabled: bool):
@@ -172,21 +175,13 @@ def check_ops(name: str, ops_watch, step, out_dir: Path) -> int:
     return ExitCode.OK
 
 
-def main(
-    package: str, argv, add_flags, train, check=None, logs: tuple[str, ...] = (), ops_watch=None
-) -> int:
-    """`python -m <package>`, the backend that common/backends.py registers under that package: its
-    row names the run (record.backend). `check(spec, options)`: the backend's own refusals of
-    flag combinations, before a run directory exists; `logs`: files it writes beside its record,
-    left by a run that failed (a directory holding only those is its own); `ops_watch()`: its op
-    watch, for --check-ops (common/ops.py)."""
-    name, backend = backends.of_package(package).name, package
-    parser: argparse.ArgumentParser = backend_parser(package)
-    parser.add_argument("--progress", action="store_true", help="print a progress line per step")
-    own = add_flags(parser)  # the dataclass its own flags are read into
-    args = parser.parse_args(argv)
-    out_dir = args.out or Path("runs") / f"{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
-    options = run_options(args, own, out_dir)
+def refuse_flags(name: str, args: argparse.Namespace, ops_watch) -> None:
+    """What can be refused from the command line and the environment alone, before any spec is
+    read: each one line naming the flag (or variable), exit 2."""
+    try:
+        check_environment()  # every variable the toolkit reads, once (common/environment.py)
+    except INPUT_ERRORS as e:
+        fail(str(e), ExitCode.USAGE)
     if args.impose_decisions and not backends.info(name).imposes_decisions:
         fail(
             f"--impose-decisions: the {name} backend cannot take another side's decisions; only "
@@ -194,6 +189,15 @@ def main(
             + " can",
             ExitCode.USAGE,
         )
+    if args.impose_decisions:  # read once now: a bad one is named by its flag, before anything runs
+        try:
+            read_decisions(args.impose_decisions)
+        except (*INPUT_ERRORS, OSError, KeyError, ValueError) as e:
+            fail(
+                f"--impose-decisions {args.impose_decisions}: {getattr(e, 'strerror', None) or e}; "
+                "give the run directory of a capture run (--activations-only) of this twin",
+                ExitCode.USAGE,
+            )
     if args.capture_step and not (
         args.activations_only and backends.info(name).captures_later_steps
     ):
@@ -209,8 +213,33 @@ def main(
             f"--check-ops: the {name} backend has no op check (its registry row's checks_ops)",
             ExitCode.USAGE,
         )
+
+
+def main(
+    package: str, argv, add_flags, train, check=None, logs: tuple[str, ...] = (), ops_watch=None
+) -> int:
+    """`python -m <package>`, the backend that common/backends.py registers under that package: its
+    row names the run (record.backend). `check(spec, options)`: the backend's own refusals of
+    flag combinations, before a run directory exists; `logs`: files it writes beside its record,
+    left by a run that failed (a directory holding only those is its own); `ops_watch()`: its op
+    watch, for --check-ops (common/ops.py)."""
+    name, backend = backends.of_package(package).name, package
+    parser: argparse.ArgumentParser = backend_parser(package)
+    parser.add_argument("--progress", action="store_true", help="print a progress line per step")
+    own = add_flags(parser)  # the dataclass its own flags are read into
+    args = parser.parse_args(argv)
+    refuse_flags(name, args, ops_watch)
+    out_dir = args.out or Path("runs") / f"{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
+    options = run_options(args, own, out_dir)
     try:
         spec = resolve_spec(SpecInputs.of(args))
+        check_whole_tensors(options.whole_tensors, spec)
+        if 0 < args.capture_step >= spec.train.steps:
+            raise SpecError(
+                f"--capture-step {args.capture_step}: the run has steps 0 to "
+                f"{spec.train.steps - 1} (train.steps = {spec.train.steps}); capture at a step "
+                "from 1 to its last, or train more steps"
+            )
         if check:
             check(spec, options)
     except INPUT_ERRORS as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import difflib
 import os
 import sys
 import threading
@@ -13,8 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from common.cli import Parser, add_no_hlo_flag, add_profile_flag, add_run_flags, checkpoint_ref
-from common.files.tensor_file import BACKEND_TENSOR_MODES
+from common.cli import (
+    MOST,
+    Parser,
+    add_no_hlo_flag,
+    add_profile_flag,
+    add_run_flags,
+    bounded_int,
+    checkpoint_ref,
+)
+from common.files.tensor_file import BACKEND_TENSOR_MODES, SUMMARIZED_GROUPS
+from common.spec import RunSpec, SpecError
+from common.weights import param_infos
 
 
 def _row_token(text: str) -> tuple[int, int]:
@@ -51,7 +62,7 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--whole-tensors",
-        type=lambda text: tuple(filter(None, text.split(","))),
+        type=whole_tensor_keys,
         default=(),
         metavar="KEY,...",
         help="with --tensors summary: keep these (e.g. grads/wte.embedding) whole "
@@ -79,7 +90,7 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--capture-step",
-        type=int,
+        type=bounded_int(0, MOST, "steps"),
         default=0,
         metavar="STEP",
         help="with --activations-only: train this many steps first and capture on that step's "
@@ -118,7 +129,7 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--throughput-steps",
-        type=int,
+        type=bounded_int(0, MOST, "steps"),
         default=None,
         help="extra steps timed pipelined (one wait at the end); default: train.steps, 0 = off",
     )
@@ -131,6 +142,34 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
     return parser
+
+
+def whole_tensor_keys(text: str) -> tuple[str, ...]:
+    """--whole-tensors' keys, each GROUP/NAME of a group a summary can stand for."""
+    keys = tuple(filter(None, text.split(",")))
+    for key in keys:
+        group, sep, name = key.partition("/")
+        if not (sep and name and group in SUMMARIZED_GROUPS):
+            raise argparse.ArgumentTypeError(
+                f"{key!r} is not GROUP/NAME with a group of {', '.join(SUMMARIZED_GROUPS)} "
+                "(e.g. grads/wte.embedding)"
+            )
+    return keys
+
+
+def check_whole_tensors(keys: tuple[str, ...], spec: RunSpec) -> None:
+    """A gradient or parameter --whole-tensors names must be one of the model's (canonical names);
+    nothing to check against where the spec does not list them (a twin run alone)."""
+    names = list(param_infos(spec.model))
+    for key in keys:
+        group, _, name = key.partition("/")
+        if names and group in ("grads", "params") and name not in names:
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.0)
+            raise SpecError(
+                f"--whole-tensors {key!r} names no parameter of this model"
+                + (f" (closest {group}/{close[0]})" if close else "")
+                + "; give the canonical names (nnx_params.json)"
+            )
 
 
 @dataclass(frozen=True)
@@ -149,8 +188,8 @@ def add_process_flags(parser: argparse.ArgumentParser) -> type[ProcessFlags]:
     for eager torch. Returns the type that holds them."""
     group = parser.add_argument_group("multi-process")
     group.add_argument("--coordinator", help="host:port of process 0, e.g. 127.0.0.1:12355")
-    group.add_argument("--num-processes", type=int, default=1)
-    group.add_argument("--process-id", type=int, default=0)
+    group.add_argument("--num-processes", type=bounded_int(1, 4096, "processes"), default=1)
+    group.add_argument("--process-id", type=bounded_int(0, 4095, "a process"), default=0)
     return ProcessFlags
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from common.data import Batch, process_slice
+from common.environment import coordinator_wait_s
 from common.files.shards import ShardedTensor
 from common.multiprocess import other_settings, settings_digest
 from common.sharding import batch_partition_spec, param_partition_specs
@@ -120,11 +121,6 @@ def check_same_settings(spec, processes: int) -> None:
         raise other_settings(spec, processes, jax.process_index())
 
 
-# how long a process waits for its coordinator to answer: jax's own
-# default, which ends in a native abort
-COORDINATOR_WAIT_S = float(os.environ.get("XLA_TWINS_COORDINATOR_WAIT_S", 300))
-
-
 def initialize_distributed(
     coordinator: str | None, num_processes: int | None, process_id: int | None
 ) -> None:
@@ -132,12 +128,15 @@ def initialize_distributed(
     process other than 0 first waits for the coordinator to accept a connection: one it cannot reach
     is one line naming it, not jax's abort with a native stack after five minutes."""
     if coordinator:
-        waited = wait_for_coordinator(coordinator, process_id or 0, COORDINATOR_WAIT_S)
+        # how long a process waits for its coordinator to answer (XLA_TWINS_COORDINATOR_WAIT_S):
+        # jax's own default ends in a native abort
+        wait_s = coordinator_wait_s()
+        waited = wait_for_coordinator(coordinator, process_id or 0, wait_s)
         jax.distributed.initialize(
             coordinator_address=coordinator,
             num_processes=num_processes,
             process_id=process_id,
-            initialization_timeout=int(COORDINATOR_WAIT_S - waited) + 1,
+            initialization_timeout=int(wait_s - waited) + 1,
         )
 
 

@@ -4,8 +4,9 @@ those few numbers come to the host. A sharded tensor of a multi-process run is n
 one process, and a large one never copied to host memory whole (common/files/tensor_summary.py
 defines the summary; numpy summarizes on the host what another backend holds there).
 
-The reductions run in float32 (JAX without x64; float64 sums on the host): the sum and sum of
-squares differ from the host's by rounding, far inside what `summary_checks` allows (n * bound,
+The reductions run in float32 (JAX without x64; float64 sums on the host), or in float64 for a
+float64 run's tensors, judged by float64's bounds: the sum and sum of squares differ from the
+host's by rounding, far inside what `summary_checks` allows (n * bound,
 sqrt(n) * bound); the largest magnitude, the non-finite count and the sampled values are exact.
 """
 
@@ -26,9 +27,11 @@ def _stats(x: jax.Array) -> jax.Array:
     """sum, sum of squares, largest magnitude (over the finite elements) and the non-finite
     count."""
     finite = jnp.isfinite(x)
-    f = jnp.where(finite, x, 0).astype(jnp.float32)
+    # a float64 run's tensors in float64 (its bounds are float64's), any other in float32
+    wide = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    f = jnp.where(finite, x, 0).astype(wide)
     return jnp.stack(
-        [f.sum(), (f * f).sum(), jnp.abs(f).max(initial=0.0), (~finite).sum().astype(jnp.float32)]
+        [f.sum(), (f * f).sum(), jnp.abs(f).max(initial=0.0), (~finite).sum().astype(wide)]
     )
 
 

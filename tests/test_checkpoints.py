@@ -396,3 +396,39 @@ def test_a_hugging_face_shard_index_that_is_not_one_is_refused_naming_it(tmp_pat
     )
     assert_refused(tmp_path, proc, message + r".*; give the index save_pretrained writes")
     assert {p: p.read_bytes() for p in checkpoint.iterdir()} == before  # the user's files untouched
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("checkpoint-hf-index-bad")
+def test_a_tensor_in_two_hugging_face_shards_is_refused_naming_both(tmp_path):
+    """from_pretrained would take one of them, whichever it reads last: neither is taken."""
+    from safetensors.numpy import save_file
+
+    (tmp_path / "tmp").mkdir()
+    checkpoint = tmp_path / "hf"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(GPT_TINY_HF))
+    wte = np.zeros((256, 64), np.float32)
+    save_file({"transformer.wte.weight": wte}, str(checkpoint / "model-1.safetensors"))
+    save_file({"transformer.wte.weight": wte + 1}, str(checkpoint / "model-2.safetensors"))
+    index = {
+        "weight_map": {"transformer.wte.weight": "model-1.safetensors", "x": "model-2.safetensors"}
+    }
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps(index))
+    proc = compare_refused(
+        tmp_path,
+        "--spec",
+        "gpt-tiny",
+        "--checkpoint",
+        f"hf:{checkpoint}",
+        "--backend",
+        "jax,torch",
+        "--out",
+        str(tmp_path / "run"),
+    )
+    assert_refused(
+        tmp_path,
+        proc,
+        r"tensor transformer.wte.weight is in two shards \(model-1.safetensors and "
+        r"model-2.safetensors\); save the checkpoint again with save_pretrained",
+    )

@@ -56,7 +56,7 @@ def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path
             "--num-hosts 2: give every host --coordinator HOST:PORT, host 0's address",
         ),
         (
-            ["--num-hosts", "2", "--host-id", "2", "--coordinator", "127.0.0.1:1"],
+            ["--num-hosts", "2", "--host-id", "2", "--coordinator", "127.0.0.1:12355"],
             "--host-id 2: a run of --num-hosts 2 has hosts 0 to 1",
         ),
         (
@@ -85,7 +85,7 @@ def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path
         ),
         # the default mesh: one device
         (
-            ["--num-hosts", "2", "--coordinator", "127.0.0.1:1", "--backend", "jax"],
+            ["--num-hosts", "2", "--coordinator", "127.0.0.1:12355", "--backend", "jax"],
             "--processes 1 on 2 hosts: the mesh's 1 device(s) cannot be split evenly over 2 "
             "processes; give a --mesh "
             "whose device count they divide, e.g. --mesh data=4",

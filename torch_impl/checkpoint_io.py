@@ -81,8 +81,16 @@ def load_state(path: Path) -> dict[str, np.ndarray]:
 def load_hf(path: Path) -> dict[str, np.ndarray]:
     """{HF name: float32 array} of an HF checkpoint's safetensors (every shard)."""
     out: dict[str, np.ndarray] = {}
+    found_in: dict[str, str] = {}
     for file in hf.weight_files(path):
-        out.update(load_state(file))
+        for name, value in load_state(file).items():
+            if name in found_in:  # which one from_pretrained takes is not the index's word
+                raise CheckpointError(
+                    f"hf checkpoint {path}: tensor {name} is in two shards ({found_in[name]} and "
+                    f"{file.name}); save the checkpoint again with save_pretrained, one shard "
+                    "holding each tensor"
+                )
+            out[name], found_in[name] = value, file.name
     return out
 
 

@@ -98,10 +98,13 @@ def device_summary(name: str, x: torch.Tensor) -> TensorSummary:
     indices = sample_indices(name, shape)
     flat = x.detach().reshape(-1)
     finite = torch.isfinite(flat)
-    f = torch.where(finite, flat, torch.zeros((), dtype=flat.dtype, device=flat.device)).float()
+    # a float64 run's tensors in float64 (its bounds are float64's), any other in float32
+    wide = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    zero = torch.zeros((), dtype=flat.dtype, device=flat.device)
+    f = torch.where(finite, flat, zero).to(wide)
     largest = f.abs().max() if f.numel() else f.new_zeros(())
-    stats = torch.stack([f.sum(), (f * f).sum(), largest, (~finite).sum().float()])
-    values = flat[torch.as_tensor(indices, device=flat.device)].float()
+    stats = torch.stack([f.sum(), (f * f).sum(), largest, (~finite).sum().to(wide)])
+    values = flat[torch.as_tensor(indices, device=flat.device)].to(wide)
     host = torch.cat([stats, values]).cpu().numpy()  # one copy to the host (one graph on torch_xla)
     total, squares, top, nonfinite = (float(v) for v in host[:4])
     stats = {
@@ -111,7 +114,8 @@ def device_summary(name: str, x: torch.Tensor) -> TensorSummary:
         "max_abs": top,
         "nonfinite": nonfinite,
     }
-    return TensorSummary(shape, stats, indices, np.array(host[4:], np.float32), on_device=True)
+    values = np.array(host[4:], np.float64 if wide == torch.float64 else np.float32)
+    return TensorSummary(shape, stats, indices, values, on_device=True)
 
 
 def kept(

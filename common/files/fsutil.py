@@ -53,6 +53,17 @@ def symlink_loop(path) -> bool:
     return False
 
 
+def not_utf8(path) -> str | None:
+    """`path`, made absolute, shown with its bytes escaped where it is not UTF-8 (a folder named in
+    another encoding); None where it is."""
+    full = os.path.abspath(os.fspath(path))
+    try:
+        full.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(full).decode("utf-8", "backslashreplace")
+    return None
+
+
 def dangerous_dir(path: str | Path) -> str | None:
     """Why the toolkit must never write or remove in `path` (None when it may): the filesystem root,
     the home directory, the current directory or one of its parents, this checkout or one of its

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -92,6 +93,14 @@ def cpu_peak(cache_dir: Path | None) -> tuple[float, str]:
     reads when that is more."""
     path = cache_dir / CPU_PEAK_FILE if cache_dir else None
     identity, flops = cpu_identity(), 0.0
+    if path is not None and (path.exists() or path.is_symlink()) and not path.is_file():
+        # a FIFO would hang the read, a folder fail it: neither is read, nor replaced
+        print(
+            f"warning: {path} is not a regular file; the CPU peak is measured afresh and not "
+            "cached (remove it to cache the peak again)",
+            file=sys.stderr,
+        )
+        path = None
     if path is not None and path.exists():
         try:
             cached = json.loads(path.read_text())

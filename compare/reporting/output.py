@@ -72,12 +72,14 @@ def show(output: Output, report: dict, runs: dict) -> None:
     apart = (report.get("devices") or {}).get("note")
     if apart:  # one line naming the devices, refused (--require-same-device) or not
         print(f"warning: {apart}", file=sys.stderr)
-    for run in runs.values():
-        if run.status != BackendStatus.OK:
-            print(
-                f"error: {run.name}: {run.status}: {run.message} (logs: {run.run_dir})",
-                file=sys.stderr,
-            )
+    failed = [run for run in runs.values() if run.status != BackendStatus.OK]
+    for run in failed:
+        print(
+            f"error: {run.name}: {run.status}: {run.message} (logs: {run.run_dir})",
+            file=sys.stderr,
+        )
+    if report["status"] == ReportStatus.BACKEND_FAILED and not failed:  # an extra run failed
+        print(f"error: {report['message']}", file=sys.stderr)
     if report["status"] == ReportStatus.INTERNAL_ERROR:
         print(
             f"error: {report['message']} (report: {output.out / 'report.json'}; rerun with "

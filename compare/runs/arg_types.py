@@ -5,22 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+from common.cli import bounded_int
 from compare.runs.rundir import RunDirError, check_run_id
 
-
-def bounded_int(low: int, high: int, what: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a whole number of {what} from {low} to {high}"
-            )
-        return value
-
-    return parse
+__all__ = ["bounded_int", "positive_seconds", "run_id_arg"]
 
 
 def run_id_arg(text: str) -> str:

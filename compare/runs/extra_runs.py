@@ -8,16 +8,38 @@ from __future__ import annotations
 
 from common import backends
 from common.files.record import RECORD_FILE
-from common.vocab import BackendStatus, ParityMode
+from common.vocab import BackendStatus, ParityMode, ReportStatus
 from compare.judge.decided import needs_imposing
 from compare.judge.noise_floor import FLOOR_DIR, floor_needed
+from compare.judge.verdict import CheckResult
 from compare.options import CompareOptions
 from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, LATER_DIR, capture, parted_at_step0
 from compare.runs.launch import capture_launch, floor_launch, whole_launch
-from compare.runs.orchestrate import Plan, run_backend
+from compare.runs.orchestrate import Plan, run_all, run_backend
 from compare.runs.second_pass import WHOLE_DIR, activations_to_confirm, needs_whole
 
 CONFIRM_PASSES = 3  # captures confirming a location found on summaries, at most
+
+
+def note_failed(outcome, runs, what: str) -> None:
+    """Keep each of `runs` (extra runs: `what` they were for) that failed on its own (killed,
+    crashed, timed out) for the verdict; one ended by compare's own interrupt is the
+    interrupt's."""
+    for run in runs:
+        if run.status not in (BackendStatus.OK, BackendStatus.INTERRUPTED):
+            outcome.extra_failed.append((what, run))
+
+
+def extra_runs_check(failed: list) -> CheckResult:
+    """An extra run the verdict rests on that failed: the run is a backend failure (exit 3) naming
+    it and how it ended, never a verdict made without it."""
+    message = "; ".join(
+        f"{what} of {run.name} failed: {run.status}: {run.message} (logs: {run.run_dir})"
+        for what, run in failed
+    )
+    return CheckResult(
+        "extra_runs", ReportStatus.BACKEND_FAILED if failed else ReportStatus.OK, message
+    )
 
 
 def noise_floor_runs(opts: CompareOptions, policy: str, plan: Plan, outcome) -> list[str]:
@@ -34,6 +56,23 @@ def noise_floor_runs(opts: CompareOptions, policy: str, plan: Plan, outcome) -> 
     return [
         n for n in plan.launches if n in outcome.runs and outcome.runs[n].status == BackendStatus.OK
     ]
+
+
+def run_noise_floors(
+    opts: CompareOptions, policy: str, plan: Plan, outcome, dtype: str, live
+) -> list[str]:
+    """The noise-floor runs `noise_floor_runs` asks for, into <out>/noise-floor/; returns their
+    backends. An interrupt marks the outcome; a run that failed is kept for the verdict."""
+    floored = noise_floor_runs(opts, policy, plan, outcome)
+    if floored:
+        launches = {n: floor_launch(opts, n, dtype) for n in floored}
+        folder = plan.out / FLOOR_DIR
+        floor = run_all(
+            Plan(floored, plan.pythons, launches, {}, folder, plan.timeout_s, False), live
+        )
+        outcome.interrupted = floor.interrupted
+        note_failed(outcome, floor.runs.values(), "the noise-floor run")
+    return floored
 
 
 def floor_where_needed(
@@ -57,13 +96,14 @@ def floor_where_needed(
         return report
     try:
         for name in (report["reference"], *names):
-            run_backend(
+            run = run_backend(
                 name,
                 plan.pythons[name],
                 floor_launch(opts, name, "float32"),
                 plan.out / FLOOR_DIR / name,
                 plan.timeout_s,
             )
+            note_failed(outcome, [run], "the noise-floor run")
     except KeyboardInterrupt:
         outcome.interrupted = True
         return report

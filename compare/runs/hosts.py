@@ -102,7 +102,7 @@ def check_coordinator(address: str) -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise SpecError(f"--coordinator {address}: give it as HOST:PORT, e.g. 10.0.0.2:12355")
-    if not 1 <= int(port) <= 65535 - LAUNCH_PORTS:
+    if not 1024 <= int(port) <= 65535 - LAUNCH_PORTS:
         raise SpecError(
             f"--coordinator {address}: port {port} is not one to count up from (a run takes the "
             "ports "

@@ -21,12 +21,12 @@ import os
 import socket
 import time
 
+from common.environment import coordinator_wait_s
 from common.spec import SpecError
 from common.vocab import ExitCode
 from compare.options import Group
 from compare.runs.hosts import LAUNCH_PORTS
 
-WAIT_S = float(os.environ.get("XLA_TWINS_COORDINATOR_WAIT_S", 300))
 TELL_S = 30.0  # how long a refusing host tries to tell host 0 before it exits anyway
 
 
@@ -50,13 +50,14 @@ def meet(hosts: Group) -> None:
     answer = _say(
         hosts,
         {"host": hosts.host, "ready": True, "hosts": hosts.hosts, "processes": hosts.processes},
-        WAIT_S,
+        coordinator_wait_s(),
         wait_for_answer=True,
     )
     if answer is None:
         raise MeetingError(
-            f"host 0 did not answer at {_where(hosts)} within {WAIT_S:g} s: host 0 not started (or "
-            "stopped), another --coordinator, or a firewall between the hosts"
+            f"host 0 did not answer at {_where(hosts)} within {coordinator_wait_s():g} s: "
+            "host 0 not started (or stopped), another --coordinator, or a firewall between the "
+            "hosts"
         )
     if not answer.get("go"):
         raise MeetingError(f"host 0 stopped this run: {answer.get('why')}")
@@ -70,7 +71,7 @@ def _where(hosts: Group) -> str:
 def _gather(hosts: Group) -> None:
     """Host 0: every other host's word, then each ready one answered."""
     ready: list[tuple[int, socket.socket]] = []  # (host, its connection), in the order they came
-    deadline = time.monotonic() + WAIT_S
+    deadline = time.monotonic() + coordinator_wait_s()
     try:
         server = socket.create_server(("", _address(hosts)[1]))
     except OSError as e:
@@ -93,8 +94,8 @@ def _gather(hosts: Group) -> None:
                     raise MeetingError(
                         f"host(s) {', '.join(missing)} of {hosts.hosts} did not come to "
                         f"{_where(hosts)} "
-                        f"within {WAIT_S:g} s: not started, another --coordinator, or a firewall "
-                        "between the hosts"
+                        f"within {coordinator_wait_s():g} s: not started, another "
+                        "--coordinator, or a firewall between the hosts"
                     ) from None
                 word = _read(conn, 10.0)
                 if word is None or not isinstance(word.get("host"), int):
@@ -150,7 +151,7 @@ def refused(hosts: Group, why: str) -> None:
     _say(
         hosts,
         {"host": hosts.host, "ready": False, "why": why},
-        min(WAIT_S, TELL_S),
+        min(coordinator_wait_s(), TELL_S),
         wait_for_answer=False,
     )
 

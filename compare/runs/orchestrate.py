@@ -228,6 +228,9 @@ class Outcome:
     runs: dict[str, BackendRun]
     repeats: dict[str, BackendRun]
     interrupted: bool
+    # (what, run) of each extra run (a noise floor's) that failed: the verdict says so
+    # (compare/runs/extra_runs.py extra_runs_check)
+    extra_failed: list = field(default_factory=list)
 
 
 def check_ops(
