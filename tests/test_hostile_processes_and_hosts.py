@@ -1,5 +1,6 @@
-"""Reliability round 4 (issue 46): hostile input on the surfaces of wave 3 is one line naming it,
-its own exit code, and nothing of the user's touched."""
+"""Hostile input on processes, hosts, timeouts and outputs (symbolic-link loops, a backend killed at
+its timeout, an unwritable stdout, undecodable output, unreachable coordinators, hosts that never
+come or disagree): one line naming it, its own exit code, and nothing of the user's touched."""
 
 from __future__ import annotations
 
