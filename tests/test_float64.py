@@ -175,17 +175,23 @@ def test_hugging_faces_bert_passes_in_float64_on_torchax_after_its_module_captur
 
 
 @pytest.mark.error_case("float64-model-fixes-float32")
-def test_a_torch_model_that_fixes_float32_is_refused_in_float64_naming_its_module(tmp_path):
-    """`x.float()` before a float64 Linear: eager torch cannot multiply them. The twin's describe
-    step finds it before any backend runs: one line naming the module and the fix, exit 2, no run
-    directory; the torch backend run alone refuses it the same at its first forward."""
+@pytest.mark.parametrize(
+    ("twin", "module"), [("fixes_float32", "fc1"), ("fixes_float32_later", "fc2")]
+)
+def test_a_torch_model_that_fixes_float32_is_refused_in_float64_naming_its_module(
+    tmp_path, twin, module
+):
+    """`.float()` before a float64 Linear (the first layer's input, or past the first layer, which
+    the describe step's own checks used to skip: its float32 model could not take the float64
+    example): eager torch cannot multiply them. The twin's describe step finds it before any
+    backend runs: one line naming the module and the fix, exit 2, no run directory."""
     proc = run_cli(
         "compare",
         "--quiet",
         "--out",
         str(tmp_path / "run"),
         "--twin",
-        "tests/data/user_project/twins.py:fixes_float32",
+        f"tests/data/user_project/twins.py:{twin}",
         "--backend",
         "jax,torch",
         "--dtype",
@@ -193,5 +199,5 @@ def test_a_torch_model_that_fixes_float32_is_refused_in_float64_naming_its_modul
     )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
-    assert "the torch model cannot compute in float64 as written: at module fc1" in errors[0]
+    assert f"the torch model cannot compute in float64 as written: at module {module}" in errors[0]
     assert "make it follow its input's dtype" in errors[0] and not (tmp_path / "run").exists()

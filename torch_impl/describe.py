@@ -44,6 +44,39 @@ def check_forward(model, spec: RunSpec) -> None:
         check_forward_keys(spec, model.forward, "torch")
     first = make_dataset(spec).global_batch(0)
     inputs, targets = (_tensors(rows(part, 0, 1)) for part in (first.inputs, first.targets))
+    wide = spec.train.dtype == "float64"
+    default = torch.get_default_dtype()
+    if wide:  # the forward as the run computes it: a float64 copy, under the float64 default
+        torch.set_default_dtype(torch.float64)
+        model, inputs, targets = _widened(model), _widened(inputs), _widened(targets)
+    try:
+        _check_outputs(model, spec, inputs, targets)
+        if wide:
+            check_float64(model, inputs)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _widened(value):
+    """A float64 copy of a model, a tensor or a dict of tensors (integers as they are)."""
+    import copy
+
+    import torch
+
+    if isinstance(value, torch.nn.Module):
+        return copy.deepcopy(value).to(torch.float64)
+    if isinstance(value, dict):
+        return {k: _widened(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.double()
+    return value
+
+
+def _check_outputs(model, spec: RunSpec, inputs, targets) -> None:
+    """The forward on step 0's first example returns the logits, and the twin's own loss a value it
+    can train on."""
+    import torch
+
     training = model.training
     try:
         with torch.no_grad():
@@ -72,8 +105,6 @@ def check_forward(model, spec: RunSpec) -> None:
         )
         if why:
             raise TwinError(f"twin {spec.model.twin!r}: {why}")
-    if spec.train.dtype == "float64":
-        check_float64(model, inputs)
 
 
 def _tensors(part):
@@ -89,32 +120,18 @@ def _tensors(part):
 
 
 def check_float64(model, inputs) -> None:
-    """A float64 run's torch side must compute in float64: a copy of the model in float64, under
-    torch's float64 default, on the example widened, refused naming its module where its code feeds
-    float32 to a float64 layer (torch_impl/islands.py), before any backend trains."""
-    import copy
-
-    import torch
-
+    """A float64 run's torch side must compute in float64: the model in float64 (check_forward's
+    copy, under torch's float64 default), on the example widened, refused naming its module where
+    its code feeds float32 to a float64 layer (torch_impl/islands.py), before any backend trains."""
     from torch_impl.islands import float32_islands
 
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
     try:
-        wide = copy.deepcopy(model).to(torch.float64)
-        inputs = (
-            {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
-            if isinstance(inputs, dict)
-            else (inputs.double() if inputs.is_floating_point() else inputs)
-        )
-        float32_islands(wide, inputs, {name: name for name, _ in wide.named_modules() if name})
+        float32_islands(model, inputs, {name: name for name, _ in model.named_modules() if name})
     except SpecError:
         raise
     # any other failure of the forward is left to the run, which reports it on every backend
     except Exception:
         return
-    finally:
-        torch.set_default_dtype(default)
 
 
 def start_state(model) -> dict:

@@ -126,6 +126,14 @@ def torch_net_backward_misported(**hparams):
     return TorchNetCustomBackward(**hparams, clamped=True)
 
 
+class TorchNetFixesFloat32Later(TorchNet):
+    """Its first layer follows the run's dtype; its second is fed float32 on purpose (`.float()`
+    past the first layer): it cannot run in a float64 run, where fc2 is float64."""
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.norm(self.fc1(x))).float())
+
+
 class TorchNetFixesFloat32(TorchNet):
     """Its input cast to float32 on purpose (`x.float()`, as code written for float32 does): it
     cannot run in a float64 run, where fc1 is float64."""

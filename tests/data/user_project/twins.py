@@ -75,6 +75,13 @@ backward_misported = Twin(
     hparams=HPARAMS,
     train=TRAIN,
 )
+fixes_float32_later = Twin(
+    torch="models.py:TorchNetFixesFloat32Later",
+    nnx="models.py:NnxNet",
+    task="classification",
+    hparams=HPARAMS,
+    train=TRAIN,
+)
 fixes_float32 = Twin(
     torch="models.py:TorchNetFixesFloat32",
     nnx="models.py:NnxNet",
