@@ -163,6 +163,35 @@ def test_named_arrays_from_a_function_or_an_npz_feed_the_forward_by_name(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.error_case("data-file-bad")
+def test_an_npz_of_float64_features_trains_a_float32_run_and_one_lacking_a_key_is_refused(
+    tmp_path,
+):
+    """Float arrays reach both sides in the run's float width: float64 features in a float32 run
+    train on every side alike (torch used to crash on them after JAX had trained). An npz without
+    an argument the forward needs is refused before anything runs, naming it (both backends used
+    to crash with "missing 1 required positional argument")."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        "x": rng.standard_normal((20, 8)),  # float64, as numpy makes them
+        "c": rng.integers(0, 4, 20).astype(np.int32),
+        "target": rng.standard_normal((20, 8)),
+    }
+    np.savez(tmp_path / "wide.npz", **arrays)
+    np.savez(tmp_path / "lacking.npz", **{k: v for k, v in arrays.items() if k != "c"})
+    data = ("--set", "data.dataset=arrays", "--set")
+    proc = compare(tmp_path / "wide", "good", *data, f"data.path={tmp_path / 'wide.npz'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    backends = json.loads((tmp_path / "wide" / "report.json").read_text())["backends"]
+    assert backends["jax"]["losses"] == pytest.approx(backends["torch"]["losses"], abs=1e-6)
+    proc = compare(tmp_path / "lacking", "good", *data, f"data.path={tmp_path / 'lacking.npz'}")
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "needs 'c', which the batches do not give (they give x)" in errors[0], errors[0]
+    assert not (tmp_path / "lacking").exists()
+
+
+@pytest.mark.slow
 def test_every_output_a_forward_returns_is_compared_by_name(tmp_path):
     proc = compare(tmp_path / "run", "two_outputs", backends="jax,torch,torchax")
     assert proc.returncode == 0, proc.stderr[-2000:]

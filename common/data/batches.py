@@ -29,10 +29,17 @@ from common.files.fsutil import require_regular_file
 from common.spec import RunSpec
 
 
-def _split(arrays: dict, loss_keys: tuple) -> Batch:
+def _split(arrays: dict, loss_keys: tuple, float_dtype) -> Batch:
+    """The batch as both sides get it: its float arrays in the run's float width (float64 in a
+    float64 run, else float32: a float64 source fed to a float32 run would reach torch as float64,
+    which a float32 layer refuses, and JAX as float32), the loss's keys apart."""
+    fed = {
+        k: v.astype(float_dtype, copy=False) if v.dtype.kind == "f" else v
+        for k, v in arrays.items()
+    }
     return Batch(
-        {k: v for k, v in arrays.items() if k not in loss_keys},
-        {k: v for k, v in arrays.items() if k in loss_keys},
+        {k: v for k, v in fed.items() if k not in loss_keys},
+        {k: v for k, v in fed.items() if k in loss_keys},
     )
 
 
@@ -49,6 +56,7 @@ class _Checked:
         twin = twin_of(spec.model)
         self.source, self.loss_keys = source, tuple(twin.loss_keys)
         self.batch_size = spec.train.global_batch_size
+        self.float_dtype = np.float64 if spec.train.dtype == "float64" else np.float32
         hparams = spec.model.hparams
         self.ranges = {
             k: tuple(hparams[b] if isinstance(b, str) else b for b in bounds)
@@ -77,10 +85,10 @@ class _Checked:
             self._check_first(first)
             self.first = {k: (v.shape, v.dtype) for k, v in first.items()}
             if step == 0:
-                return _split(first, self.loss_keys)
+                return _split(first, self.loss_keys, self.float_dtype)
         arrays = self.arrays(step)
         self._check(step, arrays, self.first)
-        return _split(arrays, self.loss_keys)
+        return _split(arrays, self.loss_keys, self.float_dtype)
 
     def _check_first(self, first: dict) -> None:
         """Step 0 names every loss key, and is drawn again alike: a source that draws otherwise in
@@ -251,9 +259,24 @@ class NamedArrays(_Checked):
 
 
 def check_forward_keys(spec: RunSpec, forward, side: str) -> None:
-    """Every key fed to the forward (all but the twin's loss_keys) must be one of its parameters."""
+    """Every key fed to the forward (all but the twin's loss_keys) must be one of its parameters,
+    and every parameter it needs (no default) one of the keys."""
     batch = make_batches(spec).global_batch(0)
     params = inspect.signature(forward).parameters
+    needed = [
+        name
+        for name, p in params.items()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    missing = [k for k in needed if k not in batch.inputs]
+    if missing:
+        given = ", ".join(sorted(batch.inputs)) or "none"
+        raise DataError(
+            f"batch source {spec.data.path}: the forward of the {side} side needs {missing[0]!r}, "
+            f"which the batches do not give (they give {given}"
+            + (f"; {missing[0]!r} is a loss key" if missing[0] in batch.targets else "")
+            + "); give it in every batch, or a default in the forward"
+        )
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         return
     unknown = [k for k in batch.inputs if k not in params]
