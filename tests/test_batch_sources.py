@@ -76,6 +76,11 @@ def compare(out, twin: str, *args, backends: str = "jax,torch"):
             "the shard for step 3 is missing",
         ),
         (
+            "exits_at_step_2",
+            r"batches.py:exits_at_step_2: step 2 called sys.exit\('no more data'\); a batch "
+            r"source returns its arrays",
+        ),
+        (
             "loss_key_missing",
             "batches.py:good: the twin's loss_keys name 'noise', which it does not give "
             r"\(it gives c, target, x\); name in loss_keys only keys of its batches",

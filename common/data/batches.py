@@ -218,6 +218,11 @@ class BatchFunction(_Checked):
     def arrays(self, step: int) -> dict:
         try:
             return self.function(step=step, **self.kwargs)
+        except SystemExit as e:  # sys.exit in the source: named, never taken for the factory's
+            raise DataError(
+                f"batch source {self.source}: step {step} called sys.exit({e.code!r}); a batch "
+                "source returns its arrays (raise an exception to refuse a step)"
+            ) from None
         except Exception as e:  # the user's code: named with its step, never the backend's crash
             first = str(e).splitlines()[0] if str(e) else ""
             raise DataError(

@@ -1,6 +1,8 @@
 """Batch sources for tests/test_tasks.py: one that is fine, and one for each way a source can go
 wrong."""
 
+import sys
+
 import numpy as np
 
 
@@ -54,6 +56,12 @@ def beyond_int32(seed, step, batch_size, features, conditions):
 def raises_at_step_3(seed, step, batch_size, features, conditions):
     if step == 3:
         raise ValueError("the shard for step 3 is missing")
+    return good(seed, step, batch_size, features, conditions)
+
+
+def exits_at_step_2(seed, step, batch_size, features, conditions):
+    if step == 2:
+        sys.exit("no more data")
     return good(seed, step, batch_size, features, conditions)
 
 

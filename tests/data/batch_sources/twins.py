@@ -28,6 +28,9 @@ shape_changes, nonfinite, out_of_range, extra_key, ignores_seed, float_ids = (
 raises_at_step_3 = dataclasses.replace(
     good, data=DataSpec(dataset="batches", path="batches.py:raises_at_step_3")
 )
+exits_at_step_2 = dataclasses.replace(
+    good, data=DataSpec(dataset="batches", path="batches.py:exits_at_step_2")
+)
 beyond_int32 = dataclasses.replace(
     good,
     data=DataSpec(dataset="batches", path="batches.py:beyond_int32"),
