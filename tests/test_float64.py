@@ -201,3 +201,27 @@ def test_a_torch_model_that_fixes_float32_is_refused_in_float64_naming_its_modul
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
     assert f"the torch model cannot compute in float64 as written: at module {module}" in errors[0]
     assert "make it follow its input's dtype" in errors[0] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.error_case("float64-model-fixes-float32")
+def test_an_op_with_no_float64_kernel_is_named_as_such_with_the_switch_that_avoids_it(tmp_path):
+    """Hugging Face's Mixtral as it ships runs its experts with grouped_mm, which has no float64
+    kernel: the refusal says so and names the switch, not "its code fixes float32"."""
+    proc = run_cli(
+        "compare",
+        "--quiet",
+        "--out",
+        str(tmp_path / "run"),
+        "--twin",
+        "examples/mixtral/twin.py:mixtral_tiny",
+        "--backend",
+        "jax,torch",
+        "--dtype",
+        "float64",
+    )
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "at module model.layers.0.mlp.experts, Expected mat_a to be Float32" in errors[0]
+    assert "(an op with no float64 kernel: Hugging Face's MoE experts run grouped_mm" in errors[0]
+    assert "experts_implementation='eager'" in errors[0] and "fixes float32" not in errors[0]
+    assert not (tmp_path / "run").exists()

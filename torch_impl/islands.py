@@ -11,6 +11,8 @@ jax_impl/islands.py (same function, same result).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -72,17 +74,34 @@ def float32_islands(
             raise
         raise SpecError(
             f"train.dtype=float64: the torch model cannot compute in float64 as written: at module "
-            f"{stack[-1]}, {str(e).splitlines()[0]} (its code fixes float32, e.g. "
-            "torch.arange(..., "
-            "dtype=torch.float32) or .float(), and feeds it to a float64 layer); make it follow "
-            "its "
-            "input's dtype (dtype=x.dtype), or compare in float32"
+            f"{stack[-1]}, {str(e).splitlines()[0]}{_why_not_float64(str(e))}"
         ) from None
     finally:
         model.train(training)
         for handle in handles:
             handle.remove()
     return {module: _words(ops) for module, ops in found.items()}
+
+
+# what torch says of an op that has no float64 kernel at all (grouped_mm: "Expected mat_a to be
+# Float32, BFloat16 or Float16 matrix, got Double"; others: "not implemented for 'Double'")
+NO_FLOAT64_KERNEL = re.compile(r"got Double|not implemented for 'Double'")
+
+
+def _why_not_float64(error: str) -> str:
+    """The cause and the fix: an op with no float64 kernel (Hugging Face's MoE experts run
+    `grouped_mm` by default), or code that fixes float32 and feeds it to a float64 layer."""
+    if NO_FLOAT64_KERNEL.search(error):
+        return (
+            " (an op with no float64 kernel: Hugging Face's MoE experts run grouped_mm by default; "
+            "build the model with experts_implementation='eager', or another op that has one), "
+            "or compare in float32"
+        )
+    return (
+        " (its code fixes float32, e.g. torch.arange(..., dtype=torch.float32) or .float(), and "
+        "feeds it to a float64 layer); make it follow its input's dtype (dtype=x.dtype), or "
+        "compare in float32"
+    )
 
 
 def host_tensors(inputs):
