@@ -23,6 +23,7 @@ from common.cli import (  # noqa: E402
     add_no_hlo_flag,
     add_profile_flag,
     add_run_flags,
+    bounded_int,
     fail,
     resolve_spec,
 )
@@ -55,7 +56,7 @@ from compare.reporting.output import show, write_report  # noqa: E402
 from compare.reporting.plots import PLOT_FILES, import_while_idle  # noqa: E402
 from compare.reporting.report import ReportInputs, build_report, check_belongs  # noqa: E402
 from compare.runs import hosts, meeting  # noqa: E402
-from compare.runs.arg_types import bounded_int, positive_seconds, run_id_arg  # noqa: E402
+from compare.runs.arg_types import positive_seconds, run_id_arg  # noqa: E402
 from compare.runs.cache import default_cache_dir, peak_cache_dir  # noqa: E402
 from compare.runs.extra_runs import (  # noqa: E402
     choices_where_parted,

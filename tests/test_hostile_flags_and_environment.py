@@ -13,13 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, process_env, run_cli
-
-
-def one_error(proc) -> str:
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1, proc.stderr
-    return errors[0]
+from tests.test_hostile_values import one_error
 
 
 def refused(module: str, tmp_path: Path, *args: str, env: dict | None = None) -> str:

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from common.cli import bounded_int
 from compare.runs.rundir import RunDirError, check_run_id
-
-__all__ = ["bounded_int", "positive_seconds", "run_id_arg"]
 
 
 def run_id_arg(text: str) -> str:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import sys
 
 from common import backends
+from common.cli import bounded_int
 from common.spec import SpecError
 from common.vocab import BackendStatus, ExitCode
 from compare.options import CompareOptions, Group
-from compare.runs.arg_types import bounded_int
 
 
 def add_flags(parser) -> None:
