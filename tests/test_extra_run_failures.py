@@ -62,7 +62,11 @@ def test_a_noise_floor_run_killed_is_a_backend_failure_naming_it(tmp_path):
 @pytest.mark.error_case("extra-run-interrupted")
 def test_a_signal_during_a_noise_floor_run_ends_compare_interrupted(tmp_path):
     proc, out, report = _compare(
-        tmp_path, _dying_in_the_floor(tmp_path, "kill -TERM $PPID; sleep 60")
+        tmp_path,
+        _dying_in_the_floor(
+            tmp_path,
+            "sleep 1; kill -TERM $PPID; sleep 60",  # (once compare holds its group)
+        ),
     )
     assert proc.returncode == 4 and report["status"] == "interrupted", report["message"]
     assert not processes_under(tmp_path)
