@@ -37,5 +37,8 @@ go llama_misported 120 --twin examples/llama/twin.py:llama_tiny_misported --back
 go mixtral_router_zeroed 150 --twin examples/mixtral/twin.py:mixtral_router_zeroed --backend jax,torch --require-same-device --tensors auto
 go mixtral_torchax 120 --twin examples/mixtral/twin.py:mixtral_tiny --backend jax,torchax --require-same-device
 go clip_f32 150 --twin examples/clip/twin.py:clip_tiny --backend $B --require-same-device --tensors auto
+go gemma2_f32 150 --twin examples/gemma2/twin.py:gemma2_tiny --backend $B --require-same-device --activations
+go gemma2_f64 150 --twin examples/gemma2/twin.py:gemma2_tiny --backend $B --require-same-device --dtype float64
+go gpt2_hf_f32 150 --twin examples/hf_gpt2/twin.py:gpt2_tiny --backend $B --require-same-device --activations
 go gpt2_small_bf16 ${GPT2_LIMIT:-420} --backend $B --spec gpt2-small --dtype bfloat16 --steps ${GPT2_STEPS:-30} --require-same-device --tensors auto
 cd $R && tar czf $OUT/reports.tgz */report.md */report.json */*/record.json 2>/dev/null; ls -la $OUT
