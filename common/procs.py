@@ -9,7 +9,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from preload import client as preload_client
@@ -32,21 +34,56 @@ def toolkit_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def start_group(command: list[str], env: dict | None = None, **popen_args):
+# what ends a run (compare's handlers raise KeyboardInterrupt for each)
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def interrupts_held():
+    """Ctrl-C, SIGTERM and SIGHUP recorded, not acted on, inside the block (in the main thread,
+    where Python runs signal handlers): the list yielded holds those that came. Signals ignored on
+    entry stay ignored."""
+    pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: pending.append(signum))
+        for sig in INTERRUPTS
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
+    try:
+        yield pending
+    finally:
+        for sig, handler in previous.items():  # None: a handler set outside Python
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def start_group(command: list[str], env: dict | None = None, on_start=None, **popen_args):
     """subprocess.Popen(command, start_new_session=True, ...): its pid is its group, which
     kill_group takes down with whatever it started. Its TMPDIR is a folder of its own, made in the
     caller's and removed by kill_group: what the group leaves there (torch's imports make a folder;
     a crash, a kill or a timeout leaves it) goes with it. Where the test suite runs a preloading
     fork server for this interpreter and module (preload/), a child of that server runs the command
-    instead, its frameworks already imported."""
+    instead, its frameworks already imported.
+
+    `on_start(pid)` registers the group (compare's guard) before an interrupt can act: one that
+    comes while the process starts (after the fork, before its pid is known) is held until then;
+    the group is taken down and the interrupt delivered to its handler as it came."""
     own_tmp = tempfile.mkdtemp(prefix="xla-twins-group-")
     env = {**(os.environ if env is None else env), "TMPDIR": own_tmp}
-    try:
-        proc = preload_client.start(command, env=env, start_new_session=True, **popen_args)
-    except BaseException:
-        shutil.rmtree(own_tmp, ignore_errors=True)
-        raise
-    proc.own_tmp = own_tmp
+    with interrupts_held() as pending:
+        try:
+            proc = preload_client.start(command, env=env, start_new_session=True, **popen_args)
+        except BaseException:
+            shutil.rmtree(own_tmp, ignore_errors=True)
+            raise
+        proc.own_tmp = own_tmp
+        if on_start is not None:
+            on_start(proc.pid)
+    if pending:
+        kill_group(proc)
+        signal.raise_signal(pending[0])
     return proc
 
 

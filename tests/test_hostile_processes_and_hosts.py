@@ -521,3 +521,40 @@ def test_hosts_started_with_another_layout_or_one_number_are_stopped_before_any_
     assert not any(
         (tmp_path / name / "jax").exists() for name in ("a0", "a1", "b0", "b1", "b2", "c0", "c1")
     )
+
+
+def test_an_interrupt_while_a_group_starts_takes_the_group_down_then_reaches_its_handler(
+    tmp_path, monkeypatch
+):
+    """A SIGTERM that came inside Popen, after the fork and before compare knew the pid, used to
+    raise there and leave the backend running, unwatched. start_group holds it until the group is
+    registered (`on_start`, compare's guard), then takes the group down and delivers it. The
+    signal is sent from on_start: inside that window, every time."""
+    import signal
+    import tempfile
+
+    from common.procs import pid_alive, start_group
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the group's own TMPDIR made here
+    registered = []
+
+    def on_start(pid):
+        os.kill(os.getpid(), signal.SIGTERM)
+        registered.append(pid)  # reached: the signal did not act inside the window
+
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            start_group(
+                [sys.executable, "-c", "import time; time.sleep(60)"],
+                on_start=on_start,
+                stdout=subprocess.DEVNULL,
+            )
+        assert signal.getsignal(signal.SIGTERM) is raise_interrupt  # the handler put back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(registered) == 1 and not pid_alive(registered[0])
+    assert list(tmp_path.iterdir()) == []  # its TMPDIR removed with it

@@ -106,6 +106,7 @@ def start_step(
             env=backend_env(),
             text=True,
             errors="replace",
+            on_start=GUARD.watch,  # before a signal can act
         )
     except OSError as e:
         err.close()
@@ -113,7 +114,6 @@ def start_step(
             f"cannot start {python} to describe the twin ({', '.join(c[0] for c in commands)}): "
             f"{e.strerror or e}"
         ) from None
-    GUARD.watch(proc.pid)
     return Step(
         proc, err, tuple(side for side, _ in sides), BackendOutput(proc.stdout), runs, started_at
     )

@@ -94,9 +94,16 @@ def _handed(waiting, command: list[str], stderr_log: Path):
 def _start(command: list[str], stderr_log: Path, env: dict):
     with open(stderr_log, "w") as err_log:
         # undecodable bytes replaced: a reader that stopped on one would leave the backend blocked
-        # on the pipe
+        # on the pipe; watched before a signal can act (should compare be killed, the guard takes
+        # the group down)
         return start_group(
-            command, stdout=subprocess.PIPE, stderr=err_log, text=True, errors="replace", env=env
+            command,
+            stdout=subprocess.PIPE,
+            stderr=err_log,
+            text=True,
+            errors="replace",
+            env=env,
+            on_start=GUARD.watch,
         )
 
 
@@ -173,7 +180,6 @@ def run_backend(
                 )
             output = None
         try:  # from here on a signal in compare takes the group down, whenever it comes
-            GUARD.watch(proc.pid)  # should compare itself be killed, the guard takes the group down
             # attached from its first line: a backend writes as soon as it starts
             if output is None:
                 output = BackendOutput(proc.stdout, out_log, on_progress)
