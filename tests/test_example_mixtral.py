@@ -82,7 +82,15 @@ def test_a_routing_mis_port_that_changes_the_choices_fails_where_it_ranks(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("twin", ["mixtral_gelu_experts", "mixtral_not_renormalised"])
+@pytest.mark.parametrize(
+    "twin",
+    [
+        "mixtral_gelu_experts",
+        "mixtral_not_renormalised",
+        "mixtral_top_k_experts",
+        "mixtral_top_k_not_renormalised",
+    ],
+)
 def test_a_mis_port_that_keeps_the_first_choices_is_named_at_the_experts_or_at_the_routing(
     tmp_path, twin
 ):
@@ -90,15 +98,26 @@ def test_a_mis_port_that_keeps_the_first_choices_is_named_at_the_experts_or_at_t
     input agrees (the hidden states, and the routing: HF's indices and weights against the port's
     dense matrix), their output does not. The top-k weights not renormalised: the routing weights
     the MoE block passes its experts differ, so the block is named, not the experts ("input
-    agrees"); a flip it causes downstream is said to follow."""
+    agrees"); a flip it causes downstream is said to follow. A port whose experts take HF's own
+    arguments (indices and weights): the correct one passes, its weights not renormalised name the
+    block too, saying which argument (every argument is compared like for like)."""
     proc, report = compare(
         tmp_path / "run", "--twin", f"{MIXTRAL}:{twin}", "--backend", "jax,torch"
     )
     parity = report["parity"]["torch"]
     found = parity["first_divergent_module"]
+    if twin == "mixtral_top_k_experts":
+        assert proc.returncode == 0 and parity["passed"], report["message"]
+        return
     assert proc.returncode == 1
     assert parity["decisions"]["decisions"][0]["flipped"] == 0  # layer 0 chose alike
-    if twin == "mixtral_gelu_experts":
+    if twin == "mixtral_top_k_not_renormalised":
+        assert found["module"] == "layers.0.moe", found
+        via = found["entered_through"]
+        assert (via["module"], via["what"]) == ("layers.0.moe.experts", "3rd argument")
+        assert not via["error"]["within"] and via["error"]["rel"] > 1e-3
+        assert "(the 3rd argument it passes to layers.0.moe.experts differs)" in report["message"]
+    elif twin == "mixtral_gelu_experts":
         assert found["module"] == "layers.0.moe.experts" and found["input_agrees"], found
         assert found["inputs_not_compared"] == 0 and "entered_through" not in found
     else:

@@ -5,7 +5,13 @@ location to the module that passed them."""
 
 import numpy as np
 
-from compare.judge.extra_inputs import ROUTING, compare_extra_inputs, with_extra_inputs
+from common.twin.modules import ROOT_MODULE
+from compare.judge.extra_inputs import (
+    ROUTING,
+    compare_extra_inputs,
+    entered_words,
+    with_extra_inputs,
+)
 
 BOUNDS = {"atol": 1e-5, "rtol": 1e-4}
 NAMES = ("jax", "torch")
@@ -39,10 +45,11 @@ def test_routing_as_indices_and_weights_is_compared_with_a_dense_matrix():
 def test_routing_weights_that_differ_move_the_location_to_the_module_that_passed_them():
     port, hf = _sides(scale_dense=1.3)  # weights not renormalised, say
     located = {"module": "layers.0.moe.experts", "input_agrees": True, "inputs_not_compared": 2}
+    block = {"layers.0.moe": np.ones(2)}  # the block's own capture: it is called
     with_extra_inputs(
         located,
-        {k.replace("moe", "layers.0.moe"): v for k, v in port.items()},
-        {k.replace("moe", "layers.0.moe"): v for k, v in hf.items()},
+        {**block, **{k.replace("moe", "layers.0.moe"): v for k, v in port.items()}},
+        {**block, **{k.replace("moe", "layers.0.moe"): v for k, v in hf.items()}},
         BOUNDS,
         NAMES,
     )
@@ -58,11 +65,56 @@ def test_arguments_of_one_key_and_shape_are_compared_as_they_are_and_none_kept_i
     a = {"m:in": np.ones(3), "m:in#mask": np.ones(3)}
     b = {"m:in": np.ones(3), "m:in#mask": np.zeros(3)}
     found = compare_extra_inputs(a, b, "m", BOUNDS, NAMES)
-    assert list(found) == ["mask"] and not found["mask"]["within"]
+    assert list(found) == ["argument `mask`"] and not found["argument `mask`"]["within"]
     assert compare_extra_inputs(a, {"m:in": np.ones(3)}, "m", BOUNDS, NAMES) is None
-    # one key may hold one value in two conventions (a boolean mask, an additive one): said, the
-    # location kept
-    located = {"module": "m", "input_agrees": True, "inputs_not_compared": 1}
-    with_extra_inputs(located, a, b, BOUNDS, NAMES)
-    assert located["module"] == "m" and located["other_input_differs"]["what"] == "mask"
-    assert "entered_through" not in located and located["inputs_not_compared"] == 0
+    # another kind of number under one key (a boolean mask, an additive one) is not like for like
+    boolean = {"m:in": np.ones(3), "m:in#mask": np.array([True, False, True])}
+    assert compare_extra_inputs(a, boolean, "m", BOUNDS, NAMES) is None
+
+
+def test_hugging_faces_experts_signature_weights_not_renormalised_name_the_moe_block():
+    """experts(hidden, top_k_index, top_k_weights) on both sides, as HF calls them: the indices
+    (int64 on torch, int32 on JAX) agree, the weights differ: the block that made them is named,
+    saying the 3rd argument."""
+    port, hf = _sides()
+    indices, weights = hf["moe.experts:in#1"], hf["moe.experts:in#2"]
+    jax_side = {
+        "layers.0.moe": np.ones(2),  # the block's own capture: the caller of its experts
+        "layers.0.moe.experts:in": hf["moe.experts:in"],
+        "layers.0.moe.experts:in#1": indices.astype(np.int32),
+        "layers.0.moe.experts:in#2": weights,
+    }
+    torch_side = {
+        **jax_side,
+        "layers.0.moe.experts:in#1": indices.astype(np.int64),
+        "layers.0.moe.experts:in#2": weights * 1.03,
+    }
+    located = {"module": "layers.0.moe.experts", "input_agrees": True, "inputs_not_compared": 2}
+    with_extra_inputs(located, jax_side, torch_side, BOUNDS, NAMES)
+    assert located["module"] == "layers.0.moe" and located["inputs_not_compared"] == 0
+    via = located["entered_through"]
+    assert (via["module"], via["what"]) == ("layers.0.moe.experts", "3rd argument")
+    assert not via["error"]["within"] and 0.02 < via["error"]["rel"] < 0.04
+    assert entered_words(via) == "the 3rd argument it passes to layers.0.moe.experts differs"
+
+
+def test_a_differing_argument_its_caller_was_passed_too_is_located_where_it_was_made():
+    """A mask made by the model and passed down through each layer to its attention: the layer was
+    passed it too, so the location climbs past it (and past `layers`, a list that is no call) to the
+    model; one mask convention (-inf against the dtype's minimum) is no difference."""
+    x = np.ones((2, 4))
+    causal = np.triu(np.full((4, 4), -np.inf), 1)
+    ours = {"layers.0": x, "layers.0:in#1": causal, "layers.0.attn:in": x}
+    ours["layers.0.attn:in#1"] = causal
+    convention = np.where(np.isinf(causal), np.finfo(np.float32).min, 0.0)
+    theirs = {**ours, "layers.0:in#1": convention, "layers.0.attn:in#1": convention}
+    located = {"module": "layers.0.attn", "input_agrees": True, "inputs_not_compared": 1}
+    with_extra_inputs(located, ours, theirs, BOUNDS, NAMES)
+    assert located["module"] == "layers.0.attn" and "entered_through" not in located
+    off_by_one = np.triu(np.full((4, 4), -np.inf), 2)  # the diagonal's neighbour left unmasked
+    wrong = {**ours, "layers.0:in#1": off_by_one, "layers.0.attn:in#1": off_by_one}
+    located = {"module": "layers.0.attn", "input_agrees": True, "inputs_not_compared": 1}
+    with_extra_inputs(located, ours, wrong, BOUNDS, NAMES)
+    assert located["module"] == ROOT_MODULE
+    assert located["entered_through"]["module"] == "layers.0.attn"
+    assert located["entered_through"]["what"] == "2nd argument"

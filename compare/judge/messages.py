@@ -6,6 +6,7 @@ from __future__ import annotations
 from common.twin.modules import ROOT_MODULE
 from compare.judge.curves import curves_words
 from compare.judge.decided import decisions_cell, later_words
+from compare.judge.extra_inputs import entered_words
 from compare.judge.tensor_error import BORDERLINE, passes_with_words
 
 
@@ -48,7 +49,7 @@ def failure_message(name: str, parity: dict) -> str:
         where += f", first divergent module {module['module']}"
         via = module.get("entered_through")  # compare/judge/extra_inputs.py
         if via:
-            where += f" (the {via['what']} it passes to {via['module']} differ)"
+            where += f" ({entered_words(via)})"
         # compare/reporting/render.py: _root_culprit
         if module["module"] == ROOT_MODULE and module.get("not_compared"):
             where += f" or a module not compared ({len(module['not_compared'])})"

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from common.twin.modules import ROOT_MODULE
 from compare.judge.decided import decisions_cell, later_words
+from compare.judge.extra_inputs import entered_words
 from compare.judge.sensitivity import sensitivity_line
 from compare.judge.tensor_error import BORDERLINE, passes_with_words
 from compare.reporting.cells import fmt as _fmt
@@ -38,8 +39,8 @@ def _module(found: dict | None) -> str:
     if found.get("entered_through"):  # compare/judge/extra_inputs.py: what it passed on differs
         via = found["entered_through"]
         return (
-            f"{found['module']} (the {via['what']} it passes to {via['module']} differ: "
-            f"{_size(via['error'])}; {via['module']}'s first input agrees; "
+            f"{found['module']} ({entered_words(via)}: {_size(via['error'])}; "
+            f"{via['module']}'s first input agrees; "
             f"{found['modules_diverging']}/{found['modules_compared']} modules differ{left_out})"
         )
     # compare/judge/decided.py: its top-k/argmax/sort chose otherwise, not at a tie
@@ -51,14 +52,8 @@ def _module(found: dict | None) -> str:
             f"tie: margins up to {d['widest_margin']:.2e}, scores {d['scores_max_abs']:.2e} apart)"
         )
     why = "its input agrees, its output does not" if found["input_agrees"] else "its output differs"
-    if found.get("other_input_differs"):  # compare/judge/extra_inputs.py: kept as a location, said
-        via = found["other_input_differs"]
-        why = (
-            f"its first input agrees, its {via['what']} does not ({_size(via['error'])}), its "
-            "output does not"
-        )
     # a module called with several arrays: only the first is captured
-    elif found.get("inputs_not_compared"):
+    if found.get("inputs_not_compared"):
         why = (
             f"its first input agrees ({found['inputs_not_compared']} more not compared: the "
             "difference may "

@@ -86,6 +86,20 @@ class Experts(nnx.Module):
         return jnp.einsum("ne,end->nd", weights, y)
 
 
+class TopKExperts(Experts):
+    """The same experts called as Hugging Face calls its own: each token's k expert indices and k
+    weights, not a dense (tokens, experts) matrix."""
+
+    # x (N, D), top_k_index (N, k) int, top_k_weights (N, k)
+    def __call__(self, x, top_k_index, top_k_weights):
+        gate, up = jnp.split(
+            jnp.einsum("nd,edf->enf", x, self.gate_up[...].astype(x.dtype)), 2, axis=-1
+        )
+        y = jnp.einsum("enf,efd->end", self.activation(gate) * up, self.down[...].astype(x.dtype))
+        chosen = y[top_k_index, jnp.arange(x.shape[0])[:, None]]  # (N, k, D)
+        return jnp.einsum("nk,nkd->nd", top_k_weights, chosen)
+
+
 class MoE(nnx.Module):
     def __init__(
         self,
@@ -98,11 +112,14 @@ class MoE(nnx.Module):
         renormalise=True,
         activation=jax.nn.silu,
         softmax_axis=-1,
+        top_k_experts=False,
     ):
         self.router = nnx.Linear(
             d_model, n_experts, use_bias=False, kernel_init=INIT, dtype=dtype, rngs=rngs
         )
-        self.experts = Experts(n_experts, d_model, d_ff, rngs, activation)
+        self.experts = (TopKExperts if top_k_experts else Experts)(
+            n_experts, d_model, d_ff, rngs, activation
+        )
         self.n_experts, self.top_k, self.renormalise, self.softmax_axis = (
             n_experts,
             top_k,
@@ -117,6 +134,8 @@ class MoE(nnx.Module):
         top_w, top_i = jax.lax.top_k(probs, self.top_k)
         if self.renormalise:
             top_w = top_w / top_w.sum(axis=-1, keepdims=True)
+        if isinstance(self.experts, TopKExperts):
+            return self.experts(x, top_i, top_w.astype(x.dtype)).reshape(b, t, d)
         # (N, E)
         weights = jnp.sum(jax.nn.one_hot(top_i, self.n_experts) * top_w[..., None], axis=1)
         return self.experts(x, weights.astype(x.dtype)).reshape(b, t, d)
@@ -212,6 +231,17 @@ def mixtral_not_renormalised(**hparams) -> Mixtral:
     """The routing mis-port: the top-k weights used as the softmax gave them, not renormalised to
     sum to 1."""
     return Mixtral(**hparams, renormalise=False)
+
+
+def mixtral_top_k_experts(**hparams) -> Mixtral:
+    """The port whose experts take Hugging Face's arguments: hidden, top_k_index, top_k_weights."""
+    return Mixtral(**hparams, top_k_experts=True)
+
+
+def mixtral_top_k_not_renormalised(**hparams) -> Mixtral:
+    """The routing mis-port in that port: the top-k weights passed to the experts as the softmax
+    gave them, not renormalised."""
+    return Mixtral(**hparams, top_k_experts=True, renormalise=False)
 
 
 def mixtral_gelu_experts(**hparams) -> Mixtral:

@@ -92,3 +92,9 @@ mixtral_not_renormalised = dataclasses.replace(
     mixtral_tiny, nnx="nnx_mixtral.py:mixtral_not_renormalised"
 )
 mixtral_gelu_experts = dataclasses.replace(mixtral_tiny, nnx="nnx_mixtral.py:mixtral_gelu_experts")
+mixtral_top_k_experts = dataclasses.replace(
+    mixtral_tiny, nnx="nnx_mixtral.py:mixtral_top_k_experts"
+)
+mixtral_top_k_not_renormalised = dataclasses.replace(
+    mixtral_tiny, nnx="nnx_mixtral.py:mixtral_top_k_not_renormalised"
+)
