@@ -9,6 +9,9 @@ model, in one line naming the op, before any backend trains, and reports every r
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 OPS_FILE = "ops.json"
 OPS_DIR = "ops"  # a compare run's op checks: <run>/ops/<backend>/ (ops.json, the check's logs)
 
@@ -20,10 +23,12 @@ def found(
     fallbacks: dict[str, int],
     failed_op: str | None,
     error: BaseException | None,
+    behaviours: dict | None = None,
 ) -> dict:
     """The file's contents: every op the step called (with its calls), those with no lowering, those
-    run as CPU fallbacks (with their calls), the op whose fallback failed, and the error the step
-    ended on (one line)."""
+    run as CPU fallbacks (with their calls), the op whose fallback failed, the error the step ended
+    on (one line), and the runtime's known behaviours the model meets ({id: what was seen},
+    common/runtime_behaviours.py)."""
     line = (
         f"{type(error).__name__}: "
         f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}"
@@ -37,7 +42,17 @@ def found(
         "fallbacks": dict(sorted(fallbacks.items())),
         "failed_op": failed_op,
         "error": line,
+        "behaviours": behaviours or {},
     }
+
+
+def read_ops(folder) -> dict:
+    """A runtime's op check file in `folder` (a compare run's <run>/ops/<backend>/), or {} where it
+    has none or it cannot be read."""
+    try:
+        return json.loads((Path(folder) / OPS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def refusal(ops: dict) -> str | None:

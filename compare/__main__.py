@@ -60,6 +60,7 @@ from compare.runs.arg_types import positive_seconds, run_id_arg  # noqa: E402
 from compare.runs.cache import default_cache_dir, peak_cache_dir  # noqa: E402
 from compare.runs.extra_runs import (  # noqa: E402
     choices_where_parted,
+    explain_by_behaviours,
     extra_runs_check,
     floor_where_needed,
     keep_whole,
@@ -579,6 +580,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
     report = choices_where_parted(
         opts, plan, outcome, locate_divergence(opts, plan, outcome, report, build), build
     )
+    report = explain_by_behaviours(opts, plan, outcome, report, build)
     report = floor_where_needed(
         opts,
         plan,

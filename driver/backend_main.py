@@ -35,6 +35,7 @@ from common.files.shards import SHARDS_DIR, write_shards
 from common.files.tensor_file import write_tensors
 from common.ops import OPS_FILE
 from common.protocol import progress_line
+from common.runtime_behaviours import NAMED, of_runtime
 from common.spec import SpecError
 from common.vocab import IO_ERRNOS, ExitCode, Phase, RecordStatus
 from driver.harness import RunOptions
@@ -154,6 +155,7 @@ def run_options(args: argparse.Namespace, own: type, out_dir: Path) -> RunOption
         impose_decisions=args.impose_decisions,
         capture_at=args.capture_at,
         capture_step=args.capture_step,
+        match_behaviours=args.match_behaviours,
     )
 
 
@@ -206,6 +208,14 @@ def refuse_flags(name: str, args: argparse.Namespace, ops_watch) -> None:
             "weights training left; "
             f"the {name} backend "
             + ("does not" if args.activations_only else "was not given --activations-only"),
+            ExitCode.USAGE,
+        )
+    unknown = [b for b in args.match_behaviours if b not in {x.id for x in of_runtime(name, NAMED)}]
+    if unknown:
+        fail(
+            f"--match-behaviours: {unknown[0]} is not a named behaviour of the {name} runtime "
+            f"(its own: {', '.join(x.id for x in of_runtime(name, NAMED)) or 'none'}; "
+            "common/runtime_behaviours.py)",
             ExitCode.USAGE,
         )
     if args.check_ops and ops_watch is None:

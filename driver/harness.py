@@ -63,6 +63,8 @@ class RunOptions:
     capture_at: tuple[int, int] = (0, 0)
     # a capture run: train this many steps first, then capture on that step's batch
     capture_step: int = 0
+    # the runtime's named behaviours made eager torch's (common/runtime_behaviours.py)
+    match_behaviours: tuple[str, ...] = ()
 
 
 class Runtime(Protocol):

@@ -40,40 +40,9 @@ def _row_token(text: str) -> tuple[int, int]:
     return row, token
 
 
-def backend_parser(backend: str) -> argparse.ArgumentParser:
-    parser = Parser(
-        prog=f"python -m {backend}",
-        description=f"Train a spec with the {backend} twin and write a run record.",
-    )
-    add_run_flags(parser)
-    parser.add_argument("--out", type=Path, help="run directory (default runs/<backend>-<time>)")
-    parser.add_argument(
-        "--parity",
-        action="store_true",
-        help="also save step-0 outputs and gradients and the final parameters (canonical layout)",
-    )
-    parser.add_argument(
-        "--tensors",
-        choices=BACKEND_TENSOR_MODES,
-        default="full",
-        help="with --parity: keep the parameter-sized tensors (gradients, final parameters and "
-        "state) whole (full), or as summaries: statistics and a fixed sample of their values "
-        "(common/files/tensor_summary.py), for models too large to keep twice on disk",
-    )
-    parser.add_argument(
-        "--whole-tensors",
-        type=whole_tensor_keys,
-        default=(),
-        metavar="KEY,...",
-        help="with --tensors summary: keep these (e.g. grads/wte.embedding) whole "
-        "(compare's second pass of --tensors auto)",
-    )
-    parser.add_argument(
-        "--activations",
-        action="store_true",
-        help="also save step 0's per-module inputs and outputs, which locate where two ports part "
-        "(compare asks for them when step 0 disagrees or with its own --activations)",
-    )
+def add_capture_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of compare's extra runs of a backend: captures, op checks, behaviour-matched
+    runs."""
     parser.add_argument(
         "--activations-only",
         action="store_true",
@@ -113,6 +82,51 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
         "runtime cannot lower or runs as CPU fallbacks into ops.json (compare's op check, before "
         "anything trains; common/ops.py)",
     )
+    parser.add_argument(
+        "--match-behaviours",
+        type=lambda text: tuple(filter(None, text.split(","))),
+        default=(),
+        metavar="IDS",
+        help="make these known behaviours of this runtime eager torch's for this run (compare's "
+        "check of whether one explains a difference; common/runtime_behaviours.py)",
+    )
+
+
+def backend_parser(backend: str) -> argparse.ArgumentParser:
+    parser = Parser(
+        prog=f"python -m {backend}",
+        description=f"Train a spec with the {backend} twin and write a run record.",
+    )
+    add_run_flags(parser)
+    parser.add_argument("--out", type=Path, help="run directory (default runs/<backend>-<time>)")
+    parser.add_argument(
+        "--parity",
+        action="store_true",
+        help="also save step-0 outputs and gradients and the final parameters (canonical layout)",
+    )
+    parser.add_argument(
+        "--tensors",
+        choices=BACKEND_TENSOR_MODES,
+        default="full",
+        help="with --parity: keep the parameter-sized tensors (gradients, final parameters and "
+        "state) whole (full), or as summaries: statistics and a fixed sample of their values "
+        "(common/files/tensor_summary.py), for models too large to keep twice on disk",
+    )
+    parser.add_argument(
+        "--whole-tensors",
+        type=whole_tensor_keys,
+        default=(),
+        metavar="KEY,...",
+        help="with --tensors summary: keep these (e.g. grads/wte.embedding) whole "
+        "(compare's second pass of --tensors auto)",
+    )
+    parser.add_argument(
+        "--activations",
+        action="store_true",
+        help="also save step 0's per-module inputs and outputs, which locate where two ports part "
+        "(compare asks for them when step 0 disagrees or with its own --activations)",
+    )
+    add_capture_flags(parser)
     parser.add_argument(
         "--checkpoint",
         type=checkpoint_ref,

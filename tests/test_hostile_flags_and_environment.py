@@ -87,7 +87,9 @@ def test_a_float32_noise_floor_asked_of_a_float64_run_is_refused_not_ignored(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.error_case("env-bad", "flag-out-of-range", "whole-tensors-unknown")
+@pytest.mark.error_case(
+    "env-bad", "flag-out-of-range", "whole-tensors-unknown", "match-behaviours-unknown"
+)
 @pytest.mark.parametrize(
     ("flags", "env", "message"),
     [
@@ -112,6 +114,12 @@ def test_a_float32_noise_floor_asked_of_a_float64_run_is_refused_not_ignored(tmp
             ("--activations-only", "--impose-decisions", "/nonexistent"),
             {},
             "--impose-decisions /nonexistent: run record /nonexistent/record.json does not exist",
+        ),
+        (
+            ("--match-behaviours", "embedding-padding-idx"),
+            {},
+            "--match-behaviours: embedding-padding-idx is not a named behaviour of the torch "
+            "runtime (its own: none; common/runtime_behaviours.py)",
         ),
     ],
 )

@@ -43,3 +43,51 @@ def test_batchnorm_running_statistics_follow_torch_through_a_jitted_functional_c
         np.asarray(stats["1.running_var"]), reference[1].running_var.numpy(), atol=1e-5
     )
     assert float(np.abs(np.asarray(stats["1.running_mean"])).max()) > 0.01  # they moved
+
+
+def test_torchax_gives_the_padding_row_a_gradient_its_op_watch_sees_it_and_the_match_undoes_it():
+    """common/runtime_behaviours.py `embedding-padding-idx`, as torchax 0.0.13 does it: the padding
+    row takes a gradient (eager torch's is zero); the op check's watch notes the padding_idx; the
+    matched lowering gives that row none and every other row torchax's own."""
+    import torchax
+
+    from torchax_impl.embedding import OP, honour_padding_idx
+    from torchax_impl.ops import OpsWatch
+
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(6, 3, padding_idx=2)
+    env = torchax.default_env()
+    ids = np.array([[2, 1, 2, 5]])
+    SCALE = np.arange(12, dtype=np.float32).reshape(1, 4, 3) + 1  # noqa: N806
+
+    def gradient():
+        states, _ = torchax.extract_jax(embedding)
+
+        def loss(states):
+            tensors, args = env.j2t_iso((states, (jax.numpy.asarray(ids),)))
+            with env:
+                out = torch.func.functional_call(embedding, tensors, args)
+            return (env.t2j_iso(out) * SCALE).sum()
+
+        return np.asarray(jax.grad(loss)(states)["weight"])
+
+    eager = embedding.weight.detach().clone().requires_grad_()
+    looked_up = torch.nn.functional.embedding(torch.from_numpy(ids), eager, padding_idx=2)
+    (looked_up * torch.from_numpy(SCALE)).sum().backward()
+    expected = eager.grad.numpy().copy()
+    watch = OpsWatch()
+    with watch:
+        as_is = gradient()
+    assert np.abs(as_is[2]).min() > 0 and not expected[2].any()  # the behaviour
+    assert watch.found(None)["behaviours"] == {"embedding-padding-idx": {"padding_idx": [2]}}
+    own = env._ops.get(OP)
+    try:
+        honour_padding_idx(env)
+        matched = gradient()
+    finally:
+        if own is None:
+            env._ops.pop(OP, None)
+        else:
+            env._ops[OP] = own
+    np.testing.assert_allclose(matched, expected, atol=1e-6)
+    np.testing.assert_array_equal(np.delete(matched, 2, 0), np.delete(as_is, 2, 0))

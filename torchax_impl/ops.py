@@ -6,17 +6,22 @@ watch starts no JAX backend before the run has set its devices)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import torch
 from torchax.tensor import Environment, OperatorNotFound
 
 from common.ops import found
 
+EMBEDDING = "aten::embedding"
+
 
 class OpsWatch:
     def __init__(self):
         self.calls: collections.Counter = collections.Counter()
         self.missing: list[str] = []
+        # the padding_idx each embedding call passed (common/runtime_behaviours.py)
+        self.padding_idx: set[int] = set()
         # torchax 0.0.13: (env, func) -> its op, or raises
         self.lookup = Environment._get_op_or_decomp
 
@@ -30,7 +35,8 @@ class OpsWatch:
             name = func._schema.name
             self.calls[name] += 1
             try:
-                return lookup(env, func)
+                op = lookup(env, func)
+                return self._seen(op) if name == EMBEDDING else op
             except OperatorNotFound:
                 if name not in self.missing:
                     self.missing.append(name)
@@ -39,8 +45,26 @@ class OpsWatch:
         Environment._get_op_or_decomp = watched
         return self
 
+    def _seen(self, op):
+        """`op` (torchax's embedding), noting each call's padding_idx (-1: none)."""
+        if not hasattr(op, "func"):
+            return op
+        lowering = op.func
+
+        def noted(weight, indices, padding_idx=-1, *rest, **kwargs):
+            if int(padding_idx) >= 0:
+                self.padding_idx.add(int(padding_idx))
+            return lowering(weight, indices, padding_idx, *rest, **kwargs)
+
+        return dataclasses.replace(op, func=noted)
+
     def __exit__(self, *exc) -> None:
         Environment._get_op_or_decomp = self.lookup
 
     def found(self, error: BaseException | None) -> dict:
-        return found("torchax", self.calls, self.missing, {}, None, error)
+        met = (
+            {"embedding-padding-idx": {"padding_idx": sorted(self.padding_idx)}}
+            if self.padding_idx
+            else {}
+        )
+        return found("torchax", self.calls, self.missing, {}, None, error, met)

@@ -61,6 +61,7 @@ from torch_impl.islands import float32_islands, host_tensors
 from torch_impl.models import build_model
 from torch_impl.train import task_loss
 from torchax_impl.batch_norm import keep_running_statistics
+from torchax_impl.embedding import honour_padding_idx
 from torchax_impl.sharding import param_shardings
 
 SETTLE_STEPS = 1  # one jitted step: it compiles at step 0 and never again
@@ -96,6 +97,8 @@ class TorchaxTrainer(JittedTrainer):
         self.loss_fn = task_loss(spec)  # torch code, run inside the forward's torchax environment
         states, _ = torchax.extract_jax(model)  # parameters and buffers, by state_dict name
         keep_running_statistics(torchax.default_env())
+        if "embedding-padding-idx" in options.match_behaviours:
+            honour_padding_idx(torchax.default_env())
         shardings = param_shardings(model, spec.model, spec.mesh, mesh)
         self.params = {
             k: sharding.place(v, shardings[k]) for k, v in states.items() if k in shardings

@@ -3,6 +3,7 @@ much."""
 
 from __future__ import annotations
 
+from common.runtime_behaviours import words
 from common.twin.modules import ROOT_MODULE
 from compare.judge.curves import curves_words
 from compare.judge.decided import decisions_cell, later_words
@@ -28,6 +29,36 @@ def _later_choices(parity: dict) -> str:
         "by design: "
         + (later_words(later) if later else "their choices at that step were not captured")
     )
+
+
+def _after_training_words(parity: dict, step) -> str:
+    """Where only what training leaves differs (running statistics, buffers, the eval forward)."""
+    failing = [k for k, t in parity["tensors"].items() if not t["within"]]
+    if (
+        failing
+        and all(k.startswith(("eval/", "state/", "buffers/")) for k in failing)
+        and step is None
+    ):
+        stats = [k.removeprefix("state/") for k in failing if k.startswith("state/")]
+        held = [k.removeprefix("buffers/") for k in failing if k.startswith("buffers/")]
+        return ", though training agrees: " + "; ".join(
+            filter(
+                None,
+                [
+                    stats
+                    and f"the running statistics differ ({len(stats)}, e.g. {stats[0]}: a "
+                    "momentum or variance "
+                    "convention)",
+                    held
+                    and f"buffers that training updates differ ({len(held)}, e.g. {held[0]}: an "
+                    "update rule, a "
+                    "momentum's convention)",
+                    any(k.startswith("eval/") for k in failing)
+                    and "the trained model's eval-mode forward differs",
+                ],
+            )
+        )
+    return ""
 
 
 def failure_message(name: str, parity: dict) -> str:
@@ -62,31 +93,7 @@ def failure_message(name: str, parity: dict) -> str:
         )
     elif backward and backward["module"]:  # the forwards agree: where the backward passes part
         where += f", first divergent module in the backward pass {backward['module']}"
-    failing = [k for k, t in parity["tensors"].items() if not t["within"]]
-    if (
-        failing
-        and all(k.startswith(("eval/", "state/", "buffers/")) for k in failing)
-        and step is None
-    ):
-        stats = [k.removeprefix("state/") for k in failing if k.startswith("state/")]
-        held = [k.removeprefix("buffers/") for k in failing if k.startswith("buffers/")]
-        where += ", though training agrees: " + "; ".join(
-            filter(
-                None,
-                [
-                    stats
-                    and f"the running statistics differ ({len(stats)}, e.g. {stats[0]}: a "
-                    "momentum or variance "
-                    "convention)",
-                    held
-                    and f"buffers that training updates differ ({len(held)}, e.g. {held[0]}: an "
-                    "update rule, a "
-                    "momentum's convention)",
-                    any(k.startswith("eval/") for k in failing)
-                    and "the trained model's eval-mode forward differs",
-                ],
-            )
-        )
+    where += _after_training_words(parity, step)
     if parity.get("by_module"):
         used = module.get("input_used") or 0
         where += (
@@ -122,7 +129,7 @@ def failure_message(name: str, parity: dict) -> str:
     elif parity.get("decisions_later"):
         where += ", " + later_words(parity["decisions_later"])
     if not worst:
-        return where
+        return where + behaviour_words(name, parity)
     size = worst.get("note") or (
         f"max abs {worst['abs']:.3g}"
         if isinstance(worst.get("abs"), (int, float))
@@ -142,4 +149,31 @@ def failure_message(name: str, parity: dict) -> str:
             else ""
         )
         + ")"
+        + behaviour_words(name, parity)
+    )
+
+
+def behaviour_words(name: str, parity: dict) -> str:
+    """What a failed pair's line adds where the model meets a named behaviour of `name`'s runtime
+    (common/runtime_behaviours.py): whether the run with it made eager torch's passed."""
+    found = parity.get("runtime_behaviours")
+    if not found:
+        return ""
+    said = "; ".join(words(b) for b in found["met"])
+    matched = found.get("matched")
+    if matched is None:
+        return f"; the model meets a known behaviour of {name}: {said}; not checked against it"
+    if matched["passed"] is None:
+        return (
+            f"; the model meets a known behaviour of {name}: {said}; the run with it made eager "
+            f"torch's could not be judged ({matched['why']})"
+        )
+    if matched["passed"]:
+        return (
+            f"; explained by {name}'s own behaviour, not the port: {said}; with it made eager "
+            f"torch's, {name} passes ({matched['run_dir']})"
+        )
+    return (
+        f"; not explained by {name}'s own behaviour ({', '.join(found['met'])}): with it made "
+        f"eager torch's, {name} still fails"
     )

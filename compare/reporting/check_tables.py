@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from common.ops import OPS_DIR, OPS_FILE, refusal
+from common.runtime_behaviours import met
 from common.vocab import ReportStatus
 from compare.judge.verdict import CheckResult
 
@@ -63,6 +64,7 @@ def ops_check(out: Path, names: list[str]) -> CheckResult:
                 "failed_op": ops["failed_op"],
                 "error": ops["error"],
                 "refused": refusal(ops),
+                "behaviours": met(ops),
             }
     return CheckResult("ops", ReportStatus.OK, section=section or None)
 

@@ -19,6 +19,8 @@ import numpy as np
 from common.backends import info as backend_info
 from common.files.record import RECORD_FILE, RecordError, read_record
 from common.files.tensor_file import read_tensors
+from common.ops import OPS_DIR, read_ops
+from common.runtime_behaviours import MATCHED_DIR, met
 from common.spec import RunSpec
 from common.twin.start_state import by_nnx_names, read_links
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
@@ -240,6 +242,45 @@ def _link_buffers(name: str, groups: dict, links: dict[str, str]) -> None:
             groups["buffers_changed"] = [links.get(n, n) for n in groups["buffers_changed"]]
 
 
+def _extra_run(path: Path, run_id: str | None, name: str) -> tuple:
+    """(record, parity tensors) of an extra run of this compare run that finished (a noise floor's,
+    a behaviour-matched one's); raises RecordError or OSError otherwise."""
+    record = read_record(path)
+    check_belongs(record, path, run_id)
+    if record.status != BackendStatus.OK:
+        raise RecordError(f"{record.status}: {record.message}")
+    tensors = with_second_pass(read_tensors(path, record), path.parent, record.run_id, name)
+    return record, {**tensors, "buffers_changed": record.extra.buffers_changed}
+
+
+def _runtime_behaviours(
+    inputs: ReportInputs, name: str, ref: tuple, policy: dict, floors
+) -> dict | None:
+    """The named behaviours of `name`'s runtime that its op check found the model meets
+    (common/runtime_behaviours.py), and, where a behaviour-matched run was made
+    (compare/runs/extra_runs.py explain_by_behaviours), that run judged against the reference
+    (`ref`: its record and tensors) as the run itself was; None where the model meets none."""
+    seen = met(read_ops(inputs.out / OPS_DIR / name))
+    if not seen:
+        return None
+    path = inputs.out / MATCHED_DIR / name / RECORD_FILE
+    if not path.exists():
+        return {"met": seen}
+    try:
+        record, tensors = _extra_run(path, inputs.run_id, name)
+        judged = check_parity(ref[0], record, ref[1], tensors, policy, intended=[], floors=floors)
+    except (RecordError, OSError) as e:
+        return {"met": seen, "matched": {"passed": None, "why": str(e)}}
+    return {
+        "met": seen,
+        "matched": {
+            "passed": judged["passed"],
+            "worst": judged["worst"][:1],
+            "run_dir": str(path.parent),
+        },
+    }
+
+
 def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
     """Each backend's noise-floor run of this compare run (compare/judge/noise_floor.py: a bfloat16
     run's float32 twin, a float32 run's twin from jittered start weights), when the policy asks, and
@@ -255,19 +296,8 @@ def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
     for name in inputs.names:
         path = inputs.out / FLOOR_DIR / name / RECORD_FILE
         try:
-            record = read_record(path)
-            check_belongs(record, path, inputs.run_id)
-            if record.status != BackendStatus.OK:
-                raise RecordError(f"{record.status}: {record.message}")
-            floors[name] = FloorRun(
-                record.losses,
-                {
-                    **with_second_pass(
-                        read_tensors(path, record), path.parent, record.run_id, name
-                    ),
-                    "buffers_changed": record.extra.buffers_changed,
-                },
-            )
+            record, tensors = _extra_run(path, inputs.run_id, name)
+            floors[name] = FloorRun(record.losses, tensors)
         except (RecordError, OSError) as e:
             missing[name] = (
                 f"no noise-floor run ({e}): its pair is judged by the fixed {dtype} bounds"
@@ -324,8 +354,19 @@ def _parity(
             )
             if judged is None:
                 unjudged.append(n)
-            else:
-                parity[n] = {**judged, **({"float64_allowances": widened} if widened else {})}
+                continue
+            parity[n] = {**judged, **({"float64_allowances": widened} if widened else {})}
+            behaviours = attempt(
+                f"parity.{n}.runtime_behaviours",
+                _runtime_behaviours,
+                inputs,
+                n,
+                (records[reference], tensors[reference]),
+                policy,
+                pair,
+            )
+            if behaviours:
+                parity[n]["runtime_behaviours"] = behaviours
     return parity or None
 
 

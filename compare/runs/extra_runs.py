@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from common import backends
 from common.files.record import RECORD_FILE
+from common.ops import OPS_DIR, read_ops
+from common.runtime_behaviours import MATCHED_DIR, met
 from common.vocab import BackendStatus, ParityMode, ReportStatus
 from compare.judge.decided import needs_imposing
 from compare.judge.noise_floor import FLOOR_DIR, floor_needed
 from compare.judge.verdict import CheckResult
 from compare.options import CompareOptions
 from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, LATER_DIR, capture, parted_at_step0
-from compare.runs.launch import capture_launch, floor_launch, whole_launch
+from compare.runs.launch import capture_launch, floor_launch, matched_launch, whole_launch
 from compare.runs.orchestrate import Plan, run_all, run_backend
 from compare.runs.second_pass import WHOLE_DIR, activations_to_confirm, needs_whole
 
@@ -302,3 +304,38 @@ def _parted_later(parity: dict) -> bool:
     if found:
         return bool(found["matched"] and not found["flipped"])
     return not (parity.get("first_divergent_module") or {}).get("modules_compared")
+
+
+def explain_by_behaviours(opts: CompareOptions, plan: Plan, outcome, report: dict, build) -> dict:
+    """The report, built again (`build(interrupted)`) after a behaviour-matched run of each backend
+    whose parity failed where its op check found the model meets a named behaviour of its runtime
+    (common/runtime_behaviours.py), into <out>/matched/<backend>/; unchanged when none did. Not in
+    the statistical mode or across hosts."""
+    if (
+        outcome.interrupted
+        or opts.judging.parity_mode == ParityMode.STATISTICAL
+        or opts.hosts.hosts > 1
+    ):
+        return report
+    wanted = {
+        name: list(met(read_ops(plan.out / OPS_DIR / name)))
+        for name, parity in (report.get("parity") or {}).items()
+        if not parity.get("passed") and name in plan.launches
+    }
+    wanted = {name: ids for name, ids in wanted.items() if ids}
+    if not wanted:
+        return report
+    try:
+        for name, ids in wanted.items():
+            run = run_backend(
+                name,
+                plan.pythons[name],
+                matched_launch(opts, name, ids),
+                plan.out / MATCHED_DIR / name,
+                plan.timeout_s,
+            )
+            note_failed(outcome, [run], "the behaviour-matched run")
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        return report
+    return build(outcome.interrupted)

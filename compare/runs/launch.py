@@ -145,6 +145,24 @@ def floor_launch(opts: CompareOptions, name: str, dtype: str) -> Launch:
     )
 
 
+def matched_launch(opts: CompareOptions, name: str, behaviours: list[str]) -> Launch:
+    """A backend's run once more with these known behaviours of its runtime made eager torch's
+    (common/runtime_behaviours.py): the same spec, start and batches, with the parity tensors (no
+    HLO, profile or throughput)."""
+    return Launch(
+        opts.spec_of(name),
+        (
+            *_flags(opts, name, quiet=True, provoke=False),
+            "--parity",
+            "--throughput-steps",
+            "0",
+            "--match-behaviours",
+            ",".join(behaviours),
+        ),
+        opts.hosts,
+    )
+
+
 def whole_launch(
     opts: CompareOptions, name: str, keys: list[str], floor_dtype: str | None = None
 ) -> Launch:
