@@ -144,8 +144,10 @@ BUILT_IN = (
         passthrough=(TRACE_MODE,),
         checks_ops=True,
         # measured on gpt-tiny (docs/findings.md): step-0 gradients up to 6.4e-9 relative, final
-        # parameters after 50 steps 1.3e-6, where JAX, eager torch and torchax agree to ~1e-14
-        float64_rtol=(("forward", 3e-8), ("grad", 3e-8), ("loss", 1e-8), ("params", 1e-5)),
+        # parameters after 50 steps 1.3e-6, where JAX, eager torch and torchax agree to ~1e-14; on
+        # HF's Gemma2 (tanh GELU) computing in float64 end to end (its float32 casts widened),
+        # 1.6e-5 in 0.013 % of the parameters after 3 AdamW steps (an update near eps moved)
+        float64_rtol=(("forward", 3e-8), ("grad", 3e-8), ("loss", 1e-8), ("params", 1e-4)),
         float64_why="torch_xla 2.9 lowers GELU with constants rounded to float32 (4.5e-10 "
         "relative at the "
         "op, exact erf and tanh)",

@@ -176,6 +176,15 @@ class MaskSource(enum.StrEnum):
     COMMON = "common"
 
 
+class Float32Casts(enum.StrEnum):
+    """What a float64 run does with the model's own explicit casts to float32
+    (`train.float32_casts`): Hugging Face's norms, rotary tables and softmax, flax's attention."""
+
+    # made float64 on both sides (torch_impl/widen.py, jax_impl/widen.py): float64's bounds apply
+    WIDEN = "widen"
+    KEEP = "keep"  # computed as written: float32 islands, judged at float32's bounds from the first
+
+
 PARITY_MODE_MEANINGS = {
     ParityMode.DETERMINISTIC: "one run per backend, every tensor and step's loss within tolerance "
     "(runs without "

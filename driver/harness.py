@@ -101,11 +101,13 @@ class Runtime(Protocol):
         """What is not training and comes after it: compile events and causes, HLO statistics,
         flops."""
 
-    def float32_islands(self, inputs, targets) -> dict[str, str]:
+    def float32_islands(self, inputs, targets) -> tuple[dict[str, str], dict[str, int]]:
         """A float64 run: {module path: "float32: op, ..."} of the modules whose own operations
         compute in a narrower float on `inputs` (a slice of step 0's batch), and "(loss)" where the
         loss on `targets` does, from the start weights, in eval mode, with no effect on the run
-        (torch_impl/islands.py, jax_impl/islands.py)."""
+        (torch_impl/islands.py, jax_impl/islands.py); and {cast: count} of the casts to float32
+        that forward widened (train.float32_casts=widen: torch_impl/widen.py,
+        jax_impl/widen.py)."""
 
 
 def refuse_float64_on(platform: str, spec: RunSpec) -> None:
@@ -130,16 +132,16 @@ def run(
     # a float64 run's first forward: a model whose code cannot compute in float64 is refused here,
     # naming its module
     batch = runtime.data.global_batch(0) if spec.train.dtype == "float64" else None
-    islands = (
+    islands, widened = (
         runtime.float32_islands(
             activation_inputs(spec, batch.inputs), activation_inputs(spec, batch.targets)
         )
         if batch is not None
-        else {}
+        else ({}, {})
     )
     tensors = runtime.step0_tensors() if options.parity else {}
     record = runtime.new_record()
-    record.float32_islands = islands
+    record.float32_islands, record.float32_casts_widened = islands, widened
     # how the tensor file keeps the parameter-sized groups (tensor_file.SUMMARIZED_GROUPS)
     if options.parity:
         record.extra.tensors = options.tensors

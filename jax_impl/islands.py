@@ -20,6 +20,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr
 from common.twin.modules import ROOT_MODULE
 from common.twin.outputs import forward
 from jax_impl.capture import recorded_modules, wrapped_calls
+from jax_impl.widen import widened
 
 NARROW = (jnp.float32, jnp.float16, jnp.bfloat16)
 OPS_KEPT = 6  # op names listed per module (torch_impl/islands.py keeps as many)
@@ -28,7 +29,9 @@ LOSS = "(loss)"  # where the loss's own operations compute narrower (torch_impl/
 SCOPE = "module:"
 
 
-def float32_islands(model: nnx.Module, inputs, loss_of=None) -> dict[str, str]:
+def float32_islands(
+    model: nnx.Module, inputs, loss_of=None
+) -> tuple[dict[str, str], dict[str, int]]:
     """{module path: "float32: op, op, ..."} of the modules whose own operations compute in a float
     narrower than float64 in one eval-mode forward of `inputs`, traced (nothing runs); {} for a
     model that is float64 throughout; LOSS where `loss_of(output)` does. `model` is a copy: it is
@@ -54,11 +57,13 @@ def float32_islands(model: nnx.Module, inputs, loss_of=None) -> dict[str, str]:
             return loss_of(output)
 
     found: dict[str, dict[str, str]] = {}
+    before = widened()
     _walk(jax.make_jaxpr(run)(jax.tree.map(jnp.asarray, inputs)).jaxpr, "", found)
-    return {
+    islands = {
         module: f"{', '.join(sorted(set(ops.values())))}: {', '.join(ops)}"
         for module, ops in found.items()
     }
+    return islands, dict(widened() - before)
 
 
 def _walk(jaxpr, outer: str, found: dict[str, dict[str, str]]) -> None:

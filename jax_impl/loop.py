@@ -29,6 +29,7 @@ from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor, hlo_statistics
 from jax_impl.sharding import StepBatch
 from jax_impl.summary import device_summary
+from jax_impl.widen import widen_if_asked
 
 # a trace that meets a value-dependent branch or conversion (the subclasses of
 # ConcretizationTypeError among them)
@@ -45,6 +46,7 @@ def jitted_mesh(spec: RunSpec):
     refuse_float64_on(jax.default_backend(), spec)
     if spec.train.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
+    widen_if_asked(spec)
     if spec.train.matmul_precision != "default":
         jax.config.update("jax_default_matmul_precision", spec.train.matmul_precision)
     return sharding.make_mesh(spec.mesh)

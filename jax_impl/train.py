@@ -167,7 +167,7 @@ class JaxTrainer(JittedTrainer):
             masks=self.capture_masks,
         )
 
-    def float32_islands(self, inputs, targets) -> dict[str, str]:
+    def float32_islands(self, inputs, targets) -> tuple[dict[str, str], dict[str, int]]:
         fed, seen = self.nnx_batch(*jax.tree.map(jnp.asarray, (inputs, targets)))
         model = nnx.merge(self.graphdef, self.params, self.rest)
         return float32_islands(model, fed, lambda out: self.loss_fn(out, seen))

@@ -114,11 +114,12 @@ def test_an_adamw_epsilon_float32_cannot_see_fails_in_float64_at_the_first_updat
     )
 
 
-def test_hugging_faces_qwen2_passes_in_float64_with_its_float32_islands_named(tmp_path):
+def test_hugging_faces_qwen2_passes_in_float64_with_its_float32_islands_kept_and_named(tmp_path):
     """Qwen2 as Hugging Face writes it computes RMSNorm's variance, the rotary table and the
-    attention softmax in float32 on purpose; the port mirrors the rotary table. Both sides name
-    those modules, the pair is judged at float32's bounds from the first island on, and the report
-    says so."""
+    attention softmax in float32 on purpose; the port mirrors the rotary table. Kept as written
+    (train.float32_casts=keep), both sides name those modules, the pair is judged at float32's
+    bounds from the first island on, and the report says so: its tolerance table prints the
+    bounds applied, not float64's."""
     out = tmp_path / "run"
     proc, report = compare(
         out,
@@ -130,6 +131,8 @@ def test_hugging_faces_qwen2_passes_in_float64_with_its_float32_islands_named(tm
         "float64",
         "--steps",
         "2",
+        "--set",
+        "train.float32_casts=keep",
     )
     assert proc.returncode == 0, report["message"]
     islands = report["parity"]["torch"]["float32_islands"]
@@ -141,6 +144,61 @@ def test_hugging_faces_qwen2_passes_in_float64_with_its_float32_islands_named(tm
     assert (
         "float32 islands (jax: layers.0.attn" in md and "tensors judged at float32's bounds" in md
     )
+    assert "## Tolerances applied to jax vs torch (float32 islands: float32's bounds" in md
+    assert "## Tolerances (float64" not in md  # float64's own table was applied to no pair
+    assert "| forward before the first island | 1e-13 | 1e-09 | 0 |" in md
+
+
+@pytest.mark.parametrize("float32_casts", ["widen", "keep"])
+def test_a_rotary_base_off_by_one_fails_in_float64_with_hugging_faces_casts_widened(
+    tmp_path, float32_casts
+):
+    """HF's Llama as it ships casts its norms, rotary table and softmax to float32; a port whose
+    rotary base is 10001 for 10000 differs by ~6e-5, below float32's bounds. With those casts
+    widened on both sides (the default) the model computes in float64 end to end and the mis-port
+    is named at layers.0.attn; kept, the islands hide it and the pair passes at float32's bounds.
+    The correct port in float64, widened, agrees to float64's rounding on every runtime (a run of
+    the four)."""
+    proc, report = compare(
+        tmp_path / "run",
+        "--twin",
+        "examples/llama/twin.py:llama_hf_rope_base_off",
+        "--backend",
+        "jax,torch",
+        "--dtype",
+        "float64",
+        "--steps",
+        "1",
+        "--set",
+        f"train.float32_casts={float32_casts}",
+    )
+    parity = report["parity"]["torch"]
+    if float32_casts == "keep":
+        assert proc.returncode == 0 and parity["float32_islands"], report["message"]
+        assert parity["float32_casts_widened"] == {}
+        return
+    assert proc.returncode == 1 and parity["float32_islands"] == {}, report["message"]
+    assert parity["first_divergent_module"]["module"] == "layers.0.attn"
+    widened = parity["float32_casts_widened"]
+    assert widened["torch"][".float()"] >= 1 and widened["torch"]["softmax(dtype=float32)"] >= 1
+    assert widened["jax"]["arange(dtype=float32)"] >= 1  # the port's rotary table
+    proc, report = compare(
+        tmp_path / "correct",
+        "--twin",
+        "examples/llama/twin.py:llama_hf",
+        "--backend",
+        "all",
+        "--dtype",
+        "float64",
+        "--steps",
+        "2",
+    )
+    assert proc.returncode == 0, report["message"]
+    for name in ("torch", "torch_xla", "torchax"):
+        parity = report["parity"][name]
+        assert parity["float32_islands"] == {} and parity["loss"]["max_abs"] < 1e-12, name
+        # float64's bounds applied (torch_xla's own float64 allowance, 3e-8, included)
+        assert parity["sensitivity"]["logits"]["every"] < 1e-7, name
 
 
 def test_hugging_faces_bert_passes_in_float64_on_torchax_after_its_module_capture(tmp_path):
@@ -183,8 +241,10 @@ def test_a_torch_model_that_fixes_float32_is_refused_in_float64_naming_its_modul
 ):
     """`.float()` before a float64 Linear (the first layer's input, or past the first layer, which
     the describe step's own checks used to skip: its float32 model could not take the float64
-    example): eager torch cannot multiply them. The twin's describe step finds it before any
-    backend runs: one line naming the module and the fix, exit 2, no run directory."""
+    example): eager torch cannot multiply them where the run keeps the model's casts to float32
+    (train.float32_casts=keep; widened, the default, it computes in float64). The twin's describe
+    step finds it before any backend runs: one line naming the module and the fix, exit 2, no run
+    directory."""
     proc = run_cli(
         "compare",
         "--quiet",
@@ -196,6 +256,8 @@ def test_a_torch_model_that_fixes_float32_is_refused_in_float64_naming_its_modul
         "jax,torch",
         "--dtype",
         "float64",
+        "--set",
+        "train.float32_casts=keep",
     )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]

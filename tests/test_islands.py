@@ -51,10 +51,11 @@ def test_the_torch_module_that_casts_to_float32_is_named_with_its_ops_and_a_floa
     # the softmax runs in the block's own forward
     for cast, expected in ((True, {"(model)"}), (False, set())):
         model = TorchBlock(cast).double()
-        found = torch_islands(model, x, names, loss_of=lambda out: out.float().sum())
+        found, widened = torch_islands(model, x, names, loss_of=lambda out: out.float().sum())
+        assert widened == {}  # the run keeps its casts (train.float32_casts=keep)
         assert set(found) == expected | {"(loss)"}, found  # the loss casts to float32 too
         assert model.training  # its mode put back
-    found = torch_islands(TorchBlock(True).double(), x, names)
+    found, _ = torch_islands(TorchBlock(True).double(), x, names)
     assert found["(model)"].startswith("float32: ") and "_softmax" in found["(model)"]
 
 
@@ -62,7 +63,7 @@ def test_the_flax_attention_that_computes_its_softmax_in_float32_is_named(x64):
     model = NnxBlock(nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     model = nnx.merge(graphdef, jax.tree.map(lambda a: a.astype(np.float64), state))
-    found = nnx_islands(model, np.random.default_rng(0).standard_normal((1, 5, 8)))
+    found, _ = nnx_islands(model, np.random.default_rng(0).standard_normal((1, 5, 8)))
     # flax's dot_product_attention
     assert list(found) == ["attn"] and found["attn"].startswith("float32: ")
     assert (
@@ -70,7 +71,7 @@ def test_the_flax_attention_that_computes_its_softmax_in_float32_is_named(x64):
             model,
             np.random.default_rng(0).standard_normal((1, 5, 8)),
             loss_of=lambda out: out.sum(),
-        )
+        )[0]
         == found
     )  # a float64 loss adds none
 
@@ -93,3 +94,34 @@ def test_a_torch_model_feeding_float32_to_a_float64_layer_is_refused_naming_the_
         torch_islands(
             Embedded().double(), torch.ones(2, dtype=torch.float64), {"time_mlp": "time_mlp"}
         )
+
+
+def test_widened_casts_leave_no_island_on_either_side_and_are_counted(x64):
+    """train.float32_casts=widen (torch_impl/widen.py, jax_impl/widen.py): the softmax Hugging
+    Face's code casts to float32, the loss's .float() and flax's float32 attention compute in float64;
+    every cast widened is counted; stopped, the casts are as written again."""
+    from jax_impl import widen as jax_widen
+    from torch_impl import widen as torch_widen
+
+    x = torch.randn(2, 8, dtype=torch.float64)
+    names = {"": "(model)", "fc": "fc", "attn": "attn"}
+    model = NnxBlock(nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    model = nnx.merge(graphdef, jax.tree.map(lambda a: a.astype(np.float64), state))
+    tokens = np.random.default_rng(0).standard_normal((1, 5, 8))
+    torch_widen.widen_float32_casts()
+    jax_widen.widen_float32_casts()
+    jax.clear_caches()
+    try:
+        found, widened = torch_islands(
+            TorchBlock(True).double(), x, names, loss_of=lambda out: out.float().sum()
+        )
+        assert found == {} and widened == {"softmax(dtype=float32)": 1, ".float()": 1}
+        nnx_found, nnx_widened = nnx_islands(model, tokens)
+        assert nnx_found == {} and sum(nnx_widened.values()) >= 1, nnx_widened
+    finally:
+        torch_widen.stop_widening()
+        jax_widen.stop_widening()
+        jax.clear_caches()
+    assert set(torch_islands(TorchBlock(True).double(), x, names)[0]) == {"(model)"}
+    assert list(nnx_islands(model, tokens)[0]) == ["attn"]

@@ -30,6 +30,7 @@ from common.weights.checkpoints import TORCH_BUFFERS
 from driver.process import exit_process
 from torch_impl.checkpoint_io import load_torch_side
 from torch_impl.orientation import tied_names, weight_orientations
+from torch_impl.widen import widen_if_asked
 
 
 def check_forward(model, spec: RunSpec) -> None:
@@ -48,6 +49,7 @@ def check_forward(model, spec: RunSpec) -> None:
     default = torch.get_default_dtype()
     if wide:  # the forward as the run computes it: a float64 copy, under the float64 default
         torch.set_default_dtype(torch.float64)
+        widen_if_asked(spec)  # its casts to float32 as the run computes them (torch_impl/widen.py)
         model, inputs, targets = _widened(model), _widened(inputs), _widened(targets)
     try:
         _check_outputs(model, spec, inputs, targets)

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_leaves
 from common.spec import SpecError
 from common.twin.modules import ROOT_MODULE
 from common.twin.outputs import forward
+from torch_impl.widen import widened
 
 NARROW = (torch.float32, torch.float16, torch.bfloat16)
 OPS_KEPT = 6  # op names listed per module
@@ -47,12 +48,13 @@ class _Watch(TorchDispatchMode):
 
 def float32_islands(
     model: torch.nn.Module, inputs, names: dict[str, str], loss_of=None
-) -> dict[str, str]:
+) -> tuple[dict[str, str], dict[str, int]]:
     """{canonical module path: "float32: op, op, ..."} of the modules whose own ops compute in a
     float narrower than float64 in one no-grad eval-mode forward of `inputs` (`names`: torch module
     name -> canonical module path, torch_impl.convert.modules_to_canonical), and LOSS where
     `loss_of(output)` does; {} for a model that is float64 throughout."""
     stack, found, handles, training = [ROOT_MODULE], {}, [], model.training
+    before = widened()
     for torch_name, module in model.named_modules():
         canonical = names.get(torch_name)
         if canonical is None:
@@ -80,7 +82,7 @@ def float32_islands(
         model.train(training)
         for handle in handles:
             handle.remove()
-    return {module: _words(ops) for module, ops in found.items()}
+    return {module: _words(ops) for module, ops in found.items()}, dict(widened() - before)
 
 
 # what torch says of an op that has no float64 kernel at all (grouped_mm: "Expected mat_a to be
@@ -99,8 +101,8 @@ def _why_not_float64(error: str) -> str:
         )
     return (
         " (its code fixes float32, e.g. torch.arange(..., dtype=torch.float32) or .float(), and "
-        "feeds it to a float64 layer); make it follow its input's dtype (dtype=x.dtype), or "
-        "compare in float32"
+        "feeds it to a float64 layer); make it follow its input's dtype (dtype=x.dtype), let the "
+        "run widen such casts (train.float32_casts=widen, the default), or compare in float32"
     )
 
 
@@ -113,7 +115,9 @@ def host_tensors(inputs):
     return torch.from_numpy(array.astype(np.int64) if array.dtype.kind in "iu" else array)
 
 
-def fresh_model_islands(spec, start: tuple, inputs, targets, loss_fn, loss_batch) -> dict[str, str]:
+def fresh_model_islands(
+    spec, start: tuple, inputs, targets, loss_fn, loss_batch
+) -> tuple[dict[str, str], dict[str, int]]:
     """float32_islands of a fresh CPU copy of the run's torch model at its start (`start`: its
     parameters and StartState, torch_impl/convert.py load_start), its loss
     `loss_fn(output, loss_batch(inputs, targets))` on CPU tensors (a runtime whose own model lives

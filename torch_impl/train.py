@@ -57,6 +57,7 @@ from torch_impl.islands import float32_islands
 from torch_impl.masks import step_masks
 from torch_impl.models import at_least_float32, build_model
 from torch_impl.optim import clip_gradients, make_optimizer, set_lr
+from torch_impl.widen import widen_if_asked
 
 
 def cross_entropy(logits, targets):
@@ -299,7 +300,7 @@ class TorchTrainer:
                 "torch.utils.flop_counter.FlopCounterMode over one forward + backward"
             )
 
-    def float32_islands(self, inputs, targets) -> dict[str, str]:
+    def float32_islands(self, inputs, targets) -> tuple[dict[str, str], dict[str, int]]:
         inputs, targets = self.to_device(inputs), self.to_device(targets)
         return float32_islands(
             self.model,
@@ -399,6 +400,7 @@ def eval_logits(
 def make_trainer(spec: RunSpec, options: RunOptions, group: Group | None = None) -> TorchTrainer:
     """The run's trainer (driver.harness.run builds it after the process is ready): torch's float32
     matmul precision from the spec first."""
+    widen_if_asked(spec)
     precision = MATMUL_PRECISION[spec.train.matmul_precision]
     # (the call warns even when it changes nothing)
     if torch.get_float32_matmul_precision() != precision:

@@ -63,6 +63,7 @@ from torch_impl.masks import step_masks
 from torch_impl.models import build_model
 from torch_impl.optim import clip_gradients, create_state, make_optimizer, set_lr
 from torch_impl.train import eval_logits, task_loss, untouched_buffers
+from torch_impl.widen import widen_if_asked
 from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
 from torch_xla_impl.batches import StepBatches, flat_ndims, nested, on_device
@@ -398,7 +399,7 @@ class TorchXlaTrainer:
             shutil.rmtree(dump_dir(out_dir), ignore_errors=True)
 
     # on a CPU copy: no graph of the run's device
-    def float32_islands(self, inputs, targets) -> dict[str, str]:
+    def float32_islands(self, inputs, targets) -> tuple[dict[str, str], dict[str, int]]:
         return fresh_model_islands(
             self.spec, self.started, inputs, targets, self.loss_fn, self.loss_batch
         )
@@ -450,6 +451,7 @@ def make_trainer(
 ) -> TorchXlaTrainer:
     """The run's trainer (driver.harness.run builds it after the process is ready): torch_xla's
     matmul precision from the spec, and the SPMD mesh when one process runs several devices."""
+    widen_if_asked(spec)
     logging.getLogger("torch_xla.backends").setLevel(logging.ERROR)  # it warns on every call
     torch_xla.backends.set_mat_mul_precision(spec.train.matmul_precision)
     mesh = sharding.make_mesh(spec.mesh) if mode == "spmd" else None

@@ -60,6 +60,7 @@ from torch_impl.convert import (
 from torch_impl.islands import float32_islands, host_tensors
 from torch_impl.models import build_model
 from torch_impl.train import task_loss
+from torch_impl.widen import widen_if_asked
 from torchax_impl.batch_norm import keep_running_statistics
 from torchax_impl.embedding import honour_padding_idx
 from torchax_impl.sharding import param_shardings
@@ -248,7 +249,7 @@ class TorchaxTrainer(JittedTrainer):
                 output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes),
             )
 
-    def float32_islands(self, inputs, targets) -> dict[str, str]:
+    def float32_islands(self, inputs, targets) -> tuple[dict[str, str], dict[str, int]]:
         inputs, targets = host_tensors(inputs), host_tensors(targets)  # for its CPU torch model
         return float32_islands(
             self.model,
@@ -317,4 +318,5 @@ def make_trainer(spec: RunSpec, options: RunOptions, monitor: CompileMonitor) ->
     warnings.filterwarnings(
         "ignore", message="Explicitly requested dtype int64", category=UserWarning
     )
+    widen_if_asked(spec)  # torch's casts; jitted_mesh widens JAX's (torchax's lowerings)
     return TorchaxTrainer(spec, jitted_mesh(spec), options, monitor)

@@ -164,6 +164,9 @@ class RunRecord:
     # a float64 run's modules computing in a narrower float on purpose:
     # {module path: "float32: op, ..."}
     float32_islands: dict = field(default_factory=dict)
+    # the model's casts to float32 a float64 run widened in one forward of step 0
+    # (train.float32_casts): {cast: count}
+    float32_casts_widened: dict = field(default_factory=dict)
     # the compare run it belongs to (`--run-id`); compare judges only its own run's
     run_id: str | None = None
     schema_version: int = SCHEMA_VERSION

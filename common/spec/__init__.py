@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from common.spec.layouts import LayoutError, check_layout
-from common.vocab import MaskSource, values
+from common.vocab import Float32Casts, MaskSource, values
 
 
 class SpecError(ValueError):
@@ -273,6 +273,8 @@ class TrainSpec:
     # float32 noise floor run measures how training grows a rounding-size difference
     # (compare/judge/noise_floor.py); 0: none
     start_jitter_ulps: int = 0
+    # common.vocab.Float32Casts: a float64 run's explicit casts to float32 inside the model
+    float32_casts: str = Float32Casts.WIDEN.value
     # "NAME*FACTOR": one start tensor scaled (one side's --torch-set: what difference compare
     # catches); "": none
     start_scale: str = ""
@@ -318,6 +320,11 @@ class TrainSpec:
         _require(
             self.dropout_seed >= -1,
             f"train.dropout_seed={self.dropout_seed} must be >= 0 (or -1: train.seed)",
+        )
+        _require(
+            self.float32_casts in values(Float32Casts),
+            f"train.float32_casts={self.float32_casts} must be one of "
+            f"{', '.join(values(Float32Casts))}",
         )
         _require(
             self.dropout_masks in values(MaskSource),

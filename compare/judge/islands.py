@@ -9,6 +9,10 @@ through them) and every module that starts after the first island. So a pair wit
 side is judged at float32's bounds there, and at float64's only in the modules that start before the
 first island (a port error there is still found at ~1e-9). The report lists the islands and says
 which parts float64 resolved (compare/judge/sensitivity.py).
+
+By default a float64 run widens those casts on both sides (train.float32_casts=widen), so no island
+is left and float64's bounds apply everywhere; the report lists the casts widened per side
+(`widened_of`). train.float32_casts=keep computes them as written, judged as above.
 """
 
 from __future__ import annotations
@@ -20,6 +24,22 @@ def islands_of(ref: RunRecord, other: RunRecord) -> dict[str, dict[str, str]]:
     """{backend: {module: "float32: op, ..."}} of the two records, the backends without any left
     out."""
     return {r.backend: dict(r.float32_islands) for r in (ref, other) if r.float32_islands}
+
+
+def widened_of(ref: RunRecord, other: RunRecord) -> dict[str, dict[str, int]]:
+    """{backend: {cast: count}} of the casts to float32 each side widened (train.float32_casts:
+    torch_impl/widen.py, jax_impl/widen.py), the backends without any left out."""
+    return {
+        r.backend: dict(r.float32_casts_widened) for r in (ref, other) if r.float32_casts_widened
+    }
+
+
+def widened_words(widened: dict[str, dict[str, int]]) -> str:
+    """One clause: how many of the model's casts to float32 each side computed in float64."""
+    named = "; ".join(
+        f"{side}: {sum(casts.values())} ({', '.join(casts)})" for side, casts in widened.items()
+    )
+    return f"casts to float32 widened to float64 ({named})"
 
 
 def island_policy(policy: dict, float32: dict) -> dict:

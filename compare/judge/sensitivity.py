@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compare.judge.islands import islands_words
+from compare.judge.islands import islands_words, widened_words
 
 GROUPS = (
     ("logits", "logits"),
@@ -91,6 +91,8 @@ def sensitivity_line(parity: dict, dtype: str) -> str:
         line += " (logits judged as distributions: KL and top-1)"
     for what, why in (parity.get("float64_allowances") or {}).items():
         line += f"; {what}: {why}"
+    if parity.get("float32_casts_widened"):
+        line += "; " + widened_words(parity["float32_casts_widened"])
     if parity.get("float32_islands"):
         forward = parity.get("first_divergent_module") or {}
         line += "; " + islands_words(

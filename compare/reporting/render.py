@@ -424,6 +424,49 @@ def _apart(report: dict) -> str:
     )
 
 
+def _tolerance_rows(policy: dict) -> list[list[str]]:
+    return [
+        [k, _fmt(v["atol"], ".0e"), _fmt(v["rtol"], ".0e"), _fmt(v.get("fraction"), ".3g")]
+        for k, v in policy.items()
+        if "atol" in v
+    ]
+
+
+def _tolerance_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The bounds each pair was judged by, only those applied: the run's table where a pair used
+    it, and a table of each pair judged otherwise (float32 islands, a runtime's float64
+    allowances)."""
+    header = ["kind", "atol", "rtol", "fraction"]
+    rule = "|a-b| <= atol + rtol*max|ref|, at most fraction of the elements over"
+    parity = report.get("parity") or {}
+    own = {n: p["tolerances_applied"] for n, p in parity.items() if p.get("tolerances_applied")}
+    out = []
+    if not parity or len(own) < len(parity):
+        out.append(
+            (
+                f"Tolerances ({report['dtype']}, profile {report['tolerance_profile']}): {rule}",
+                header,
+                _tolerance_rows(report["tolerances"]),
+            )
+        )
+    for name, policy in own.items():
+        why = [*(parity[name].get("float64_allowances") or {})]
+        if parity[name].get("float32_islands"):
+            why.append("float32 islands: float32's bounds, float64's before the first island")
+        out.append(
+            (
+                f"Tolerances applied to {report['reference']} vs {name} ({'; '.join(why)}): {rule}",
+                header,
+                _tolerance_rows(policy)
+                + [
+                    [f"{k} before the first island", *_tolerance_rows({k: v})[0][1:]]
+                    for k, v in (policy.get("before_islands") or {}).items()
+                ],
+            )
+        )
+    return out
+
+
 def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """Tolerances, compiles, step time, wall time and memory, per backend."""
     out = []
@@ -436,19 +479,10 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
             for n in names
         ]
     ]
-    tol = report["tolerances"]
-    out.append(
-        (
-            f"Tolerances ({report['dtype']}, profile {report['tolerance_profile']}): "
-            "|a-b| <= atol + rtol*max|ref|, at most fraction of the elements over",
-            ["kind", "atol", "rtol", "fraction"],
-            [
-                [k, _fmt(v["atol"], ".0e"), _fmt(v["rtol"], ".0e"), _fmt(v.get("fraction"), ".3g")]
-                for k, v in tol.items()
-                if "atol" in v
-            ],
-        )
-    )
+    out += _tolerance_tables(report)
+    # the distribution bounds applied: the run's, or those every pair was judged by instead
+    applied = [p.get("tolerances_applied") for p in (report.get("parity") or {}).values()]
+    tol = applied[0] if applied and all(applied) else report["tolerances"]
     floor = report.get("tolerance_policy") or {}
     if floor.get("policy") == "noise-floor":
         twin = "in float32" if report["dtype"] == "bfloat16" else "from jittered start weights"

@@ -356,6 +356,10 @@ def _parity(
                 unjudged.append(n)
                 continue
             parity[n] = {**judged, **({"float64_allowances": widened} if widened else {})}
+            if (
+                policy != inputs.policy
+            ):  # the bounds this pair was judged by (render.py prints them)
+                parity[n]["tolerances_applied"] = policy
             behaviours = attempt(
                 f"parity.{n}.runtime_behaviours",
                 _runtime_behaviours,

@@ -208,3 +208,9 @@ def llama_table(**hparams) -> Llama:
 def llama_table_misported(**hparams) -> Llama:
     """The mis-port: the held frequencies built with Llama 3's base (500000), not the model's."""
     return Llama(**hparams, rope_table=500000.0)
+
+
+def llama_rope_base_off(**hparams) -> Llama:
+    """The mis-port only float64 sees: the rotary base one more than the model's (10001 for
+    10000), 6e-5 in the logits, below float32's bounds."""
+    return Llama(**{**hparams, "rope_theta": hparams.get("rope_theta", 10000.0) + 1.0})

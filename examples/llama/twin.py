@@ -110,3 +110,7 @@ llama_hf_misported = dataclasses.replace(llama_hf, nnx="nnx_llama.py:llama_inter
 # layers.N.attn.inv_freq through the rename)
 llama_table = dataclasses.replace(llama_tiny, nnx="nnx_llama.py:llama_table")
 llama_table_misported = dataclasses.replace(llama_tiny, nnx="nnx_llama.py:llama_table_misported")
+
+# HF's Llama as it ships against a port whose rotary base is one more: float64 with the model's
+# float32 casts widened (train.float32_casts=widen, the default) names layers.0.attn
+llama_hf_rope_base_off = dataclasses.replace(llama_hf, nnx="nnx_llama.py:llama_rope_base_off")
