@@ -98,8 +98,8 @@ def test_a_torch_model_feeding_float32_to_a_float64_layer_is_refused_naming_the_
 
 def test_widened_casts_leave_no_island_on_either_side_and_are_counted(x64):
     """train.float32_casts=widen (torch_impl/widen.py, jax_impl/widen.py): the softmax Hugging
-    Face's code casts to float32, the loss's .float() and flax's float32 attention compute in float64;
-    every cast widened is counted; stopped, the casts are as written again."""
+    Face's code casts to float32, the loss's .float() and flax's float32 attention compute in
+    float64; every cast widened is counted; stopped, the casts are as written again."""
     from jax_impl import widen as jax_widen
     from torch_impl import widen as torch_widen
 
