@@ -14,7 +14,7 @@ from compare.judge.curves import compare_curves
 from compare.judge.decided import judge_decisions, judge_later_choices
 from compare.judge.distribution import judge_distribution
 from compare.judge.extra_inputs import with_extra_inputs
-from compare.judge.islands import before_first_island, islands_of, widened_of
+from compare.judge.islands import before_first_island, islands_of
 from compare.judge.noise_floor import Floors, loss_sensitivity
 from compare.judge.own_loss import mark_loss_value, mark_own_loss
 from compare.judge.sensitivity import group_sensitivity
@@ -496,7 +496,6 @@ def check_parity(
         else None,
         "dropout_sites": dropout_sites(ref, other),
         "float32_islands": islands,
-        "float32_casts_widened": widened_of(ref, other),
         "sensitivity": group_sensitivity(tensors, loss, forward, set(unreached)),
     }
     judge_decisions(result, ref_tensors, other_tensors, policy["forward"], locate)

@@ -27,6 +27,7 @@ from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.explain.figures import backend_summary, cpu_peak, wall_breakdown
 from compare.judge.decided import IMPOSED, LATER
 from compare.judge.devices import devices_check, one_device
+from compare.judge.islands import widened_of
 from compare.judge.messages import failure_message
 from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
 from compare.judge.parity import check_parity
@@ -356,6 +357,7 @@ def _parity(
                 unjudged.append(n)
                 continue
             parity[n] = {**judged, **({"float64_allowances": widened} if widened else {})}
+            parity[n]["float32_casts_widened"] = widened_of(records[reference], records[n])
             if (
                 policy != inputs.policy
             ):  # the bounds this pair was judged by (render.py prints them)
