@@ -118,7 +118,7 @@ def test_float64_judges_no_tighter_than_its_runtimes_own_rounding_and_says_so():
     widened, why = runtime_policy(policy, ("jax", "torch_xla"), has_state=True)
     assert (
         widened["grad"]["rtol"] == 3e-8
-        and widened["params"]["rtol"] == 1e-5
+        and widened["params"]["rtol"] == 1e-4
         and widened["grad"]["atol"] == 1e-14
     )
     assert (
