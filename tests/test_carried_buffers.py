@@ -54,6 +54,12 @@ def test_the_buffers_both_sides_hold_are_written_under_their_nnx_names_and_read_
         CheckpointError, match="its metadata's buffer_torch_names is not a JSON object of names"
     ):
         start_state(f"canonical:{tmp_path / 'garbled.safetensors'}")
+    diverged = {**carried, "buffer/norm.mean": np.where(MEAN > 0, np.nan, MEAN)}
+    save_checkpoint(
+        tmp_path / "nan.safetensors", diverged, metadata=buffer_metadata(buffers, links)
+    )
+    with pytest.raises(CheckpointError, match="buffer norm.mean holds 5 NaN values; a start must"):
+        start_state(f"canonical:{tmp_path / 'nan.safetensors'}")
 
 
 def test_each_framework_takes_a_carried_buffer_by_its_own_name_in_its_own_dtype_and_shape():
@@ -280,3 +286,50 @@ def test_a_buffer_one_side_keeps_in_float32_in_a_float64_run_is_listed_not_judge
     assert found["buffers/inv_freq"]["judged"] is False and found["buffers/inv_freq"]["within"]
     assert found["buffers/inv_freq"]["note"] == "not compared: float32 vs float64"
     assert found["buffers/count"]["within"] is False and found["buffers/count"].get("judged", True)
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("checkpoint-buffer-missing", "checkpoint-buffer-nonfinite")
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            "drop num_updates",
+            "it holds the model's buffers but not num_updates, a persistent buffer: the run would "
+            "keep the model's own value of it, not the checkpoint's",
+        ),
+        ("nan std", "buffer std holds 1 NaN and 0 infinite values where the model's own holds"),
+        ("inf mean", "buffer mean holds 0 NaN and 1 infinite values where the model's own holds"),
+    ],
+)
+def test_a_checkpoints_buffers_are_held_to_the_parameters_rules(tmp_path, change, message):
+    """A full state_dict whose persistent buffer is left out (the run kept the model's own value,
+    silently), or whose buffer holds a NaN or an infinity the model's own does not (blamed on the
+    forward, or trained on): refused in one line naming the buffer, before any run directory."""
+    import torch
+
+    ref = _checkpoint(tmp_path / "trained.pt")
+    state = torch.load(tmp_path / "trained.pt")
+    if change == "drop num_updates":
+        del state["num_updates"]
+    elif change == "nan std":
+        state["std"][3] = float("nan")
+    else:
+        state["mean"][0] = float("inf")
+    torch.save(state, tmp_path / "trained.pt")
+    proc = run_cli(
+        "compare",
+        "--quiet",
+        "--out",
+        str(tmp_path / "run"),
+        "--twin",
+        f"{TWINS}:running",
+        "--backend",
+        "jax,torch",
+        "--checkpoint",
+        ref,
+    )
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert message in errors[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -121,6 +121,44 @@ def load_torch_side(
     return params, found
 
 
+def check_carried_buffers(model, found: dict[str, np.ndarray], source: str) -> None:
+    """A full state_dict's buffers (`found`, beside its parameters) held to the parameters' rules
+    before anything runs: every persistent buffer of the model in it (one left out would keep the
+    model's own value, not the checkpoint's), and none holding a NaN, or an infinity where the
+    model's own buffer holds a finite value (a causal mask's -inf is the model's; a diverged
+    run's inf is not). A checkpoint of parameters alone carries no buffer, and is not checked."""
+    if not found:
+        return
+    own = {name: b.detach().cpu().numpy() for name, b in model.named_buffers()}
+    missing = [name for name in model.state_dict() if name in own and name not in found]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise CheckpointError(
+            f"{source}: it holds the model's buffers but not {missing[0]}{more}, a persistent "
+            "buffer: the run would keep the model's own value of it, not the checkpoint's; save "
+            "the whole state_dict, or the parameters alone to start every buffer from the model's "
+            "own"
+        )
+    for name, value in found.items():
+        value = np.asarray(value)
+        if value.dtype.kind != "f" or np.isfinite(value).all():
+            continue
+        mine = own[name].reshape(value.shape) if own[name].size == value.size else None
+        same = (
+            mine is not None
+            and not np.isnan(value).any()
+            and np.array_equal(value[~np.isfinite(value)], mine[~np.isfinite(value)])
+        )
+        if not same:
+            bad = value[~np.isfinite(value)]
+            raise CheckpointError(
+                f"{source}: buffer {name} holds {int(np.isnan(bad).sum())} NaN and "
+                f"{int(np.isinf(bad).sum())} infinite values where the model's own holds finite "
+                "ones; a start must be finite where the model is (the checkpoint of a run that "
+                "diverged?)"
+            )
+
+
 def start_weights(
     model: torch.nn.Module, spec, checkpoint: CheckpointRef | None
 ) -> dict[str, np.ndarray]:

@@ -28,7 +28,7 @@ from common.vocab import ExitCode
 from common.weights import save_checkpoint
 from common.weights.checkpoints import TORCH_BUFFERS
 from driver.process import exit_process
-from torch_impl.checkpoint_io import load_torch_side
+from torch_impl.checkpoint_io import check_carried_buffers, load_torch_side
 from torch_impl.orientation import tied_names, weight_orientations
 from torch_impl.widen import widen_if_asked
 
@@ -181,6 +181,7 @@ def main(argv=None) -> int:
                 {},
             )
         )
+        check_carried_buffers(model, buffers, f"checkpoint {args.load}")
         if isinstance(spec.model, TwinSpec) and shapes:
             check_forward(model, spec)
     except INPUT_ERRORS as e:

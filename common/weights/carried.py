@@ -73,6 +73,12 @@ def start_state(checkpoint: CheckpointRef | None) -> StartState:
             f"{source}: its metadata's {BUFFER_NAMES} is not a JSON object of names; start from "
             "the torch checkpoint itself"
         )
+    for name, value in buffers.items():  # an infinity may be the model's own (a causal mask)
+        if np.asarray(value).dtype.kind == "f" and np.isnan(value).any():
+            raise CheckpointError(
+                f"{source}: buffer {name} holds {int(np.isnan(value).sum())} NaN values; a start "
+                "must be finite where the model is (the checkpoint of a run that diverged?)"
+            )
     unnamed = sorted(name for name in buffers if name not in torch_names)
     if unnamed:
         raise CheckpointError(
