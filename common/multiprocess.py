@@ -6,8 +6,10 @@ would wait on each other's collectives until --timeout)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import socket
 
 from common.spec import RunSpec, SpecError
 
@@ -30,3 +32,23 @@ def other_settings(spec: RunSpec, processes: int, process: int) -> SpecError:
         f"{mesh}); run "
         "the same command with the same flags on every host"
     )
+
+
+def refuse_taken_port(address: str, process_id: int) -> None:
+    """Process 0 serves the run's coordinator at `address` (host:port): a port another program (or
+    another run) holds is one line naming it and the fix, before the framework tries and ends on its
+    own log line (jax.distributed, torch.distributed's TCPStore)."""
+    if process_id != 0:
+        return
+    host, _, port = address.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:  # where the framework's server listens: every interface
+            probe.bind(("", int(port)))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return  # anything else is the framework's to say
+            raise SpecError(
+                f"--coordinator {address}: port {port} is taken on this host (another run, or "
+                "another program, listens there); give a free port (a multi-host run's launches "
+                "take the ports after it too), or leave --coordinator out on one host"
+            ) from None

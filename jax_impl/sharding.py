@@ -18,7 +18,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from common.data import Batch, process_slice
 from common.environment import coordinator_wait_s
 from common.files.shards import ShardedTensor
-from common.multiprocess import other_settings, settings_digest
+from common.multiprocess import other_settings, refuse_taken_port, settings_digest
 from common.sharding import batch_partition_spec, param_partition_specs
 from common.spec import AXES, MeshSpec, ModelSpec, SpecError
 
@@ -131,6 +131,7 @@ def initialize_distributed(
         # how long a process waits for its coordinator to answer (XLA_TWINS_COORDINATOR_WAIT_S):
         # jax's own default ends in a native abort
         wait_s = coordinator_wait_s()
+        refuse_taken_port(coordinator, process_id or 0)
         waited = wait_for_coordinator(coordinator, process_id or 0, wait_s)
         jax.distributed.initialize(
             coordinator_address=coordinator,

@@ -558,3 +558,41 @@ def test_an_interrupt_while_a_group_starts_takes_the_group_down_then_reaches_its
         signal.signal(signal.SIGTERM, previous)
     assert len(registered) == 1 and not pid_alive(registered[0])
     assert list(tmp_path.iterdir()) == []  # its TMPDIR removed with it
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("coordinator-port-taken")
+@pytest.mark.parametrize("backend", ["jax_impl", "torch_impl"])
+def test_a_coordinator_port_another_program_holds_is_one_line_with_the_fix(tmp_path, backend):
+    """Process 0 of a multi-process run serves the coordinator: a port something else listens on
+    ended on the framework's own log line (jax.distributed's, torch's TCPStore's); it is refused
+    first, naming the port and the fix, exit 2."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_cli(
+            backend,
+            "--spec",
+            "mlp-tiny",
+            "--mesh",
+            "data=2",
+            "--steps",
+            "2",
+            "--num-processes",
+            "2",
+            "--process-id",
+            "0",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--out",
+            str(tmp_path / "run"),
+        )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[-1] == (
+        f"error: --coordinator 127.0.0.1:{port}: port {port} is taken on this host (another run, "
+        "or another program, listens there); give a free port (a multi-host run's launches take "
+        "the ports after it too), or leave --coordinator out on one host"
+    )
+    assert not (tmp_path / "run").exists()

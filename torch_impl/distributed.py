@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from common.data import Batch, process_slice
-from common.multiprocess import other_settings, settings_digest
+from common.multiprocess import other_settings, refuse_taken_port, settings_digest
 from common.spec import RunSpec, SpecError
 from common.twin import twin_of
 from common.vocab import MaskSource
@@ -60,6 +60,7 @@ def join(spec: RunSpec, options) -> Group | None:
             f"--num-processes {size}: give --coordinator HOST:PORT, process 0's address"
         )
     refuse_inexact(spec, size)
+    refuse_taken_port(coordinator, rank)
     import datetime
 
     dist.init_process_group(
