@@ -10,9 +10,18 @@ model, in one line naming the op, before any backend trains, and reports every r
 from __future__ import annotations
 
 import json
+import os
+import traceback
 from pathlib import Path
 
 OPS_FILE = "ops.json"
+# what a jitted step's trace raises where the model reads a traced value into Python (jax.errors)
+UNTRACEABLE = (
+    "ConcretizationTypeError",
+    "TracerBoolConversionError",
+    "TracerIntegerConversionError",
+    "TracerArrayConversionError",
+)
 OPS_DIR = "ops"  # a compare run's op checks: <run>/ops/<backend>/ (ops.json, the check's logs)
 
 
@@ -32,6 +41,7 @@ def found(
     line = (
         f"{type(error).__name__}: "
         f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        + (f" (at {_model_site(error)})" if _model_site(error) else "")
         if error is not None
         else None
     )
@@ -44,6 +54,26 @@ def found(
         "error": line,
         "behaviours": behaviours or {},
     }
+
+
+# the frameworks' own code and this toolkit's: a step's error is placed in the code it called
+NOT_THE_MODEL = tuple(
+    f"{os.sep}{name}{os.sep}" for name in ("jax", "jaxlib", "flax", "optax", "torch", "torchax")
+) + tuple(
+    str(Path(__file__).resolve().parents[1] / top) + os.sep
+    for top in ("common", "driver", "jax_impl", "torch_impl", "torchax_impl", "torch_xla_impl")
+)
+
+
+def _model_site(error: BaseException) -> str | None:
+    """file:line of the innermost frame of `error`'s traceback in the model's code (a user's, or a
+    library's such as transformers), not a framework's or this toolkit's."""
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if not any(part in f.filename for part in NOT_THE_MODEL)
+    ]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
 
 
 def read_ops(folder) -> dict:
@@ -64,6 +94,13 @@ def refusal(ops: dict) -> str | None:
             f"{runtime} cannot run this model: {ops['missing'][0]} has no lowering in {runtime} "
             "(one traced "
             "step of it, before any backend trained; ops after it were not reached)"
+        )
+    if (ops.get("error") or "").startswith(UNTRACEABLE):
+        return (
+            f"{runtime} cannot run this model in its jitted step: {ops['error']} (one traced step "
+            "of it, before any backend trained): the model reads a tensor's value into Python "
+            "(.item(), `if` on a tensor); keep it a tensor (torch.where, a mask), or leave "
+            f"{runtime} out of --backend"
         )
     if ops["failed_op"]:
         return (

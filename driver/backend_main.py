@@ -156,6 +156,7 @@ def run_options(args: argparse.Namespace, own: type, out_dir: Path) -> RunOption
         capture_at=args.capture_at,
         capture_step=args.capture_step,
         match_behaviours=args.match_behaviours,
+        check_ops=args.check_ops,
     )
 
 

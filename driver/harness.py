@@ -65,6 +65,8 @@ class RunOptions:
     capture_step: int = 0
     # the runtime's named behaviours made eager torch's (common/runtime_behaviours.py)
     match_behaviours: tuple[str, ...] = ()
+    # an op check's run (common/ops.py): a jitted runtime traces its step too (`trace_step`)
+    check_ops: bool = False
 
 
 class Runtime(Protocol):
@@ -155,6 +157,10 @@ def run(
         runtime.start,
         [str(p) for p in options.provocations],
     )
+    # an op check (common/ops.py): the step itself traced too, as the run will trace it (a jitted
+    # runtime: its backward's ops, and what its jit cannot trace)
+    if options.check_ops and hasattr(runtime, "trace_step"):
+        runtime.trace_step()
     # compare's capture run (compare/runs/capture_runs.py): no step, no compile of one
     if not options.train:
         # ... but those before a later step's: its capture takes the weights they left

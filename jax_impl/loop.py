@@ -232,6 +232,11 @@ class JittedTrainer:
                 self._eval_forward(self.params, self.state, jax.tree.map(jax.numpy.asarray, inputs))
             )
 
+    def trace_step(self) -> None:
+        """The loss and gradients of step 0's batch traced, as the jitted step traces them, and not
+        compiled (an op check's: what the trace meets, or what it cannot trace, is raised here)."""
+        self.loss_and_grads.trace(self.params, self.state, self.put(0))
+
     def step0_tensors(self) -> dict[str, dict[str, np.ndarray]]:
         """Parity tensors before any update: logits, every other array output and the loss of step
         0's batch, and every gradient (canonical)."""

@@ -118,6 +118,35 @@ def test_mixtral_on_runtimes_that_cannot_run_it_is_refused_before_training_and_t
 
 
 @pytest.mark.slow
+@pytest.mark.error_case("runtime-cannot-trace")
+def test_a_model_that_reads_a_value_into_python_is_refused_on_torchax_before_anything_trains(
+    tmp_path,
+):
+    """`if hidden.max() > 1e6` runs op by op (eager torch, the op check's own capture) but not in
+    torchax's jitted step: the op check traces that step too, so torchax is refused before any
+    backend trains, naming the model's line; eager torch still trains and is compared (it crashed
+    after JAX trained, before). HF models that read values only where not traced still pass."""
+    out = tmp_path / "run"
+    proc, report = compare(
+        out,
+        "--twin",
+        "tests/data/user_project/twins.py:reads_value",
+        "--backend",
+        "jax,torch,torchax",
+        "--steps",
+        "2",
+    )
+    assert proc.returncode == 3 and report["backends"]["torchax"]["status"] == "cannot_run"
+    assert report["parity"]["torch"]["passed"]
+    refused = report["ops"]["torchax"]["refused"]
+    assert refused.startswith(
+        "torchax cannot run this model in its jitted step: TracerBoolConversionError"
+    ) or refused.startswith("torchax cannot run this model in its jitted step: Concretization")
+    assert "tests/data/user_project/models.py:" in refused and "leave torchax out" in refused
+    assert not (out / "torchax").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.error_case("check-ops-refused")
 def test_a_backend_with_no_op_watch_refuses_the_check_in_one_line(tmp_path):
     proc = run_cli(

@@ -86,6 +86,14 @@ class TorchScores(TorchNet):  # its logits under a name of its own
         return {"scores": super().forward(x)}
 
 
+class TorchReadsValue(TorchNet):  # a value read into Python: runs eagerly, not under jax.jit
+    def forward(self, x):
+        hidden = torch.relu(self.norm(self.fc1(x)))
+        if hidden.max() > 1e6:  # a guard on a value, as training code writes one
+            hidden = hidden / hidden.max()
+        return self.fc2(hidden)
+
+
 class _LinearFunction(torch.autograd.Function):
     """y = x W^T + b with a hand-written backward, as fused or custom kernels are wrapped.
     `clamped`: the mis-port's backward passes the input gradient back through max(W, 0), a bug its

@@ -61,6 +61,13 @@ torch_scores = Twin(
     train=TRAIN,
     logits="scores",
 )
+reads_value = Twin(
+    torch="models.py:TorchReadsValue",
+    nnx="models.py:NnxNet",
+    task="classification",
+    hparams=HPARAMS,
+    train=TRAIN,
+)
 custom_backward = Twin(
     torch="models.py:TorchNetCustomBackward",
     nnx="models.py:NnxNet",
