@@ -16,8 +16,6 @@ import numpy as np
 from jax._src import dtypes
 from jax._src.lax import lax as lax_internal
 
-from common.vocab import Float32Casts
-
 _WIDENED: collections.Counter = collections.Counter()
 _ORIGINAL: dict = {}
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -60,10 +58,8 @@ def widened() -> collections.Counter:
     return collections.Counter(_WIDENED)
 
 
-def widen_if_asked(spec) -> bool:
-    """Widen (`widen_float32_casts`) where the spec asks: a float64 run whose train.float32_casts is
-    widen. Before the trainer is built: nothing of the model is traced or run yet."""
-    asked = spec.train.dtype == "float64" and spec.train.float32_casts == Float32Casts.WIDEN
-    if asked:
+def widen_if_asked(spec) -> None:
+    """Widen where the spec asks (train.widens_float32_casts), before the trainer is built: nothing
+    of the model is traced or run yet."""
+    if spec.train.widens_float32_casts:
         widen_float32_casts()
-    return asked

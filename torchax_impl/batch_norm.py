@@ -43,13 +43,19 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
     return out
 
 
-def keep_running_statistics(env: torchax.tensor.Environment) -> None:
-    """Install the lowering above in `env` (idempotent)."""
-    env._ops[OP] = ops_registry.Operator(
-        OP,
-        _native_batch_norm,
-        is_jax_function=False,
+def install_lowering(env: torchax.tensor.Environment, op, func, *, jax_function: bool) -> None:
+    """`func` as `env`'s lowering of `op` (idempotent): on JAX arrays (`jax_function`) or torchax
+    tensors."""
+    env._ops[op] = ops_registry.Operator(
+        op,
+        func,
+        is_jax_function=jax_function,
         is_user_defined=True,
         needs_env=False,
         is_view_op=False,
     )
+
+
+def keep_running_statistics(env: torchax.tensor.Environment) -> None:
+    """Install the lowering above in `env` (idempotent)."""
+    install_lowering(env, OP, _native_batch_norm, jax_function=False)

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import torch
 import torchax
-from torchax.ops import ops_registry
+
+from torchax_impl.batch_norm import install_lowering
 
 OP = torch.ops.aten.embedding.default
 
@@ -27,13 +28,5 @@ def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse
 
 
 def honour_padding_idx(env: torchax.tensor.Environment) -> None:
-    """Install the lowering above in `env` (idempotent; made as torchax_impl/batch_norm.py makes
-    its entry: 0.0.13's override_op_definition omits is_view_op)."""
-    env._ops[OP] = ops_registry.Operator(
-        OP,
-        _embedding,
-        is_jax_function=True,
-        is_user_defined=True,
-        needs_env=False,
-        is_view_op=False,
-    )
+    """Install the lowering above in `env` (idempotent)."""
+    install_lowering(env, OP, _embedding, jax_function=True)

@@ -333,6 +333,12 @@ class TrainSpec:
         )
 
     @property
+    def widens_float32_casts(self) -> bool:
+        """A float64 run that computes the model's own casts to float32 in float64
+        (torch_impl/widen.py, jax_impl/widen.py)."""
+        return self.dtype == "float64" and self.float32_casts == Float32Casts.WIDEN
+
+    @property
     def state_dtype(self) -> str:
         """Parameters', optimizer state's, float inputs', the loss's and kept tensors' dtype
         (float32 in bfloat16)."""
