@@ -86,6 +86,11 @@ MAX_SEEDS = 100  # each seed is a whole run of every backend
 
 
 def parse_args(argv):
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> Parser:
+    """compare's command line (docs/reference/cli.md is generated from it: docs/reference.py)."""
     parser = Parser(prog="python -m compare", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--backend",
@@ -254,7 +259,7 @@ def parse_args(argv):
     parser.add_argument("--quiet", action="store_true", help="no live progress and no tables")
     parser.add_argument("--json", action="store_true", help="print only the JSON report")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
-    return parser.parse_args(argv)
+    return parser
 
 
 def parse_options(argv) -> CompareOptions:

@@ -57,7 +57,9 @@ LOAD_TIMEOUT_S = 1800.0
 class Twin:
     torch: str  # factory of the torch.nn.Module
     nnx: str  # factory of the nnx.Module
-    task: Literal["lm", "classification", "regression"] = "lm"
+    # what the model learns and is fed (common/spec TASKS): next tokens (lm), classes, a
+    # regression target, or the twin's own batches and loss (custom, common/data/batches.py)
+    task: Literal["lm", "classification", "regression", "custom"] = "lm"
     # the loss each side trains on, when not the task's own (cross-entropy of lm and classification,
     # mean squared error of regression): {"torch": "losses.py:huber", "nnx": "nnx_losses.py:huber"},
     # each called as loss(outputs, batch) -> scalar with the forward's whole output and batch =
@@ -66,9 +68,10 @@ class Twin:
     # the task's
     loss: Mapping | str = field(default_factory=dict)
     # task "custom" (common/data/batches.py): the batch keys only the loss reads (every other key is
-    # a keyword of the forward), and integer keys' declared ranges {key: (low, high)}, high
-    # excluded, a bound an int or the name of a hyperparameter
+    # a keyword of the forward)
     loss_keys: tuple = ()
+    # task "custom": integer keys' declared ranges {key: (low, high)}, high excluded, a bound an int
+    # or the name of a hyperparameter
     ranges: Mapping = field(default_factory=dict)
     # what both factories take; --set model.<name>=... reaches them
     hparams: Mapping = field(default_factory=dict)
