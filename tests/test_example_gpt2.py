@@ -85,3 +85,33 @@ def test_a_gpt2_port_with_its_own_head_is_refused_naming_hfs_tie(tmp_path):
         "lm_head.kernel [64, 256] (torch's lm_head.weight is transformer.wte.weight: tied, one "
         "tensor; compute the port's lm_head from that tensor" in proc.stderr
     ), proc.stderr
+
+
+@pytest.mark.slow
+def test_a_port_with_separate_q_k_v_meets_hf_conv1d_c_attn_packed_along_its_columns(tmp_path):
+    """HF's `c_attn` is one Conv1D whose (in, 3 * out) weight holds q|k|v side by side in its
+    columns; a port with three projections of its own declares `packed` and nothing else. The
+    parts stack along the axis the module's outputs lie on, which the probe of its orientation
+    decides (1 here; 0 for nn.Linear): before, they were stacked along rows and refused. Passes on
+    every runtime."""
+    proc, report = compare(
+        tmp_path / "run",
+        "--twin",
+        f"{GPT2}:gpt2_split_qkv",
+        "--backend",
+        "all",
+        "--steps",
+        "2",
+        "--activations",
+    )
+    assert proc.returncode == 0, report["message"]
+    links = json.loads((tmp_path / "run" / "start" / "correspondence.json").read_text())
+    packed = {link["torch"]: link for link in links if len(link["canonical"]) == 3}
+    weight = packed["transformer.h.0.attn.c_attn.weight"]
+    assert weight["canonical"] == ["h.0.attn.q.kernel", "h.0.attn.k.kernel", "h.0.attn.v.kernel"]
+    assert (weight["layout"], weight["axis"]) == ("same", 1)
+    assert packed["transformer.h.0.attn.c_attn.bias"]["axis"] == 0
+    for name in ("torch", "torch_xla", "torchax"):
+        parity = report["parity"][name]
+        assert parity["passed"] and parity["tensors"]["outputs/logits"]["abs"] < 1e-5, name
+        assert parity["first_divergent_module"]["module"] is None, name

@@ -185,17 +185,24 @@ def load_canonical(
     check_params(model_spec, canonical)
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, parts in correspondence(model, model_spec).torch_parts(canonical):
-            start = (sum(p.shape[0] for p in parts), *parts[0].shape[1:]) if parts[0].ndim else ()
+        for name, parts, axis in correspondence(model, model_spec).torch_parts(canonical):
+            start = (
+                tuple(
+                    sum(p.shape[a] for p in parts) if a == axis else n
+                    for a, n in enumerate(parts[0].shape)
+                )
+                if parts[0].ndim
+                else ()
+            )
             if tuple(params[name].shape) != start:
                 raise built_otherwise("torch", name, params[name].shape, start)
             if params[name].dim() == 0:  # a scalar (a temperature, a gate): one part, no rows
                 params[name].copy_(torch.from_numpy(np.asarray(parts[0]).reshape(())))
                 continue
-            row = 0
+            row = 0  # along the axis the parts stack on (a Conv1D packs its columns)
             for part in parts:
-                params[name][row : row + part.shape[0]].copy_(torch.from_numpy(part))
-                row += part.shape[0]
+                params[name].narrow(axis, row, part.shape[axis]).copy_(torch.from_numpy(part))
+                row += part.shape[axis]
     return model
 
 

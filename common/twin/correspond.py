@@ -56,7 +56,7 @@ from common.spec.layouts import (
     is_rearrangement,
 )
 from common.spec.layouts import torch_shape as torch_shape_of
-from common.twin.links import Correspondence, Link
+from common.twin.links import Correspondence, Link, packed_axis
 from common.twin.unmatched import SHAPE_DIFFERS, module_leaf, unmatched_message
 
 LEAF_RULES = {"weight": ("kernel", "embedding", "scale", "weight"), "bias": ("bias",)}
@@ -121,12 +121,14 @@ def normalised_path(module: str) -> str:
     return module.lower().replace("_", "")
 
 
-def _fits(torch_shape: tuple, parts: list[tuple]) -> bool:
-    """The parts (in torch layout) make up the torch tensor: equal, or stacked along dim 0."""
+def _fits(torch_shape: tuple, parts: list[tuple], axis: int = 0) -> bool:
+    """The parts (in torch layout) make up the torch tensor: equal, or stacked along `axis`."""
     if len(parts) == 1:
         return parts[0] == torch_shape
+    others = lambda shape: shape[:axis] + shape[axis + 1 :]  # noqa: E731
     return (
-        all(p[1:] == torch_shape[1:] for p in parts) and sum(p[0] for p in parts) == torch_shape[0]
+        all(others(p) == others(torch_shape) for p in parts)
+        and sum(p[axis] for p in parts) == torch_shape[axis]
     )
 
 
@@ -357,8 +359,9 @@ def _declared_link(
         except LayoutError as e:
             raise CorrespondenceError(f"layouts: {names[0]} and torch {torch_name}: {e}") from None
         return Link(torch_name, tuple(names), layout)
-    if _fits(torch_shape, [torch_shape_of(layout, canonical[n]) for n in names]):
-        return Link(torch_name, tuple(names), layout)
+    axis = packed_axis(layout, len(torch_shape)) if len(names) > 1 else 0
+    if _fits(torch_shape, [torch_shape_of(layout, canonical[n]) for n in names], axis):
+        return Link(torch_name, tuple(names), layout, axis=axis)
     return None
 
 
@@ -377,12 +380,13 @@ def _link(
     if declared:
         return _declared_link(torch_name, torch_shape, names, canonical, declared)
     layout = probed or _layout(nnx_leaf, torch_shape, canonical[names[0]])
+    axis = packed_axis(layout, len(torch_shape)) if len(names) > 1 else 0
     options = [_flat_shapes(canonical[n], len(torch_shape)) for n in names]
     for g in range(min(map(len, options))):
         flat = tuple(o[g] for o in options)
-        if _fits(torch_shape, [torch_shape_of(layout, f) for f in flat]):
+        if _fits(torch_shape, [torch_shape_of(layout, f) for f in flat], axis):
             reshaped = any(f != canonical[n] for f, n in zip(flat, names))
-            return Link(torch_name, tuple(names), layout, flat if reshaped else ())
+            return Link(torch_name, tuple(names), layout, flat if reshaped else (), axis=axis)
     return None
 
 

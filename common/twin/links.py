@@ -23,7 +23,8 @@ from common.spec.layouts import torch_shape as torch_shape_of
 @dataclass(frozen=True)
 class Link:
     torch: str
-    canonical: tuple[str, ...]  # several when the torch tensor packs them (split along its dim 0)
+    # several when the torch tensor packs them (split along `axis`)
+    canonical: tuple[str, ...]
     layout: str  # a named layout or a declared rearrangement (common/spec/layouts.py)
     # each canonical tensor's shape before the reshape to its own (heads split: (E, H*D) -> (E, H,
     # D)); empty: no reshape
@@ -32,6 +33,15 @@ class Link:
     # torch tensor is a part of, when the NNX side packs several torch
     # tensors; empty: the whole tensor
     rows: tuple = ()
+    # the torch axis a packed tensor's parts stack along: where its module's outputs lie (0 for
+    # nn.Linear's (out, in) and a convolution's (out, in, *k); 1 for HF's Conv1D (in, out))
+    axis: int = 0
+
+
+def packed_axis(layout: str, ndim: int) -> int:
+    """The torch axis of a tensor under a named layout that holds the canonical tensor's last axis
+    (a kernel's outputs): where the parts of a packed projection stack."""
+    return torch_axes(layout, ndim).index(ndim - 1) if ndim else 0
 
 
 class Correspondence:
@@ -86,7 +96,7 @@ class Correspondence:
             parts = (
                 [value]
                 if len(link.canonical) == 1
-                else xp.split(value, self._offsets(link), axis=0)
+                else xp.split(value, self._offsets(link), axis=link.axis)
             )
             for name, part in zip(link.canonical, parts):
                 out[name] = self._canonical_of(part, link.layout, name, dense)
@@ -98,14 +108,18 @@ class Correspondence:
         return {k: out[k] for k in self.canonical_shapes}
 
     def torch_parts(self, canonical: Mapping[str, np.ndarray]):
-        """(torch name, [its parts in torch layout, as views where a view serves, in row order]) per
-        link: a packed tensor's parts stack along dim 0."""
+        """(torch name, [its parts in torch layout, as views where a view serves, in order], the
+        axis they stack along) per link."""
         for link in self.links:
             parts = [
                 self._torch_of(link, i, np.asarray(canonical[n]))
                 for i, n in enumerate(link.canonical)
             ]
-            yield link.torch, [parts[0][slice(*link.rows)]] if link.rows else parts
+            yield (
+                link.torch,
+                [parts[0][slice(*link.rows)]] if link.rows else parts,
+                link.axis,
+            )
 
     def _flat(self, link: Link, i: int) -> tuple:
         return link.flat[i] if link.flat else self.canonical_shapes[link.canonical[i]]
@@ -115,14 +129,15 @@ class Correspondence:
         concatenated)."""
         return {
             name: np.asarray(
-                parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0), order="C"
+                parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis), order="C"
             )
-            for name, parts in self.torch_parts(canonical)
+            for name, parts, axis in self.torch_parts(canonical)
         }
 
     def _offsets(self, link: Link) -> list[int]:
         sizes = [
-            torch_shape_of(link.layout, self._flat(link, i))[0] for i in range(len(link.canonical))
+            torch_shape_of(link.layout, self._flat(link, i))[link.axis]
+            for i in range(len(link.canonical))
         ]
         return list(np.cumsum(sizes)[:-1])
 

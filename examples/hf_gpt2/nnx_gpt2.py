@@ -26,12 +26,19 @@ def _dense(n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear:
 class Attention(nnx.Module):
     def __init__(self, d_model: int, n_heads: int, qkv_order: str, rngs: nnx.Rngs):
         self.n_heads, self.qkv_order = n_heads, qkv_order
-        self.c_attn = _dense(d_model, 3 * d_model, rngs)
+        if qkv_order == "split":  # three projections of their own, as most ports write them
+            self.q, self.k, self.v = (_dense(d_model, d_model, rngs) for _ in "qkv")
+        else:
+            self.c_attn = _dense(d_model, 3 * d_model, rngs)
         self.c_proj = _dense(d_model, d_model, rngs)
 
     def __call__(self, x):  # (B, T, D)
         b, t, d = x.shape
-        parts = dict(zip(self.qkv_order, jnp.split(self.c_attn(x), 3, axis=-1)))
+        parts = (
+            {"q": self.q(x), "k": self.k(x), "v": self.v(x)}
+            if self.qkv_order == "split"
+            else dict(zip(self.qkv_order, jnp.split(self.c_attn(x), 3, axis=-1)))
+        )
         q, k, v = (parts[n].reshape(b, t, self.n_heads, d // self.n_heads) for n in "qkv")
         scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(d // self.n_heads)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
@@ -93,6 +100,12 @@ class GPT2(nnx.Module):
 def gpt2_qkv_misported(**hparams) -> GPT2:
     """The mis-port: the fused projection's output split as k|v|q, where HF's is q|k|v."""
     return GPT2(**hparams, qkv_order="kvq")
+
+
+def gpt2_split_qkv(**hparams) -> GPT2:
+    """The port with separate q, k and v projections, where HF's Conv1D `c_attn` packs them along
+    its output columns."""
+    return GPT2(**hparams, qkv_order="split")
 
 
 def gpt2_untied(**hparams) -> GPT2:

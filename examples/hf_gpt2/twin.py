@@ -56,3 +56,11 @@ gpt2_tiny = Twin(
 
 gpt2_qkv_misported = dataclasses.replace(gpt2_tiny, nnx="nnx_gpt2.py:gpt2_qkv_misported")
 gpt2_untied = dataclasses.replace(gpt2_tiny, nnx="nnx_gpt2.py:gpt2_untied")
+
+# separate q, k and v projections against HF's packed Conv1D `c_attn` (in, 3 * out): packed along
+# the axis its outputs lie on, which the probe of its orientation decides (common/twin/links.py)
+gpt2_split_qkv = dataclasses.replace(
+    gpt2_tiny,
+    nnx="nnx_gpt2.py:gpt2_split_qkv",
+    packed={"attn.c_attn": ("attn.q", "attn.k", "attn.v")},
+)
