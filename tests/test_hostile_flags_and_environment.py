@@ -69,6 +69,25 @@ def test_an_integer_flag_out_of_its_range_is_refused_by_compare(tmp_path, flags,
     assert message in line, line
 
 
+@pytest.mark.error_case("spec-invalid-value")
+def test_a_float32_casts_setting_that_is_no_choice_is_refused_by_compare(tmp_path):
+    """train.float32_casts (widen | keep, what a float64 run does with the model's own casts to
+    float32) is checked with the spec, before any backend starts."""
+    line = refused(
+        "compare",
+        tmp_path,
+        "--backend",
+        "jax",
+        "--spec",
+        "mlp-tiny",
+        "--dtype",
+        "float64",
+        "--set",
+        "train.float32_casts=widened",
+    )
+    assert "train.float32_casts=widened must be one of widen, keep" in line, line
+
+
 @pytest.mark.error_case("fp32-tolerance-float64")
 def test_a_float32_noise_floor_asked_of_a_float64_run_is_refused_not_ignored(tmp_path):
     line = refused(
