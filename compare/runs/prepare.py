@@ -221,8 +221,8 @@ def _convert(spec, twin, fmt, path, folder: Path) -> RunSpec:
             {
                 k: v
                 for k, v in dataclasses.asdict(link).items()
-                # where they apply
-                if k not in ("flat", "rows") or v
+                # where they apply (a packed tensor's axis where it is not its rows)
+                if k not in ("flat", "rows", "axis") or v
             }
             for link in corr.links
         ],
