@@ -33,6 +33,7 @@ from common.files.fsutil import not_utf8, symlink_loop  # noqa: E402
 from common.files.record import RecordError, peak_rss_mb, read_record  # noqa: E402
 from common.files.tensor_file import TENSOR_MODES, read_tensors  # noqa: E402
 from common.ops import OPS_DIR  # noqa: E402
+from common.runtime_behaviours import MATCHED_DIR  # noqa: E402
 from common.twin.start_state import STATE_LINKS  # noqa: E402
 from common.vocab import (  # noqa: E402
     CHECKPOINT_FORMAT_MEANINGS,
@@ -366,6 +367,7 @@ def run_entries(names: list[str]) -> list[str]:
         SEEDS_DIR,
         FLOOR_DIR,
         OPS_DIR,
+        MATCHED_DIR,
         *REPORT_FILES,
         *PLOT_FILES,
     ]
@@ -373,9 +375,10 @@ def run_entries(names: list[str]) -> list[str]:
 
 def backend_folders(launched: list[str]) -> list[str]:
     """The top-level entries of a run directory in which the backends `launched` run (each its own
-    folder, its repeat's, and the seeds', noise floor's and op checks' folders)."""
+    folder, its repeat's, and the seeds', noise floor's, op checks' and behaviour-matched runs'
+    folders)."""
     return (
-        [*launched, *(f"{n}-repeat" for n in launched), SEEDS_DIR, FLOOR_DIR, OPS_DIR]
+        [*launched, *(f"{n}-repeat" for n in launched), SEEDS_DIR, FLOOR_DIR, OPS_DIR, MATCHED_DIR]
         if launched
         else []
     )

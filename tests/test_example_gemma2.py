@@ -5,8 +5,11 @@ port names no module, forward or backward (before, the torch side stored its emb
 transposed and blamed `embedder` with "output shapes differ"); each mis-port is named where it
 differs."""
 
+import json
+
 import pytest
 
+from compare.runs.rundir import MARKER
 from tests.test_examples import compare
 
 GEMMA2 = "examples/gemma2/twin.py"
@@ -102,3 +105,20 @@ def test_torchax_parts_from_a_correct_gemma2_by_its_own_padding_idx_behaviour_an
         "explained by torchax's own behaviour, not the port: torchax differentiates"
         in (report["message"])
     )
+    # the matched run is the run's own: listed in its marker, so an --overwrite removes it and no
+    # later run of that folder reads it as its own
+    marker = json.loads((tmp_path / "run" / MARKER).read_text())
+    assert "matched/torchax/record.json" in marker["files"]
+    proc, report = compare(
+        tmp_path / "run",
+        "--twin",
+        f"{GEMMA2}:gemma2_tiny",
+        "--backend",
+        "jax,torch",
+        "--steps",
+        "1",
+        "--overwrite",
+    )
+    assert proc.returncode == 0, report["message"]
+    assert not (tmp_path / "run" / "matched").exists()
+    assert "runtime_behaviours" not in report["parity"]["torch"]
