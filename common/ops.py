@@ -38,13 +38,14 @@ def found(
     run as CPU fallbacks (with their calls), the op whose fallback failed, the error the step ended
     on (one line), and the runtime's known behaviours the model meets ({id: what was seen},
     common/runtime_behaviours.py)."""
-    line = (
-        f"{type(error).__name__}: "
-        f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-        + (f" (at {_model_site(error)})" if _model_site(error) else "")
-        if error is not None
-        else None
-    )
+    line = None
+    if error is not None:
+        site = _model_site(error)
+        line = (
+            f"{type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            + (f" (at {site})" if site else "")
+        )
     return {
         "runtime": runtime,
         "calls": dict(sorted(calls.items())),

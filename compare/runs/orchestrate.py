@@ -9,7 +9,6 @@ backend may live in its own virtual environment (`--jax-python`,
 from __future__ import annotations
 
 import itertools
-import json
 import signal
 import socket
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 from common import backends
 from common.files.fsutil import write_json_atomic
 from common.files.record import LOG_FILES, PROCESS_LOGS, SPEC_FILE
-from common.ops import OPS_DIR, OPS_FILE, refusal
+from common.ops import OPS_DIR, read_ops, refusal
 from common.procs import kill_group, start_group, toolkit_env
 from common.protocol import outcome, run_request
 from common.vocab import BackendStatus
@@ -248,8 +247,8 @@ def check_ops(
     shows why)."""
     run = run_backend(name, python, launch, folder, timeout_s)
     try:
-        why = refusal(json.loads((folder / OPS_FILE).read_text()))
-    except (OSError, ValueError, KeyError):
+        why = refusal(read_ops(folder))
+    except KeyError:  # no file, or not one an op check wrote
         return None
     return (
         BackendRun(
