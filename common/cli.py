@@ -17,7 +17,7 @@ from common.presets import load_spec
 from common.protocol import error_text
 from common.provoke import Provocation, check_provocations, parse_provocation
 from common.spec import RunSpec, SpecError
-from common.vocab import PROVOKABLE, ExitCode
+from common.vocab import PROVOKABLE, Bf16Mode, ExitCode, values
 from common.weights import CheckpointError
 from common.weights.checkpoint_ref import CheckpointRef
 
@@ -83,6 +83,12 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--mesh", help="mesh axis sizes, e.g. data=2,fsdp=1,tensor=4")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float64"), help="train.dtype")
+    parser.add_argument(
+        "--bf16",
+        choices=values(Bf16Mode),
+        help="a bfloat16 run's model: autocast over float32 weights, or loaded in bfloat16 as "
+        "torch_dtype=torch.bfloat16 loads it (train.bf16_mode; default autocast)",
+    )
     parser.add_argument(
         "--seed",
         type=bounded_int(0, 2**32 - 1, ""),
@@ -164,6 +170,7 @@ class SpecInputs:
     steps: int | None = None
     mesh: str | None = None
     dtype: str | None = None
+    bf16: str | None = None
     seed: int | None = None
     twin: str | None = None
     twin_timeout_s: float | None = None
@@ -177,7 +184,7 @@ class SpecInputs:
             "provoke": tuple(getattr(args, "provoke", ())),
             "twin_timeout_s": getattr(args, "timeout", None),
         }
-        for name in ("spec", "steps", "mesh", "dtype", "seed", "twin"):
+        for name in ("spec", "steps", "mesh", "dtype", "bf16", "seed", "twin"):
             if getattr(args, name, None) is not None:
                 values[name] = getattr(args, name)
         return cls(**values)
@@ -191,6 +198,8 @@ class SpecInputs:
             out += parse_mesh(self.mesh)
         if self.dtype:
             out.append(f"train.dtype={self.dtype}")
+        if self.bf16:
+            out.append(f"train.bf16_mode={self.bf16}")
         if self.seed is not None:
             out += [f"train.seed={self.seed}", f"data.seed={self.seed}"]
         return out

@@ -185,6 +185,27 @@ class Float32Casts(enum.StrEnum):
     KEEP = "keep"  # computed as written: float32 islands, judged at float32's bounds from the first
 
 
+class Bf16Mode(enum.StrEnum):
+    """How a bfloat16 run holds the model (`train.bf16_mode`, `--bf16`): each is how users run
+    bfloat16, and each has its own noise floor."""
+
+    # float32 parameters and optimizer state, the forward in bfloat16: torch.autocast on the torch
+    # side, the modules' compute dtype on NNX
+    AUTOCAST = "autocast"
+    # the model loaded in bfloat16, as Hugging Face's torch_dtype=torch.bfloat16 loads it: built
+    # under torch's bfloat16 default (param_dtype=bfloat16 on NNX), so parameters, the buffers the
+    # constructor makes in the default dtype, optimizer state and float inputs are bfloat16; the
+    # loss is float32
+    LOADED = "loaded"
+
+
+BF16_MODE_WORDS = {
+    Bf16Mode.AUTOCAST: "bfloat16 autocast over float32 weights and optimizer state",
+    Bf16Mode.LOADED: "bfloat16 loaded (as torch_dtype=torch.bfloat16): weights, optimizer state "
+    "and compute in bfloat16",
+}
+
+
 PARITY_MODE_MEANINGS = {
     ParityMode.DETERMINISTIC: "one run per backend, every tensor and step's loss within tolerance "
     "(runs without "

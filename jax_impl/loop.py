@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -38,6 +39,13 @@ UNTRACEABLE = (
     jax.errors.TracerIntegerConversionError,
     jax.errors.TracerArrayConversionError,
 )
+
+
+def in_bfloat16(tree):
+    """`tree` with its float arrays (numpy or JAX) cast to bfloat16, rounded to nearest even."""
+    return jax.tree.map(
+        lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+    )
 
 
 def jitted_mesh(spec: RunSpec):

@@ -21,7 +21,15 @@ import optax
 from flax import nnx
 
 from common.capture.activations import Capture, input_layout
-from common.files.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions
+from common.files.record import (
+    RunExtra,
+    RunRecord,
+    dtype_counts,
+    host_platform,
+    numerics_env,
+    package_versions,
+    precision_numerics,
+)
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
 from common.twin.outputs import array_outputs, forward, logits_of, loss_batch
@@ -33,7 +41,7 @@ from jax_impl.capture import capture_activations
 from jax_impl.checkpoint_io import start_weights
 from jax_impl.instrument import CompileMonitor
 from jax_impl.islands import float32_islands
-from jax_impl.loop import JittedTrainer, jitted_mesh
+from jax_impl.loop import JittedTrainer, in_bfloat16, jitted_mesh
 from jax_impl.models import build_model, nnx_input_axes, nnx_inputs
 from jax_impl.optim import make_optimizer
 from jax_impl.sharding import StepBatch
@@ -103,6 +111,8 @@ class JaxTrainer(JittedTrainer):
         self.graphdef, abstract, self.rest = nnx.split(model, nnx.Param, ...)
         started = time.perf_counter()
         canonical = widened(start_weights(spec, checkpoint), spec.train.state_dtype)
+        if spec.train.loads_bfloat16:  # param_dtype=bfloat16, rounded to nearest as torch's copy
+            canonical = in_bfloat16(canonical)
         self.rest = convert.load_state(self.rest, start_state(checkpoint))  # in the state's dtype
         self.start_buffers = convert.held_buffers(self.rest)  # what training may change
         self.param_shardings = sharding.param_shardings(spec.model, spec.mesh, mesh)
@@ -138,6 +148,8 @@ class JaxTrainer(JittedTrainer):
         makes it, a twin's own named arrays are each transposed by the axes it names, the loss's
         keys too."""
         fed = nnx_inputs(inputs, self.input_axes)
+        if self.spec.train.loads_bfloat16:  # as torch's side is fed (torch_impl.models.as_fed)
+            fed = in_bfloat16(fed)
         if isinstance(targets, dict):
             return fed, loss_batch(fed, nnx_inputs(targets, self.input_axes))
         return fed, loss_batch(inputs, targets)
@@ -191,13 +203,16 @@ class JaxTrainer(JittedTrainer):
                 "dtype": spec.train.dtype,
                 "matmul_precision": precision,
                 "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-                "bf16_policy": "float32 params and optimizer state, bfloat16 module compute, "
-                "float32 loss",
+                **precision_numerics(
+                    spec.train,
+                    "float32 params and optimizer state, bfloat16 module compute, float32 loss",
+                ),
                 "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
                 "weight_decay_applies_to": spec.train.decay_applies_to,
                 "env": numerics_env(),
             },
             settle_steps=SETTLE_STEPS,
+            param_dtypes=dtype_counts(x.dtype for x in jax.tree.leaves(self.params)),
             extra=RunExtra(
                 notes={
                     "step_api": "jax.jit(pure step over nnx.split state, donate params and "

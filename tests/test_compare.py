@@ -501,6 +501,52 @@ def test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions(t
         and "| step-0 logits: top-1 / top-5 agreement |" in md
     )
     assert md.count("not judged by their final value") == 3 and "| blocks.1.attn.k.bias | " in md
+    # autocast, the default mode: every runtime held float32 parameters (trained in float32: not
+    # all of them bfloat16 values)
+    assert report["bf16_mode"] == "autocast" and "Precision: bfloat16 autocast" in md
+    for name in report["backend_names"]:
+        assert list(report["param_dtypes"][name]) == ["float32"], name
+        assert not all(bfloat16_values(a) for a in bf16_runs[name]["params"].values()), name
+
+
+def bfloat16_values(array: np.ndarray) -> bool:
+    """Whether every element of a float32 array is a bfloat16 value (its low 16 bits zero)."""
+    return bool(np.all(np.asarray(array, np.float32).view(np.uint32) & 0xFFFF == 0))
+
+
+def test_a_model_loaded_in_bfloat16_trains_in_bfloat16_and_is_judged_by_its_own_floor(tmp_path):
+    """--bf16 loaded: each runtime builds the model in bfloat16 as torch_dtype=torch.bfloat16 loads
+    it and trains its bfloat16 weights (what the run keeps are bfloat16 values, measured); the noise
+    floor is that mode's distance from each backend's own float32 run; the report says which mode
+    ran and what each model held."""
+    out = tmp_path / "cmp"
+    args = ("--spec", "gpt-tiny", "--steps", "10", "--dtype", "bfloat16", "--bf16", "loaded")
+    proc = compare(out, "--backend", "all", *args)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "pass" and report["bf16_mode"] == "loaded"
+    assert report["tolerance_policy"]["policy"] == "noise-floor"
+    assert report["tolerance_policy"]["not_measured"] == {}
+    for name in report["backend_names"]:
+        record = read_record(out / name)
+        floor = read_record(out / "noise-floor" / name)
+        assert record.numerics["bf16_mode"] == "loaded" and list(record.param_dtypes) == [
+            "bfloat16"
+        ], name
+        assert floor.numerics["dtype"] == "float32" and list(floor.param_dtypes) == ["float32"]
+        trained = read_tensors(out / name, record)["params"]
+        assert trained and all(bfloat16_values(a) for a in trained.values()), name
+        # the floor: the bfloat16 weights' own distance from float32 training, measured
+        own = read_tensors(out / "noise-floor" / name, floor)["params"]
+        assert max(float(np.max(np.abs(trained[k] - own[k]))) for k in own) > 0, name
+    for name, parity in report["parity"].items():
+        assert parity["passed"] and parity["loss"]["judged_by"] == "noise-floor", name
+        row = parity["tensors"]["params/blocks.0.mlp.fc.kernel"]
+        assert row["judged_by"] == "noise-floor" and row["noise"] > 0, name
+    md = (out / "report.md").read_text()
+    assert "Precision: bfloat16 loaded (as torch_dtype=torch.bfloat16)" in md
+    assert "## bfloat16 loaded judged by measured noise" in md
+    assert "jax 36 bfloat16; torch 28 bfloat16" in md
 
 
 # torch_xla alone: test_profile, test_hostile_runs

@@ -61,6 +61,7 @@ def test_overrides_are_parsed_to_field_types():
         (["mesh.tensor=8"], "mesh.tensor=8 does not divide model.n_heads=4"),
         (["model.family=mlp"], "cannot switch model families"),
         (["train.nesterov=true"], "train.nesterov=true needs train.momentum > 0"),
+        (["train.bf16_mode=half"], "train.bf16_mode=half must be one of autocast, loaded"),
     ],
 )
 @pytest.mark.error_case("mesh-tensor-heads")

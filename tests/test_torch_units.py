@@ -131,3 +131,29 @@ def test_the_probe_reads_how_each_module_uses_its_matrix_and_finds_ties():
     plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Embedding(10, 8))
     torch.nn.init.zeros_(plain[0].weight)
     assert weight_orientations(plain) == {"0.weight": "out_in"} and tied_names(plain) == {}
+
+
+def test_a_model_loaded_in_bfloat16_is_built_as_hugging_face_builds_it():
+    """train.bf16_mode=loaded builds the torch model under torch's bfloat16 default, as
+    `from_pretrained(torch_dtype=torch.bfloat16)` does: Hugging Face's Llama gets bfloat16
+    parameters while its rotary `inv_freq`, made in float32 on purpose, stays float32; the default
+    is float32 again after; the forward is fed bfloat16 floats and its integer ids as they are."""
+    from common.presets import load_spec
+    from torch_impl.models import as_fed, build_model
+
+    spec = load_spec(
+        "",
+        ["train.dtype=bfloat16", "train.bf16_mode=loaded"],
+        twin="examples/llama/twin.py:llama_hf",
+    )
+    assert spec.train.loads_bfloat16 and spec.train.param_dtype == "bfloat16"
+    model = build_model(spec.model, 0, spec.train.param_dtype)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    inv_freq = {n: b.dtype for n, b in model.named_buffers() if n.endswith("inv_freq")}
+    assert inv_freq and set(inv_freq.values()) == {torch.float32}
+    assert torch.get_default_dtype() == torch.float32
+    fed = as_fed({"ids": torch.ones(2, 3, dtype=torch.int64), "x": torch.ones(2)}, spec.train)
+    assert fed["ids"].dtype == torch.int64 and fed["x"].dtype == torch.bfloat16
+    autocast = load_spec("gpt-tiny", ["train.dtype=bfloat16"]).train
+    assert not autocast.loads_bfloat16 and autocast.param_dtype == "float32"
+    assert as_fed(torch.ones(2), autocast).dtype == torch.float32

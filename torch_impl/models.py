@@ -13,6 +13,7 @@ as the JAX twin (no fused SDPA kernel).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -28,6 +29,17 @@ def at_least_float32(t: torch.Tensor) -> torch.Tensor:
     """`t` in float32 where it is narrower (a bfloat16 forward's logits, scores), float64 where it
     is float64."""
     return t if t.dtype == torch.float64 else t.float()
+
+
+def as_fed(inputs, train):
+    """What the forward is fed (a tensor, or a twin's named tensors): floats in bfloat16 where the
+    model is loaded in bfloat16 (TrainSpec.loads_bfloat16), as its users cast pixels to
+    `model.dtype`; as they are otherwise."""
+    if not train.loads_bfloat16:
+        return inputs
+    if isinstance(inputs, dict):
+        return {k: as_fed(v, train) for k, v in inputs.items()}
+    return inputs.to(torch.bfloat16) if inputs.is_floating_point() else inputs
 
 
 ACTIVATIONS = {
@@ -174,9 +186,32 @@ def build_model(spec: ModelSpec, seed: int = 0, dtype: str = "float32") -> nn.Mo
     dtype float64 (a float64 run, TrainSpec.state_dtype): torch's default dtype is float64 from here
     on in this process, as a user's float64 run sets it, so that the constructor's buffers and the
     tensors the forward makes are float64, and the model's floating parameters and buffers are
-    float64."""
+    float64.
+
+    dtype bfloat16 (a run loaded in bfloat16, TrainSpec.param_dtype): built under torch's bfloat16
+    default, as Hugging Face's `from_pretrained(torch_dtype=torch.bfloat16)` builds it, the default
+    put back after; parameters and the buffers the constructor makes in the default dtype are
+    bfloat16, those it makes in a dtype of its own (a rotary table's float32) stay so."""
     if dtype == "float64":
         torch.set_default_dtype(torch.float64)
+    with default_dtype(torch.bfloat16 if dtype == "bfloat16" else torch.get_default_dtype()):
+        model = _built(spec, seed)
+    return model.to(torch.float64) if dtype == "float64" else model
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default dtype is `dtype` inside, the one before it after."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _built(spec: ModelSpec, seed: int) -> nn.Module:
+    """The twin's factory called, seeded, and checked to give a module."""
     twin = twin_of(spec)
     factory = resolve(twin.torch, twin.base_dir)
     use_forward_kwargs(forward_kwargs_of(twin, "torch"))
@@ -190,4 +225,4 @@ def build_model(spec: ModelSpec, seed: int = 0, dtype: str = "float32") -> nn.Mo
         raise TwinError(
             f"torch factory {twin.torch} returned a {type(model).__name__}, not a torch.nn.Module"
         )
-    return model.to(torch.float64) if dtype == "float64" else model
+    return model

@@ -20,9 +20,11 @@ from common.data import held_inputs, make_dataset
 from common.files.record import (
     RunExtra,
     RunRecord,
+    dtype_counts,
     host_platform,
     numerics_env,
     package_versions,
+    precision_numerics,
     throughput_summary,
 )
 from common.provoke import provoked_batch, python_value, with_python_value
@@ -55,7 +57,7 @@ from torch_impl.distributed import (
 )
 from torch_impl.islands import float32_islands
 from torch_impl.masks import step_masks
-from torch_impl.models import at_least_float32, build_model
+from torch_impl.models import as_fed, at_least_float32, build_model
 from torch_impl.optim import clip_gradients, make_optimizer, set_lr
 from torch_impl.widen import widen_if_asked
 
@@ -131,7 +133,7 @@ class TorchTrainer:
         # one of several processes, data parallel (torch_impl/distributed.py); None: alone
         self.group = group
         self.provocations, checkpoint = list(options.provocations), options.checkpoint
-        model = build_model(spec.model, spec.train.seed, spec.train.state_dtype)
+        model = build_model(spec.model, spec.train.seed, spec.train.param_dtype)
         # the checkpoint's read and conversion, not the model's construction
         started = time.perf_counter()
         self.model = load_start(
@@ -152,10 +154,9 @@ class TorchTrainer:
         torch.manual_seed(spec.train.mask_seed + (group.rank if group else 0))
         # process its own masks for its own rows, as one process draws
         # different masks for different rows
-        bf16 = spec.train.dtype == "bfloat16"
         self.autocast = (
             (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
-            if bf16
+            if spec.train.dtype == "bfloat16" and not spec.train.loads_bfloat16
             else contextlib.nullcontext
         )
 
@@ -164,14 +165,17 @@ class TorchTrainer:
             provoked_batch(self.data.global_batch(step), step, self.provocations, np.int64),
             self.group,
         )
-        return self.to_device(batch.inputs), self.to_device(batch.targets)
+        return self.to_device(batch.inputs, fed=True), self.to_device(batch.targets)
 
-    def to_device(self, part):
-        """An array, or a twin's named arrays, as tensors on this runtime's device."""
+    def to_device(self, part, fed: bool = False):
+        """An array, or a twin's named arrays, as tensors on this runtime's device; what the forward
+        is `fed` in the dtype it takes (models.as_fed)."""
         # named arrays: integers as torch's index dtype, as a torch data loader gives
         if isinstance(part, dict):
-            return {k: self.to_device(torch_ints(v)) for k, v in part.items()}
-        return torch.from_numpy(np.ascontiguousarray(part)).to(self.device)
+            tensors = {k: self.to_device(torch_ints(v)) for k, v in part.items()}
+        else:
+            tensors = torch.from_numpy(np.ascontiguousarray(part)).to(self.device)
+        return as_fed(tensors, self.spec.train) if fed else tensors
 
     def loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss and array outputs (common.twin.outputs.array_outputs) of step 0's batch."""
@@ -223,7 +227,7 @@ class TorchTrainer:
     def step0_activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         """Every module's input and output on `inputs` (a slice of step 0's batch;
         torch_impl.capture), and the gradient of the loss on `targets` at each."""
-        inputs, targets = self.to_device(inputs), self.to_device(targets)
+        inputs, targets = self.to_device(inputs, fed=True), self.to_device(targets)
 
         def capture(probed: bool) -> Capture:
             with self.autocast(), self.masks(0), untouched_buffers(self.model):
@@ -245,7 +249,7 @@ class TorchTrainer:
     def eval_logits(self, inputs: np.ndarray) -> np.ndarray:
         """The trained model's eval-mode logits of `inputs` (dropout off, BatchNorm on its running
         statistics)."""
-        return eval_logits(self.model, self.to_device(inputs), self.which, self.autocast)
+        return eval_logits(self.model, self.to_device(inputs, fed=True), self.which, self.autocast)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return self.kept(self.model.state_dict(), "params")
@@ -339,12 +343,13 @@ class TorchTrainer:
                 "dtype": spec.train.dtype,
                 "matmul_precision": spec.train.matmul_precision,
                 "torch_float32_matmul_precision": torch.get_float32_matmul_precision(),
-                "bf16_policy": BF16_POLICY,
+                **precision_numerics(spec.train, BF16_POLICY),
                 "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
                 "weight_decay_applies_to": spec.train.decay_applies_to,
                 "env": numerics_env(),
             },
             settle_steps=SETTLE_STEPS,
+            param_dtypes=dtype_counts(p.dtype for p in self.model.parameters()),
             extra=RunExtra(
                 notes={
                     "compiles": "none: eager PyTorch runs op by op and compiles nothing, so it "

@@ -43,9 +43,11 @@ from common.data import held_inputs, make_dataset
 from common.files.record import (
     RunExtra,
     RunRecord,
+    dtype_counts,
     host_platform,
     numerics_env,
     package_versions,
+    precision_numerics,
     throughput_summary,
 )
 from common.provoke import python_value, with_python_value
@@ -60,7 +62,7 @@ from torch_impl.capture import capture_activations, probed_or_forward_alone
 from torch_impl.checkpoint_io import start_weights
 from torch_impl.islands import fresh_model_islands
 from torch_impl.masks import step_masks
-from torch_impl.models import build_model
+from torch_impl.models import as_fed, build_model
 from torch_impl.optim import clip_gradients, create_state, make_optimizer, set_lr
 from torch_impl.train import eval_logits, task_loss, untouched_buffers
 from torch_impl.widen import widen_if_asked
@@ -109,7 +111,7 @@ class TorchXlaTrainer:
         # per loop step: its tracing ms, and its batch's (shape, dtype)
         self.trace_ms, self.fed = [], []
         self.device = torch_xla.device()
-        model = build_model(spec.model, spec.train.seed, spec.train.state_dtype)
+        model = build_model(spec.model, spec.train.seed, spec.train.param_dtype)
         # the checkpoint's read and conversion, not the model's construction
         started = time.perf_counter()
         # (parameters, StartState)
@@ -136,7 +138,7 @@ class TorchXlaTrainer:
         self.provocations = list(options.provocations)
         self.autocast = (
             (lambda: torch.autocast("xla", dtype=torch.bfloat16))
-            if spec.train.dtype == "bfloat16"
+            if spec.train.dtype == "bfloat16" and not spec.train.loads_bfloat16
             else contextlib.nullcontext
         )
         self.input_sharding = (
@@ -185,7 +187,7 @@ class TorchXlaTrainer:
     def loss(self, batch) -> torch.Tensor:
         """Loss and array outputs (common.twin.outputs.array_outputs) of step 0's batch."""
         with self.autocast(), step_masks(self.spec, 0, self.device):
-            outputs = forward(self.model, batch["inputs"])
+            outputs = forward(self.model, as_fed(batch["inputs"], self.spec.train))
         loss = self.loss_fn(outputs, self.loss_batch(batch["inputs"], batch["targets"]))
         return loss, array_outputs(outputs, self.which)
 
@@ -198,7 +200,8 @@ class TorchXlaTrainer:
 
     def _train_loss(self, inputs, targets) -> torch.Tensor:
         with self.autocast():
-            return self.loss_fn(forward(self.model, inputs), self.loss_batch(inputs, targets))
+            outputs = forward(self.model, as_fed(inputs, self.spec.train))
+            return self.loss_fn(outputs, self.loss_batch(inputs, targets))
 
     def step(self, step: int, batch) -> torch.Tensor:
         """One train step of a loader batch; returns the (global) loss. In `lazy` and `dynamo` mode
@@ -299,12 +302,13 @@ class TorchXlaTrainer:
             return Capture()
 
         def capture(probed: bool) -> Capture:
-            model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.state_dtype)
+            model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.param_dtype)
             model = convert.moved(
                 convert.load_start(model, *self.started, self.spec.model), self.device
             )
             with self.autocast(), step_masks(self.spec, 0, self.device):
-                x, y = on_device(inputs, self.device), on_device(targets, self.device)
+                x = as_fed(on_device(inputs, self.device), self.spec.train)
+                y = on_device(targets, self.device)
                 loss_of = (lambda out: self.loss_fn(out, self.loss_batch(x, y))) if probed else None
                 return capture_activations(
                     model,
@@ -327,11 +331,11 @@ class TorchXlaTrainer:
         """The eval-mode logits of `inputs` from a fresh copy of the model holding `state`
         (host_state): it runs after the run, whose graphs, compile events and HLO dump it must not
         join."""
-        model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.state_dtype)
+        model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.param_dtype)
         model.load_state_dict(state)
         return eval_logits(
             convert.moved(model, self.device),
-            on_device(inputs, self.device),
+            as_fed(on_device(inputs, self.device), self.spec.train),
             self.which,
             self.autocast,
             torch_xla.sync,
@@ -421,15 +425,18 @@ class TorchXlaTrainer:
                 "dtype": spec.train.dtype,
                 "matmul_precision": spec.train.matmul_precision,
                 "torch_xla_mat_mul_precision": torch_xla.backends.get_mat_mul_precision(),
-                "bf16_policy": "float32 params and optimizer state, torch.autocast('xla', "
-                "bfloat16) forward, "
-                "float32 loss",
+                **precision_numerics(
+                    spec.train,
+                    "float32 params and optimizer state, torch.autocast('xla', bfloat16) forward, "
+                    "float32 loss",
+                ),
                 "grad_clip": "torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6))",
                 "weight_decay_applies_to": spec.train.decay_applies_to,
                 "env": numerics_env(),
             },
             settle_steps=SETTLE_STEPS,
             trace_mode=self.trace_mode,
+            param_dtypes=dtype_counts(p.dtype for p in self.model.parameters()),
             extra=RunExtra(
                 notes={
                     "mode": self.mode,

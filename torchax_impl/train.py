@@ -34,7 +34,15 @@ import torchax
 from torchax import interop
 
 from common.capture.activations import Capture, kept_float, torch_output_layout
-from common.files.record import RunExtra, RunRecord, host_platform, numerics_env, package_versions
+from common.files.record import (
+    RunExtra,
+    RunRecord,
+    dtype_counts,
+    host_platform,
+    numerics_env,
+    package_versions,
+    precision_numerics,
+)
 from common.spec import RunSpec
 from common.twin import twin_of
 from common.twin.outputs import array_outputs, loss_batch
@@ -42,7 +50,7 @@ from common.weights.carried import start_info, start_state
 from driver.harness import RunOptions
 from jax_impl import sharding
 from jax_impl.instrument import CompileMonitor
-from jax_impl.loop import JittedTrainer, jitted_mesh
+from jax_impl.loop import JittedTrainer, in_bfloat16, jitted_mesh
 from jax_impl.optim import make_optimizer
 from jax_impl.sharding import StepBatch
 from torch_impl import masks
@@ -86,7 +94,7 @@ class TorchaxTrainer(JittedTrainer):
     def __init__(self, spec: RunSpec, mesh, options: RunOptions, monitor: CompileMonitor):
         self.bind(spec, options, monitor, mesh)
         checkpoint = options.checkpoint
-        model = build_model(spec.model, spec.train.seed, spec.train.state_dtype)
+        model = build_model(spec.model, spec.train.seed, spec.train.param_dtype)
         # the checkpoint's read and conversion, not the model's construction
         started = time.perf_counter()
         model = load_start(
@@ -188,7 +196,7 @@ class TorchaxTrainer(JittedTrainer):
     def _loss_and_aux(self, params, state, batch: StepBatch):
         env = torchax.default_env()
         with env.override_property(prng=state["prng"]):
-            states, inputs = self._in_compute_dtype(({**params, **self.buffers}, batch.inputs))
+            states, inputs = self._in_compute_dtype({**params, **self.buffers}, batch.inputs)
             (loss, outputs), running = self._call(
                 states, inputs, state["running"], targets=batch.targets
             )
@@ -213,17 +221,18 @@ class TorchaxTrainer(JittedTrainer):
         return kept, changed_buffers(self.start_buffers, kept)
 
     def _eval_forward(self, params, state, inputs):
-        states, inputs = self._in_compute_dtype(({**params, **self.buffers}, inputs))
+        states, inputs = self._in_compute_dtype({**params, **self.buffers}, inputs)
         return self._call(states, inputs, state["running"], training=False)[0]["logits"]
 
-    def _in_compute_dtype(self, tree):
-        """bfloat16 runs: every float array cast to bfloat16 (gradients flow back to the float32
-        params)."""
-        if self.spec.train.dtype != "bfloat16":
-            return tree
-        return jax.tree.map(
-            lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
-        )
+    def _in_compute_dtype(self, states, inputs):
+        """(weights and buffers, inputs) as a bfloat16 forward takes them: the inputs' floats in
+        bfloat16, and the weights' and buffers' too where they are float32 (autocast: gradients
+        flow back to the float32 params); a model loaded in bfloat16 keeps its buffers' own
+        dtypes, as torch runs it."""
+        train = self.spec.train
+        if train.dtype != "bfloat16":
+            return states, inputs
+        return (states if train.loads_bfloat16 else in_bfloat16(states)), in_bfloat16(inputs)
 
     def _activations(self, inputs: np.ndarray, targets: np.ndarray) -> Capture:
         """Module activations from the torch module run eagerly by torchax (forward hooks see
@@ -236,14 +245,14 @@ class TorchaxTrainer(JittedTrainer):
             model = model.to("jax")
             # tensors trained otherwise (HF's BERT: step 1's loss 4e-3 off)
             # the step's policy: float weights and inputs in bf16
-            if self.spec.train.dtype == "bfloat16":
+            if self.spec.train.dtype == "bfloat16" and not self.spec.train.loads_bfloat16:
                 model = model.to(torch.bfloat16)
             # no gradients: torch's autograd does not run on torchax tensors (its probes' .grad stay
             # empty; the step differentiates through JAX, which also never calls a custom
             # autograd.Function's backward)
             return capture_activations(
                 model,
-                env.j2t_iso(self._in_compute_dtype(jax.tree.map(jnp.asarray, inputs))),
+                env.j2t_iso(self._in_compute_dtype({}, jax.tree.map(jnp.asarray, inputs))[1]),
                 self.module_names,
                 to_numpy=lambda t: kept_float(env.t2j_iso(t)),
                 output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes),
@@ -276,14 +285,17 @@ class TorchaxTrainer(JittedTrainer):
                 "dtype": spec.train.dtype,
                 "matmul_precision": spec.train.matmul_precision,
                 "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-                "bf16_policy": "float32 params and optimizer state, float params, buffers and "
-                "inputs cast to "
-                "bfloat16 for the forward (the JAX twin's module-dtype policy), float32 loss",
+                **precision_numerics(
+                    spec.train,
+                    "float32 params and optimizer state, float params, buffers and inputs cast to "
+                    "bfloat16 for the forward (the JAX twin's module-dtype policy), float32 loss",
+                ),
                 "grad_clip": "torch formula: min(1, max_norm / (norm + 1e-6))",
                 "weight_decay_applies_to": spec.train.decay_applies_to,
                 "env": numerics_env(),
             },
             settle_steps=SETTLE_STEPS,
+            param_dtypes=dtype_counts(x.dtype for x in jax.tree.leaves(self.params)),
             extra=RunExtra(
                 notes={
                     "optimizer": "optax with torch's semantics (jax_impl.optim) on the extracted "

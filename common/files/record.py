@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from common.files.fsutil import require_regular_file, write_json_atomic
-from common.vocab import Phase, RecordStatus, values
+from common.vocab import BF16_MODE_WORDS, Bf16Mode, Phase, RecordStatus, values
 
 # 2: settle_steps, timeline, peak_rss_mb, trace_ms, trace_mode and compile_cache became typed
 # fields (they were free-form `extra` keys in 1); compile events say whether they were cache hits.
@@ -167,6 +167,9 @@ class RunRecord:
     # the model's casts to float32 a float64 run widened in one forward of step 0
     # (train.float32_casts): {cast: count}
     float32_casts_widened: dict = field(default_factory=dict)
+    # {dtype: number of parameter tensors} of the model as the run built and trained it (measured:
+    # a bfloat16 run loaded in bfloat16 holds bfloat16 ones, TrainSpec.bf16_mode)
+    param_dtypes: dict = field(default_factory=dict)
     # the compare run it belongs to (`--run-id`); compare judges only its own run's
     run_id: str | None = None
     schema_version: int = SCHEMA_VERSION
@@ -400,6 +403,27 @@ def package_versions(*names: str) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
     return out
+
+
+def precision_numerics(train, autocast_policy: str) -> dict:
+    """A record's words for how the run held the model in bfloat16 (common.vocab.Bf16Mode): the
+    mode, and the runtime's own policy words for autocast (`autocast_policy`)."""
+    if train.dtype != "bfloat16":
+        return {"bf16_mode": None, "bf16_policy": autocast_policy}
+    loaded = train.bf16_mode == Bf16Mode.LOADED
+    return {
+        "bf16_mode": train.bf16_mode,
+        "bf16_policy": BF16_MODE_WORDS[Bf16Mode.LOADED] if loaded else autocast_policy,
+    }
+
+
+def dtype_counts(dtypes) -> dict[str, int]:
+    """{dtype name: count} of an iterable of dtype names ("float32", not "torch.float32")."""
+    out: dict[str, int] = {}
+    for name in dtypes:
+        name = str(name).removeprefix("torch.")
+        out[name] = out.get(name, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def numerics_env() -> dict[str, str]:

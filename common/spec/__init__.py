@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from common.spec.layouts import LayoutError, check_layout
-from common.vocab import Float32Casts, MaskSource, values
+from common.vocab import Bf16Mode, Float32Casts, MaskSource, values
 
 
 class SpecError(ValueError):
@@ -275,6 +275,9 @@ class TrainSpec:
     start_jitter_ulps: int = 0
     # common.vocab.Float32Casts: a float64 run's explicit casts to float32 inside the model
     float32_casts: str = Float32Casts.WIDEN.value
+    # common.vocab.Bf16Mode: a bfloat16 run's model autocast over float32 weights, or loaded in
+    # bfloat16 (ignored by float32 and float64 runs)
+    bf16_mode: str = Bf16Mode.AUTOCAST.value
     # "NAME*FACTOR": one start tensor scaled (one side's --torch-set: what difference compare
     # catches); "": none
     start_scale: str = ""
@@ -327,6 +330,10 @@ class TrainSpec:
             f"{', '.join(values(Float32Casts))}",
         )
         _require(
+            self.bf16_mode in values(Bf16Mode),
+            f"train.bf16_mode={self.bf16_mode} must be one of {', '.join(values(Bf16Mode))}",
+        )
+        _require(
             self.dropout_masks in values(MaskSource),
             f"train.dropout_masks={self.dropout_masks} must be one of "
             f"{', '.join(values(MaskSource))}",
@@ -337,6 +344,16 @@ class TrainSpec:
         """A float64 run that computes the model's own casts to float32 in float64
         (torch_impl/widen.py, jax_impl/widen.py)."""
         return self.dtype == "float64" and self.float32_casts == Float32Casts.WIDEN
+
+    @property
+    def loads_bfloat16(self) -> bool:
+        """A bfloat16 run whose model is loaded in bfloat16 (common.vocab.Bf16Mode.LOADED)."""
+        return self.dtype == "bfloat16" and self.bf16_mode == Bf16Mode.LOADED
+
+    @property
+    def param_dtype(self) -> str:
+        """The model's parameters' dtype: bfloat16 when loaded so, else the state dtype."""
+        return "bfloat16" if self.loads_bfloat16 else self.state_dtype
 
     @property
     def state_dtype(self) -> str:

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.twin.modules import ROOT_MODULE
+from common.vocab import BF16_MODE_WORDS, Bf16Mode
 from compare.judge.decided import decisions_cell, later_words
 from compare.judge.extra_inputs import entered_words
 from compare.judge.sensitivity import sensitivity_line
@@ -488,7 +489,8 @@ def backend_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]
         twin = "in float32" if report["dtype"] == "bfloat16" else "from jittered start weights"
         out.append(
             (
-                f"{report['dtype']} judged by measured noise (compare/judge/noise_floor.py): "
+                f"{report['dtype']} {report.get('bf16_mode') or ''}".rstrip()
+                + " judged by measured noise (compare/judge/noise_floor.py): "
                 f"{floor['rule']}, "
                 f"factor {floor['factor']:g}; the backends ran once more {twin} "
                 f"({floor['floor_runs']})" + (f", {floor['why']}" if floor.get("why") else ""),
@@ -588,6 +590,18 @@ def device_line(report: dict) -> str:
     )
 
 
+def precision_line(report: dict) -> str:
+    """What precision the backends ran in: the dtype, a bfloat16 run's mode (common.vocab.Bf16Mode)
+    and the parameters' dtypes each model held."""
+    mode = report.get("bf16_mode")
+    words = BF16_MODE_WORDS[Bf16Mode(mode)] if mode else report["dtype"]
+    held = "; ".join(
+        f"{n} " + ", ".join(f"{count} {dtype}" for dtype, count in dtypes.items())
+        for n, dtypes in (report.get("param_dtypes") or {}).items()
+    )
+    return f"Precision: {words}" + (f"; parameters held: {held}" if held else "")
+
+
 def sensitivity_lines(report: dict) -> list[str]:
     """What each judged backend's verdict could have seen (compare/judge/sensitivity.py), one line
     each."""
@@ -615,7 +629,7 @@ def markdown(report: dict) -> str:
         if sensitivity_lines(report)
         else []
     )
-    lines += [device_line(report), ""]
+    lines += [device_line(report), "", precision_line(report), ""]
     lines += [f"Start weights: {report['weights']}.", ""] if report.get("weights") else []
     for title, header, rows in tables(report):
         lines += [
@@ -650,6 +664,7 @@ def print_tables(report: dict, console: Console | None = None) -> None:
         console.print(table)
     style = "bold green" if report["verdict"] == "pass" else "bold red"
     console.print(device_line(report))
+    console.print(precision_line(report))
     for line in sensitivity_lines(report):
         console.print(line)
     console.print(

@@ -174,6 +174,8 @@ def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tu
         "spec_name": spec.name,
         "spec": spec.to_dict(),
         "dtype": spec.train.dtype,
+        "bf16_mode": spec.train.bf16_mode if spec.train.dtype == "bfloat16" else None,
+        "param_dtypes": {n: r.param_dtypes for n, r in records.items() if r.param_dtypes},
         "weights": inputs.weights,
         "tolerance_profile": inputs.tolerance_profile,
         "tolerances": inputs.policy,

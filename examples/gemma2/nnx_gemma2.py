@@ -1,6 +1,8 @@
 """A Flax NNX port of Gemma 2, written as a JAX team writes one (names after Google's own: an
 `embedder` that embeds tokens and is the tied head, `final_norm`, `attn`), independent of
-Hugging Face's code. Parameters and computation in float32; the norms, like HF's, in float32.
+Hugging Face's code. Parameters in float32 and computation in `dtype` (bfloat16 as Hugging Face's
+model loaded in bfloat16 computes: the norms, the rotary table and the softmax in float32 at least
+and cast back, the embedding's scale rounded to `dtype`).
 
 Mis-ports, each a keyword of `Gemma2` (twin.py names them):
 - `norm_plus_one=False`: RMSNorm scaling by w, where Gemma's is (1 + w);
@@ -27,7 +29,11 @@ class ScaledEmbed(nnx.Embed):
     def __call__(self, tokens):  # (B, T) -> (B, T, D)
         x = super().__call__(tokens)
         x = jnp.where((tokens == PAD_ID)[..., None], jax.lax.stop_gradient(x), x)
-        return x * jnp.sqrt(jnp.float32(self.features))
+        return x * jnp.sqrt(jnp.float32(self.features)).astype(x.dtype)
+
+
+def at_least_float32(x):
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 class RMSNorm(nnx.Module):
@@ -36,8 +42,9 @@ class RMSNorm(nnx.Module):
         self.eps, self.plus_one = eps, plus_one
 
     def __call__(self, x):
-        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        return x * (1.0 + self.scale.value if self.plus_one else self.scale.value)
+        wide, scale = at_least_float32(x), at_least_float32(self.scale.value)
+        wide = wide * jax.lax.rsqrt(jnp.mean(wide * wide, axis=-1, keepdims=True) + self.eps)
+        return (wide * (1.0 + scale if self.plus_one else scale)).astype(x.dtype)
 
 
 def _rotate(x, theta: float):  # (B, T, H, hd): Hugging Face's rotate-half pairs
@@ -46,13 +53,15 @@ def _rotate(x, theta: float):  # (B, T, H, hd): Hugging Face's rotate-half pairs
     freqs = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]
     angles = jnp.concatenate((freqs, freqs), axis=-1)[None, :, None, :]
     half = jnp.concatenate((-x[..., hd // 2 :], x[..., : hd // 2]), axis=-1)
-    return x * jnp.cos(angles) + half * jnp.sin(angles)
+    return x * jnp.cos(angles).astype(x.dtype) + half * jnp.sin(angles).astype(x.dtype)
 
 
 class Attention(nnx.Module):
-    def __init__(self, hp: dict, sliding: bool, rngs: nnx.Rngs, mis: dict):
+    def __init__(self, hp: dict, sliding: bool, rngs: nnx.Rngs, mis: dict, dtype):
         d, h, kv, hd = hp["d_model"], hp["n_heads"], hp["n_kv_heads"], hp["head_dim"]
-        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, kernel_init=INIT, rngs=rngs)  # noqa: E731
+        linear = lambda i, o: nnx.Linear(  # noqa: E731
+            i, o, use_bias=False, kernel_init=INIT, dtype=dtype, rngs=rngs
+        )
         self.q_proj, self.k_proj = linear(d, h * hd), linear(d, kv * hd)
         self.v_proj, self.o_proj = linear(d, kv * hd), linear(h * hd, d)
         self.n_heads, self.n_kv_heads, self.head_dim = h, kv, hd
@@ -75,13 +84,16 @@ class Attention(nnx.Module):
         allowed = key <= query
         if self.window is not None:
             allowed &= key > query - self.window
-        probs = jax.nn.softmax(jnp.where(allowed, scores, jnp.finfo(scores.dtype).min), axis=-1)
+        scores = at_least_float32(jnp.where(allowed, scores, jnp.finfo(scores.dtype).min))
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         return self.o_proj(jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, -1))
 
 
 class MLP(nnx.Module):
-    def __init__(self, d_model: int, d_ff: int, rngs: nnx.Rngs):
-        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, kernel_init=INIT, rngs=rngs)  # noqa: E731
+    def __init__(self, d_model: int, d_ff: int, rngs: nnx.Rngs, dtype):
+        linear = lambda i, o: nnx.Linear(  # noqa: E731
+            i, o, use_bias=False, kernel_init=INIT, dtype=dtype, rngs=rngs
+        )
         self.gate_proj, self.up_proj = linear(d_model, d_ff), linear(d_model, d_ff)
         self.down_proj = linear(d_ff, d_model)
 
@@ -90,12 +102,12 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, hp: dict, sliding: bool, rngs: nnx.Rngs, mis: dict):
+    def __init__(self, hp: dict, sliding: bool, rngs: nnx.Rngs, mis: dict, dtype):
         norm = lambda: RMSNorm(hp["d_model"], hp["rms_eps"], not mis.get("norm_times_w"))  # noqa: E731
         self.input_layernorm, self.post_attention_layernorm = norm(), norm()
         self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
-        self.attn = Attention(hp, sliding, rngs, mis)
-        self.mlp = MLP(hp["d_model"], hp["d_ff"], rngs)
+        self.attn = Attention(hp, sliding, rngs, mis, dtype)
+        self.mlp = MLP(hp["d_model"], hp["d_ff"], rngs, dtype)
 
     def __call__(self, x):
         x = x + self.post_attention_layernorm(self.attn(self.input_layernorm(x)))
@@ -103,11 +115,15 @@ class Block(nnx.Module):
 
 
 class Gemma2(nnx.Module):
-    def __init__(self, *, rngs: nnx.Rngs, mis: dict | None = None, **hp):
+    def __init__(self, *, rngs: nnx.Rngs, mis: dict | None = None, dtype=jnp.float32, **hp):
         mis = mis or {}
-        self.embedder = ScaledEmbed(hp["vocab_size"], hp["d_model"], embedding_init=INIT, rngs=rngs)
+        self.embedder = ScaledEmbed(
+            hp["vocab_size"], hp["d_model"], embedding_init=INIT, dtype=dtype, rngs=rngs
+        )
         # Gemma 2 alternates: a sliding window on layers 0, 2, ..., full attention on 1, 3, ...
-        self.layers = nnx.List([Block(hp, i % 2 == 0, rngs, mis) for i in range(hp["n_layers"])])
+        self.layers = nnx.List(
+            [Block(hp, i % 2 == 0, rngs, mis, dtype) for i in range(hp["n_layers"])]
+        )
         self.final_norm = RMSNorm(hp["d_model"], hp["rms_eps"], not mis.get("norm_times_w"))
         self.final_softcap = None if mis.get("no_final_softcap") else hp["final_softcap"]
 

@@ -43,6 +43,7 @@ gemma2_tiny = Twin(
         r"^model\.": "",
         r"\.self_attn\.": ".attn.",
     },
+    nnx_dtype_arg="dtype",  # its compute dtype (bfloat16 runs)
     train=TrainSpec(
         optimizer="adamw",
         lr=3e-3,
