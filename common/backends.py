@@ -76,6 +76,8 @@ class BackendInfo:
     # not from a fresh model of the start weights (torch_xla) or the
     # module torchax was given (torchax)
     captures_later_steps: bool = False
+    # runs a twin's decode path (--generate, common/generation.py): prefill and greedy decode steps
+    generates: bool = False
 
     @property
     def flag(self) -> str:
@@ -117,6 +119,7 @@ BUILT_IN = (
         in_both=True,
         processes=True,
         captures_later_steps=True,
+        generates=True,
     ),
     BackendInfo(
         "torch",
@@ -131,6 +134,7 @@ BUILT_IN = (
         running_var="unbiased",
         imposes_decisions=True,
         captures_later_steps=True,
+        generates=True,
     ),
     BackendInfo(
         "torch_xla",
@@ -143,6 +147,7 @@ BUILT_IN = (
         in_both=True,
         passthrough=(TRACE_MODE,),
         checks_ops=True,
+        generates=True,
         # measured on gpt-tiny (docs/findings.md): step-0 gradients up to 6.4e-9 relative, final
         # parameters after 50 steps 1.3e-6, where JAX, eager torch and torchax agree to ~1e-14; on
         # HF's Gemma2 (tanh GELU) computing in float64 end to end (its float32 casts widened),
@@ -164,6 +169,7 @@ BUILT_IN = (
         processes=True,
         running_var="unbiased",
         checks_ops=True,
+        generates=True,
     ),
 )
 

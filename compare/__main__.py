@@ -46,6 +46,7 @@ from common.vocab import (  # noqa: E402
     values,
 )
 from compare.judge.determinism import determinism_check  # noqa: E402
+from compare.judge.generation import generation_check  # noqa: E402
 from compare.judge.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
 from compare.judge.parity import train_differences  # noqa: E402
 from compare.judge.start_state import start_state_check  # noqa: E402
@@ -64,6 +65,7 @@ from compare.runs.extra_runs import (  # noqa: E402
     explain_by_behaviours,
     extra_runs_check,
     floor_where_needed,
+    generation_runs,
     keep_whole,
     locate_divergence,
     run_noise_floors,
@@ -84,10 +86,53 @@ from compare.runs.second_pass import tensor_mode  # noqa: E402
 
 REPORT_FILES = ("report.json", "report.md")
 MAX_SEEDS = 100  # each seed is a whole run of every backend
+MAX_NEW_TOKENS = 4096  # --generate: each is one decode step of every backend
 
 
 def parse_args(argv):
     return build_parser().parse_args(argv)
+
+
+def add_judging_flags(parser: Parser) -> None:
+    """How the runs are judged: the tolerance profile, each dtype's noise-floor policy, the parity
+    mode and its seeds."""
+    parser.add_argument(
+        "--tolerance-profile",
+        default="default",
+        help=f"{' | '.join(PROFILES)} or a JSON file {{dtype: {{kind: {{atol, rtol}}}}}}",
+    )
+    parser.add_argument(
+        "--bf16-tolerance",
+        choices=("noise-floor", "fixed"),
+        default="noise-floor",
+        help="bfloat16 runs: bound each tensor and step by the larger of the two runs' own "
+        "bf16-vs-fp32 distances (one float32 run of each backend more; "
+        "compare/judge/noise_floor.py), "
+        "or by the profile's fixed bf16 atol/rtol",
+    )
+    parser.add_argument(
+        "--fp32-tolerance",
+        choices=("noise-floor", "fixed"),
+        default="fixed",
+        help="float32 runs: the profile's fixed bounds, or (for long runs, where training grows "
+        "rounding until correct ports part) each tensor and step bounded by how far a run from "
+        "jittered start weights drifts (one more run of each backend; "
+        "compare/judge/noise_floor.py)",
+    )
+    parser.add_argument(
+        "--parity-mode",
+        choices=values(ParityMode),
+        default=ParityMode.DETERMINISTIC.value,
+        help="; ".join(f"{m.value}: {meaning}" for m, meaning in PARITY_MODE_MEANINGS.items()),
+    )
+    parser.add_argument(
+        "--seeds",
+        type=bounded_int(1, MAX_SEEDS, "seeds"),
+        default=5,
+        metavar="K",
+        help="seeds per backend in the statistical parity mode (default 5, at least 3; each is a "
+        "whole run of every backend)",
+    )
 
 
 def build_parser() -> Parser:
@@ -189,43 +234,7 @@ def build_parser() -> Parser:
         default=1800.0,
         help="seconds per backend (and per preparation step of a twin) before it is killed",
     )
-    parser.add_argument(
-        "--tolerance-profile",
-        default="default",
-        help=f"{' | '.join(PROFILES)} or a JSON file {{dtype: {{kind: {{atol, rtol}}}}}}",
-    )
-    parser.add_argument(
-        "--bf16-tolerance",
-        choices=("noise-floor", "fixed"),
-        default="noise-floor",
-        help="bfloat16 runs: bound each tensor and step by the larger of the two runs' own "
-        "bf16-vs-fp32 distances (one float32 run of each backend more; "
-        "compare/judge/noise_floor.py), "
-        "or by the profile's fixed bf16 atol/rtol",
-    )
-    parser.add_argument(
-        "--fp32-tolerance",
-        choices=("noise-floor", "fixed"),
-        default="fixed",
-        help="float32 runs: the profile's fixed bounds, or (for long runs, where training grows "
-        "rounding until correct ports part) each tensor and step bounded by how far a run from "
-        "jittered start weights drifts (one more run of each backend; "
-        "compare/judge/noise_floor.py)",
-    )
-    parser.add_argument(
-        "--parity-mode",
-        choices=values(ParityMode),
-        default=ParityMode.DETERMINISTIC.value,
-        help="; ".join(f"{m.value}: {meaning}" for m, meaning in PARITY_MODE_MEANINGS.items()),
-    )
-    parser.add_argument(
-        "--seeds",
-        type=bounded_int(1, MAX_SEEDS, "seeds"),
-        default=5,
-        metavar="K",
-        help="seeds per backend in the statistical parity mode (default 5, at least 3; each is a "
-        "whole run of every backend)",
-    )
+    add_judging_flags(parser)
     hosts.add_flags(parser)
     parser.add_argument(
         "--tensors",
@@ -243,6 +252,16 @@ def build_parser() -> Parser:
         help="compare every module's step-0 activations on every backend, even when parity passes "
         "(each run captures them; by default only where step 0 parts, by one more run that "
         "trains nothing)",
+    )
+    parser.add_argument(
+        "--generate",
+        type=bounded_int(0, MAX_NEW_TOKENS, "tokens"),
+        default=0,
+        metavar="N",
+        help="also prove each side's decode path (the twin's `decode`): prefill prompts of "
+        "different lengths, left-padded, and N greedy tokens from the start weights, every side "
+        "fed the reference's tokens; each step's logits compared across sides and against the "
+        "side's own forward (common/generation.py)",
     )
     parser.add_argument(
         "--check-determinism",
@@ -318,6 +337,7 @@ def check_inputs(opts: CompareOptions):
         opts = opts.with_specs({n: side_spec(opts, n) for n in opts.names})
         policy = load_policy(opts.judging.profile, spec.train.dtype)
         opts.check_parity_mode(spec)
+        opts.check_generate(spec)
         opts.check_tolerance_flags(spec)
         hosts.check(opts, spec)
         # a user's data file is read and checked once here, before any backend starts (a twin's own
@@ -472,6 +492,45 @@ def main(argv=None) -> int:
         return compare(opts, entered)
 
 
+def report_checks(opts: CompareOptions, plan: Plan, outcome, seeds: list, policy: dict) -> list:
+    """The checks the verdict rests on besides the runs and their parity ((name, callable returning
+    a CheckResult) pairs, compare/judge/verdict.py)."""
+    out, names, judging = plan.out, plan.names, opts.judging
+    checks = [
+        ("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds))
+    ] * bool(seeds)
+    # the extra runs the verdict rests on: one that failed is said (filled as they run)
+    checks.append(("extra_runs", functools.partial(extra_runs_check, outcome.extra_failed)))
+    if judging.check_determinism:
+        checks.append(
+            ("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats))
+        )
+    if plan.op_checks:
+        checks.append(("ops", functools.partial(ops_check, out, list(plan.op_checks))))
+    if (out / START_DIR / STATE_LINKS).exists() and set(FAMILIES) <= {
+        backends.info(n).family for n in names
+    }:
+        checks.append(
+            ("start_state", functools.partial(start_state_check, out / START_DIR, judging.profile))
+        )
+    if opts.capture.generate:
+        checks.append(
+            (
+                "generation",
+                functools.partial(
+                    generation_check,
+                    out,
+                    names,
+                    opts.reference,
+                    policy,
+                    opts.output.run_id,
+                    opts.capture.generate,
+                ),
+            )
+        )
+    return checks
+
+
 def compare(opts: CompareOptions, entered: float) -> int:
     names = list(opts.names)
     refuse_bad_paths(opts)
@@ -537,6 +596,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
                 live,
             ).interrupted
         floored = run_noise_floors(opts, floors, plan, outcome, spec.train.dtype, live)
+        generation_runs(opts, plan, outcome)
     backends_done = time.time()
     # a host other than 0 of a multi-host run: host 0 writes the report
     if hosts.follows(opts.hosts):
@@ -564,23 +624,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
         tensors,
         weights,
     )
-    checks = [
-        ("statistical", functools.partial(statistical_check, out, names, opts.reference, seeds))
-    ] * bool(seeds)
-    # the extra runs the verdict rests on: one that failed is said (filled as they run)
-    checks.append(("extra_runs", functools.partial(extra_runs_check, outcome.extra_failed)))
-    if judging.check_determinism:
-        checks.append(
-            ("determinism", functools.partial(determinism_check, outcome.runs, outcome.repeats))
-        )
-    if plan.op_checks:
-        checks.append(("ops", functools.partial(ops_check, out, list(plan.op_checks))))
-    if (out / START_DIR / STATE_LINKS).exists() and set(FAMILIES) <= {
-        backends.info(n).family for n in names
-    }:
-        checks.append(
-            ("start_state", functools.partial(start_state_check, out / START_DIR, judging.profile))
-        )
+    checks = report_checks(opts, plan, outcome, seeds, policy)
     build = functools.partial(build_report, inputs, outcome.runs, checks=tuple(checks))
     report = keep_whole(
         opts, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from common import backends
 from common.cli import SpecInputs
+from common.generation import MIN_PROMPT
 from common.spec import RunSpec, SpecError
+from common.twin import twin_of
 from common.vocab import MaskSource, ParityMode
 from common.weights.checkpoint_ref import CheckpointRef
 from compare.judge.tolerances import PROFILES
@@ -92,6 +94,7 @@ class Capture:
     hlo: bool = True
     provoke: tuple = ()
     compile_cache: Path | None = None
+    generate: int = 0  # --generate N: each backend's decode path run too (common/generation.py)
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,7 @@ class CompareOptions:
                 not args.no_hlo,
                 tuple(args.provoke),
                 args.compile_cache,
+                args.generate,
             ),
             describers,
         )
@@ -193,6 +197,39 @@ class CompareOptions:
                 "--fp32-tolerance noise-floor: this run is float64, judged by float64's bounds "
                 "with the sensitivity of every verdict stated; the float32 noise floor judges "
                 "float32 runs: drop the flag, or run in float32"
+            )
+
+    def check_generate(self, spec: RunSpec) -> None:
+        """--generate N: a language model whose twin declares its NNX decode path (the torch side's
+        is a Hugging Face model's own, or declared), room in its positions for a prompt and N
+        tokens, and a reference whose runtime runs decode paths."""
+        n = self.capture.generate
+        if not n:
+            return
+        twin = twin_of(spec.model)
+        name = (
+            f"twin {spec.model.twin}"
+            if getattr(spec.model, "twin", None)
+            else f"the built-in {spec.model.family} model"
+        )
+        if spec.task != "lm":
+            raise SpecError(f"--generate: takes a language model (task lm); {name} is {spec.task}")
+        if "nnx" not in twin.decode and any(backends.info(b).family == "nnx" for b in self.names):
+            raise SpecError(
+                f"--generate: {name} names no NNX decode path; give "
+                "decode={'nnx': 'file.py:decode'}, decode(model, tokens, positions, mask, cache) "
+                "-> (logits, cache) (README, twin fields)"
+            )
+        if n > spec.model.seq_len - MIN_PROMPT:
+            raise SpecError(
+                f"--generate {n}: the model's {spec.model.seq_len} positions leave no room for a "
+                f"prompt of {MIN_PROMPT} tokens; ask for at most {spec.model.seq_len - MIN_PROMPT}"
+            )
+        if not backends.info(self.reference).generates:
+            able = [b for b in self.names if backends.info(b).generates]
+            raise SpecError(
+                f"--generate: the reference {self.reference} runs no decode path yet; judge "
+                "against " + (f"--reference {able[0]}" if able else "jax or torch (--backend)")
             )
 
     def check_parity_mode(self, spec: RunSpec) -> None:

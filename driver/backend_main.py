@@ -143,7 +143,7 @@ def run_options(args: argparse.Namespace, own: type, out_dir: Path) -> RunOption
         tensors=args.tensors,
         whole_tensors=args.whole_tensors,
         activations=args.activations or args.activations_only,
-        train=not args.activations_only,
+        train=not (args.activations_only or args.generate),
         checkpoint=args.checkpoint,
         throughput_steps=args.throughput_steps,
         provocations=tuple(args.provoke),
@@ -157,6 +157,8 @@ def run_options(args: argparse.Namespace, own: type, out_dir: Path) -> RunOption
         capture_step=args.capture_step,
         match_behaviours=args.match_behaviours,
         check_ops=args.check_ops,
+        generate=args.generate,
+        generate_tokens=args.generate_tokens,
     )
 
 
@@ -219,6 +221,15 @@ def refuse_flags(name: str, args: argparse.Namespace, ops_watch) -> None:
             "common/runtime_behaviours.py)",
             ExitCode.USAGE,
         )
+    if (args.generate or args.generate_tokens) and not backends.info(name).generates:
+        fail(
+            f"--generate: the {name} backend does not run decode paths yet; "
+            + ", ".join(b.name for b in backends.registry().values() if b.generates)
+            + " do",
+            ExitCode.USAGE,
+        )
+    if args.generate_tokens and not args.generate:
+        fail("--generate-tokens: takes --generate N (the run it feeds)", ExitCode.USAGE)
     if args.check_ops and ops_watch is None:
         fail(
             f"--check-ops: the {name} backend has no op check (its registry row's checks_ops)",

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from common import generation
 from common.capture import decisions
 from common.capture.activations import Capture
 from common.data import activation_inputs
@@ -67,6 +68,11 @@ class RunOptions:
     match_behaviours: tuple[str, ...] = ()
     # an op check's run (common/ops.py): a jitted runtime traces its step too (`trace_step`)
     check_ops: bool = False
+    # a generation run (common/generation.py): prefill and this many greedy decode steps from the
+    # start weights, nothing trained; 0: none
+    generate: int = 0
+    # the generation run whose tokens this one is fed (the reference's); None: its own choices
+    generate_tokens: Path | None = None
 
 
 class Runtime(Protocol):
@@ -161,6 +167,8 @@ def run(
     # runtime: its backward's ops, and what its jit cannot trace)
     if options.check_ops and hasattr(runtime, "trace_step"):
         runtime.trace_step()
+    if options.generate:  # a generation run (common/generation.py): nothing trained
+        tensors[generation.GROUP] = _generation(runtime, options)
     # compare's capture run (compare/runs/capture_runs.py): no step, no compile of one
     if not options.train:
         # ... but those before a later step's: its capture takes the weights they left
@@ -191,6 +199,26 @@ def run(
     record.extra.loss = twin_of(spec.model).loss or f"the task's ({spec.task})"
     record.timeline, record.peak_rss_mb = timeline, peak_rss_mb()
     return record, tensors
+
+
+def _generation(runtime: Runtime, options: RunOptions) -> dict:
+    """Prefill and options.generate decode steps of the runtime's decode path, on prompts from step
+    0's batch; fed the tokens of options.generate_tokens' run when given."""
+    spec = runtime.spec
+    try:
+        tokens, mask = generation.prompts(
+            runtime.data.global_batch(0).inputs, options.generate, spec.model.seq_len
+        )
+        forced = generation.fed_tokens(options.generate_tokens) if options.generate_tokens else None
+    except ValueError as e:
+        raise SpecError(str(e)) from None
+    if forced is not None and forced.shape != (options.generate, len(tokens)):
+        raise SpecError(
+            f"--generate-tokens {options.generate_tokens}: {list(forced.shape)} tokens, not "
+            f"{options.generate} steps of {len(tokens)} prompts; give a generation run of this "
+            "spec and N"
+        )
+    return runtime.generate(tokens, mask, options.generate, forced)
 
 
 def _capture(

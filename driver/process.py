@@ -83,6 +83,21 @@ def add_capture_flags(parser: argparse.ArgumentParser) -> None:
         "anything trains; common/ops.py)",
     )
     parser.add_argument(
+        "--generate",
+        type=bounded_int(0, MOST, "tokens"),
+        default=0,
+        metavar="N",
+        help="run the twin's decode path from the start weights, training nothing: prefill prompts "
+        "of different lengths (left-padded) and N greedy decode steps (common/generation.py)",
+    )
+    parser.add_argument(
+        "--generate-tokens",
+        type=Path,
+        metavar="RUN_DIR",
+        help="with --generate: feed the tokens that generation run chose (the reference's), "
+        "recording this side's own choices beside them",
+    )
+    parser.add_argument(
         "--match-behaviours",
         type=lambda text: tuple(filter(None, text.split(","))),
         default=(),

@@ -39,6 +39,7 @@ from driver.harness import RunOptions
 from jax_impl import convert, masks, sharding
 from jax_impl.capture import capture_activations
 from jax_impl.checkpoint_io import start_weights
+from jax_impl.generate import generate_nnx
 from jax_impl.instrument import CompileMonitor
 from jax_impl.islands import float32_islands
 from jax_impl.loop import JittedTrainer, in_bfloat16, jitted_mesh
@@ -178,6 +179,11 @@ class JaxTrainer(JittedTrainer):
             lambda out: self.loss_fn(out, seen),
             masks=self.capture_masks,
         )
+
+    def generate(self, tokens, mask, n_new: int, forced=None) -> dict:
+        """The twin's NNX decode path on the start weights (common/generation.py)."""
+        model = nnx.merge(self.graphdef, self.params, self.state)
+        return generate_nnx(self.spec, model, tokens, mask, n_new, forced)
 
     def float32_islands(self, inputs, targets) -> tuple[dict[str, str], dict[str, int]]:
         fed, seen = self.nnx_batch(*jax.tree.map(jnp.asarray, (inputs, targets)))

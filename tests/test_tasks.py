@@ -171,11 +171,14 @@ def test_regression_arrays_feed_float_targets_and_classifier_labels_stay_whole(t
 @pytest.mark.parametrize(
     "loss, message",
     [
-        ({"torch": "l.py:loss"}, "loss names one loss per side, keys torch and nnx; nnx missing"),
+        (
+            {"torch": "l.py:loss"},
+            "loss names one function per side, keys torch and nnx; nnx missing",
+        ),
         ({"torch": "l.py:loss", "nnx": "l.py:loss", "jax": "l.py:loss"}, "jax unknown"),
         (
             {"torch": "l.py:loss", "nnx": "loss"},
-            r"loss\['nnx'\]='loss' must name the loss function as path/to/file.py",
+            r"loss\['nnx'\]='loss' must name the function as path/to/file.py",
         ),
         ("l.py:loss", "loss is a str, not a dict"),
     ],

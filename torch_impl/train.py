@@ -55,6 +55,7 @@ from torch_impl.distributed import (
     mean_value,
     refuse_batch_norm,
 )
+from torch_impl.generate import generate_torch
 from torch_impl.islands import float32_islands
 from torch_impl.masks import step_masks
 from torch_impl.models import as_fed, at_least_float32, build_model
@@ -250,6 +251,11 @@ class TorchTrainer:
         """The trained model's eval-mode logits of `inputs` (dropout off, BatchNorm on its running
         statistics)."""
         return eval_logits(self.model, self.to_device(inputs, fed=True), self.which, self.autocast)
+
+    def generate(self, tokens, mask, n_new: int, forced=None) -> dict:
+        """The torch model's decode path on the start weights (common/generation.py)."""
+        with self.autocast():
+            return generate_torch(self.spec, self.model, self.device, tokens, mask, n_new, forced)
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return self.kept(self.model.state_dict(), "params")

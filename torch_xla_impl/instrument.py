@@ -40,6 +40,9 @@ COUNTERS = (
     "PersistentCacheMiss",
     "PersistentCacheDeserializeFailure",
 )
+# a graph compiled in this process, or loaded from the persistent cache (CachedCompile: found in
+# memory, no compile)
+COMPILE_COUNTERS = ("UncachedCompile", "PersistentCacheHit")
 DUMP_DIR = "xla_dump"
 DEBUG_LOG = "xla_debug.log"
 

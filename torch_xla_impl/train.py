@@ -60,6 +60,7 @@ from driver.harness import RunOptions
 from torch_impl import convert
 from torch_impl.capture import capture_activations, probed_or_forward_alone
 from torch_impl.checkpoint_io import start_weights
+from torch_impl.generate import generate_torch, host_logits
 from torch_impl.islands import fresh_model_islands
 from torch_impl.masks import step_masks
 from torch_impl.models import as_fed, build_model
@@ -70,6 +71,7 @@ from torch_xla_impl import replicas as replica_sync
 from torch_xla_impl import sharding
 from torch_xla_impl.batches import StepBatches, flat_ndims, nested, on_device
 from torch_xla_impl.instrument import (
+    COMPILE_COUNTERS,
     NoMonitor,
     attach_causes,
     dump_dir,
@@ -322,6 +324,31 @@ class TorchXlaTrainer:
         captured = probed_or_forward_alone(capture)  # its own graphs' dump is not the run's
         shutil.rmtree(dump_dir(self.options.out_dir), ignore_errors=True)
         return captured
+
+    def generate(self, tokens, mask, n_new: int, forced=None) -> dict:
+        """The torch model's decode path on a fresh copy of the start weights, with a Hugging Face
+        model's StaticCache (fixed shapes: the decode step compiles once), and the graphs compiled
+        by each call (prefill, each decode step, the whole sequence's prefill) counted."""
+        model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.param_dtype)
+        model = convert.moved(
+            convert.load_start(model, *self.started, self.spec.model), self.device
+        )
+        counters, compiles = self.monitor.counters, []
+
+        def to_numpy(t: torch.Tensor) -> np.ndarray:
+            before = sum(counters().get(k, 0) for k in COMPILE_COUNTERS)
+            # the whole step, its cache updates too: left pending, each step's graph would carry
+            # every earlier one's (a new graph a token)
+            torch_xla.sync()
+            value = host_logits(t)
+            compiles.append(sum(counters().get(k, 0) for k in COMPILE_COUNTERS) - before)
+            return value
+
+        with self.autocast():
+            out = generate_torch(
+                self.spec, model, self.device, tokens, mask, n_new, forced, to_numpy, static=True
+            )
+        return {**out, "compiles": np.asarray(compiles, np.int64)}
 
     def host_state(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers (BatchNorm's running statistics) on the host, as they are now."""

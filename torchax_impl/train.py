@@ -65,6 +65,7 @@ from torch_impl.convert import (
     modules_to_canonical,
     to_canonical,
 )
+from torch_impl.generate import generate_torch
 from torch_impl.islands import float32_islands, host_tensors
 from torch_impl.models import build_model
 from torch_impl.train import task_loss
@@ -256,6 +257,25 @@ class TorchaxTrainer(JittedTrainer):
                 self.module_names,
                 to_numpy=lambda t: kept_float(env.t2j_iso(t)),
                 output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes),
+            )
+
+    def generate(self, tokens, mask, n_new: int, forced=None) -> dict:
+        """The torch model's decode path (a Hugging Face model's own cache) run by torchax, eagerly,
+        on a copy of the start weights (common/generation.py)."""
+        env, model = torchax.default_env(), copy.deepcopy(self.model)
+        with env:
+            model = model.to("jax")
+            if self.spec.train.dtype == "bfloat16" and not self.spec.train.loads_bfloat16:
+                model = model.to(torch.bfloat16)
+            return generate_torch(
+                self.spec,
+                model,
+                "jax",
+                tokens,
+                mask,
+                n_new,
+                forced,
+                to_numpy=lambda t: kept_float(env.t2j_iso(t)),
             )
 
     def float32_islands(self, inputs, targets) -> tuple[dict[str, str], dict[str, int]]:

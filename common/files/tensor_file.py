@@ -29,6 +29,7 @@ TENSOR_GROUPS = (
     "activations",
     "activation_grads",
     "decisions",
+    "generation",
 )
 # --tensors: kept whole, or (summary) as summaries (common/files/tensor_summary.py) where larger
 # than SUMMARIZED_GROUPS says;

@@ -110,6 +110,11 @@ class Twin:
     # Hugging Face checkpoints it loads (common/twin/hf.py): {"model_type": "llama", "prefix":
     # "model.", "config": {HF config key (dotted for nested): hyperparameter}}; empty: none
     hf: Mapping = field(default_factory=dict)
+    # each side's decode path, for `compare --generate N` (common/generation.py): {"nnx":
+    # "file.py:decode"} called as decode(model, tokens, positions, mask, cache) -> (logits, cache),
+    # cache None for the prefill; "torch" the same for a torch model, which a Hugging Face model
+    # needs not name (its own cache: DynamicCache); empty: no decode path
+    decode: Mapping = field(default_factory=dict)
     init: Literal["torch", "canonical"] = "torch"  # whose initialisation both sides start from
     train: TrainSpec = field(default_factory=TrainSpec)
     data: DataSpec | None = None  # None: synthetic data of the task

@@ -257,20 +257,31 @@ def _check_loss(twin, ref: str) -> None:
     )
     if not loss:
         return
-    missing = [side for side in LOSS_SIDES if side not in loss]
-    extra = [str(k) for k in loss if k not in LOSS_SIDES]
+    _check_side_functions(loss, "loss", ref, required=True)
+
+
+def _check_side_functions(given: Mapping, field_name: str, ref: str, required: bool) -> None:
+    """A field naming one function per side ({"torch": "file.py:name", "nnx": ...}): its keys the
+    sides (both when `required`), each value a function's path."""
+    missing = [side for side in LOSS_SIDES if side not in given] if required else []
+    extra = [str(k) for k in given if k not in LOSS_SIDES]
     if missing or extra:
         raise TwinError(
-            f"twin {ref!r}: loss names one loss per side, keys torch and nnx; "
+            f"twin {ref!r}: {field_name} names one function per side, keys torch and nnx; "
             + (f"{' and '.join(missing)} missing" if missing else f"{', '.join(extra)} unknown")
         )
-    for side, target in loss.items():
+    for side, target in given.items():
         module, sep, name = target.rpartition(":") if isinstance(target, str) else ("", "", "")
         if not (sep and module and name):
             raise TwinError(
-                f"twin {ref!r}: loss[{side!r}]={target!r} must name the loss function as "
+                f"twin {ref!r}: {field_name}[{side!r}]={target!r} must name the function as "
                 "path/to/file.py:name or package.module:name"
             )
+
+
+def _check_decode(twin, ref: str) -> None:
+    decode = _check_mapping(twin, "decode", ref, '{"nnx": "file.py:decode"}')
+    _check_side_functions(decode, "decode", ref, required=False)
 
 
 def _check_custom(twin, ref: str) -> None:
@@ -364,9 +375,11 @@ def check_fields(twin, ref: str) -> None:
     _check_partition_rules(twin, ref)
     _check_hf(twin, ref)
     _check_custom(twin, ref)
+    _check_decode(twin, ref)
     _check_forward_kwargs(twin, ref)
     for name in (
         "loss",
+        "decode",
         "loss_keys",
         "ranges",
         "packed",

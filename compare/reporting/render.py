@@ -13,6 +13,7 @@ from compare.judge.sensitivity import sensitivity_line
 from compare.judge.tensor_error import BORDERLINE, passes_with_words
 from compare.reporting.cells import fmt as _fmt
 from compare.reporting.check_tables import ops_tables, start_state_tables
+from compare.reporting.generation_tables import generation_tables
 from compare.reporting.program_tables import profile_tables, program_tables
 
 # how a tensor row was judged when not element by element in full (its kind column says it)
@@ -379,6 +380,7 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         ("start state", start_state_tables, report.get("start_state")),
         ("ops", ops_tables, report.get("ops")),
         ("parity", parity_tables, report.get("parity")),
+        ("generation", generation_tables, report.get("generation")),
         ("backends", backend_tables, True),
         ("compiled step", lambda r: program_tables(r["backends"], _apart(r)), True),
         ("profile", lambda r: profile_tables(r["backends"]), True),

@@ -12,11 +12,18 @@ from common.ops import OPS_DIR, read_ops
 from common.runtime_behaviours import MATCHED_DIR, met
 from common.vocab import BackendStatus, ParityMode, ReportStatus
 from compare.judge.decided import needs_imposing
+from compare.judge.generation import GENERATION_DIR
 from compare.judge.noise_floor import FLOOR_DIR, floor_needed
 from compare.judge.verdict import CheckResult
 from compare.options import CompareOptions
 from compare.runs.capture_runs import CAPTURE_DIR, IMPOSED_DIR, LATER_DIR, capture, parted_at_step0
-from compare.runs.launch import capture_launch, floor_launch, matched_launch, whole_launch
+from compare.runs.launch import (
+    capture_launch,
+    floor_launch,
+    generate_launch,
+    matched_launch,
+    whole_launch,
+)
 from compare.runs.orchestrate import Plan, run_all, run_backend
 from compare.runs.second_pass import WHOLE_DIR, activations_to_confirm, needs_whole
 
@@ -339,3 +346,29 @@ def explain_by_behaviours(opts: CompareOptions, plan: Plan, outcome, report: dic
         outcome.interrupted = True
         return report
     return build(outcome.interrupted)
+
+
+def generation_runs(opts: CompareOptions, plan: Plan, outcome) -> None:
+    """--generate N: each backend's decode path run from the start weights into
+    <out>/<backend>/generation/ (compare/judge/generation.py judges them): the reference's first,
+    then every other backend's fed its tokens. Only runtimes that run decode paths (the report
+    names the others); none when the reference cannot, or the run was interrupted."""
+    ref = opts.reference
+    names = [n for n in plan.launches if backends.info(n).generates]
+    if not opts.capture.generate or outcome.interrupted or ref not in names:
+        return
+    fed_from = plan.out / ref / GENERATION_DIR
+    try:
+        for name in (ref, *(n for n in names if n != ref)):
+            run = run_backend(
+                name,
+                plan.pythons[name],
+                generate_launch(opts, name, None if name == ref else fed_from),
+                plan.out / name / GENERATION_DIR,
+                plan.timeout_s,
+            )
+            note_failed(outcome, [run], "the generation run")
+            if name == ref and run.status != BackendStatus.OK:
+                return
+    except KeyboardInterrupt:  # run_backend has taken the running one's process group down
+        outcome.interrupted = True

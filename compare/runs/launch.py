@@ -180,6 +180,22 @@ def whole_launch(
     return Launch(base.spec, (*base.flags, "--whole-tensors", ",".join(keys)), base.group)
 
 
+def generate_launch(opts: CompareOptions, name: str, fed_from: Path | None = None) -> Launch:
+    """A backend's generation run (common/generation.py): prefill and --generate N greedy decode
+    steps from the start weights, nothing trained (no parity tensors, HLO, profile or throughput);
+    fed the tokens of the generation run in `fed_from` (the reference's)."""
+    fed = ("--generate-tokens", str(fed_from)) if fed_from else ()
+    return Launch(
+        _changed(opts.spec_of(name), "train.steps=1"),
+        (
+            *_flags(opts, name, quiet=True, provoke=False),
+            "--generate",
+            str(opts.capture.generate),
+            *fed,
+        ),
+    )
+
+
 def seed_launch(opts: CompareOptions, name: str, seed: int) -> Launch:
     """A statistical mode's extra seed run: the losses only (no parity tensors, HLO, profile,
     throughput)."""

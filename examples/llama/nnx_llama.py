@@ -46,17 +46,18 @@ def frequencies(theta: float, hd: int):
     return 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
 
 
-def rotary(x, inv_freq, layout: str):  # x (B, T, H, hd)
+def rotary(x, inv_freq, layout: str, positions=None):  # x (B, T, H, hd); positions (B, T)
     t, hd = x.shape[1], x.shape[-1]
-    freqs = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # (T, hd/2)
+    at = jnp.arange(t)[None, :] if positions is None else positions
+    freqs = at.astype(jnp.float32)[..., None] * inv_freq  # (B or 1, T, hd/2)
     if layout == "rotate_half":
         cos, sin = (
-            jnp.concatenate((f, f), axis=-1)[None, :, None, :]
+            jnp.concatenate((f, f), axis=-1)[:, :, None, :]
             for f in (jnp.cos(freqs), jnp.sin(freqs))
         )
         half = hd // 2
         return x * cos + jnp.concatenate((-x[..., half:], x[..., :half]), axis=-1) * sin
-    cos, sin = jnp.cos(freqs)[None, :, None, :], jnp.sin(freqs)[None, :, None, :]
+    cos, sin = jnp.cos(freqs)[:, :, None, :], jnp.sin(freqs)[:, :, None, :]
     even, odd = x[..., 0::2], x[..., 1::2]
     return jnp.stack((even * cos - odd * sin, even * sin + odd * cos), axis=-1).reshape(x.shape)
 
@@ -82,7 +83,10 @@ class Attention(nnx.Module):
         if rope_table is not None:
             self.inv_freq = Buffer(frequencies(rope_table, self.head_dim))
 
-    def __call__(self, x):  # (B, T, D)
+    def __call__(self, x, positions=None, mask=None, cache=None):  # (B, T, D)
+        """The training forward; for decoding, `positions` (B, T) of the new tokens, `mask` (B, S)
+        of the real tokens over the whole sequence and this layer's `cache` ({"k", "v"} of S slots,
+        "end": the slots filled): returns the output and the cache with these tokens in it."""
         b, t, _ = x.shape
         q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
@@ -92,15 +96,28 @@ class Attention(nnx.Module):
             if hasattr(self, "inv_freq")
             else frequencies(self.rope_theta, self.head_dim)
         )
-        q, k = (rotary(z, inv_freq, self.rope_layout) for z in (q, k))
+        q, k = (rotary(z, inv_freq, self.rope_layout, positions) for z in (q, k))
+        start = 0
+        if cache is not None:
+            start = cache["end"]
+            k = jax.lax.dynamic_update_slice(
+                cache["k"], k.astype(cache["k"].dtype), (0, start, 0, 0)
+            )
+            v = jax.lax.dynamic_update_slice(
+                cache["v"], v.astype(cache["v"].dtype), (0, start, 0, 0)
+            )
+            cache = {"k": k, "v": v, "end": start + t}
         repeat = self.n_heads // self.n_kv_heads
-        k, v = jnp.repeat(k, repeat, axis=2), jnp.repeat(v, repeat, axis=2)
-        scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.head_dim)
-        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        probs = jax.nn.softmax(
-            jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1
-        ).astype(x.dtype)
-        return self.o_proj(jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, -1))
+        keys, values = jnp.repeat(k, repeat, axis=2), jnp.repeat(v, repeat, axis=2)
+        scores = jnp.einsum("bthd,bshd->bhts", q, keys) / math.sqrt(self.head_dim)
+        # causal over the slots; a padding slot is never attended to
+        allowed = (jnp.arange(keys.shape[1])[None, :] <= start + jnp.arange(t)[:, None])[None, None]
+        if mask is not None:
+            allowed = allowed & mask[:, None, None, : keys.shape[1]]
+        scores = jnp.where(allowed, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        out = self.o_proj(jnp.einsum("bhts,bshd->bthd", probs, values).reshape(b, t, -1))
+        return out if cache is None else (out, cache)
 
 
 class MLP(nnx.Module):
@@ -139,6 +156,11 @@ class DecoderLayer(nnx.Module):
     def __call__(self, x):
         x = x + self.attn(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def decode(self, x, positions, mask, cache):
+        h, cache = self.attn(self.input_layernorm(x), positions, mask, cache)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
 
 
 class Llama(nnx.Module):
@@ -191,6 +213,31 @@ class Llama(nnx.Module):
         for layer in self.layers:
             x = layer(x)
         return self.lm_head(self.norm(x))
+
+
+def decode(model: Llama, tokens, positions, mask, cache=None):
+    """The port's own decode path: `tokens` (B, T) at rotary `positions` (B, T), `mask` (B, S) the
+    real (not padding) tokens of the whole sequence of S; `cache` None for the prefill (a KV cache
+    of S slots a layer, in the compute dtype, is made), else what the last call returned. Returns
+    (logits (B, T, vocab), cache)."""
+    b, s = mask.shape
+    if cache is None:
+        layer = model.layers[0].attn
+        shape = (b, s, layer.n_kv_heads, layer.head_dim)
+        dtype = model.embed_tokens.dtype or jnp.float32
+        empty = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "end": 0}
+        cache = [dict(empty) for _ in model.layers]
+    x, kept = model.embed_tokens(tokens), []
+    for layer, layer_cache in zip(model.layers, cache):
+        x, layer_cache = layer.decode(x, positions, mask, layer_cache)
+        kept.append(layer_cache)
+    return model.lm_head(model.norm(x)), kept
+
+
+def decode_position_off(model: Llama, tokens, positions, mask, cache=None):
+    """A decode-only mis-port: each new token's rotary position one past its place (the prefill
+    right), as a port that takes the position from the cache's length after writing to it."""
+    return decode(model, tokens, positions if cache is None else positions + 1, mask, cache)
 
 
 def llama_interleaved(**hparams) -> Llama:

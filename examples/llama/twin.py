@@ -9,6 +9,8 @@ it in a subprocess of its own); the two models live in torch_llama.py and nnx_ll
     python -m compare --twin examples/llama/twin.py:llama_table_misported
     # transformers' own class
     python -m compare --twin examples/llama/twin.py:llama_hf --checkpoint hf:DIR
+    # its decode path too: prefill, 16 greedy tokens, the KV caches compared step by step
+    python -m compare --twin examples/llama/twin.py:llama_hf --generate 16
 """
 
 import dataclasses
@@ -100,7 +102,14 @@ llama_hf = Twin(
     partition_rules=PARTITION_RULES,
     hf={**HF, "prefix": ""},
     nnx_dtype_arg="dtype",
+    # --generate: the port's own KV cache (nnx_llama.py decode); HF's model brings its own
+    decode={"nnx": "nnx_llama.py:decode"},
     train=llama_tiny.train,
+)
+
+# a decode-only mis-port: the training step is right, each new token's rotary position is one off
+llama_hf_decode_position_off = dataclasses.replace(
+    llama_hf, decode={"nnx": "nnx_llama.py:decode_position_off"}
 )
 
 llama_hf_misported = dataclasses.replace(llama_hf, nnx="nnx_llama.py:llama_interleaved", hf={})

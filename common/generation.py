@@ -1,0 +1,119 @@
+"""Greedy generation, run the same way on every runtime (numpy only): the prompts, the loop over a
+side's decode path, and what its run keeps.
+
+A side's decode path is one function, `decode(tokens, positions, mask, cache) -> (logits, cache)`
+(each runtime adapts its model's: jax_impl/generate.py, torch_impl/generate.py): `tokens` (B, T)
+at rotary `positions` (B, T), `mask` (B, S) the real tokens of the whole sequence (the prompts are
+left-padded; every generated token is real), `cache` None for the prefill, else what the last call
+returned. The loop prefills the prompts, then feeds one token a step. Fed `forced` tokens (the
+reference's), a side still records the token it would have chosen, so that every step is compared
+from the same history (teacher forcing) and a flip is seen where it happens.
+
+Each side checks itself too: the decode path's logits at every step against one prefill of the
+whole sequence it fed (a cache bug: a position, a mask, a slot), and that prefill against the
+model's training forward on the rows with no padding (the decode path is the model that trained).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+GROUP = "generation"  # the tensor file's group of a generation run
+PAD_ID = 0
+MIN_PROMPT = 4  # tokens the longest prompt has at least
+MAX_ROWS = 4  # prompts generated from, at most
+PROMPT_SHORTENED = (0, 1, 2, 3)  # row i's prompt is this many quarters of the longest shorter
+
+
+def prompts(inputs: np.ndarray, n_new: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt tokens (B, P), mask (B, P + n_new)) from a batch's token ids: up to MAX_ROWS rows of
+    different lengths, left-padded with PAD_ID; the longest leaves room for `n_new` tokens within
+    `seq_len`. Real tokens that equal PAD_ID stay real (the mask says which are padding)."""
+    ids = np.asarray(inputs)
+    if ids.ndim != 2 or ids.dtype.kind not in "iu":
+        raise ValueError(
+            f"--generate needs token ids (batch, tokens) as the model's input, not {ids.dtype} "
+            f"{list(ids.shape)}"
+        )
+    longest = min(ids.shape[1], seq_len - n_new)
+    if longest < MIN_PROMPT:
+        raise ValueError(
+            f"--generate {n_new}: the model's {seq_len} positions leave {longest} for the prompt; "
+            f"ask for fewer tokens (at least {MIN_PROMPT} prompt tokens are needed)"
+        )
+    rows = min(MAX_ROWS, ids.shape[0])
+    tokens = np.full((rows, longest), PAD_ID, dtype=np.int32)
+    mask = np.ones((rows, longest + n_new), dtype=bool)
+    for row in range(rows):
+        length = longest - PROMPT_SHORTENED[row % len(PROMPT_SHORTENED)] * (longest // 4)
+        tokens[row, longest - length :] = ids[row, :length]
+        mask[row, : longest - length] = False
+    return tokens, mask
+
+
+def positions_of(mask: np.ndarray) -> np.ndarray:
+    """Each slot's rotary position: its place among its row's real tokens (0 on the padding), as
+    Hugging Face's generate derives position_ids from the attention mask."""
+    return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+
+
+def generate(decode, to_numpy, tokens, mask, n_new: int, forced=None, forward=None) -> dict:
+    """Prefill and `n_new` decode steps of one side: {prefill (B, P, V), steps (n_new + 1, B, V):
+    the logits each next token is chosen from (the prefill's last, then each decode step's),
+    chosen (n_new, B): the side's own greedy choices, fed (n_new, B): what it was fed (`forced`, or
+    its own choices), whole (B, P + n_new, V): one prefill of everything fed, forward: the training
+    forward's logits of the same sequence (`forward(tokens)`, when given), seconds (n_new + 1,):
+    each call's wall time to its logits on the host}."""
+    p = tokens.shape[1]
+    positions = positions_of(mask)
+    seconds = []  # of each call, its logits on the host: the prefill's, then each step's
+
+    def timed(*args):
+        started = time.perf_counter()
+        logits, cache = decode(*args)
+        logits = to_numpy(logits)
+        seconds.append(time.perf_counter() - started)
+        return logits, cache
+
+    prefill, cache = timed(tokens, positions[:, :p], mask, None)
+    steps, chosen, fed = [prefill[:, -1]], [], []
+    for s in range(n_new):
+        own = np.argmax(steps[-1], axis=-1).astype(np.int32)
+        token = own if forced is None else np.asarray(forced[s], np.int32)
+        chosen.append(own)
+        fed.append(token)
+        logits, cache = timed(token[:, None], positions[:, p + s : p + s + 1], mask, cache)
+        steps.append(logits[:, 0])
+    sequence = np.concatenate([tokens, np.stack(fed, axis=1)], axis=1)
+    out = {
+        "prefill": prefill,
+        "steps": np.stack(steps),
+        "chosen": np.stack(chosen),
+        "fed": np.stack(fed),
+        "whole": to_numpy(decode(sequence, positions, mask, None)[0]),
+        "sequence": sequence,
+        "mask": mask,
+        "seconds": np.asarray(seconds),
+    }
+    if forward is not None:
+        out["forward"] = to_numpy(forward(sequence))
+    return out
+
+
+def fed_tokens(run_dir, run_id: str | None = None) -> np.ndarray:
+    """The tokens a generation run in `run_dir` was fed (n_new, B): what another side is fed to be
+    compared with it step by step. ValueError naming what is wrong when there is none (or not this
+    compare run's)."""
+    from common.files.record import RECORD_FILE, read_record
+    from common.files.tensor_file import read_tensors
+
+    record = read_record(Path(run_dir) / RECORD_FILE)
+    if run_id is not None and record.run_id != run_id:
+        raise ValueError(f"{run_dir} is another compare run's ({record.run_id})")
+    fed = read_tensors(Path(run_dir) / RECORD_FILE, record)[GROUP].get("fed")
+    if fed is None:
+        raise ValueError(f"{run_dir} holds no generation run (no {GROUP}/fed)")
+    return np.asarray(fed)

@@ -1,0 +1,214 @@
+"""--generate N judged: each side's decode path against itself, then each against the reference's,
+step by step (common/generation.py runs them; compare/runs/extra_runs.py generation_runs).
+
+Every logits array is judged by the run's `forward` tolerance, atol + rtol * max|reference|, over
+the real tokens (a left-padded prompt's padding is never judged):
+- each side against itself: the decode path's logits at every step against one prefill of the whole
+  sequence it was fed (a cache bug: a position, a mask, a slot, is found on its side even when the
+  other side has one too), and that prefill against the training forward on the prompts with no
+  padding (the decode path is the model that trained);
+- each side against the reference: the prefill's logits, and each step's. Every side is fed the
+  reference's tokens, so the steps stay comparable after a choice differs; where a side's own
+  greedy choice first differs from the reference's, the step, the prompt and both sides' margins
+  between their two best logits are said, and a choice whose reference margin is within the step's
+  bound is a flip at a near-tie, not a port error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from common import backends
+from common.files.record import RECORD_FILE, RecordError, read_record
+from common.files.tensor_file import read_tensors
+from common.generation import GROUP
+from common.vocab import ReportStatus
+from compare.judge.verdict import CheckResult
+
+GENERATION_DIR = "generation"  # <run>/<backend>/generation: its generation run
+
+
+def read_generation(out: Path, name: str, run_id: str | None) -> dict | None:
+    """A backend's generation run of this compare run ({array: numpy}), or None (none, failed, or
+    another run's)."""
+    path = out / name / GENERATION_DIR / RECORD_FILE
+    try:
+        record = read_record(path)
+        if run_id is not None and record.run_id != run_id:
+            return None
+        return {k: np.asarray(v) for k, v in read_tensors(path, record)[GROUP].items()}
+    except (RecordError, OSError, KeyError):
+        return None
+
+
+def _bound(tolerance: dict, reference: np.ndarray) -> float:
+    return float(tolerance["atol"] + tolerance["rtol"] * np.max(np.abs(reference), initial=0.0))
+
+
+def _margin(logits: np.ndarray) -> float:
+    """The gap between the two largest logits of one row."""
+    top = np.sort(logits.astype(np.float64))[-2:]
+    return float(top[1] - top[0])
+
+
+def self_check(run: dict, tolerance: dict) -> dict:
+    """A side's decode path against one prefill of everything it fed, step by step, and that
+    prefill against its training forward on the prompts with no padding."""
+    p = run["prefill"].shape[1]
+    steps = []
+    for s, logits in enumerate(run["steps"]):
+        whole = run["whole"][:, p - 1 + s]
+        diff = float(np.max(np.abs(logits.astype(np.float64) - whole)))
+        steps.append({"step": s, "max_abs": diff, "bound": _bound(tolerance, whole)})
+    parted = [s["step"] for s in steps if not s["max_abs"] <= s["bound"]]
+    unpadded = run["mask"].all(axis=1)
+    forward = {"prompts": int(unpadded.sum()), "max_abs": None, "within": None}
+    if "forward" in run and unpadded.any():
+        ref = run["forward"][unpadded]
+        forward["max_abs"] = float(np.max(np.abs(run["whole"][unpadded].astype(np.float64) - ref)))
+        forward["bound"] = _bound(tolerance, ref)
+        forward["within"] = forward["max_abs"] <= forward["bound"]
+    return {
+        "steps": steps,
+        "first_divergent_step": parted[0] if parted else None,
+        "forward": forward,
+        "passed": not parted and forward["within"] is not False,
+    }
+
+
+def pair_check(ref: dict, other: dict, tolerance: dict) -> dict:
+    """A side's prefill and decode steps against the reference's, fed the same tokens."""
+    p = ref["prefill"].shape[1]
+    real = ref["mask"][:, :p]
+    prefill_diff = float(np.max(np.abs(ref["prefill"] - other["prefill"].astype(np.float64))[real]))
+    prefill = {"max_abs": prefill_diff, "bound": _bound(tolerance, ref["prefill"][real])}
+    steps = []
+    for s, (a, b) in enumerate(zip(ref["steps"], other["steps"])):
+        steps.append(
+            {
+                "step": s,
+                "max_abs": float(np.max(np.abs(a.astype(np.float64) - b))),
+                "bound": _bound(tolerance, a),
+                "top1": float(np.mean(np.argmax(a, -1) == np.argmax(b, -1))),
+            }
+        )
+    parted = [s["step"] for s in steps if not s["max_abs"] <= s["bound"]]
+    if not prefill_diff <= prefill["bound"]:
+        parted.insert(0, "prefill")
+    return {
+        "prefill": prefill,
+        "steps": steps,
+        "first_divergent_step": parted[0] if parted else None,
+        "first_flip": _first_flip(ref, other, steps),
+        "passed": not parted,
+    }
+
+
+def _first_flip(ref: dict, other: dict, steps: list[dict]) -> dict | None:
+    """Where the side's own greedy choice first differs from the reference's: the step, the prompt,
+    the two tokens and each side's margin between its two best logits; within rounding when the
+    reference's margin is within that step's bound."""
+    differs = np.argwhere(other["chosen"] != ref["fed"])
+    if not len(differs):
+        return None
+    step, row = (int(i) for i in differs[0])
+    margins = [_margin(run["steps"][step][row]) for run in (ref, other)]
+    return {
+        "step": step,
+        "prompt": row,
+        "reference_token": int(ref["fed"][step][row]),
+        "token": int(other["chosen"][step][row]),
+        "margin_reference": margins[0],
+        "margin_other": margins[1],
+        "within_rounding": margins[0] <= steps[step]["bound"],
+    }
+
+
+def runtime_facts(run: dict, n_new: int) -> dict:
+    """What a side's decode path cost: time to the first token's logits (the prefill), the median
+    decode step, and where the runtime counts them, the graphs compiled by the prefill, the first
+    decode step and every later one (a static cache: none)."""
+    seconds = run.get("seconds")
+    facts = {
+        "prefill_ms": float(seconds[0] * 1e3) if seconds is not None else None,
+        "decode_ms_median": float(np.median(seconds[1:]) * 1e3)
+        if seconds is not None and len(seconds) > 1
+        else None,
+    }
+    compiles = run.get("compiles")
+    if compiles is not None:
+        facts["compiles"] = {
+            "prefill": int(compiles[0]),
+            "first_decode_step": int(compiles[1]),
+            "later_decode_steps": int(compiles[2 : n_new + 1].sum()),
+        }
+    return facts
+
+
+def _whose(own: dict, reference: str, name: str) -> str:
+    """Which side a pair's difference lies on, where their own checks say: the one whose decode path
+    differs from its own forward while the other's agrees."""
+    wrong = [n for n in (reference, name) if n in own and not own[n]["passed"]]
+    return (
+        f" (on {wrong[0]}'s side: its decode path differs from its own forward)"
+        if len(wrong) == 1
+        else ""
+    )
+
+
+def generation_check(
+    out: Path, names: list[str], reference: str, policy: dict, run_id: str | None, n_new: int
+) -> CheckResult:
+    """--generate's section and verdict: every side's decode path against itself and against the
+    reference's."""
+    tolerance = policy["forward"]
+    runs = {n: read_generation(out, n, run_id) for n in names}
+    ref = runs.get(reference)
+    section = {
+        "new_tokens": n_new,
+        "reference": reference,
+        "tolerance": dict(tolerance),
+        "prompt_lengths": ref["mask"][:, : ref["prefill"].shape[1]].sum(1).tolist() if ref else [],
+        "not_run": {
+            n: "its runtime runs no decode path yet (common/backends.py generates)"
+            if not backends.info(n).generates
+            else "its generation run failed or was not made"
+            for n, r in runs.items()
+            if r is None
+        },
+        "self": {n: self_check(r, tolerance) for n, r in runs.items() if r is not None},
+        "pairs": {
+            n: pair_check(ref, r, tolerance)
+            for n, r in runs.items()
+            if r is not None and ref is not None and n != reference
+        },
+    }
+    failures = [
+        f"{n}'s decode path differs from its own forward from step {c['first_divergent_step']}"
+        if c["first_divergent_step"] is not None
+        else f"{n}'s prefill differs from its training forward"
+        for n, c in section["self"].items()
+        if not c["passed"]
+    ] + [
+        f"{n}'s decode differs from {reference}'s at "
+        + (
+            "the prefill"
+            if c["first_divergent_step"] == "prefill"
+            else f"step {c['first_divergent_step']}"
+        )
+        + _whose(section["self"], reference, n)
+        for n, c in section["pairs"].items()
+        if not c["passed"]
+    ]
+    section["runtime"] = {n: runtime_facts(r, n_new) for n, r in runs.items() if r is not None}
+    section["passed"] = not failures and ref is not None
+    if ref is None:
+        failures.append(f"the reference {reference} has no generation run to compare against")
+    return CheckResult(
+        "generation",
+        ReportStatus.PARITY_FAILED if failures else ReportStatus.OK,
+        ("generation: " + "; ".join(failures)) if failures else "",
+        section,
+    )

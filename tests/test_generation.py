@@ -1,0 +1,162 @@
+"""--generate (common/generation.py, compare/judge/generation.py): Hugging Face's Llama with its own
+cache against an NNX port with its own, on every runtime; a decode-only mis-port named at its step
+and its side while its training step passes; the pieces in this process."""
+
+import json
+
+import numpy as np
+import pytest
+
+from common.generation import positions_of, prompts
+from compare.judge.generation import pair_check, self_check
+from tests.helpers import run_cli
+
+LLAMA = "examples/llama/twin.py"
+BOUND = {"atol": 1e-5, "rtol": 1e-4}
+
+
+def compare(out, *args):
+    return run_cli("compare", "--out", str(out), "--quiet", *args, timeout=900)
+
+
+def test_prompts_are_left_padded_rows_of_different_lengths_with_their_own_positions():
+    ids = np.arange(1, 8 * 20 + 1, dtype=np.int64).reshape(8, 20)
+    tokens, mask = prompts(ids, 6, 24)
+    # the longest leaves room for 6 tokens in 24 positions; then 3/4, 1/2, 1/4 of it
+    assert tokens.shape == (4, 18) and mask.shape == (4, 24)
+    assert mask[:, :18].sum(1).tolist() == [18, 14, 10, 6] and mask[:, 18:].all()
+    # each row's real tokens are its own first ones, right-aligned after the padding
+    assert tokens[1, 4:].tolist() == ids[1, :14].tolist() and (tokens[1, :4] == 0).all()
+    positions = positions_of(mask)
+    assert positions[1, 4] == 0 and positions[1, 17] == 13 and positions[1, 18] == 14
+    assert (positions[1, :4] == 0).all()
+    with pytest.raises(ValueError, match="leave 2 for the prompt"):
+        prompts(ids, 22, 24)
+    with pytest.raises(ValueError, match="needs token ids"):
+        prompts(np.zeros((2, 3, 4), np.float32), 2, 24)
+
+
+def _run(rng, rows=2, p=5, n=3, vocab=11):
+    steps = rng.standard_normal((n + 1, rows, vocab)).astype(np.float32)
+    mask = np.ones((rows, p + n), bool)
+    mask[1, :2] = False
+    whole = rng.standard_normal((rows, p + n, vocab)).astype(np.float32)
+    whole[:, p - 1 :] = steps.transpose(1, 0, 2)
+    fed = np.argmax(steps[:n], -1).astype(np.int32)
+    return {
+        "prefill": whole[:, :p].copy(),
+        "steps": steps,
+        "whole": whole,
+        "forward": whole.copy(),
+        "mask": mask,
+        "fed": fed,
+        "chosen": fed.copy(),
+    }
+
+
+def test_a_side_is_judged_against_itself_and_a_flip_at_a_near_tie_is_said_as_one():
+    rng = np.random.default_rng(0)
+    ref = _run(rng)
+    own = self_check(ref, BOUND)
+    assert own["passed"] and own["first_divergent_step"] is None
+    assert own["forward"]["prompts"] == 1 and own["forward"]["within"]
+    # a cache bug from step 2 on: the decode path parts from its own prefill of everything
+    broken = {**ref, "steps": ref["steps"].copy()}
+    broken["steps"][2:] += 1e-2
+    assert self_check(broken, BOUND)["first_divergent_step"] == 2
+    # the other side chose otherwise at step 1, prompt 0, where the reference's two best logits are
+    # 1e-6 apart: a flip within rounding, and every step still compared
+    other = {k: v.copy() for k, v in ref.items()}
+    top = int(ref["fed"][1][0])
+    second = int(np.argsort(ref["steps"][1][0])[-2])
+    for run in (ref, other):
+        run["steps"][1][0][second] = run["steps"][1][0][top] - 1e-6
+    other["chosen"][1][0] = second
+    pair = pair_check(ref, other, BOUND)
+    flip = pair["first_flip"]
+    assert pair["passed"] and len(pair["steps"]) == 4
+    assert flip["step"] == 1 and flip["prompt"] == 0 and flip["token"] == second
+    assert flip["within_rounding"] and flip["margin_reference"] == pytest.approx(1e-6, rel=0.1)
+    # the same choice where the margin is wide is no tie
+    ref["steps"][1][0][second] = ref["steps"][1][0][top] - 1.0
+    assert not pair_check(ref, other, BOUND)["first_flip"]["within_rounding"]
+
+
+@pytest.mark.slow
+def test_hugging_faces_llama_decodes_as_its_nnx_port_on_every_runtime(tmp_path):
+    """HF's LlamaForCausalLM with its own cache (DynamicCache; torch_xla a StaticCache) against the
+    port's own KV cache: left-padded prompts of four lengths, 8 greedy tokens, every step's logits
+    within float32's forward bound against jax and against the side's own forward; torch_xla's
+    decode step compiles once."""
+    proc = compare(tmp_path, "--twin", f"{LLAMA}:llama_hf", "--backend", "all", "--generate", "8")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    section = report["generation"]
+    assert report["verdict"] == "pass" and section["passed"] and section["not_run"] == {}
+    assert section["new_tokens"] == 8 and len(set(section["prompt_lengths"])) == 4
+    assert set(section["pairs"]) == {"torch", "torch_xla", "torchax"}
+    for name, pair in section["pairs"].items():
+        assert pair["first_flip"] is None and pair["prefill"]["max_abs"] < 1e-5, name
+        assert len(pair["steps"]) == 9 and all(s["top1"] == 1.0 for s in pair["steps"]), name
+        # measured 1.2e-7..2.1e-7: float32 rounding, far inside the bound (6e-5..7e-5)
+        assert max(s["max_abs"] for s in pair["steps"]) < 1e-5, name
+    for name, own in section["self"].items():
+        assert own["passed"] and own["forward"]["prompts"] == 1, name
+        assert own["forward"]["max_abs"] < 1e-5, name
+    compiles = section["runtime"]["torch_xla"]["compiles"]
+    assert compiles["first_decode_step"] >= 1 and compiles["later_decode_steps"] == 0
+    assert all(f["prefill_ms"] > 0 for f in section["runtime"].values())
+    md = (tmp_path / "report.md").read_text()
+    assert "## Generation: 8 greedy tokens after prompts of" in md and "## Generation cost" in md
+
+
+@pytest.mark.slow
+def test_a_decode_only_misport_is_named_at_its_step_and_side_while_training_passes(tmp_path):
+    """The port's new tokens take their rotary position one past their place: the training step
+    agrees; the decode path parts from jax's own forward at step 1 (step 0 is the prefill's), and
+    torch's agreement with its own forward puts the difference on jax's side."""
+    proc = compare(
+        tmp_path,
+        "--twin",
+        f"{LLAMA}:llama_hf_decode_position_off",
+        "--backend",
+        "jax,torch",
+        "--generate",
+        "6",
+        "--steps",
+        "2",
+    )
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["parity"]["torch"]["passed"]
+    section = report["generation"]
+    assert section["self"]["jax"]["first_divergent_step"] == 1
+    assert section["self"]["torch"]["passed"]
+    assert section["pairs"]["torch"]["first_divergent_step"] == 1
+    assert section["pairs"]["torch"]["steps"][0]["max_abs"] < 1e-5
+    assert report["message"] == (
+        "generation: jax's decode path differs from its own forward from step 1; torch's decode "
+        "differs from jax's at step 1 (on jax's side: its decode path differs from its own "
+        "forward)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("generate-refused")
+def test_generate_is_refused_before_anything_runs_where_it_cannot_work(tmp_path):
+    for args, message in (
+        (
+            ("--spec", "gpt-tiny"),
+            "--generate: the built-in gpt model names no NNX decode path; give "
+            "decode={'nnx': 'file.py:decode'}",
+        ),
+        (
+            ("--twin", f"{LLAMA}:llama_hf", "--generate", "61"),
+            "--generate 61: the model's 64 positions leave no room for a prompt of 4 tokens; "
+            "ask for at most 60",
+        ),
+    ):
+        out = tmp_path / str(len(message))
+        proc = compare(out, "--backend", "jax,torch", "--generate", "4", *args)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert not out.exists()
