@@ -68,6 +68,7 @@ def check_twin(
     sets: Sequence[str] = (),
     seed: int | None = None,
     dtype: str | None = None,
+    generate: int | None = None,
     tolerance_profile: str | None = None,
     timeout_s: float | None = None,
     extra_args: Sequence[str] = (),
@@ -95,6 +96,7 @@ def check_twin(
         ("--mesh", mesh),
         ("--seed", seed),
         ("--dtype", dtype),
+        ("--generate", generate),
         ("--tolerance-profile", tolerance_profile),
         ("--timeout", timeout_s),
     ):

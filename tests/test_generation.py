@@ -82,6 +82,44 @@ def test_a_side_is_judged_against_itself_and_a_flip_at_a_near_tie_is_said_as_one
     assert not pair_check(ref, other, BOUND)["first_flip"]["within_rounding"]
 
 
+def test_the_nnx_side_alone_finds_its_decode_only_misports():
+    """Each of the Llama port's decode-only mis-ports, on its side alone (no other framework): a new
+    token's rotary position one off and the left padding seen by the new tokens part from the
+    side's own prefill of the whole sequence at step 1 (step 0's logits are the prefill's); a KV
+    cache kept in bfloat16 agrees with a prefill through that same cache, and parts from the
+    training forward."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from common.generation import generate
+    from common.twin import resolve
+    from jax_impl.generate import host_logits
+
+    hparams = {"vocab_size": 64, "seq_len": 32, "d_model": 32, "n_layers": 2, "n_heads": 4}
+    model = resolve(f"{LLAMA.replace('twin.py', 'nnx_llama.py')}:Llama")(
+        **hparams, n_kv_heads=2, d_ff=64, rngs=nnx.Rngs(0)
+    )
+    ids = np.random.default_rng(0).integers(1, 64, (4, 32))
+    tokens, mask = prompts(ids, 6, 32)
+    found = {}
+    for name in ("decode", "decode_position_off", "decode_padding_seen", "decode_cache_bfloat16"):
+        decode = resolve(f"{LLAMA.replace('twin.py', 'nnx_llama.py')}:{name}")
+        run = generate(
+            lambda t, p, m, c, decode=decode: decode(model, jnp.asarray(t), p, m, c),
+            host_logits,
+            tokens,
+            mask,
+            6,
+            forward=lambda t: model(jnp.asarray(t)),
+        )
+        found[name] = self_check(run, BOUND)
+    assert found["decode"]["passed"] and found["decode"]["forward"]["max_abs"] < 1e-5
+    assert found["decode_position_off"]["first_divergent_step"] == 1
+    assert found["decode_padding_seen"]["first_divergent_step"] == 1
+    bf16 = found["decode_cache_bfloat16"]
+    assert bf16["first_divergent_step"] is None and bf16["forward"]["within"] is False
+
+
 @pytest.mark.slow
 def test_hugging_faces_llama_decodes_as_its_nnx_port_on_every_runtime(tmp_path):
     """HF's LlamaForCausalLM with its own cache (DynamicCache; torch_xla a StaticCache) against the

@@ -215,18 +215,21 @@ class Llama(nnx.Module):
         return self.lm_head(self.norm(x))
 
 
+def init_cache(model: Llama, batch: int, length: int, dtype) -> list[dict]:
+    """An empty KV cache of `length` slots a layer."""
+    layer = model.layers[0].attn
+    shape = (batch, length, layer.n_kv_heads, layer.head_dim)
+    empty = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "end": 0}
+    return [dict(empty) for _ in model.layers]
+
+
 def decode(model: Llama, tokens, positions, mask, cache=None):
     """The port's own decode path: `tokens` (B, T) at rotary `positions` (B, T), `mask` (B, S) the
     real (not padding) tokens of the whole sequence of S; `cache` None for the prefill (a KV cache
     of S slots a layer, in the compute dtype, is made), else what the last call returned. Returns
     (logits (B, T, vocab), cache)."""
-    b, s = mask.shape
     if cache is None:
-        layer = model.layers[0].attn
-        shape = (b, s, layer.n_kv_heads, layer.head_dim)
-        dtype = model.embed_tokens.dtype or jnp.float32
-        empty = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "end": 0}
-        cache = [dict(empty) for _ in model.layers]
+        cache = init_cache(model, *mask.shape, model.embed_tokens.dtype or jnp.float32)
     x, kept = model.embed_tokens(tokens), []
     for layer, layer_cache in zip(model.layers, cache):
         x, layer_cache = layer.decode(x, positions, mask, layer_cache)
@@ -238,6 +241,18 @@ def decode_position_off(model: Llama, tokens, positions, mask, cache=None):
     """A decode-only mis-port: each new token's rotary position one past its place (the prefill
     right), as a port that takes the position from the cache's length after writing to it."""
     return decode(model, tokens, positions if cache is None else positions + 1, mask, cache)
+
+
+def decode_padding_seen(model: Llama, tokens, positions, mask, cache=None):
+    """A decode-only mis-port: the prefill masks the left padding, each new token attends to it."""
+    return decode(model, tokens, positions, mask if cache is None else jnp.ones_like(mask), cache)
+
+
+def decode_cache_bfloat16(model: Llama, tokens, positions, mask, cache=None):
+    """A decode-only mis-port: the KV cache kept in bfloat16 whatever the model computes in."""
+    if cache is None:
+        cache = init_cache(model, *mask.shape, jnp.bfloat16)
+    return decode(model, tokens, positions, mask, cache)
 
 
 def llama_interleaved(**hparams) -> Llama:
