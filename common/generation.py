@@ -60,22 +60,28 @@ def positions_of(mask: np.ndarray) -> np.ndarray:
     return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
 
 
-def generate(decode, to_numpy, tokens, mask, n_new: int, forced=None, forward=None) -> dict:
+def generate(
+    decode, to_numpy, tokens, mask, n_new: int, forced=None, forward=None, compiles=None
+) -> dict:
     """Prefill and `n_new` decode steps of one side: {prefill (B, P, V), steps (n_new + 1, B, V):
     the logits each next token is chosen from (the prefill's last, then each decode step's),
     chosen (n_new, B): the side's own greedy choices, fed (n_new, B): what it was fed (`forced`, or
     its own choices), whole (B, P + n_new, V): one prefill of everything fed, forward: the training
     forward's logits of the same sequence (`forward(tokens)`, when given), seconds (n_new + 1,):
-    each call's wall time to its logits on the host}."""
+    each call's wall time to its logits on the host, and where the runtime counts its compiles
+    (`compiles()`: how many so far) compiles (n_new + 3,): those of the prefill, each decode step,
+    the whole sequence's prefill and the forward}."""
     p = tokens.shape[1]
     positions = positions_of(mask)
-    seconds = []  # of each call, its logits on the host: the prefill's, then each step's
+    seconds, compiled = [], []  # of each call to its logits on the host
 
-    def timed(*args):
-        started = time.perf_counter()
-        logits, cache = decode(*args)
+    def timed(*args, call=decode):
+        started, before = time.perf_counter(), compiles() if compiles else 0
+        out = call(*args)
+        logits, cache = out if call is decode else (out, None)
         logits = to_numpy(logits)
         seconds.append(time.perf_counter() - started)
+        compiled.append((compiles() if compiles else 0) - before)
         return logits, cache
 
     prefill, cache = timed(tokens, positions[:, :p], mask, None)
@@ -93,13 +99,15 @@ def generate(decode, to_numpy, tokens, mask, n_new: int, forced=None, forward=No
         "steps": np.stack(steps),
         "chosen": np.stack(chosen),
         "fed": np.stack(fed),
-        "whole": to_numpy(decode(sequence, positions, mask, None)[0]),
+        "whole": timed(sequence, positions, mask, None)[0],
         "sequence": sequence,
         "mask": mask,
-        "seconds": np.asarray(seconds),
+        "seconds": np.asarray(seconds[: n_new + 1]),
     }
     if forward is not None:
-        out["forward"] = to_numpy(forward(sequence))
+        out["forward"] = timed(sequence, call=forward)[0]
+    if compiles:
+        out["compiles"] = np.asarray(compiled, np.int64)
     return out
 
 

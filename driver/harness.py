@@ -169,6 +169,7 @@ def run(
         runtime.trace_step()
     if options.generate:  # a generation run (common/generation.py): nothing trained
         tensors[generation.GROUP] = _generation(runtime, options)
+        record.extra.notes["decode_path"] = getattr(runtime, "decode_how", "eager")
     # compare's capture run (compare/runs/capture_runs.py): no step, no compile of one
     if not options.train:
         # ... but those before a later step's: its capture takes the weights they left

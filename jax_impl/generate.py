@@ -1,8 +1,11 @@
 """The NNX side's decode path (common/generation.py): the twin's `decode["nnx"]` called on the
-model as the run holds it, eagerly, and its training forward beside it."""
+model as the run holds it, jitted as a JAX user serves it (the prefill, the decode step and the
+whole sequence's prefill each one program), eagerly where it cannot be traced; and the training
+forward beside it."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -10,6 +13,7 @@ from flax import nnx
 from common.generation import generate
 from common.twin import TwinError, resolve, twin_of
 from common.twin.outputs import forward, logits_of
+from jax_impl.loop import UNTRACEABLE
 
 
 def host_logits(x) -> np.ndarray:
@@ -17,29 +21,53 @@ def host_logits(x) -> np.ndarray:
     return np.asarray(x if x.dtype == jnp.float64 else x.astype(jnp.float32))
 
 
-def nnx_decode_path(spec, model: nnx.Module):
-    """(decode, forward) of the NNX side: the twin's own decode function bound to `model`, and the
-    training forward's logits, in the torch side's layout (the twin's nnx_output_axes)."""
-    twin = twin_of(spec.model)
-    if "nnx" not in twin.decode:
-        raise TwinError(
-            f"--generate: twin {spec.model.twin} names no NNX decode path; give "
-            "decode={'nnx': 'file.py:decode'} (README, twin fields)"
-        )
-    decode = resolve(twin.decode["nnx"], twin.base_dir, "decode")
-    model.eval()
+class NnxDecodePath:
+    """The twin's decode function bound to a model: jitted over the model's state, or eager once a
+    trace of it fails (a value-dependent branch, say); `how` says which ran."""
 
-    def step(tokens, positions, mask, cache):
-        return decode(model, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask), cache)
+    def __init__(self, spec, model: nnx.Module):
+        twin = twin_of(spec.model)
+        if "nnx" not in twin.decode:
+            raise TwinError(
+                f"--generate: twin {spec.model.twin} names no NNX decode path; give "
+                "decode={'nnx': 'file.py:decode'} (README, twin fields)"
+            )
+        self.decode, self.twin = resolve(twin.decode["nnx"], twin.base_dir, "decode"), twin
+        model.eval()
+        self.model = model
+        self.graphdef, self.state = nnx.split(model)
 
-    def whole(tokens):
-        out = logits_of(forward(model, jnp.asarray(tokens)), twin.logits)
-        return out.transpose(twin.nnx_output_axes) if twin.nnx_output_axes else out
+        def decode_step(state, *args):
+            return self.decode(nnx.merge(self.graphdef, state), *args)
 
-    return step, whole
+        self.jitted = jax.jit(decode_step)
+        self.how = "jitted (jax.jit over the model's state)"
+
+    def step(self, tokens, positions, mask, cache):
+        args = (jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask), cache)
+        if self.jitted is not None:
+            try:
+                return self.jitted(self.state, *args)
+            except UNTRACEABLE as e:
+                self.jitted = None
+                self.how = f"eager: its decode function cannot be traced ({type(e).__name__})"
+        return self.decode(self.model, *args)
+
+    def forward(self, tokens):
+        """The training forward's logits, in the torch side's layout (nnx_output_axes)."""
+        out = logits_of(forward(self.model, jnp.asarray(tokens)), self.twin.logits)
+        axes = self.twin.nnx_output_axes
+        return out.transpose(axes) if axes else out
 
 
-def generate_nnx(spec, model: nnx.Module, tokens, mask, n_new: int, forced=None) -> dict:
-    """common.generation.generate on the NNX side."""
-    step, whole = nnx_decode_path(spec, model)
-    return generate(step, host_logits, tokens, mask, n_new, forced, whole)
+# the jitted decode function's name in the compile events (CompileMonitor's fun_name)
+DECODE_PROGRAM = "decode_step"
+
+
+def generate_nnx(spec, model: nnx.Module, tokens, mask, n_new: int, forced, events: list):
+    """common.generation.generate on the NNX side; (its arrays, how the decode path ran). `events`:
+    the run's compile events, of which the decode program's are counted."""
+    path = NnxDecodePath(spec, model)
+    compiles = lambda: sum(DECODE_PROGRAM in e.fun_name for e in events)  # noqa: E731
+    out = generate(path.step, host_logits, tokens, mask, n_new, forced, path.forward, compiles)
+    return out, path.how

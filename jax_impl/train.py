@@ -183,7 +183,10 @@ class JaxTrainer(JittedTrainer):
     def generate(self, tokens, mask, n_new: int, forced=None) -> dict:
         """The twin's NNX decode path on the start weights (common/generation.py)."""
         model = nnx.merge(self.graphdef, self.params, self.state)
-        return generate_nnx(self.spec, model, tokens, mask, n_new, forced)
+        out, self.decode_how = generate_nnx(
+            self.spec, model, tokens, mask, n_new, forced, self.monitor.events
+        )
+        return out
 
     def float32_islands(self, inputs, targets) -> tuple[dict[str, str], dict[str, int]]:
         fed, seen = self.nnx_batch(*jax.tree.map(jnp.asarray, (inputs, targets)))

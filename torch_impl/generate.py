@@ -83,9 +83,19 @@ def torch_decode_path(spec, model: torch.nn.Module, device, static: bool = False
 
 
 def generate_torch(
-    spec, model, device, tokens, mask, n_new: int, forced=None, to_numpy=host_logits, static=False
+    spec,
+    model,
+    device,
+    tokens,
+    mask,
+    n_new: int,
+    forced=None,
+    to_numpy=host_logits,
+    static=False,
+    compiles=None,
 ) -> dict:
     """common.generation.generate on the torch side (`to_numpy`: the runtime's logits on the
-    host; `static`: a Hugging Face model's StaticCache)."""
+    host; `static`: a Hugging Face model's StaticCache; `compiles()`: the runtime's compile count
+    so far, where it has one)."""
     step, whole = torch_decode_path(spec, model, device, static)
-    return generate(step, to_numpy, tokens, mask, n_new, forced, whole)
+    return generate(step, to_numpy, tokens, mask, n_new, forced, whole, compiles)

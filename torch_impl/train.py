@@ -254,6 +254,7 @@ class TorchTrainer:
 
     def generate(self, tokens, mask, n_new: int, forced=None) -> dict:
         """The torch model's decode path on the start weights (common/generation.py)."""
+        self.decode_how = "eager"
         with self.autocast():
             return generate_torch(self.spec, self.model, self.device, tokens, mask, n_new, forced)
 

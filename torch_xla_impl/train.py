@@ -328,27 +328,32 @@ class TorchXlaTrainer:
     def generate(self, tokens, mask, n_new: int, forced=None) -> dict:
         """The torch model's decode path on a fresh copy of the start weights, with a Hugging Face
         model's StaticCache (fixed shapes: the decode step compiles once), and the graphs compiled
-        by each call (prefill, each decode step, the whole sequence's prefill) counted."""
+        by each call counted."""
         model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.param_dtype)
         model = convert.moved(
             convert.load_start(model, *self.started, self.spec.model), self.device
         )
-        counters, compiles = self.monitor.counters, []
+        self.decode_how = "lazy tensors, synced once a call, a StaticCache (fixed shapes)"
 
         def to_numpy(t: torch.Tensor) -> np.ndarray:
-            before = sum(counters().get(k, 0) for k in COMPILE_COUNTERS)
             # the whole step, its cache updates too: left pending, each step's graph would carry
             # every earlier one's (a new graph a token)
             torch_xla.sync()
-            value = host_logits(t)
-            compiles.append(sum(counters().get(k, 0) for k in COMPILE_COUNTERS) - before)
-            return value
+            return host_logits(t)
 
         with self.autocast():
-            out = generate_torch(
-                self.spec, model, self.device, tokens, mask, n_new, forced, to_numpy, static=True
+            return generate_torch(
+                self.spec,
+                model,
+                self.device,
+                tokens,
+                mask,
+                n_new,
+                forced,
+                to_numpy,
+                static=True,
+                compiles=lambda: sum(self.monitor.counters().get(k, 0) for k in COMPILE_COUNTERS),
             )
-        return {**out, "compiles": np.asarray(compiles, np.int64)}
 
     def host_state(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers (BatchNorm's running statistics) on the host, as they are now."""

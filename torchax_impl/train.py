@@ -263,6 +263,7 @@ class TorchaxTrainer(JittedTrainer):
         """The torch model's decode path (a Hugging Face model's own cache) run by torchax, eagerly,
         on a copy of the start weights (common/generation.py)."""
         env, model = torchax.default_env(), copy.deepcopy(self.model)
+        self.decode_how = "eager: op by op through torchax (not jitted yet)"
         with env:
             model = model.to("jax")
             if self.spec.train.dtype == "bfloat16" and not self.spec.train.loads_bfloat16:

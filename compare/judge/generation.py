@@ -38,7 +38,8 @@ def read_generation(out: Path, name: str, run_id: str | None) -> dict | None:
         record = read_record(path)
         if run_id is not None and record.run_id != run_id:
             return None
-        return {k: np.asarray(v) for k, v in read_tensors(path, record)[GROUP].items()}
+        arrays = {k: np.asarray(v) for k, v in read_tensors(path, record)[GROUP].items()}
+        return {**arrays, "how": record.extra.notes.get("decode_path", "")}
     except (RecordError, OSError, KeyError):
         return None
 
@@ -132,16 +133,17 @@ def runtime_facts(run: dict, n_new: int) -> dict:
     decode step and every later one (a static cache: none)."""
     seconds = run.get("seconds")
     facts = {
+        "how": run.get("how", ""),
         "prefill_ms": float(seconds[0] * 1e3) if seconds is not None else None,
         "decode_ms_median": float(np.median(seconds[1:]) * 1e3)
         if seconds is not None and len(seconds) > 1
         else None,
     }
     compiles = run.get("compiles")
-    if compiles is not None:
+    if compiles is not None and len(compiles) > n_new:
         facts["compiles"] = {
             "prefill": int(compiles[0]),
-            "first_decode_step": int(compiles[1]),
+            "first_decode_step": int(compiles[1]) if n_new else 0,
             "later_decode_steps": int(compiles[2 : n_new + 1].sum()),
         }
     return facts

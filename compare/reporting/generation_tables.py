@@ -49,10 +49,11 @@ def generation_tables(report: dict) -> list[tuple[str, list[str], list[list[str]
                 "Generation cost: time to the first token's logits, the median decode step, and "
                 "graphs compiled by the prefill / the first decode step / every later one (where "
                 "the runtime counts them)",
-                ["backend", "prefill ms", "decode step ms (median)", "compiles"],
+                ["backend", "decode path", "prefill ms", "decode step ms (median)", "compiles"],
                 [
                     [
                         n,
+                        f.get("how") or "-",
                         fmt(f["prefill_ms"], ".1f"),
                         fmt(f["decode_ms_median"], ".1f"),
                         " / ".join(str(v) for v in f["compiles"].values())
