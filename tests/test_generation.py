@@ -120,6 +120,39 @@ def test_the_nnx_side_alone_finds_its_decode_only_misports():
     assert bf16["first_divergent_step"] is None and bf16["forward"]["within"] is False
 
 
+def test_gemma2s_sliding_window_over_the_cache_is_checked_on_its_side_alone():
+    """Gemma 2's port decodes past its sliding window (8) from prompts longer than it: its decode
+    path agrees with its own forward; with the window left out for the new tokens it parts at step
+    1 (the prompt's prefill applies it)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from common.generation import generate
+    from common.twin import resolve
+    from examples.gemma2.twin import HPARAMS
+    from jax_impl.generate import host_logits
+
+    port = "examples/gemma2/nnx_gemma2.py"
+    model = resolve(f"{port}:Gemma2")(**HPARAMS, rngs=nnx.Rngs(0))
+    ids = np.random.default_rng(0).integers(1, HPARAMS["vocab_size"], (4, 32))
+    tokens, mask = prompts(ids, 6, HPARAMS["seq_len"])
+    assert tokens.shape[1] > HPARAMS["sliding_window"]
+    found = {}
+    for name in ("decode", "decode_window_not_over_cache"):
+        decode = resolve(f"{port}:{name}")
+        run = generate(
+            lambda t, p, m, c, decode=decode: decode(model, jnp.asarray(t), p, m, c),
+            host_logits,
+            tokens,
+            mask,
+            6,
+            forward=lambda t: model(jnp.asarray(t)),
+        )
+        found[name] = self_check(run, BOUND)
+    assert found["decode"]["passed"] and found["decode"]["forward"]["max_abs"] < 1e-5
+    assert found["decode_window_not_over_cache"]["first_divergent_step"] == 1
+
+
 @pytest.mark.slow
 def test_hugging_faces_llama_decodes_as_its_nnx_port_on_every_runtime(tmp_path):
     """HF's LlamaForCausalLM with its own cache (DynamicCache; torch_xla a StaticCache) against the

@@ -47,11 +47,12 @@ class RMSNorm(nnx.Module):
         return (wide * (1.0 + scale if self.plus_one else scale)).astype(x.dtype)
 
 
-def _rotate(x, theta: float):  # (B, T, H, hd): Hugging Face's rotate-half pairs
+def _rotate(x, theta: float, positions=None):  # (B, T, H, hd): HF's rotate-half pairs
     t, hd = x.shape[1], x.shape[-1]
     inv_freq = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
-    freqs = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-    angles = jnp.concatenate((freqs, freqs), axis=-1)[None, :, None, :]
+    at = jnp.arange(t)[None, :] if positions is None else positions  # (B or 1, T)
+    freqs = at.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate((freqs, freqs), axis=-1)[:, :, None, :]
     half = jnp.concatenate((-x[..., hd // 2 :], x[..., : hd // 2]), axis=-1)
     return x * jnp.cos(angles).astype(x.dtype) + half * jnp.sin(angles).astype(x.dtype)
 
@@ -71,22 +72,37 @@ class Attention(nnx.Module):
         window = hp["sliding_window"] + (1 if mis.get("window_off_by_one") else 0)
         self.window = window if sliding else None
 
-    def __call__(self, x):  # (B, T, D)
+    def __call__(self, x, positions=None, mask=None, cache=None, window=True):  # (B, T, D)
+        """The training forward; decoding: `positions` (B, T) of the new tokens, `mask` (B, S) of
+        the real tokens over the whole sequence, this layer's `cache` ({"k", "v"} of S slots,
+        "end": the slots filled); returns the output and the cache with these tokens in it. The
+        window counts slots (padding too), as Hugging Face's sliding mask does; `window=False`
+        leaves it out (a mis-port's)."""
         b, t, _ = x.shape
-        q = _rotate(self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim), self.theta)
-        k = _rotate(self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim), self.theta)
+        q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        q, k = _rotate(q, self.theta, positions), _rotate(k, self.theta, positions)
         v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        start = 0
+        if cache is not None:
+            start, at = cache["end"], (0, cache["end"], 0, 0)
+            k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), at)
+            v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), at)
+            cache = {"k": k, "v": v, "end": start + t}
         repeat = self.n_heads // self.n_kv_heads
         k, v = jnp.repeat(k, repeat, axis=2), jnp.repeat(v, repeat, axis=2)
         scores = jnp.einsum("bthd,bshd->bhts", q, k) * self.scale
         scores = jnp.tanh(scores / self.softcap) * self.softcap
-        query, key = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
-        allowed = key <= query
-        if self.window is not None:
-            allowed &= key > query - self.window
+        query, key = start + jnp.arange(t)[:, None], jnp.arange(k.shape[1])[None, :]
+        allowed = (key <= query)[None, None]
+        if self.window is not None and window:
+            allowed &= (key > query - self.window)[None, None]
+        if mask is not None:
+            allowed &= mask[:, None, None, : k.shape[1]]
         scores = at_least_float32(jnp.where(allowed, scores, jnp.finfo(scores.dtype).min))
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        return self.o_proj(jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, -1))
+        out = self.o_proj(jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, -1))
+        return out if cache is None else (out, cache)
 
 
 class MLP(nnx.Module):
@@ -113,6 +129,12 @@ class Block(nnx.Module):
         x = x + self.post_attention_layernorm(self.attn(self.input_layernorm(x)))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
+    def decode(self, x, positions, mask, cache, window=True):
+        h, cache = self.attn(self.input_layernorm(x), positions, mask, cache, window)
+        x = x + self.post_attention_layernorm(h)
+        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        return x, cache
+
 
 class Gemma2(nnx.Module):
     def __init__(self, *, rngs: nnx.Rngs, mis: dict | None = None, dtype=jnp.float32, **hp):
@@ -135,6 +157,35 @@ class Gemma2(nnx.Module):
         if self.final_softcap is None:
             return logits
         return jnp.tanh(logits / self.final_softcap) * self.final_softcap
+
+
+def decode(model: Gemma2, tokens, positions, mask, cache=None, window_over_cache=True):
+    """The port's own decode path: `tokens` (B, T) at rotary `positions` (B, T), `mask` (B, S) the
+    real tokens of the whole sequence; `cache` None for the prefill (a KV cache of S slots a layer
+    is made, in the compute dtype), else what the last call returned. Returns (logits, cache)."""
+    if cache is None:
+        layer = model.layers[0].attn
+        shape = (mask.shape[0], mask.shape[1], layer.n_kv_heads, layer.head_dim)
+        dtype = model.embedder.dtype or jnp.float32
+        cache = [
+            {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "end": 0}
+            for _ in model.layers
+        ]
+        window_over_cache = True  # the prefill is right: only the new tokens' window is off
+    x, kept = model.embedder(tokens), []
+    for layer, layer_cache in zip(model.layers, cache):
+        x, layer_cache = layer.decode(x, positions, mask, layer_cache, window_over_cache)
+        kept.append(layer_cache)
+    logits = model.embedder.attend(model.final_norm(x))
+    if model.final_softcap is not None:
+        logits = jnp.tanh(logits / model.final_softcap) * model.final_softcap
+    return logits, kept
+
+
+def decode_window_not_over_cache(model: Gemma2, tokens, positions, mask, cache=None):
+    """A decode-only mis-port: each new token attends to the whole cache on the sliding layers, the
+    window left out (the prefill applies it)."""
+    return decode(model, tokens, positions, mask, cache, window_over_cache=False)
 
 
 def gemma2_norm_times_w(**hp) -> Gemma2:

@@ -44,6 +44,8 @@ gemma2_tiny = Twin(
         r"\.self_attn\.": ".attn.",
     },
     nnx_dtype_arg="dtype",  # its compute dtype (bfloat16 runs)
+    # --generate: the port's own KV cache (nnx_gemma2.py decode); HF's model brings its own
+    decode={"nnx": "nnx_gemma2.py:decode"},
     train=TrainSpec(
         optimizer="adamw",
         lr=3e-3,
@@ -54,6 +56,10 @@ gemma2_tiny = Twin(
     ),
 )
 
+# a decode-only mis-port: the new tokens attend to the whole cache on the sliding-window layers
+gemma2_decode_window_not_over_cache = dataclasses.replace(
+    gemma2_tiny, decode={"nnx": "nnx_gemma2.py:decode_window_not_over_cache"}
+)
 gemma2_norm_times_w = dataclasses.replace(gemma2_tiny, nnx="nnx_gemma2.py:gemma2_norm_times_w")
 gemma2_scaled_by_head_dim = dataclasses.replace(
     gemma2_tiny, nnx="nnx_gemma2.py:gemma2_scaled_by_head_dim"
