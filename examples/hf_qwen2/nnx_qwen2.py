@@ -21,13 +21,14 @@ INIT = nnx.initializers.normal(0.02)
 
 
 # x (B, T, H, hd): pairs i and i + hd/2, as Hugging Face forms them
-def rotate_half_rotary(x, theta: float):
+def rotate_half_rotary(x, theta: float, positions=None):  # positions (B, T); None: 0..T-1
     t, hd = x.shape[1], x.shape[-1]
     inv_freq = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
-    freqs = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    at = jnp.arange(t)[None, :] if positions is None else positions
+    freqs = at.astype(jnp.float32)[..., None] * inv_freq
     # as HF casts them
     cos, sin = (
-        jnp.concatenate((f, f), axis=-1)[None, :, None, :].astype(x.dtype)
+        jnp.concatenate((f, f), axis=-1)[:, :, None, :].astype(x.dtype)
         for f in (jnp.cos(freqs), jnp.sin(freqs))
     )
     half = hd // 2
@@ -51,21 +52,35 @@ class Attention(nnx.Module):
         )
         self.rope_theta = rope_theta
 
-    def __call__(self, x):  # (B, T, D)
+    def __call__(self, x, positions=None, mask=None, cache=None):  # (B, T, D)
+        """The training forward; decoding: the new tokens' `positions` (B, T), `mask` (B, S) of the
+        real tokens over the whole sequence and this layer's `cache` ({"k", "v"} of S slots, "end":
+        the slots filled), returning the cache with these tokens in it too."""
         b, t, _ = x.shape
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = jnp.split(self.qkv(x), (q_width, q_width + kv_width), axis=-1)
-        q = rotate_half_rotary(q.reshape(b, t, self.n_heads, self.head_dim), self.rope_theta)
-        k = rotate_half_rotary(k.reshape(b, t, self.n_kv_heads, self.head_dim), self.rope_theta)
+        q, k = (
+            rotate_half_rotary(z.reshape(b, t, -1, self.head_dim), self.rope_theta, positions)
+            for z in (q, k)
+        )
         v = v.reshape(b, t, self.n_kv_heads, self.head_dim)
+        start = 0
+        if cache is not None:
+            start, at = cache["end"], (0, cache["end"], 0, 0)
+            k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), at)
+            v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), at)
+            cache = {"k": k, "v": v, "end": start + t}
         repeat = self.n_heads // self.n_kv_heads
         k, v = jnp.repeat(k, repeat, axis=2), jnp.repeat(v, repeat, axis=2)
         scores = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.head_dim)
-        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+        allowed = (jnp.arange(k.shape[1])[None, :] <= start + jnp.arange(t)[:, None])[None, None]
+        if mask is not None:
+            allowed &= mask[:, None, None, : k.shape[1]]
         probs = jax.nn.softmax(
-            jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1
+            jnp.where(allowed, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min), axis=-1
         ).astype(x.dtype)
-        return self.o_proj(jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, -1))
+        out = self.o_proj(jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, -1))
+        return out if cache is None else (out, cache)
 
 
 class MLP(nnx.Module):
@@ -96,6 +111,11 @@ class DecoderLayer(nnx.Module):
     def __call__(self, x):
         x = x + self.attn(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def decode(self, x, positions, mask, cache):
+        h, cache = self.attn(self.input_layernorm(x), positions, mask, cache)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
 
 
 class Qwen2(nnx.Module):
@@ -134,6 +154,25 @@ class Qwen2(nnx.Module):
         for layer in self.layers:
             x = layer(x)
         return self.lm_head(self.norm(x))
+
+
+def decode(model: Qwen2, tokens, positions, mask, cache=None):
+    """The port's own decode path: `tokens` (B, T) at rotary `positions` (B, T), `mask` (B, S) the
+    real tokens of the whole sequence; `cache` None for the prefill (a KV cache of S slots a layer
+    is made, in the compute dtype), else what the last call returned. Returns (logits, cache)."""
+    if cache is None:
+        layer = model.layers[0].attn
+        shape = (mask.shape[0], mask.shape[1], layer.n_kv_heads, layer.head_dim)
+        dtype = model.embed_tokens.dtype or jnp.float32
+        cache = [
+            {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "end": 0}
+            for _ in model.layers
+        ]
+    x, kept = model.embed_tokens(tokens), []
+    for layer, layer_cache in zip(model.layers, cache):
+        x, layer_cache = layer.decode(x, positions, mask, layer_cache)
+        kept.append(layer_cache)
+    return model.lm_head(model.norm(x)), kept
 
 
 def qwen2_llama_rope_base(**hparams) -> Qwen2:

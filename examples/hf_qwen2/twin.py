@@ -55,6 +55,8 @@ qwen2_tiny = Twin(
     packed={"attn.qkv": ("attn.q_proj", "attn.k_proj", "attn.v_proj")},
     hf=HF,
     nnx_dtype_arg="dtype",  # the port computes in bfloat16 under --dtype bfloat16
+    # --generate: the port's own KV cache (nnx_qwen2.py decode); HF's model brings its own
+    decode={"nnx": "nnx_qwen2.py:decode"},
     train=TrainSpec(
         optimizer="adamw",
         lr=3e-3,
