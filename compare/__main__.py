@@ -525,6 +525,10 @@ def report_checks(opts: CompareOptions, plan: Plan, outcome, seeds: list, policy
                     policy,
                     opts.output.run_id,
                     opts.capture.generate,
+                    load_policy(judging.profile, "float32")
+                    if opts.spec_of(opts.reference).train.dtype == "bfloat16"
+                    and judging.bf16 == "noise-floor"
+                    else None,
                 ),
             )
         )

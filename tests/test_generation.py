@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from common.generation import positions_of, prompts
-from compare.judge.generation import pair_check, self_check
+from compare.judge.generation import Bounds, pair_check, self_check
 from tests.helpers import run_cli
 
 LLAMA = "examples/llama/twin.py"
-BOUND = {"atol": 1e-5, "rtol": 1e-4}
+BOUND = Bounds({"atol": 1e-5, "rtol": 1e-4})
 
 
 def compare(out, *args):

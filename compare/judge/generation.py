@@ -16,6 +16,7 @@ the real tokens (a left-padded prompt's padding is never judged):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +26,18 @@ from common.files.record import RECORD_FILE, RecordError, read_record
 from common.files.tensor_file import read_tensors
 from common.generation import GROUP
 from common.vocab import ReportStatus
+from compare.judge.noise_floor import FACTOR
 from compare.judge.verdict import CheckResult
 
 GENERATION_DIR = "generation"  # <run>/<backend>/generation: its generation run
+# <run>/<backend>/generation/float32: a bfloat16 generation run's float32 twin, its noise floor
+FLOOR_SUBDIR = "float32"
 
 
-def read_generation(out: Path, name: str, run_id: str | None) -> dict | None:
-    """A backend's generation run of this compare run ({array: numpy}), or None (none, failed, or
-    another run's)."""
-    path = out / name / GENERATION_DIR / RECORD_FILE
+def read_generation(out: Path, name: str, run_id: str | None, sub: str = "") -> dict | None:
+    """A backend's generation run of this compare run ({array: numpy}; `sub`: its float32 twin's),
+    or None (none, failed, or another run's)."""
+    path = out / name / GENERATION_DIR / sub / RECORD_FILE
     try:
         record = read_record(path)
         if run_id is not None and record.run_id != run_id:
@@ -48,28 +52,62 @@ def _bound(tolerance: dict, reference: np.ndarray) -> float:
     return float(tolerance["atol"] + tolerance["rtol"] * np.max(np.abs(reference), initial=0.0))
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What bounds a logits difference: the run's forward tolerance, or (a bfloat16 run whose
+    float32 twins were measured: `floor_tolerance` float32's) FACTOR times the larger noise of the
+    sides at that place, each its distance from its own float32 run, never below float32's
+    bound."""
+
+    tolerance: dict
+    floor_tolerance: dict | None = None
+
+    def of(self, reference: np.ndarray, noises: tuple | None) -> float:
+        if self.floor_tolerance is None or noises is None:
+            return _bound(self.tolerance, reference)
+        return max(FACTOR * max(noises), _bound(self.floor_tolerance, reference))
+
+
+def _noise(run: dict, floor: dict | None, key: str, where=...) -> float | None:
+    """A run's distance from its float32 twin (`floor`) at `key`[`where`]; None without one."""
+    if floor is None:
+        return None
+    return float(np.max(np.abs(run[key][where].astype(np.float64) - floor[key][where])))
+
+
+def _noises(*found) -> tuple | None:
+    return None if any(n is None for n in found) else tuple(found)
+
+
 def _margin(logits: np.ndarray) -> float:
     """The gap between the two largest logits of one row."""
     top = np.sort(logits.astype(np.float64))[-2:]
     return float(top[1] - top[0])
 
 
-def self_check(run: dict, tolerance: dict) -> dict:
+def self_check(run: dict, bounds: Bounds, floor: dict | None = None) -> dict:
     """A side's decode path against one prefill of everything it fed, step by step, and that
-    prefill against its training forward on the prompts with no padding."""
+    prefill against its training forward on the prompts with no padding (`floor`: its float32
+    twin, in bfloat16)."""
     p = run["prefill"].shape[1]
     steps = []
     for s, logits in enumerate(run["steps"]):
         whole = run["whole"][:, p - 1 + s]
+        noises = _noises(
+            _noise(run, floor, "steps", s), _noise(run, floor, "whole", (slice(None), p - 1 + s))
+        )
         diff = float(np.max(np.abs(logits.astype(np.float64) - whole)))
-        steps.append({"step": s, "max_abs": diff, "bound": _bound(tolerance, whole)})
+        steps.append({"step": s, "max_abs": diff, "bound": bounds.of(whole, noises)})
     parted = [s["step"] for s in steps if not s["max_abs"] <= s["bound"]]
     unpadded = run["mask"].all(axis=1)
     forward = {"prompts": int(unpadded.sum()), "max_abs": None, "within": None}
     if "forward" in run and unpadded.any():
         ref = run["forward"][unpadded]
+        noises = _noises(
+            _noise(run, floor, "whole", unpadded), _noise(run, floor, "forward", unpadded)
+        )
         forward["max_abs"] = float(np.max(np.abs(run["whole"][unpadded].astype(np.float64) - ref)))
-        forward["bound"] = _bound(tolerance, ref)
+        forward["bound"] = bounds.of(ref, noises)
         forward["within"] = forward["max_abs"] <= forward["bound"]
     return {
         "steps": steps,
@@ -79,19 +117,22 @@ def self_check(run: dict, tolerance: dict) -> dict:
     }
 
 
-def pair_check(ref: dict, other: dict, tolerance: dict) -> dict:
-    """A side's prefill and decode steps against the reference's, fed the same tokens."""
+def pair_check(ref: dict, other: dict, bounds: Bounds, floors: tuple = (None, None)) -> dict:
+    """A side's prefill and decode steps against the reference's, fed the same tokens (`floors`:
+    the float32 twins of both, in bfloat16)."""
     p = ref["prefill"].shape[1]
     real = ref["mask"][:, :p]
     prefill_diff = float(np.max(np.abs(ref["prefill"] - other["prefill"].astype(np.float64))[real]))
-    prefill = {"max_abs": prefill_diff, "bound": _bound(tolerance, ref["prefill"][real])}
+    noises = _noises(*(_noise(r, f, "prefill", real) for r, f in zip((ref, other), floors)))
+    prefill = {"max_abs": prefill_diff, "bound": bounds.of(ref["prefill"][real], noises)}
     steps = []
     for s, (a, b) in enumerate(zip(ref["steps"], other["steps"])):
+        noises = _noises(*(_noise(r, f, "steps", s) for r, f in zip((ref, other), floors)))
         steps.append(
             {
                 "step": s,
                 "max_abs": float(np.max(np.abs(a.astype(np.float64) - b))),
-                "bound": _bound(tolerance, a),
+                "bound": bounds.of(a, noises),
                 "top1": float(np.mean(np.argmax(a, -1) == np.argmax(b, -1))),
             }
         )
@@ -161,17 +202,30 @@ def _whose(own: dict, reference: str, name: str) -> str:
 
 
 def generation_check(
-    out: Path, names: list[str], reference: str, policy: dict, run_id: str | None, n_new: int
+    out: Path,
+    names: list[str],
+    reference: str,
+    policy: dict,
+    run_id: str | None,
+    n_new: int,
+    floor_policy: dict | None = None,
 ) -> CheckResult:
     """--generate's section and verdict: every side's decode path against itself and against the
-    reference's."""
+    reference's; in bfloat16 with `floor_policy` (float32's), bounded by each run's measured
+    distance from its float32 twin where both sides have one."""
     tolerance = policy["forward"]
     runs = {n: read_generation(out, n, run_id) for n in names}
+    floors = {
+        n: read_generation(out, n, run_id, FLOOR_SUBDIR) if floor_policy else None for n in names
+    }
+    bounds = Bounds(tolerance, floor_policy["forward"] if floor_policy else None)
     ref = runs.get(reference)
     section = {
         "new_tokens": n_new,
         "reference": reference,
         "tolerance": dict(tolerance),
+        "judged_by": "noise-floor" if floor_policy else "fixed",
+        "floor_not_measured": [n for n, r in runs.items() if r and floor_policy and not floors[n]],
         "prompt_lengths": ref["mask"][:, : ref["prefill"].shape[1]].sum(1).tolist() if ref else [],
         "not_run": {
             n: "its runtime runs no decode path yet (common/backends.py generates)"
@@ -180,9 +234,9 @@ def generation_check(
             for n, r in runs.items()
             if r is None
         },
-        "self": {n: self_check(r, tolerance) for n, r in runs.items() if r is not None},
+        "self": {n: self_check(r, bounds, floors[n]) for n, r in runs.items() if r is not None},
         "pairs": {
-            n: pair_check(ref, r, tolerance)
+            n: pair_check(ref, r, bounds, (floors[reference], floors[n]))
             for n, r in runs.items()
             if r is not None and ref is not None and n != reference
         },

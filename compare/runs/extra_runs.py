@@ -12,7 +12,7 @@ from common.ops import OPS_DIR, read_ops
 from common.runtime_behaviours import MATCHED_DIR, met
 from common.vocab import BackendStatus, ParityMode, ReportStatus
 from compare.judge.decided import needs_imposing
-from compare.judge.generation import GENERATION_DIR
+from compare.judge.generation import FLOOR_SUBDIR, GENERATION_DIR
 from compare.judge.noise_floor import FLOOR_DIR, floor_needed
 from compare.judge.verdict import CheckResult
 from compare.options import CompareOptions
@@ -358,6 +358,8 @@ def generation_runs(opts: CompareOptions, plan: Plan, outcome) -> None:
     if not opts.capture.generate or outcome.interrupted or ref not in names:
         return
     fed_from = plan.out / ref / GENERATION_DIR
+    # a bfloat16 decode judged by its noise floor: each side's float32 twin, fed the same tokens
+    floors = opts.spec_of(ref).train.dtype == "bfloat16" and opts.judging.bf16 == "noise-floor"
     try:
         for name in (ref, *(n for n in names if n != ref)):
             run = run_backend(
@@ -370,5 +372,14 @@ def generation_runs(opts: CompareOptions, plan: Plan, outcome) -> None:
             note_failed(outcome, [run], "the generation run")
             if name == ref and run.status != BackendStatus.OK:
                 return
+        for name in names if floors else ():
+            run = run_backend(
+                name,
+                plan.pythons[name],
+                generate_launch(opts, name, fed_from, floor=True),
+                plan.out / name / GENERATION_DIR / FLOOR_SUBDIR,
+                plan.timeout_s,
+            )
+            note_failed(outcome, [run], "the generation run's float32 floor")
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True

@@ -180,13 +180,17 @@ def whole_launch(
     return Launch(base.spec, (*base.flags, "--whole-tensors", ",".join(keys)), base.group)
 
 
-def generate_launch(opts: CompareOptions, name: str, fed_from: Path | None = None) -> Launch:
+def generate_launch(
+    opts: CompareOptions, name: str, fed_from: Path | None = None, floor: bool = False
+) -> Launch:
     """A backend's generation run (common/generation.py): prefill and --generate N greedy decode
     steps from the start weights, nothing trained (no parity tensors, HLO, profile or throughput);
-    fed the tokens of the generation run in `fed_from` (the reference's)."""
+    fed the tokens of the generation run in `fed_from` (the reference's); `floor`: in float32, a
+    bfloat16 run's noise floor."""
     fed = ("--generate-tokens", str(fed_from)) if fed_from else ()
+    change = ("train.dtype=float32",) if floor else ()
     return Launch(
-        _changed(opts.spec_of(name), "train.steps=1"),
+        _changed(opts.spec_of(name), "train.steps=1", *change),
         (
             *_flags(opts, name, quiet=True, provoke=False),
             "--generate",
