@@ -78,6 +78,9 @@ class BackendInfo:
     captures_later_steps: bool = False
     # runs a twin's decode path (--generate, common/generation.py): prefill and greedy decode steps
     generates: bool = False
+    # captures one call of its decode path module by module (--capture-decode-step): where two
+    # decode paths part is named at a module
+    captures_decode: bool = False
 
     @property
     def flag(self) -> str:
@@ -120,6 +123,7 @@ BUILT_IN = (
         processes=True,
         captures_later_steps=True,
         generates=True,
+        captures_decode=True,
     ),
     BackendInfo(
         "torch",
@@ -135,6 +139,7 @@ BUILT_IN = (
         imposes_decisions=True,
         captures_later_steps=True,
         generates=True,
+        captures_decode=True,
     ),
     BackendInfo(
         "torch_xla",

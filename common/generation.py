@@ -61,7 +61,15 @@ def positions_of(mask: np.ndarray) -> np.ndarray:
 
 
 def generate(
-    decode, to_numpy, tokens, mask, n_new: int, forced=None, forward=None, compiles=None
+    decode,
+    to_numpy,
+    tokens,
+    mask,
+    n_new: int,
+    forced=None,
+    forward=None,
+    compiles=None,
+    capture=None,
 ) -> dict:
     """Prefill and `n_new` decode steps of one side: {prefill (B, P, V), steps (n_new + 1, B, V):
     the logits each next token is chosen from (the prefill's last, then each decode step's),
@@ -70,12 +78,17 @@ def generate(
     forward's logits of the same sequence (`forward(tokens)`, when given), seconds (n_new + 1,):
     each call's wall time to its logits on the host, and where the runtime counts its compiles
     (`compiles()`: how many so far) compiles (n_new + 3,): those of the prefill, each decode step,
-    the whole sequence's prefill and the forward}."""
+    the whole sequence's prefill and the forward}. `capture` (step, capture(tokens, positions,
+    mask, cache)): the call that makes that step's logits (0: the prefill) captured first, module
+    by module, from the same arguments; its Capture under "capture"."""
     p = tokens.shape[1]
     positions = positions_of(mask)
     seconds, compiled = [], []  # of each call to its logits on the host
+    captured = {}
 
     def timed(*args, call=decode):
+        if capture and call is decode and len(seconds) == capture[0]:
+            captured["capture"] = capture[1](*args)
         started, before = time.perf_counter(), compiles() if compiles else 0
         out = call(*args)
         logits, cache = out if call is decode else (out, None)
@@ -108,7 +121,7 @@ def generate(
         out["forward"] = timed(sequence, call=forward)[0]
     if compiles:
         out["compiles"] = np.asarray(compiled, np.int64)
-    return out
+    return {**out, **captured}
 
 
 def fed_tokens(run_dir, run_id: str | None = None) -> np.ndarray:

@@ -67,6 +67,7 @@ from compare.runs.extra_runs import (  # noqa: E402
     floor_where_needed,
     generation_runs,
     keep_whole,
+    locate_decode_divergence,
     locate_divergence,
     run_noise_floors,
 )
@@ -637,6 +638,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
         opts, plan, outcome, locate_divergence(opts, plan, outcome, report, build), build
     )
     report = explain_by_behaviours(opts, plan, outcome, report, build)
+    report = locate_decode_divergence(opts, plan, outcome, report, build)
     report = floor_where_needed(
         opts,
         plan,

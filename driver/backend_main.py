@@ -159,6 +159,7 @@ def run_options(args: argparse.Namespace, own: type, out_dir: Path) -> RunOption
         check_ops=args.check_ops,
         generate=args.generate,
         generate_tokens=args.generate_tokens,
+        capture_decode_step=args.capture_decode_step,
     )
 
 
@@ -228,8 +229,23 @@ def refuse_flags(name: str, args: argparse.Namespace, ops_watch) -> None:
             + " do",
             ExitCode.USAGE,
         )
-    if args.generate_tokens and not args.generate:
-        fail("--generate-tokens: takes --generate N (the run it feeds)", ExitCode.USAGE)
+    if (args.generate_tokens or args.capture_decode_step is not None) and not args.generate:
+        fail(
+            "--generate-tokens, --capture-decode-step: take --generate N (the run they are of)",
+            ExitCode.USAGE,
+        )
+    if args.capture_decode_step is not None and not (
+        backends.info(name).captures_decode and 0 <= args.capture_decode_step <= args.generate
+    ):
+        fail(
+            f"--capture-decode-step {args.capture_decode_step}: "
+            + (
+                f"a step from 0 (the prefill) to {args.generate}"
+                if backends.info(name).captures_decode
+                else f"the {name} backend does not capture its decode path"
+            ),
+            ExitCode.USAGE,
+        )
     if args.check_ops and ops_watch is None:
         fail(
             f"--check-ops: the {name} backend has no op check (its registry row's checks_ops)",

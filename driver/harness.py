@@ -73,6 +73,8 @@ class RunOptions:
     generate: int = 0
     # the generation run whose tokens this one is fed (the reference's); None: its own choices
     generate_tokens: Path | None = None
+    # the decode step whose call a generation run captures module by module; None: none
+    capture_decode_step: int | None = None
 
 
 class Runtime(Protocol):
@@ -169,6 +171,10 @@ def run(
         runtime.trace_step()
     if options.generate:  # a generation run (common/generation.py): nothing trained
         tensors[generation.GROUP] = _generation(runtime, options)
+        if "capture" in tensors[generation.GROUP]:
+            capture = tensors[generation.GROUP].pop("capture")
+            record.extra.capture_step = options.capture_decode_step
+            _keep_capture(record, tensors, capture)
         record.extra.notes["decode_path"] = getattr(runtime, "decode_how", "eager")
     # compare's capture run (compare/runs/capture_runs.py): no step, no compile of one
     if not options.train:
@@ -219,7 +225,8 @@ def _generation(runtime: Runtime, options: RunOptions) -> dict:
             f"{options.generate} steps of {len(tokens)} prompts; give a generation run of this "
             "spec and N"
         )
-    return runtime.generate(tokens, mask, options.generate, forced)
+    at = options.capture_decode_step
+    return runtime.generate(tokens, mask, options.generate, forced, capture_at=at)
 
 
 def _capture(
@@ -239,6 +246,11 @@ def _capture(
         activation_inputs(runtime.spec, batch.targets, at),
     )
     record.extra.capture_at = list(at)
+    _keep_capture(record, tensors, capture)
+
+
+def _keep_capture(record: RunRecord, tensors: dict, capture: Capture) -> None:
+    """A capture's arrays in the tensor file, its facts in the record."""
     tensors["activations"], record.extra.activations_skipped = capture.arrays, capture.skipped
     record.extra.activations_more_inputs = capture.more_inputs
     record.extra.activations_more_outputs = capture.more_outputs

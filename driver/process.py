@@ -98,6 +98,14 @@ def add_capture_flags(parser: argparse.ArgumentParser) -> None:
         "recording this side's own choices beside them",
     )
     parser.add_argument(
+        "--capture-decode-step",
+        type=int,
+        metavar="STEP",
+        help="with --generate: capture every module's input and output in the call that makes "
+        "that step's logits (0: the prefill), from the same arguments (compare's look at where "
+        "two decode paths part)",
+    )
+    parser.add_argument(
         "--match-behaviours",
         type=lambda text: tuple(filter(None, text.split(","))),
         default=(),

@@ -115,13 +115,14 @@ def capture_activations(
     initial_layout: str = CHANNEL_FIRST,
     loss_of=None,
     masks=contextlib.nullcontext,
+    call=forward,
 ) -> Capture:
     """{path: output, path + ':in': first input} of every module, the model itself as ROOT_MODULE,
     channel-last; `initial_layout`: the layout `inputs` arrive in (common/activations.input_layout).
     With `loss_of(output) -> scalar`, `grads` holds the loss's gradient at each of them, taken as
     torch's side takes them (torch_impl/capture.py): a zero probe added to each recorded input and
     output. `masks()`: the context each trace of the forward runs in (common's dropout masks, drawn
-    afresh for each).
+    afresh for each). `call(model, inputs)` runs instead of the forward (a decode step).
 
     Compiled, not op by op: the forward is traced once abstractly (jax.eval_shape: which modules,
     shapes and layouts), then run as one jitted program, under jax.grad when there is a loss. Op by
@@ -147,6 +148,7 @@ def capture_activations(
                 layouts,
                 (more_inputs, more_outputs),
                 facts,
+                call,
             )
         return output, kept
 
@@ -187,6 +189,7 @@ def _probed_forward(
     layouts: dict,
     more: tuple[dict, dict],
     facts: list,
+    run=forward,
 ):
     """(the output, {key: value}) of a forward of a copy of the model (`state`) that keeps each
     recorded module's first input and output (first call only), plus its probe where `probes` has
@@ -244,4 +247,4 @@ def _probed_forward(
 
     where = lambda: inside[-1] if inside else ROOT_MODULE  # noqa: E731
     with wrapped_calls(model, call), watched_decisions(where, kept.__setitem__, facts):
-        return forward(model, inputs), kept
+        return run(model, inputs), kept

@@ -10,9 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from common.capture.activations import input_layout
 from common.generation import generate
 from common.twin import TwinError, resolve, twin_of
 from common.twin.outputs import forward, logits_of
+from jax_impl.capture import capture_activations
 from jax_impl.loop import UNTRACEABLE
 
 
@@ -53,6 +55,17 @@ class NnxDecodePath:
                 self.how = f"eager: its decode function cannot be traced ({type(e).__name__})"
         return self.decode(self.model, *args)
 
+    def capture(self, tokens, positions, mask, cache):
+        """Every module's input and output in one call of the decode path (jax_impl/capture.py),
+        from these arguments; the run's cache is not advanced (the call is pure)."""
+        rest = (jnp.asarray(positions), jnp.asarray(mask), cache)
+        return capture_activations(
+            self.model,
+            jnp.asarray(tokens),
+            input_layout(self.twin.nnx_input_axes),
+            call=lambda model, x: self.decode(model, x, *rest)[0],
+        )
+
     def forward(self, tokens):
         """The training forward's logits, in the torch side's layout (nnx_output_axes)."""
         out = logits_of(forward(self.model, jnp.asarray(tokens)), self.twin.logits)
@@ -64,10 +77,23 @@ class NnxDecodePath:
 DECODE_PROGRAM = "decode_step"
 
 
-def generate_nnx(spec, model: nnx.Module, tokens, mask, n_new: int, forced, events: list):
+def generate_nnx(
+    spec, model: nnx.Module, tokens, mask, n_new: int, forced, events: list, capture_at=None
+) -> tuple[dict, str]:
     """common.generation.generate on the NNX side; (its arrays, how the decode path ran). `events`:
-    the run's compile events, of which the decode program's are counted."""
+    the run's compile events, of which the decode program's are counted; `capture_at`: the step
+    whose call is captured module by module."""
     path = NnxDecodePath(spec, model)
     compiles = lambda: sum(DECODE_PROGRAM in e.fun_name for e in events)  # noqa: E731
-    out = generate(path.step, host_logits, tokens, mask, n_new, forced, path.forward, compiles)
+    out = generate(
+        path.step,
+        host_logits,
+        tokens,
+        mask,
+        n_new,
+        forced,
+        path.forward,
+        compiles,
+        None if capture_at is None else (capture_at, path.capture),
+    )
     return out, path.how

@@ -180,11 +180,11 @@ class JaxTrainer(JittedTrainer):
             masks=self.capture_masks,
         )
 
-    def generate(self, tokens, mask, n_new: int, forced=None) -> dict:
+    def generate(self, tokens, mask, n_new: int, forced=None, capture_at=None) -> dict:
         """The twin's NNX decode path on the start weights (common/generation.py)."""
         model = nnx.merge(self.graphdef, self.params, self.state)
         out, self.decode_how = generate_nnx(
-            self.spec, model, tokens, mask, n_new, forced, self.monitor.events
+            self.spec, model, tokens, mask, n_new, forced, self.monitor.events, capture_at
         )
         return out
 

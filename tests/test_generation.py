@@ -188,8 +188,9 @@ def test_hugging_faces_llama_decodes_as_its_nnx_port_on_every_runtime(tmp_path):
 @pytest.mark.slow
 def test_a_decode_only_misport_is_named_at_its_step_and_side_while_training_passes(tmp_path):
     """The port's new tokens take their rotary position one past their place: the training step
-    agrees; the decode path parts from jax's own forward at step 1 (step 0 is the prefill's), and
-    torch's agreement with its own forward puts the difference on jax's side."""
+    agrees; the decode path parts from jax's own forward at step 1 (step 0 is the prefill's),
+    torch's agreement with its own forward puts the difference on jax's side, and both sides'
+    decode calls at step 1, captured module by module, name the attention of layer 0."""
     proc = compare(
         tmp_path,
         "--twin",
@@ -209,11 +210,15 @@ def test_a_decode_only_misport_is_named_at_its_step_and_side_while_training_pass
     assert section["self"]["torch"]["passed"]
     assert section["pairs"]["torch"]["first_divergent_step"] == 1
     assert section["pairs"]["torch"]["steps"][0]["max_abs"] < 1e-5
+    found = section["pairs"]["torch"]["first_divergent_module"]
+    assert found["module"] == "layers.0.attn" and found["input_agrees"] and found["step"] == 1
     assert report["message"] == (
         "generation: jax's decode path differs from its own forward from step 1; torch's decode "
-        "differs from jax's at step 1 (on jax's side: its decode path differs from its own "
-        "forward)"
+        "differs from jax's at step 1, first at module layers.0.attn, its input agreeing (on "
+        "jax's side: its decode path differs from its own forward)"
     )
+    md = (tmp_path / "report.md").read_text()
+    assert "| verdict | fail from step 1, first at layers.0.attn (its input agrees)" in md
 
 
 @pytest.mark.slow

@@ -183,6 +183,7 @@ def capture_activations(
     loss_of=None,
     output_layout: str = CHANNEL_LAST,
     impose=None,
+    call=forward,
 ) -> Capture:
     """{canonical module path: output, path + ':in': first input}, channel-last; `names` maps torch
     module names to NNX module paths (torch_impl.convert.modules_to_canonical); `to_numpy` brings a
@@ -192,10 +193,9 @@ def capture_activations(
     channel-first, as fed. With `loss_of(output) -> scalar`, the same forward is differentiated too:
     `grads` holds the loss's gradient at each activation. Its top-k, argmax and sort calls are kept
     as `decisions` (torch_impl/decisions.py); `impose`: another side's decisions, taken instead of
-    this side's own."""
+    this side's own; `call(model, inputs)` runs instead of the forward (a decode step)."""
     tracker, held = LayoutTracker(CHANNEL_FIRST), {}  # key -> (copied tensor, layout)
-    more_inputs, more_outputs = {}, {}
-    entered: dict[int, list] = {}
+    more_inputs, more_outputs, entered = {}, {}, {}  # entered: {id(module): [(input, layout)]}
     inside: list[str] = []  # the named modules the forward is in, innermost last
     watch = DecisionWatch(lambda: inside[-1] if inside else ROOT_MODULE, to_numpy, impose)
     probes = _Probes(tracker) if loss_of is not None else None
@@ -267,7 +267,7 @@ def capture_activations(
     try:
         with torch.enable_grad() if probes else torch.no_grad():
             with watch, layouts:
-                output = forward(model, inputs)
+                output = call(model, inputs)
             if probes:
                 loss_of(output).backward()
     finally:

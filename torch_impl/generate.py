@@ -4,12 +4,17 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
+from common.capture.activations import torch_output_layout
 from common.generation import generate
 from common.twin import TwinError, resolve, twin_of
 from common.twin.outputs import forward, logits_of
+from torch_impl.capture import capture_activations
+from torch_impl.convert import modules_to_canonical
 
 
 def host_logits(t: torch.Tensor) -> np.ndarray:
@@ -51,9 +56,10 @@ def hugging_face_decode(model, static: bool = False):
 
 
 def torch_decode_path(spec, model: torch.nn.Module, device, static: bool = False):
-    """(decode, forward) of the torch side: the twin's own decode function, or a Hugging Face
-    model's (one with `prepare_inputs_for_generation`, transformers' GenerationMixin; `static`: its
-    StaticCache)."""
+    """(decode, forward, capture) of the torch side: the twin's own decode function, or a Hugging
+    Face model's (one with `prepare_inputs_for_generation`, transformers' GenerationMixin; `static`:
+    its StaticCache); `capture` runs one call of it module by module (torch_impl/capture.py) on a
+    copy of the cache."""
     twin = twin_of(spec.model)
     if "torch" in twin.decode:
         own = resolve(twin.decode["torch"], twin.base_dir, "decode")
@@ -79,7 +85,17 @@ def torch_decode_path(spec, model: torch.nn.Module, device, static: bool = False
         with torch.no_grad():
             return logits_of(forward(model, on_device(tokens)), twin.logits)
 
-    return step, whole
+    def capture(tokens, positions, mask, cache):
+        rest = (on_device(positions), on_device(mask), copy.deepcopy(cache))
+        return capture_activations(
+            model,
+            on_device(tokens),
+            modules_to_canonical(model, spec.model),
+            output_layout=torch_output_layout(twin.nnx_output_axes),
+            call=lambda m, x: decode(x, *rest)[0],
+        )
+
+    return step, whole, capture
 
 
 def generate_torch(
@@ -93,9 +109,11 @@ def generate_torch(
     to_numpy=host_logits,
     static=False,
     compiles=None,
+    capture_at=None,
 ) -> dict:
     """common.generation.generate on the torch side (`to_numpy`: the runtime's logits on the
     host; `static`: a Hugging Face model's StaticCache; `compiles()`: the runtime's compile count
-    so far, where it has one)."""
-    step, whole = torch_decode_path(spec, model, device, static)
-    return generate(step, to_numpy, tokens, mask, n_new, forced, whole, compiles)
+    so far, where it has one; `capture_at`: the step whose call is captured module by module)."""
+    step, whole, capture = torch_decode_path(spec, model, device, static)
+    at = None if capture_at is None else (capture_at, capture)
+    return generate(step, to_numpy, tokens, mask, n_new, forced, whole, compiles, at)

@@ -252,11 +252,20 @@ class TorchTrainer:
         statistics)."""
         return eval_logits(self.model, self.to_device(inputs, fed=True), self.which, self.autocast)
 
-    def generate(self, tokens, mask, n_new: int, forced=None) -> dict:
+    def generate(self, tokens, mask, n_new: int, forced=None, capture_at=None) -> dict:
         """The torch model's decode path on the start weights (common/generation.py)."""
         self.decode_how = "eager"
         with self.autocast():
-            return generate_torch(self.spec, self.model, self.device, tokens, mask, n_new, forced)
+            return generate_torch(
+                self.spec,
+                self.model,
+                self.device,
+                tokens,
+                mask,
+                n_new,
+                forced,
+                capture_at=capture_at,
+            )
 
     def canonical_params(self) -> dict[str, np.ndarray]:
         return self.kept(self.model.state_dict(), "params")

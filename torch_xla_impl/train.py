@@ -325,7 +325,7 @@ class TorchXlaTrainer:
         shutil.rmtree(dump_dir(self.options.out_dir), ignore_errors=True)
         return captured
 
-    def generate(self, tokens, mask, n_new: int, forced=None) -> dict:
+    def generate(self, tokens, mask, n_new: int, forced=None, capture_at=None) -> dict:
         """The torch model's decode path on a fresh copy of the start weights, with a Hugging Face
         model's StaticCache (fixed shapes: the decode step compiles once), and the graphs compiled
         by each call counted."""

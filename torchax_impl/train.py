@@ -259,7 +259,7 @@ class TorchaxTrainer(JittedTrainer):
                 output_layout=torch_output_layout(twin_of(self.spec.model).nnx_output_axes),
             )
 
-    def generate(self, tokens, mask, n_new: int, forced=None) -> dict:
+    def generate(self, tokens, mask, n_new: int, forced=None, capture_at=None) -> dict:
         """The torch model's decode path (a Hugging Face model's own cache) run by torchax, eagerly,
         on a copy of the start weights (common/generation.py)."""
         env, model = torchax.default_env(), copy.deepcopy(self.model)

@@ -27,11 +27,56 @@ from common.files.tensor_file import read_tensors
 from common.generation import GROUP
 from common.vocab import ReportStatus
 from compare.judge.noise_floor import FACTOR
+from compare.judge.parity import first_divergent_module
 from compare.judge.verdict import CheckResult
 
 GENERATION_DIR = "generation"  # <run>/<backend>/generation: its generation run
 # <run>/<backend>/generation/float32: a bfloat16 generation run's float32 twin, its noise floor
 FLOOR_SUBDIR = "float32"
+# <run>/<backend>/generation/at-step-<s>: the call making step s's logits captured module by module
+CAPTURE_SUBDIR = "at-step-"
+
+
+def capture_step(first_divergent_step) -> int:
+    """The call a pair's parting step comes from: the prefill (0) for the prefill, else its own."""
+    return 0 if first_divergent_step == "prefill" else int(first_divergent_step)
+
+
+def read_decode_capture(out: Path, name: str, run_id: str | None, step: int) -> dict | None:
+    """A backend's capture of its decode call at `step` in this compare run: {activations,
+    skipped, more_inputs}, or None."""
+    path = out / name / GENERATION_DIR / f"{CAPTURE_SUBDIR}{step}" / RECORD_FILE
+    try:
+        record = read_record(path)
+        if run_id is not None and record.run_id != run_id:
+            return None
+        return {
+            "activations": dict(read_tensors(path, record)["activations"]),
+            "skipped": record.extra.activations_skipped or {},
+            "more_inputs": record.extra.activations_more_inputs or {},
+        }
+    except (RecordError, OSError, KeyError):
+        return None
+
+
+def locate_in_step(
+    out: Path, reference: str, name: str, run_id: str | None, step: int, tolerance: dict
+) -> dict | None:
+    """The first module where the two decode calls at `step` part (compare/judge/parity.py
+    first_divergent_module on their captures), or None without both captures."""
+    a, b = (read_decode_capture(out, n, run_id, step) for n in (reference, name))
+    if a is None or b is None:
+        return None
+    found = first_divergent_module(
+        a["activations"],
+        b["activations"],
+        tolerance,
+        (reference, name),
+        (a["skipped"], b["skipped"]),
+        None,
+        (a["more_inputs"], b["more_inputs"]),
+    )
+    return found and {**found, "step": step}
 
 
 def read_generation(out: Path, name: str, run_id: str | None, sub: str = "") -> dict | None:
@@ -190,6 +235,14 @@ def runtime_facts(run: dict, n_new: int) -> dict:
     return facts
 
 
+def _module_words(found: dict | None) -> str:
+    """Where in the step the sides part, when their captures of it name a module."""
+    if not found or not found.get("module"):
+        return ""
+    fed = ", its input agreeing" if found["input_agrees"] else ""
+    return f", first at module {found['module']}{fed}"
+
+
 def _whose(own: dict, reference: str, name: str) -> str:
     """Which side a pair's difference lies on, where their own checks say: the one whose decode path
     differs from its own forward while the other's agrees."""
@@ -241,6 +294,12 @@ def generation_check(
             if r is not None and ref is not None and n != reference
         },
     }
+    for n, pair in section["pairs"].items():
+        if not pair["passed"]:
+            step = capture_step(pair["first_divergent_step"])
+            pair["first_divergent_module"] = locate_in_step(
+                out, reference, n, run_id, step, {"fraction": 0.0, **tolerance}
+            )
     failures = [
         f"{n}'s decode path differs from its own forward from step {c['first_divergent_step']}"
         if c["first_divergent_step"] is not None
@@ -254,6 +313,7 @@ def generation_check(
             if c["first_divergent_step"] == "prefill"
             else f"step {c['first_divergent_step']}"
         )
+        + _module_words(c.get("first_divergent_module"))
         + _whose(section["self"], reference, n)
         for n, c in section["pairs"].items()
         if not c["passed"]

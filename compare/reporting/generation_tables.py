@@ -82,6 +82,10 @@ def _where(step) -> str:
 def _pair_verdict(check: dict) -> str:
     flip = check["first_flip"]
     said = "pass" if check["passed"] else f"fail from {_where(check['first_divergent_step'])}"
+    found = check.get("first_divergent_module") or {}
+    if found.get("module"):
+        fed = " (its input agrees)" if found["input_agrees"] else ""
+        said += f", first at {found['module']}{fed}"
     if flip:
         said += (
             f"; its own choice first differs at step {flip['step']}, prompt {flip['prompt']} "

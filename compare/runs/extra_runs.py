@@ -12,7 +12,7 @@ from common.ops import OPS_DIR, read_ops
 from common.runtime_behaviours import MATCHED_DIR, met
 from common.vocab import BackendStatus, ParityMode, ReportStatus
 from compare.judge.decided import needs_imposing
-from compare.judge.generation import FLOOR_SUBDIR, GENERATION_DIR
+from compare.judge.generation import CAPTURE_SUBDIR, FLOOR_SUBDIR, GENERATION_DIR, capture_step
 from compare.judge.noise_floor import FLOOR_DIR, floor_needed
 from compare.judge.verdict import CheckResult
 from compare.options import CompareOptions
@@ -383,3 +383,35 @@ def generation_runs(opts: CompareOptions, plan: Plan, outcome) -> None:
             note_failed(outcome, [run], "the generation run's float32 floor")
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
+
+
+def locate_decode_divergence(opts: CompareOptions, plan: Plan, outcome, report: dict, build):
+    """The report built again after the decode calls where a pair's decode paths part are captured
+    module by module (compare/judge/generation.py locate_in_step): the reference's and that
+    backend's, fed the reference's tokens, into <backend>/generation/at-step-<s>/. Only runtimes
+    that capture their decode path; unchanged when no pair parts."""
+    ref, section = opts.reference, report.get("generation") or {}
+    wanted = {
+        name: capture_step(pair["first_divergent_step"])
+        for name, pair in (section.get("pairs") or {}).items()
+        if not pair["passed"]
+        and name in plan.launches
+        and all(backends.info(n).captures_decode for n in (ref, name))
+    }
+    if outcome.interrupted or ref not in plan.launches or not wanted:
+        return report
+    fed_from = plan.out / ref / GENERATION_DIR
+    try:
+        for step in sorted(set(wanted.values())):
+            for name in (ref, *(n for n, s in wanted.items() if s == step)):
+                run = run_backend(
+                    name,
+                    plan.pythons[name],
+                    generate_launch(opts, name, fed_from, capture_step=step),
+                    plan.out / name / GENERATION_DIR / f"{CAPTURE_SUBDIR}{step}",
+                    plan.timeout_s,
+                )
+                note_failed(outcome, [run], "the decode step's capture")
+    except KeyboardInterrupt:  # run_backend has taken the running one's process group down
+        outcome.interrupted = True
+    return build(outcome.interrupted)

@@ -181,13 +181,19 @@ def whole_launch(
 
 
 def generate_launch(
-    opts: CompareOptions, name: str, fed_from: Path | None = None, floor: bool = False
+    opts: CompareOptions,
+    name: str,
+    fed_from: Path | None = None,
+    floor: bool = False,
+    capture_step: int | None = None,
 ) -> Launch:
     """A backend's generation run (common/generation.py): prefill and --generate N greedy decode
     steps from the start weights, nothing trained (no parity tensors, HLO, profile or throughput);
     fed the tokens of the generation run in `fed_from` (the reference's); `floor`: in float32, a
-    bfloat16 run's noise floor."""
+    bfloat16 run's noise floor; `capture_step`: the call making that step's logits captured module
+    by module."""
     fed = ("--generate-tokens", str(fed_from)) if fed_from else ()
+    fed += ("--capture-decode-step", str(capture_step)) if capture_step is not None else ()
     change = ("train.dtype=float32",) if floor else ()
     return Launch(
         _changed(opts.spec_of(name), "train.steps=1", *change),
