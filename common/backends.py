@@ -110,6 +110,16 @@ TRACE_MODE = Passthrough(
     + "; ".join(f"{m.value}: {meaning}" for m, meaning in TRACE_MODE_MEANINGS.items()),
 )
 
+DECODE_CACHE = Passthrough(
+    "--torch-xla-decode-cache",
+    "--decode-cache",
+    ("static", "dynamic"),
+    "static",
+    "--generate: a Hugging Face model's cache on torch_xla: static (StaticCache: fixed shapes, "
+    "its decode step compiles once) or dynamic (DynamicCache: it grows a token a step, a new "
+    "graph each step, its recompiles counted)",
+)
+
 BUILT_IN = (
     BackendInfo(
         "jax",
@@ -150,7 +160,7 @@ BUILT_IN = (
         "the same torch.nn twin on PyTorch/XLA (torch_xla_impl)",
         frozenset({"torch_impl", "torch", "torch_xla"}),
         in_both=True,
-        passthrough=(TRACE_MODE,),
+        passthrough=(TRACE_MODE, DECODE_CACHE),
         checks_ops=True,
         generates=True,
         # measured on gpt-tiny (docs/findings.md): step-0 gradients up to 6.4e-9 relative, final

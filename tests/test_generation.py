@@ -159,7 +159,17 @@ def test_hugging_faces_llama_decodes_as_its_nnx_port_on_every_runtime(tmp_path):
     port's own KV cache: left-padded prompts of four lengths, 8 greedy tokens, every step's logits
     within float32's forward bound against jax and against the side's own forward; torch_xla's
     decode step compiles once."""
-    proc = compare(tmp_path, "--twin", f"{LLAMA}:llama_hf", "--backend", "all", "--generate", "8")
+    proc = compare(
+        tmp_path,
+        "--twin",
+        f"{LLAMA}:llama_hf",
+        "--backend",
+        "all",
+        "--generate",
+        "8",
+        "--steps",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     section = report["generation"]
@@ -219,6 +229,31 @@ def test_a_decode_only_misport_is_named_at_its_step_and_side_while_training_pass
     )
     md = (tmp_path / "report.md").read_text()
     assert "| verdict | fail from step 1, first at layers.0.attn (its input agrees)" in md
+
+
+@pytest.mark.slow
+def test_torch_xla_with_a_dynamic_cache_recompiles_at_every_token_and_says_so(tmp_path):
+    """HF's DynamicCache grows a token a step: on torch_xla each decode step is a new graph, every
+    one after the first compiled again (counted), where the static cache compiles once; the logits
+    agree either way."""
+    proc = compare(
+        tmp_path,
+        "--twin",
+        f"{LLAMA}:llama_hf",
+        "--backend",
+        "jax,torch_xla",
+        "--generate",
+        "5",
+        "--steps",
+        "1",
+        "--torch-xla-decode-cache",
+        "dynamic",
+    )
+    assert proc.returncode == 0, proc.stderr
+    section = json.loads((tmp_path / "report.json").read_text())["generation"]
+    facts = section["runtime"]["torch_xla"]
+    assert "DynamicCache" in facts["how"] and facts["compiles"]["later_decode_steps"] == 4
+    assert section["pairs"]["torch_xla"]["passed"]
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.backends import DECODE_CACHE
 from common.vocab import TRACE_MODE_MEANINGS, TraceMode, values
 
 
@@ -14,6 +15,7 @@ class XlaFlags:
 
     mode: str = "spmd"
     trace_mode: str = TraceMode.LAZY.value  # a TraceMode
+    decode_cache: str = DECODE_CACHE.default  # --generate: HF's StaticCache or DynamicCache
 
 
 def add_flags(parser) -> type[XlaFlags]:
@@ -30,5 +32,11 @@ def add_flags(parser) -> type[XlaFlags]:
         default=TraceMode.LAZY.value,
         help="how the step becomes a graph: "
         + "; ".join(f"{m.value}: {meaning}" for m, meaning in TRACE_MODE_MEANINGS.items()),
+    )
+    parser.add_argument(
+        DECODE_CACHE.backend_flag,
+        choices=DECODE_CACHE.choices,
+        default=DECODE_CACHE.default,
+        help=DECODE_CACHE.help,
     )
     return XlaFlags

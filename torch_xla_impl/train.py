@@ -333,7 +333,10 @@ class TorchXlaTrainer:
         model = convert.moved(
             convert.load_start(model, *self.started, self.spec.model), self.device
         )
-        self.decode_how = "lazy tensors, synced once a call, a StaticCache (fixed shapes)"
+        static = getattr(self.options.own, "decode_cache", "static") == "static"
+        self.decode_how = "lazy tensors, synced once a call, " + (
+            "a StaticCache (fixed shapes)" if static else "a DynamicCache (growing shapes)"
+        )
 
         def to_numpy(t: torch.Tensor) -> np.ndarray:
             # the whole step, its cache updates too: left pending, each step's graph would carry
@@ -351,7 +354,7 @@ class TorchXlaTrainer:
                 n_new,
                 forced,
                 to_numpy,
-                static=True,
+                static=static,
                 compiles=lambda: sum(self.monitor.counters().get(k, 0) for k in COMPILE_COUNTERS),
             )
 
