@@ -229,6 +229,7 @@ def test_a_decode_only_misport_is_named_at_its_step_and_side_while_training_pass
     )
     md = (tmp_path / "report.md").read_text()
     assert "| verdict | fail from step 1, first at layers.0.attn (its input agrees)" in md
+    assert "generation.png" in report["plots"] and "![generation.png](generation.png)" in md
 
 
 @pytest.mark.slow

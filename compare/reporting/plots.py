@@ -11,7 +11,8 @@ from pathlib import Path
 
 from common.files.fsutil import atomic_path
 
-PLOT_FILES = ("loss.png", "loss_diff.png", "step_time.png")  # every file write_plots may write
+# every file write_plots may write
+PLOT_FILES = ("loss.png", "loss_diff.png", "step_time.png", "generation.png")
 _IMPORTING: list[threading.Thread] = []  # matplotlib's import in idle time, while there is one
 
 
@@ -54,6 +55,7 @@ def write_plots(report: dict, run_dir: Path) -> list[str]:
         ("loss.png", _loss_plot),
         ("loss_diff.png", _loss_diff_plot),
         ("step_time.png", _step_time_plot),
+        ("generation.png", _generation_plot),
     ):
         try:
             if draw(report, run_dir / name):
@@ -184,6 +186,35 @@ def _loss_diff_plot(report: dict, path: Path) -> bool:
     ax.set(xlabel="step", ylabel="|Δloss|")
     _title(ax, f"Loss difference per step against {ref_name}")
     ax.legend(loc="upper left", fontsize="small")
+    _save(fig, path)
+    return True
+
+
+def _generation_plot(report: dict, path: Path) -> bool:
+    """--generate: each step's max |Δlogits| of every pair against the reference, and of every side
+    against its own forward, with the pairs' bounds (compare/judge/generation.py)."""
+    section = report.get("generation") or {}
+    pairs, own = section.get("pairs") or {}, section.get("self") or {}
+    if not pairs and not own:
+        return False
+    fig, ax = _figure()
+
+    def positive(rows: list, key: str) -> list[float]:  # an exact 0 is no point on a log axis
+        return [v if v > 0 else float("nan") for v in _finite(r[key] for r in rows)]
+
+    for name, pair in pairs.items():
+        steps = [s["step"] for s in pair["steps"]]
+        ax.plot(steps, positive(pair["steps"], "max_abs"), marker="o", label=name)
+        ax.plot(steps, positive(pair["steps"], "bound"), color="grey", linewidth=0.8)
+    for name, check in own.items():
+        steps = [s["step"] for s in check["steps"]]
+        ax.plot(
+            steps, positive(check["steps"], "max_abs"), linestyle=":", label=f"{name} vs itself"
+        )
+    ax.set(xlabel="decode step (0: the prefill's last token)", ylabel="max |Δlogits|")
+    ax.set_yscale("log")
+    _title(ax, f"Decode path per step against {section['reference']} (grey: bounds)")
+    ax.legend(loc="best", fontsize="small")
     _save(fig, path)
     return True
 
