@@ -217,6 +217,11 @@ def resolve_spec(inputs: SpecInputs) -> RunSpec:
         twin_timeout_s=inputs.twin_timeout_s,
     )
     check_provocations(list(inputs.provoke), spec)
+    if inputs.bf16 and spec.train.dtype != "bfloat16":
+        raise SpecError(
+            f"--bf16 {inputs.bf16}: says how a bfloat16 run holds the model; this run is "
+            f"{spec.train.dtype}: add --dtype bfloat16, or drop --bf16"
+        )
     return spec
 
 

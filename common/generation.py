@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.twin import TwinError
+
 GROUP = "generation"  # the tensor file's group of a generation run
 PAD_ID = 0
 MIN_PROMPT = 4  # tokens the longest prompt has at least
@@ -60,6 +62,13 @@ def positions_of(mask: np.ndarray) -> np.ndarray:
     return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
 
 
+def unpadded(tokens, positions, mask, cache):
+    """A prefill's arguments of the prompts with no padding only: a module's outputs at padding
+    positions are whatever each implementation leaves there, never compared."""
+    rows = np.asarray(mask)[:, : np.shape(tokens)[1]].all(axis=1)
+    return tokens[rows], positions[rows], mask[rows], cache
+
+
 def generate(
     decode,
     to_numpy,
@@ -79,8 +88,9 @@ def generate(
     each call's wall time to its logits on the host, and where the runtime counts its compiles
     (`compiles()`: how many so far) compiles (n_new + 3,): those of the prefill, each decode step,
     the whole sequence's prefill and the forward}. `capture` (step, capture(tokens, positions,
-    mask, cache)): the call that makes that step's logits (0: the prefill) captured first, module
-    by module, from the same arguments; its Capture under "capture"."""
+    mask, cache)): the call that makes that step's logits (0: the prefill, of its prompts with no
+    padding) captured first, module by module, from the same arguments; its Capture under
+    "capture"."""
     p = tokens.shape[1]
     positions = positions_of(mask)
     seconds, compiled = [], []  # of each call to its logits on the host
@@ -88,11 +98,22 @@ def generate(
 
     def timed(*args, call=decode):
         if capture and call is decode and len(seconds) == capture[0]:
-            captured["capture"] = capture[1](*args)
+            captured["capture"] = capture[1](*(unpadded(*args) if capture[0] == 0 else args))
         started, before = time.perf_counter(), compiles() if compiles else 0
         out = call(*args)
+        if call is decode and not (isinstance(out, tuple) and len(out) == 2):
+            raise TwinError(
+                f"the decode path returned a {type(out).__name__}, not (logits, cache): "
+                "decode(model, tokens, positions, mask, cache) -> (logits, cache)"
+            )
         logits, cache = out if call is decode else (out, None)
         logits = to_numpy(logits)
+        if logits.ndim != 3 or logits.shape[:2] != np.shape(args[0]):
+            raise TwinError(
+                f"the decode path returned logits of shape {list(logits.shape)} for tokens of "
+                f"shape {list(np.shape(args[0]))}: one row of logits per token fed, (batch, "
+                "tokens, vocabulary)"
+            )
         seconds.append(time.perf_counter() - started)
         compiled.append((compiles() if compiles else 0) - before)
         return logits, cache

@@ -14,7 +14,7 @@ from common import backends
 from common.cli import SpecInputs
 from common.generation import MIN_PROMPT
 from common.spec import RunSpec, SpecError
-from common.twin import twin_of
+from common.twin import twin_of, twin_words
 from common.vocab import MaskSource, ParityMode
 from common.weights.checkpoint_ref import CheckpointRef
 from compare.judge.tolerances import PROFILES
@@ -207,11 +207,7 @@ class CompareOptions:
         if not n:
             return
         twin = twin_of(spec.model)
-        name = (
-            f"twin {spec.model.twin}"
-            if getattr(spec.model, "twin", None)
-            else f"the built-in {spec.model.family} model"
-        )
+        name = twin_words(spec.model)
         if spec.task != "lm":
             raise SpecError(f"--generate: takes a language model (task lm); {name} is {spec.task}")
         if "nnx" not in twin.decode and any(backends.info(b).family == "nnx" for b in self.names):
@@ -224,6 +220,12 @@ class CompareOptions:
             raise SpecError(
                 f"--generate {n}: the model's {spec.model.seq_len} positions leave no room for a "
                 f"prompt of {MIN_PROMPT} tokens; ask for at most {spec.model.seq_len - MIN_PROMPT}"
+            )
+        reused = [f"--{self.side(n).flag}-record" for n in self.reused]
+        if reused:
+            raise SpecError(
+                f"--generate: {reused[0]} reuses a run that has no decode path run; run that "
+                "backend here (drop the flag), or compare without --generate"
             )
         if not backends.info(self.reference).generates:
             able = [b for b in self.names if backends.info(b).generates]

@@ -25,7 +25,7 @@ from common.capture import decisions
 from common.capture.activations import Capture
 from common.data import activation_inputs
 from common.data.masks import record_sites
-from common.files.record import RunRecord, peak_rss_mb
+from common.files.record import RecordError, RunRecord, peak_rss_mb
 from common.provoke import Provocation
 from common.spec import RunSpec, SpecError
 from common.twin import twin_of
@@ -212,13 +212,21 @@ def _generation(runtime: Runtime, options: RunOptions) -> dict:
     """Prefill and options.generate decode steps of the runtime's decode path, on prompts from step
     0's batch; fed the tokens of options.generate_tokens' run when given."""
     spec = runtime.spec
+    if spec.task != "lm":
+        raise SpecError(f"--generate: takes a language model (task lm); this spec's is {spec.task}")
     try:
         tokens, mask = generation.prompts(
             runtime.data.global_batch(0).inputs, options.generate, spec.model.seq_len
         )
-        forced = generation.fed_tokens(options.generate_tokens) if options.generate_tokens else None
     except ValueError as e:
         raise SpecError(str(e)) from None
+    try:
+        forced = generation.fed_tokens(options.generate_tokens) if options.generate_tokens else None
+    except (ValueError, RecordError, OSError) as e:
+        raise SpecError(
+            f"--generate-tokens {options.generate_tokens}: {getattr(e, 'strerror', None) or e}; "
+            "give the directory of a generation run (--generate) of this spec"
+        ) from None
     if forced is not None and forced.shape != (options.generate, len(tokens)):
         raise SpecError(
             f"--generate-tokens {options.generate_tokens}: {list(forced.shape)} tokens, not "

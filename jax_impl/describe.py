@@ -17,7 +17,7 @@ from common.data.batches import check_forward_keys
 from common.files.fsutil import write_json_atomic
 from common.presets import load_spec
 from common.spec import RunSpec
-from common.twin import TwinError, twin_of, user_loss
+from common.twin import TwinError, twin_of, user_decode, user_loss
 from common.twin.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
 from common.twin.start_state import NNX_STATE, storable
 from common.vocab import ExitCode
@@ -167,6 +167,7 @@ def main(argv=None) -> int:
         set_cpu_device_count(spec.mesh.device_count)
         check_platform()  # process may go on to make (driver/describe_sides.py) cannot set it after
         model = build_model(spec.model, seed=spec.train.seed)
+        user_decode(twin_of(spec.model), "nnx")  # a declared decode path that is not one: refused
         params = to_canonical(nnx.state(model, nnx.Param))
         kinds, state = module_kinds(model), start_state(model)
         if params:

@@ -12,7 +12,7 @@ from flax import nnx
 
 from common.capture.activations import input_layout
 from common.generation import generate
-from common.twin import TwinError, resolve, twin_of
+from common.twin import TwinError, twin_of, twin_words, user_decode
 from common.twin.outputs import forward, logits_of
 from jax_impl.capture import capture_activations
 from jax_impl.loop import UNTRACEABLE
@@ -31,10 +31,10 @@ class NnxDecodePath:
         twin = twin_of(spec.model)
         if "nnx" not in twin.decode:
             raise TwinError(
-                f"--generate: twin {spec.model.twin} names no NNX decode path; give "
+                f"--generate: {twin_words(spec.model)} names no NNX decode path; give "
                 "decode={'nnx': 'file.py:decode'} (README, twin fields)"
             )
-        self.decode, self.twin = resolve(twin.decode["nnx"], twin.base_dir, "decode"), twin
+        self.decode, self.twin = user_decode(twin, "nnx"), twin
         model.eval()
         self.model = model
         self.graphdef, self.state = nnx.split(model)

@@ -520,7 +520,7 @@ def test_a_model_loaded_in_bfloat16_trains_in_bfloat16_and_is_judged_by_its_own_
     floor is that mode's distance from each backend's own float32 run; the report says which mode
     ran and what each model held."""
     out = tmp_path / "cmp"
-    args = ("--spec", "gpt-tiny", "--steps", "10", "--dtype", "bfloat16", "--bf16", "loaded")
+    args = ("--spec", "gpt-tiny", "--steps", "6", "--dtype", "bfloat16", "--bf16", "loaded")
     proc = compare(out, "--backend", "all", *args)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "report.json").read_text())

@@ -3,6 +3,7 @@ cache against an NNX port with its own, on every runtime; a decode-only mis-port
 and its side while its training step passes; the pieces in this process."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -235,14 +236,14 @@ def test_a_decode_only_misport_is_named_at_its_step_and_side_while_training_pass
 @pytest.mark.slow
 def test_torch_xla_with_a_dynamic_cache_recompiles_at_every_token_and_says_so(tmp_path):
     """HF's DynamicCache grows a token a step: on torch_xla each decode step is a new graph, every
-    one after the first compiled again (counted), where the static cache compiles once; the logits
-    agree either way."""
+    one after the first compiled again (counted), where the static cache compiles once; its decode
+    path still agrees with its own forward."""
     proc = compare(
         tmp_path,
         "--twin",
         f"{LLAMA}:llama_hf",
         "--backend",
-        "jax,torch_xla",
+        "torch_xla",
         "--generate",
         "5",
         "--steps",
@@ -254,11 +255,12 @@ def test_torch_xla_with_a_dynamic_cache_recompiles_at_every_token_and_says_so(tm
     section = json.loads((tmp_path / "report.json").read_text())["generation"]
     facts = section["runtime"]["torch_xla"]
     assert "DynamicCache" in facts["how"] and facts["compiles"]["later_decode_steps"] == 4
-    assert section["pairs"]["torch_xla"]["passed"]
+    assert section["passed"] and section["self"]["torch_xla"]["passed"]
 
 
 @pytest.mark.slow
 @pytest.mark.error_case("generate-refused")
+@pytest.mark.error_case("bf16-without-bfloat16")
 def test_generate_is_refused_before_anything_runs_where_it_cannot_work(tmp_path):
     for args, message in (
         (
@@ -271,8 +273,86 @@ def test_generate_is_refused_before_anything_runs_where_it_cannot_work(tmp_path)
             "--generate 61: the model's 64 positions leave no room for a prompt of 4 tokens; "
             "ask for at most 60",
         ),
+        (
+            ("--spec", "cnn-digits"),
+            "--generate: takes a language model (task lm); the built-in cnn model is "
+            "classification",
+        ),
+        (
+            ("--twin", f"{LLAMA}:llama_hf", "--torch-record", str(tmp_path)),
+            "--generate: --torch-record reuses a run that has no decode path run; run that "
+            "backend here (drop the flag), or compare without --generate",
+        ),
+        (("--generate", "5000"), "argument --generate: '5000' is not a whole number of tokens"),
+        (
+            ("--generate", "0", "--bf16", "loaded"),
+            "--bf16 loaded: says how a bfloat16 run holds the model; this run is float32: add "
+            "--dtype bfloat16, or drop --bf16",
+        ),
     ):
         out = tmp_path / str(len(message))
         proc = compare(out, "--backend", "jax,torch", "--generate", "4", *args)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("decode-path-malformed")
+def test_a_decode_path_that_is_not_one_is_refused_in_one_line(tmp_path):
+    """A decode named but not in its file is refused by the describe step before anything runs;
+    a decode function that returns logits alone, or one row of logits for several tokens fed, is
+    refused at its first call naming the contract."""
+    out = tmp_path / "run"
+    proc = compare(out, "--twin", "tests/data/decode_paths/twin.py:missing_name", "--generate", "4")
+    assert proc.returncode == 2 and "has no 'no_such'" in proc.stderr, proc.stderr
+    assert "decode['nnx']" in proc.stderr and not out.exists()
+    from common.generation import generate
+    from common.twin import TwinError, resolve
+
+    tokens, mask = prompts(np.ones((2, 8), np.int64), 2, 8)
+    for name, message in (
+        ("logits_only", "the decode path returned a ndarray, not (logits, cache)"),
+        ("last_token_only", "returned logits of shape [2, 5] for tokens of shape [2, 6]"),
+    ):
+        decode = resolve(f"tests/data/decode_paths/decodes.py:{name}")
+        with pytest.raises(TwinError, match=re.escape(message)):
+            generate(
+                lambda t, p, m, c, decode=decode: decode(
+                    lambda x: np.ones((*x.shape, 5)), t, p, m, c
+                ),
+                np.asarray,
+                tokens,
+                mask,
+                2,
+            )
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("generate-flags")
+def test_a_backends_generation_flags_are_refused_in_one_line(tmp_path):
+    """A backend run by hand: --generate-tokens and --capture-decode-step without --generate, a
+    step out of range, a runtime that does not capture its decode path, a tokens folder that holds
+    no generation run; each one line, exit 2, no run folder left."""
+    for backend, args, message in (
+        ("jax_impl", ("--capture-decode-step", "1"), "take --generate N (the run they are of)"),
+        (
+            "jax_impl",
+            ("--generate", "4", "--capture-decode-step", "5"),
+            "--capture-decode-step 5: a step from 0 (the prefill) to 4",
+        ),
+        (
+            "torchax_impl",
+            ("--generate", "4", "--capture-decode-step", "1"),
+            "the torchax backend does not capture its decode path",
+        ),
+        (
+            "torch_impl",
+            ("--generate", "4", "--generate-tokens", str(tmp_path / "none")),
+            f"--generate-tokens {tmp_path / 'none'}: run record {tmp_path / 'none'}/record.json "
+            "does not exist; give the directory of a generation run (--generate) of this spec",
+        ),
+    ):
+        out = tmp_path / f"{backend}-{len(args)}"
+        proc = run_cli(backend, "--spec", "gpt-tiny", "--out", str(out), *args)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and not out.exists()

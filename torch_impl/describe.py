@@ -21,7 +21,7 @@ from common.data.batches import check_every_step, check_forward_keys
 from common.files.fsutil import write_json_atomic
 from common.presets import load_spec
 from common.spec import RunSpec, SpecError, TwinSpec
-from common.twin import TwinError, twin_of, user_loss
+from common.twin import TwinError, twin_of, user_decode, user_loss
 from common.twin.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
 from common.twin.start_state import TORCH_STATE
 from common.vocab import ExitCode
@@ -171,6 +171,7 @@ def main(argv=None) -> int:
         from torch_impl.models import build_model
 
         model = build_model(spec.model, spec.train.seed)
+        user_decode(twin_of(spec.model), "torch")  # a declared decode path that is not one: refused
         shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
         buffer_shapes = {name: tuple(b.shape) for name, b in model.named_buffers()}
         params, buffers = (

@@ -11,7 +11,7 @@ import torch
 
 from common.capture.activations import torch_output_layout
 from common.generation import generate
-from common.twin import TwinError, resolve, twin_of
+from common.twin import TwinError, twin_of, twin_words, user_decode
 from common.twin.outputs import forward, logits_of
 from torch_impl.capture import capture_activations
 from torch_impl.convert import modules_to_canonical
@@ -61,14 +61,14 @@ def torch_decode_path(spec, model: torch.nn.Module, device, static: bool = False
     its StaticCache); `capture` runs one call of it module by module (torch_impl/capture.py) on a
     copy of the cache."""
     twin = twin_of(spec.model)
-    if "torch" in twin.decode:
-        own = resolve(twin.decode["torch"], twin.base_dir, "decode")
+    own = user_decode(twin, "torch")
+    if own is not None:
         decode = lambda tokens, positions, mask, cache: own(model, tokens, positions, mask, cache)  # noqa: E731
     elif hasattr(model, "prepare_inputs_for_generation"):
         decode = hugging_face_decode(model, static)
     else:
         raise TwinError(
-            f"--generate: twin {spec.model.twin}'s torch model {type(model).__name__} is not a "
+            f"--generate: {twin_words(spec.model)}'s torch model {type(model).__name__} is not a "
             "Hugging Face model with a cache of its own; give decode={'torch': 'file.py:decode'}"
         )
     model.eval()

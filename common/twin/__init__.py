@@ -250,6 +250,25 @@ def user_loss(twin: Twin, side: str):
     return loss
 
 
+def twin_words(model_spec) -> str:
+    """How a message names the model: "twin FILE:NAME", or "the built-in gpt model"."""
+    ref = getattr(model_spec, "twin", None)
+    return f"twin {ref}" if ref else f"the built-in {model_spec.family} model"
+
+
+def user_decode(twin: Twin, side: str):
+    """The twin's own decode function of `side` (torch or nnx, Twin.decode), imported in the
+    backend's process; None where it names none."""
+    if side not in twin.decode:
+        return None
+    decode = resolve(twin.decode[side], twin.base_dir, what=f"decode[{side!r}]")
+    if not callable(decode):
+        raise TwinError(
+            f"decode[{side!r}] {twin.decode[side]!r} is a {type(decode).__name__}, not a function"
+        )
+    return decode
+
+
 def load_twin(ref: str, *, frameworks_allowed: bool = True, timeout_s: float | None = None) -> Twin:
     """The Twin a `--twin FILE_OR_MODULE:NAME` reference names, its fields checked (`check_fields`).
 

@@ -300,26 +300,38 @@ def generation_check(
             pair["first_divergent_module"] = locate_in_step(
                 out, reference, n, run_id, step, {"fraction": 0.0, **tolerance}
             )
-    failures = [
-        f"{n}'s decode path differs from its own forward from step {c['first_divergent_step']}"
-        if c["first_divergent_step"] is not None
-        else f"{n}'s prefill differs from its training forward"
-        for n, c in section["self"].items()
-        if not c["passed"]
-    ] + [
-        f"{n}'s decode differs from {reference}'s at "
-        + (
-            "the prefill"
-            if c["first_divergent_step"] == "prefill"
-            else f"step {c['first_divergent_step']}"
-        )
-        + _module_words(c.get("first_divergent_module"))
-        + _whose(section["self"], reference, n)
-        for n, c in section["pairs"].items()
-        if not c["passed"]
-    ]
+    nonfinite = {
+        n: int(np.argmax(~np.isfinite(r["steps"]).reshape(len(r["steps"]), -1).all(-1)))
+        for n, r in runs.items()
+        if r is not None and not np.isfinite(r["steps"]).all()
+    }
+    section["nonfinite_from_step"] = nonfinite
+    failures = (
+        [f"{n}'s decode path gave non-finite logits from step {s}" for n, s in nonfinite.items()]
+        + [
+            f"{n}'s decode path differs from its own forward from step {c['first_divergent_step']}"
+            if c["first_divergent_step"] is not None
+            else f"{n}'s prefill differs from its training forward"
+            for n, c in section["self"].items()
+            if not c["passed"] and n not in nonfinite
+        ]
+        + [
+            f"{n}'s decode differs from {reference}'s at "
+            + (
+                "the prefill"
+                if c["first_divergent_step"] == "prefill"
+                else f"step {c['first_divergent_step']}"
+            )
+            + _module_words(c.get("first_divergent_module"))
+            + _whose(section["self"], reference, n)
+            for n, c in section["pairs"].items()
+            if not c["passed"]
+        ]
+    )
     section["runtime"] = {n: runtime_facts(r, n_new) for n, r in runs.items() if r is not None}
-    section["passed"] = not failures and ref is not None
+    # passed: every side asked for compared (one not run is said in not_run, and its run's failure
+    # by the extra runs' check)
+    section["passed"] = not failures and ref is not None and not section["not_run"]
     if ref is None:
         failures.append(f"the reference {reference} has no generation run to compare against")
     return CheckResult(

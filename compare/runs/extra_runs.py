@@ -6,6 +6,8 @@ their summaries."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from common import backends
 from common.files.record import RECORD_FILE
 from common.ops import OPS_DIR, read_ops
@@ -348,6 +350,19 @@ def explain_by_behaviours(opts: CompareOptions, plan: Plan, outcome, report: dic
     return build(outcome.interrupted)
 
 
+def with_record(run):
+    """`run`, failed where it exited 0 without writing its record (code it ran ended the process
+    early: a `sys.exit` in the user's function, say)."""
+    if run.status == BackendStatus.OK and not (run.run_dir / RECORD_FILE).exists():
+        return dataclasses.replace(
+            run,
+            status=BackendStatus.FAILED,
+            message=f"exited {run.exit_code} without writing its record (code it ran ended the "
+            "process: sys.exit?)",
+        )
+    return run
+
+
 def generation_runs(opts: CompareOptions, plan: Plan, outcome) -> None:
     """--generate N: each backend's decode path run from the start weights into
     <out>/<backend>/generation/ (compare/judge/generation.py judges them): the reference's first,
@@ -362,23 +377,27 @@ def generation_runs(opts: CompareOptions, plan: Plan, outcome) -> None:
     floors = opts.spec_of(ref).train.dtype == "bfloat16" and opts.judging.bf16 == "noise-floor"
     try:
         for name in (ref, *(n for n in names if n != ref)):
-            run = run_backend(
-                name,
-                plan.pythons[name],
-                generate_launch(opts, name, None if name == ref else fed_from),
-                plan.out / name / GENERATION_DIR,
-                plan.timeout_s,
+            run = with_record(
+                run_backend(
+                    name,
+                    plan.pythons[name],
+                    generate_launch(opts, name, None if name == ref else fed_from),
+                    plan.out / name / GENERATION_DIR,
+                    plan.timeout_s,
+                )
             )
             note_failed(outcome, [run], "the generation run")
             if name == ref and run.status != BackendStatus.OK:
                 return
         for name in names if floors else ():
-            run = run_backend(
-                name,
-                plan.pythons[name],
-                generate_launch(opts, name, fed_from, floor=True),
-                plan.out / name / GENERATION_DIR / FLOOR_SUBDIR,
-                plan.timeout_s,
+            run = with_record(
+                run_backend(
+                    name,
+                    plan.pythons[name],
+                    generate_launch(opts, name, fed_from, floor=True),
+                    plan.out / name / GENERATION_DIR / FLOOR_SUBDIR,
+                    plan.timeout_s,
+                )
             )
             note_failed(outcome, [run], "the generation run's float32 floor")
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
@@ -404,12 +423,14 @@ def locate_decode_divergence(opts: CompareOptions, plan: Plan, outcome, report: 
     try:
         for step in sorted(set(wanted.values())):
             for name in (ref, *(n for n, s in wanted.items() if s == step)):
-                run = run_backend(
-                    name,
-                    plan.pythons[name],
-                    generate_launch(opts, name, fed_from, capture_step=step),
-                    plan.out / name / GENERATION_DIR / f"{CAPTURE_SUBDIR}{step}",
-                    plan.timeout_s,
+                run = with_record(
+                    run_backend(
+                        name,
+                        plan.pythons[name],
+                        generate_launch(opts, name, fed_from, capture_step=step),
+                        plan.out / name / GENERATION_DIR / f"{CAPTURE_SUBDIR}{step}",
+                        plan.timeout_s,
+                    )
                 )
                 note_failed(outcome, [run], "the decode step's capture")
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
