@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-cpu demo-gpu demo-tpu test test-fast docs-reference venv constraints constraints-gpu constraints-tpu clean
+.PHONY: demo demo-cpu demo-gpu demo-tpu test test-fast docs docs-reference venv constraints constraints-gpu constraints-tpu clean
 
 # PLATFORM=tpu (make demo PLATFORM=tpu, on a TPU VM): jax[tpu] and torch_xla[tpu] pin different libtpu releases,
 # so each gets an environment of its own, pinned like the CPU one; compare runs in the jax one (it imports no
@@ -77,6 +77,10 @@ test: $(STAMP)
 # Two test processes: no backend runs (tests/conftest.py's guard fails the session if one starts, in either)
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n 2 -m 'not slow'
+
+# the docs site (MkDocs, Material theme) into site/; --strict: a broken link or page fails it
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # the reference pages generated from the code (tests/test_docs_reference.py holds them in sync)
 docs-reference: $(STAMP)
