@@ -20,6 +20,11 @@ def generation_tables(report: dict) -> list[tuple[str, list[str], list[list[str]
         f"Generation: {section['new_tokens']} greedy tokens after prompts of "
         f"{', '.join(map(str, section['prompt_lengths']))} tokens (left-padded), every side fed "
         f"{ref}'s tokens: max |Δlogits| / bound against {ref}, and against the side's own forward"
+        + (
+            " (bounds: 3x the measured noise, each side's distance from its own float32 run)"
+            if section.get("judged_by") == "noise-floor"
+            else ""
+        )
     )
     header = [
         "step",
