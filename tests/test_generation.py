@@ -201,21 +201,22 @@ def test_hugging_faces_llama_decodes_as_its_nnx_port_on_every_runtime(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_decode_only_misport_is_named_at_its_step_and_side_while_training_passes(tmp_path):
-    """The port's new tokens take their rotary position one past their place: the training step
-    agrees; the decode path parts from jax's own forward at step 1 (step 0 is the prefill's),
-    torch's agreement with its own forward puts the difference on jax's side, and both sides'
-    decode calls at step 1, captured module by module, name the attention of layer 0."""
-    proc = compare(
-        tmp_path,
-        "--twin",
+@pytest.mark.parametrize(
+    "twin",
+    [
+        # the new tokens' rotary position one past their place
         f"{LLAMA}:llama_hf_decode_position_off",
-        "--backend",
-        "jax,torch",
-        "--generate",
-        "6",
-        "--steps",
-        "2",
+        # Gemma 2's sliding window (layer 0's) left out for the new tokens over its cache
+        "examples/gemma2/twin.py:gemma2_decode_window_not_over_cache",
+    ],
+)
+def test_a_decode_only_misport_is_named_at_its_step_and_side_while_training_passes(tmp_path, twin):
+    """A decode-only mis-port: the training step agrees; the decode path parts from jax's own
+    forward at step 1 (step 0 is the prefill's), torch's agreement with its own forward puts the
+    difference on jax's side, and both sides' decode calls at step 1, captured module by module,
+    name the attention of layer 0."""
+    proc = compare(
+        tmp_path, "--twin", twin, "--backend", "jax,torch", "--generate", "6", "--steps", "1"
     )
     assert proc.returncode == 1, proc.stderr
     report = json.loads((tmp_path / "report.json").read_text())
