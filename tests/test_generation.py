@@ -83,28 +83,18 @@ def test_a_side_is_judged_against_itself_and_a_flip_at_a_near_tie_is_said_as_one
     assert not pair_check(ref, other, BOUND)["first_flip"]["within_rounding"]
 
 
-def test_the_nnx_side_alone_finds_its_decode_only_misports():
-    """Each of the Llama port's decode-only mis-ports, on its side alone (no other framework): a new
-    token's rotary position one off and the left padding seen by the new tokens part from the
-    side's own prefill of the whole sequence at step 1 (step 0's logits are the prefill's); a KV
-    cache kept in bfloat16 agrees with a prefill through that same cache, and parts from the
-    training forward."""
+def self_checks(port: str, model, ids: np.ndarray, seq_len: int, names: tuple) -> dict:
+    """{decode function of `port`: its self_check} on NNX side alone, eagerly, 6 new tokens."""
     import jax.numpy as jnp
-    from flax import nnx
 
     from common.generation import generate
     from common.twin import resolve
     from jax_impl.generate import host_logits
 
-    hparams = {"vocab_size": 64, "seq_len": 32, "d_model": 32, "n_layers": 2, "n_heads": 4}
-    model = resolve(f"{LLAMA.replace('twin.py', 'nnx_llama.py')}:Llama")(
-        **hparams, n_kv_heads=2, d_ff=64, rngs=nnx.Rngs(0)
-    )
-    ids = np.random.default_rng(0).integers(1, 64, (4, 32))
-    tokens, mask = prompts(ids, 6, 32)
+    tokens, mask = prompts(ids, 6, seq_len)
     found = {}
-    for name in ("decode", "decode_position_off", "decode_padding_seen", "decode_cache_bfloat16"):
-        decode = resolve(f"{LLAMA.replace('twin.py', 'nnx_llama.py')}:{name}")
+    for name in names:
+        decode = resolve(f"{port}:{name}")
         run = generate(
             lambda t, p, m, c, decode=decode: decode(model, jnp.asarray(t), p, m, c),
             host_logits,
@@ -114,6 +104,25 @@ def test_the_nnx_side_alone_finds_its_decode_only_misports():
             forward=lambda t: model(jnp.asarray(t)),
         )
         found[name] = self_check(run, BOUND)
+    return found
+
+
+def test_the_nnx_side_alone_finds_its_decode_only_misports():
+    """Each of the Llama port's decode-only mis-ports, on its side alone (no other framework): a new
+    token's rotary position one off and the left padding seen by the new tokens part from the
+    side's own prefill of the whole sequence at step 1 (step 0's logits are the prefill's); a KV
+    cache kept in bfloat16 agrees with a prefill through that same cache, and parts from the
+    training forward."""
+    from flax import nnx
+
+    from common.twin import resolve
+
+    port = LLAMA.replace("twin.py", "nnx_llama.py")
+    hparams = {"vocab_size": 64, "seq_len": 32, "d_model": 32, "n_layers": 2, "n_heads": 4}
+    model = resolve(f"{port}:Llama")(**hparams, n_kv_heads=2, d_ff=64, rngs=nnx.Rngs(0))
+    ids = np.random.default_rng(0).integers(1, 64, (4, 32))
+    names = ("decode", "decode_position_off", "decode_padding_seen", "decode_cache_bfloat16")
+    found = self_checks(port, model, ids, 32, names)
     assert found["decode"]["passed"] and found["decode"]["forward"]["max_abs"] < 1e-5
     assert found["decode_position_off"]["first_divergent_step"] == 1
     assert found["decode_padding_seen"]["first_divergent_step"] == 1
@@ -125,31 +134,18 @@ def test_gemma2s_sliding_window_over_the_cache_is_checked_on_its_side_alone():
     """Gemma 2's port decodes past its sliding window (8) from prompts longer than it: its decode
     path agrees with its own forward; with the window left out for the new tokens it parts at step
     1 (the prompt's prefill applies it)."""
-    import jax.numpy as jnp
     from flax import nnx
 
-    from common.generation import generate
     from common.twin import resolve
     from examples.gemma2.twin import HPARAMS
-    from jax_impl.generate import host_logits
 
     port = "examples/gemma2/nnx_gemma2.py"
     model = resolve(f"{port}:Gemma2")(**HPARAMS, rngs=nnx.Rngs(0))
     ids = np.random.default_rng(0).integers(1, HPARAMS["vocab_size"], (4, 32))
-    tokens, mask = prompts(ids, 6, HPARAMS["seq_len"])
-    assert tokens.shape[1] > HPARAMS["sliding_window"]
-    found = {}
-    for name in ("decode", "decode_window_not_over_cache"):
-        decode = resolve(f"{port}:{name}")
-        run = generate(
-            lambda t, p, m, c, decode=decode: decode(model, jnp.asarray(t), p, m, c),
-            host_logits,
-            tokens,
-            mask,
-            6,
-            forward=lambda t: model(jnp.asarray(t)),
-        )
-        found[name] = self_check(run, BOUND)
+    assert prompts(ids, 6, HPARAMS["seq_len"])[0].shape[1] > HPARAMS["sliding_window"]
+    found = self_checks(
+        port, model, ids, HPARAMS["seq_len"], ("decode", "decode_window_not_over_cache")
+    )
     assert found["decode"]["passed"] and found["decode"]["forward"]["max_abs"] < 1e-5
     assert found["decode_window_not_over_cache"]["first_divergent_step"] == 1
 
