@@ -77,6 +77,12 @@ LONGEST = (
     "test_bfloat16_runs_are_compared_under_the_bf16_policy_and_as_distributions",
     "test_hugging_faces_bert_passes_in_float64_on_torchax_after_its_module_capture",
     "test_gpt_tiny_in_float64_agrees_to_float64_rounding_on_every_runtime",
+    "test_a_model_loaded_in_bfloat16_trains_in_bfloat16_and_is_judged_by_its_own_floor",
+    "test_hugging_faces_llama_decodes_as_its_nnx_port_on_every_runtime",
+    "test_the_unet_denoiser_passes_fed_its_own_batches",
+    "test_a_rotary_base_off_by_one_fails_in_float64_with_hugging_faces_casts_widened",
+    "test_two_processes_match_one_process",
+    "test_hugging_faces_gpt2_passes_from_hf_on_every_backend_with_no_layout_declared",
 )
 
 
