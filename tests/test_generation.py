@@ -357,3 +357,26 @@ def test_a_backends_generation_flags_are_refused_in_one_line(tmp_path):
         proc = run_cli(backend, "--spec", "gpt-tiny", "--out", str(out), *args)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_a_generation_run_of_another_compare_run_is_never_judged(tmp_path):
+    """Two runs never mix: a generation folder left by another compare run (another run id) is not
+    read; that side is said not run and the check does not pass, where this run's own is judged."""
+    from common.files.record import RunRecord, write_record
+    from common.files.tensor_file import write_tensors
+    from common.presets import load_spec
+    from compare.judge.generation import GENERATION_DIR, generation_check
+
+    run = _run(np.random.default_rng(0))
+    arrays = {k: run[k] for k in ("prefill", "steps", "whole", "mask", "fed", "chosen")}
+    for name, run_id in (("jax", "this-run"), ("torch", "another-run")):
+        folder = tmp_path / name / GENERATION_DIR
+        folder.mkdir(parents=True)
+        record = RunRecord(backend=name, spec=load_spec("gpt-tiny").to_dict(), run_id=run_id)
+        record.tensors = write_tensors(folder, {"generation": arrays})
+        write_record(folder, record)
+    policy = {"forward": {"atol": 1e-5, "rtol": 1e-4}}
+    check = generation_check(tmp_path, ["jax", "torch"], "jax", policy, "this-run", 3)
+    section = check.section
+    assert list(section["self"]) == ["jax"] and section["pairs"] == {}
+    assert list(section["not_run"]) == ["torch"] and section["passed"] is False

@@ -304,10 +304,7 @@ class TorchXlaTrainer:
             return Capture()
 
         def capture(probed: bool) -> Capture:
-            model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.param_dtype)
-            model = convert.moved(
-                convert.load_start(model, *self.started, self.spec.model), self.device
-            )
+            model = self.start_model()
             with self.autocast(), step_masks(self.spec, 0, self.device):
                 x = as_fed(on_device(inputs, self.device), self.spec.train)
                 y = on_device(targets, self.device)
@@ -325,14 +322,17 @@ class TorchXlaTrainer:
         shutil.rmtree(dump_dir(self.options.out_dir), ignore_errors=True)
         return captured
 
+    def start_model(self) -> torch.nn.Module:
+        """A fresh copy of the model at the start weights on the device: an analysis after the run
+        (a capture, a decode path) joins none of its graphs."""
+        model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.param_dtype)
+        return convert.moved(convert.load_start(model, *self.started, self.spec.model), self.device)
+
     def generate(self, tokens, mask, n_new: int, forced=None, capture_at=None) -> dict:
         """The torch model's decode path on a fresh copy of the start weights, with a Hugging Face
         model's StaticCache (fixed shapes: the decode step compiles once), and the graphs compiled
         by each call counted."""
-        model = build_model(self.spec.model, self.spec.train.seed, self.spec.train.param_dtype)
-        model = convert.moved(
-            convert.load_start(model, *self.started, self.spec.model), self.device
-        )
+        model = self.start_model()
         static = getattr(self.options.own, "decode_cache", "static") == "static"
         self.decode_how = "lazy tensors, synced once a call, " + (
             "a StaticCache (fixed shapes)" if static else "a DynamicCache (growing shapes)"

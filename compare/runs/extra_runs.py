@@ -363,6 +363,26 @@ def with_record(run):
     return run
 
 
+def _generation_run(
+    opts: CompareOptions,
+    plan: Plan,
+    outcome,
+    name: str,
+    folder,
+    what: str = "the generation run",
+    **launch,
+):
+    """One generation run of `name` into `folder` (compare/runs/launch.py generate_launch's
+    `launch` keywords), failed where it left no record, a failure kept for the verdict as `what`."""
+    run = with_record(
+        run_backend(
+            name, plan.pythons[name], generate_launch(opts, name, **launch), folder, plan.timeout_s
+        )
+    )
+    note_failed(outcome, [run], what)
+    return run
+
+
 def generation_runs(opts: CompareOptions, plan: Plan, outcome) -> None:
     """--generate N: each backend's decode path run from the start weights into
     <out>/<backend>/generation/ (compare/judge/generation.py judges them): the reference's first,
@@ -377,29 +397,16 @@ def generation_runs(opts: CompareOptions, plan: Plan, outcome) -> None:
     floors = opts.spec_of(ref).train.dtype == "bfloat16" and opts.judging.bf16 == "noise-floor"
     try:
         for name in (ref, *(n for n in names if n != ref)):
-            run = with_record(
-                run_backend(
-                    name,
-                    plan.pythons[name],
-                    generate_launch(opts, name, None if name == ref else fed_from),
-                    plan.out / name / GENERATION_DIR,
-                    plan.timeout_s,
-                )
+            fed = None if name == ref else fed_from
+            run = _generation_run(
+                opts, plan, outcome, name, plan.out / name / GENERATION_DIR, fed_from=fed
             )
-            note_failed(outcome, [run], "the generation run")
             if name == ref and run.status != BackendStatus.OK:
                 return
         for name in names if floors else ():
-            run = with_record(
-                run_backend(
-                    name,
-                    plan.pythons[name],
-                    generate_launch(opts, name, fed_from, floor=True),
-                    plan.out / name / GENERATION_DIR / FLOOR_SUBDIR,
-                    plan.timeout_s,
-                )
-            )
-            note_failed(outcome, [run], "the generation run's float32 floor")
+            folder = plan.out / name / GENERATION_DIR / FLOOR_SUBDIR
+            what = "the generation run's float32 floor"
+            _generation_run(opts, plan, outcome, name, folder, what, fed_from=fed_from, floor=True)
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
 
@@ -423,16 +430,11 @@ def locate_decode_divergence(opts: CompareOptions, plan: Plan, outcome, report: 
     try:
         for step in sorted(set(wanted.values())):
             for name in (ref, *(n for n, s in wanted.items() if s == step)):
-                run = with_record(
-                    run_backend(
-                        name,
-                        plan.pythons[name],
-                        generate_launch(opts, name, fed_from, capture_step=step),
-                        plan.out / name / GENERATION_DIR / f"{CAPTURE_SUBDIR}{step}",
-                        plan.timeout_s,
-                    )
+                folder = plan.out / name / GENERATION_DIR / f"{CAPTURE_SUBDIR}{step}"
+                what = "the decode step's capture"
+                _generation_run(
+                    opts, plan, outcome, name, folder, what, fed_from=fed_from, capture_step=step
                 )
-                note_failed(outcome, [run], "the decode step's capture")
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
     return build(outcome.interrupted)
