@@ -47,6 +47,7 @@ from common.vocab import (  # noqa: E402
 )
 from compare.judge.determinism import determinism_check  # noqa: E402
 from compare.judge.generation import generation_check  # noqa: E402
+from compare.judge.kernels import kernel_check  # noqa: E402
 from compare.judge.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
 from compare.judge.parity import train_differences  # noqa: E402
 from compare.judge.start_state import start_state_check  # noqa: E402
@@ -71,6 +72,7 @@ from compare.runs.extra_runs import (  # noqa: E402
     locate_divergence,
     run_noise_floors,
 )
+from compare.runs.kernel_runs import kernel_runs, kernel_sides  # noqa: E402
 from compare.runs.launch import (  # noqa: E402
     describing_runs,
     main_launch,
@@ -533,6 +535,13 @@ def report_checks(opts: CompareOptions, plan: Plan, outcome, seeds: list, policy
                 ),
             )
         )
+    sides = kernel_sides(opts)
+    if sides:
+        dtype = opts.spec_of(opts.reference).train.dtype
+        kernels = functools.partial(
+            kernel_check, out, sides, dtype, opts.output.run_id, policy, outcome.runs
+        )
+        checks.append(("kernels", kernels))
     return checks
 
 
@@ -602,6 +611,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
             ).interrupted
         floored = run_noise_floors(opts, floors, plan, outcome, spec.train.dtype, live)
         generation_runs(opts, plan, outcome)
+        kernel_runs(opts, plan, outcome)
     backends_done = time.time()
     # a host other than 0 of a multi-host run: host 0 writes the report
     if hosts.follows(opts.hosts):

@@ -115,6 +115,11 @@ class Twin:
     # cache None for the prefill; "torch" the same for a torch model, which a Hugging Face model
     # needs not name (its own cache: DynamicCache); empty: no decode path
     decode: Mapping = field(default_factory=dict)
+    # the hyperparameter that picks the NNX side's kernels (a Pallas kernel where the torch side
+    # calls its reference op): its value in hparams is the reference ("reference"), both sides'
+    # default; a side run with another (--jax-set model.kernel=pallas) is judged by that kernel's
+    # noise floor besides its parity (compare/judge/kernels.py); None: no kernel switch
+    kernel_arg: str | None = None
     init: Literal["torch", "canonical"] = "torch"  # whose initialisation both sides start from
     train: TrainSpec = field(default_factory=TrainSpec)
     data: DataSpec | None = None  # None: synthetic data of the task

@@ -310,6 +310,18 @@ def _check_custom(twin, ref: str) -> None:
             )
 
 
+def _check_kernel_arg(twin, ref: str) -> None:
+    arg = twin.kernel_arg
+    if arg is None:
+        return
+    if not isinstance(arg, str) or not isinstance(twin.hparams.get(arg), str):
+        raise TwinError(
+            f"twin {ref!r}: kernel_arg={arg!r} must name a hyperparameter whose value is the "
+            "reference kernel both sides run by default, e.g. kernel_arg='kernel' with "
+            "hparams={..., 'kernel': 'reference'}"
+        )
+
+
 def check_fields(twin, ref: str) -> None:
     """Every declaration of a twin that can be checked without building a model: one TwinError
     naming the field and the fix. (Those that need the models, a `packed` that matches no module, a
@@ -344,6 +356,7 @@ def check_fields(twin, ref: str) -> None:
             "factory's "
             "compute-dtype keyword (e.g. 'dtype'), or None"
         )
+    _check_kernel_arg(twin, ref)
     _check_input_axes(twin, ref)
     _check_input_axes(
         dataclasses.replace(twin, nnx_input_axes=twin.nnx_output_axes, task=""),

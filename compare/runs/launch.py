@@ -145,6 +145,23 @@ def floor_launch(opts: CompareOptions, name: str, dtype: str) -> Launch:
     )
 
 
+def kernel_launch(opts: CompareOptions, name: str, arg: str, reference: str, dtype: str) -> Launch:
+    """A kernel side's run with its kernel switch `arg` set to the `reference` op, in `dtype`
+    (compare/judge/kernels.py): the same spec, start and batches, with the parity tensors and, with
+    --activations, step 0's activations (no HLO, profile or throughput)."""
+    return Launch(
+        _changed(opts.spec_of(name), f"model.{arg}={reference}", f"train.dtype={dtype}"),
+        (
+            *_flags(opts, name, quiet=True, provoke=False),
+            "--parity",
+            "--throughput-steps",
+            "0",
+            *(["--activations"] * opts.capture.activations),
+        ),
+        opts.hosts,
+    )
+
+
 def matched_launch(opts: CompareOptions, name: str, behaviours: list[str]) -> Launch:
     """A backend's run once more with these known behaviours of its runtime made eager torch's
     (common/runtime_behaviours.py): the same spec, start and batches, with the parity tensors (no

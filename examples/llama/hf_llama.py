@@ -37,3 +37,34 @@ def llama(
         attn_implementation="eager",
     )
     return LlamaForCausalLM(config)
+
+
+def _pallas_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """Hugging Face's attention interface answered by the NNX side's own flash kernel (kernels.py),
+    called through torchax's `call_jax`: the same kernel on both sides, under torchax alone."""
+    import functools
+
+    import kernels
+    from torchax.interop import call_jax
+
+    repeat = query.shape[1] // key.shape[1]
+    key, value = (x.repeat_interleave(repeat, dim=1) for x in (key, value))
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, T, H, hd)
+    attend = functools.partial(kernels.flash_attention, scale=scaling)
+    return call_jax(attend, q, k, v), None
+
+
+def llama_sdpa(*args, kernel: str = "reference", **hparams) -> LlamaForCausalLM:
+    """`llama` with SDPA, the op a flash kernel stands in for (kernel "reference"), or with the NNX
+    side's own flash kernel through torchax (kernel "pallas": run it on torchax)."""
+    from transformers import AttentionInterface
+
+    model = llama(*args, **hparams)
+    if kernel == "reference":
+        model.set_attn_implementation("sdpa")
+        return model
+    if kernel != "pallas":
+        raise ValueError(f"kernel {kernel!r}: the torch side has 'reference' (SDPA) and 'pallas'")
+    AttentionInterface.register("pallas_flash", _pallas_attention)
+    model.set_attn_implementation("pallas_flash")
+    return model

@@ -7,6 +7,12 @@ layout from the two trees.
 hd/2, what the torch model does) or "interleaved" (Meta's original checkpoints, pairs 2i and 2i +
 1). The second one is the classic port mistake `twin.py:llama_tiny_misported` makes.
 
+`kernel` picks the attention and the norms: jnp ops as the torch model computes them ("reference"),
+or the Pallas kernels of kernels.py, forward and backward: flash attention and a fused RMSNorm
+("pallas"), or one of them ("pallas-attention", "pallas-norm": the fused RMSNorm runs in float64,
+flash attention does not); `twin.py:llama_kernels` names it the twin's kernel switch, so the same
+twin runs both ways (`--jax-set model.kernel=pallas`).
+
 `rope_table` holds the rotary frequencies in a `Buffer` per attention, as `torch_llama.py` holds
 them in its `inv_freq` buffer, built with that base (None: computed in the forward from
 `rope_theta`). `twin.py:llama_table` holds them; `llama_table_misported` builds them with Llama 3's
@@ -23,6 +29,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import kernels
 from flax import nnx
 
 
@@ -62,6 +69,26 @@ def rotary(x, inv_freq, layout: str, positions=None):  # x (B, T, H, hd); positi
     return jnp.stack((even * cos - odd * sin, even * sin + odd * cos), axis=-1).reshape(x.shape)
 
 
+class FusedRMSNorm(nnx.Module):
+    """RMSNorm by a Pallas kernel (kernels.py), its weight named as nnx.RMSNorm's (`scale`)."""
+
+    def __init__(self, dim: int, epsilon: float, kernel: str, dtype, rngs: nnx.Rngs):
+        del rngs
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+        self.epsilon, self.kernel, self.dtype = epsilon, kernel, dtype
+
+    def __call__(self, x):
+        x = x.astype(self.dtype or x.dtype)
+        return kernels.NORM[self.kernel](x, self.scale.value.astype(x.dtype), self.epsilon)
+
+
+def rms_norm(dim, eps, kernel: str, dtype, rngs):
+    """The norm `kernel` asks for: flax's RMSNorm, or the fused kernel."""
+    if kernel in kernels.NORM:
+        return FusedRMSNorm(dim, eps, kernel, dtype, rngs)
+    return nnx.RMSNorm(dim, epsilon=eps, dtype=dtype, rngs=rngs)
+
+
 class Attention(nnx.Module):
     def __init__(
         self,
@@ -73,13 +100,14 @@ class Attention(nnx.Module):
         rngs: nnx.Rngs,
         dtype,
         rope_table=None,
+        kernel: str = "reference",
     ):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         self.q_proj = _linear(d_model, n_heads * self.head_dim, rngs, dtype)
         self.k_proj = _linear(d_model, n_kv_heads * self.head_dim, rngs, dtype)
         self.v_proj = _linear(d_model, n_kv_heads * self.head_dim, rngs, dtype)
         self.o_proj = _linear(n_heads * self.head_dim, d_model, rngs, dtype)
-        self.rope_theta, self.rope_layout = rope_theta, rope_layout
+        self.rope_theta, self.rope_layout, self.kernel = rope_theta, rope_layout, kernel
         if rope_table is not None:
             self.inv_freq = Buffer(frequencies(rope_table, self.head_dim))
 
@@ -109,6 +137,10 @@ class Attention(nnx.Module):
             cache = {"k": k, "v": v, "end": start + t}
         repeat = self.n_heads // self.n_kv_heads
         keys, values = jnp.repeat(k, repeat, axis=2), jnp.repeat(v, repeat, axis=2)
+        if cache is None and mask is None and self.kernel in kernels.ATTENTION:
+            attend = kernels.ATTENTION[self.kernel]
+            out = attend(q, keys, values, 1.0 / math.sqrt(self.head_dim)).astype(x.dtype)
+            return self.o_proj(out.reshape(b, t, -1))
         scores = jnp.einsum("bthd,bshd->bhts", q, keys) / math.sqrt(self.head_dim)
         # causal over the slots; a padding slot is never attended to
         allowed = (jnp.arange(keys.shape[1])[None, :] <= start + jnp.arange(t)[:, None])[None, None]
@@ -143,14 +175,22 @@ class DecoderLayer(nnx.Module):
         rngs: nnx.Rngs,
         dtype,
         rope_table=None,
+        kernel_choice: tuple[str, str] = ("reference", "reference"),
     ):
-        self.input_layernorm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
+        attention_kernel, norm_kernel = kernel_choice
+        self.input_layernorm = rms_norm(d_model, rms_eps, norm_kernel, dtype, rngs)
         self.attn = Attention(
-            d_model, n_heads, n_kv_heads, rope_theta, rope_layout, rngs, dtype, rope_table
+            d_model,
+            n_heads,
+            n_kv_heads,
+            rope_theta,
+            rope_layout,
+            rngs,
+            dtype,
+            rope_table,
+            attention_kernel,
         )
-        self.post_attention_layernorm = nnx.RMSNorm(
-            d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs
-        )
+        self.post_attention_layernorm = rms_norm(d_model, rms_eps, norm_kernel, dtype, rngs)
         self.mlp = MLP(d_model, d_ff, rngs, dtype)
 
     def __call__(self, x):
@@ -161,6 +201,15 @@ class DecoderLayer(nnx.Module):
         h, cache = self.attn(self.input_layernorm(x), positions, mask, cache)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+# what each value of `kernel` runs by a Pallas kernel: flash attention, the fused RMSNorm, or both
+KERNELS = {
+    "reference": (),
+    "pallas": ("attention", "norm"),
+    "pallas-attention": ("attention",),
+    "pallas-norm": ("norm",),
+}
 
 
 class Llama(nnx.Module):
@@ -177,10 +226,17 @@ class Llama(nnx.Module):
         rope_theta: float = 10000.0,
         rope_layout: str = "rotate_half",
         rope_table: float | None = None,
+        kernel: str = "reference",
         *,
         rngs: nnx.Rngs,
         dtype=jnp.float32,
+        kernel_ports: dict | None = None,
     ):
+        # KERNELS[kernel]: the pieces run by kernels.py's Pallas kernels; `kernel_ports` replaces
+        # a chosen one by another of kernels.py's ports ({"attention": ..., "norm": ...})
+        ports = {piece: "pallas" for piece in KERNELS[kernel]}
+        ports.update({k: v for k, v in (kernel_ports or {}).items() if k in ports})
+        chosen = (ports.get("attention", "reference"), ports.get("norm", "reference"))
         self.embed_tokens = nnx.Embed(
             vocab_size,
             d_model,
@@ -201,11 +257,12 @@ class Llama(nnx.Module):
                     rngs,
                     dtype,
                     rope_table,
+                    chosen,
                 )
                 for _ in range(n_layers)
             ]
         )
-        self.norm = nnx.RMSNorm(d_model, epsilon=rms_eps, dtype=dtype, rngs=rngs)
+        self.norm = rms_norm(d_model, rms_eps, chosen[1], dtype, rngs)
         self.lm_head = _linear(d_model, vocab_size, rngs, dtype)
 
     def __call__(self, tokens):  # (B, T) int -> (B, T, vocab)
@@ -276,3 +333,20 @@ def llama_rope_base_off(**hparams) -> Llama:
     """The mis-port only float64 sees: the rotary base one more than the model's (10001 for
     10000), 6e-5 in the logits, below float32's bounds."""
     return Llama(**{**hparams, "rope_theta": hparams.get("rope_theta", 10000.0) + 1.0})
+
+
+def llama_flash_unscaled(**hparams) -> Llama:
+    """The kernel mis-port: flash attention called without its softmax scale (jax's kernel defaults
+    to 1.0, SDPA to 1/sqrt(head_dim)); the reference path is right."""
+    return Llama(**hparams, kernel_ports={"attention": "pallas-unscaled"})
+
+
+def llama_flash_block_ahead(**hparams) -> Llama:
+    """The kernel mis-port: an own flash kernel whose causal mask is one key block ahead."""
+    return Llama(**hparams, kernel_ports={"attention": "pallas-block-ahead"})
+
+
+def llama_rms_eps_outside(**hparams) -> Llama:
+    """The kernel mis-port only float64 sees: the fused RMSNorm adds epsilon to the root, not under
+    it (about epsilon/2 relative)."""
+    return Llama(**hparams, kernel_ports={"norm": "pallas-eps-outside"})

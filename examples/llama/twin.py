@@ -11,6 +11,9 @@ it in a subprocess of its own); the two models live in torch_llama.py and nnx_ll
     python -m compare --twin examples/llama/twin.py:llama_hf --checkpoint hf:DIR
     # its decode path too: prefill, 16 greedy tokens, the KV caches compared step by step
     python -m compare --twin examples/llama/twin.py:llama_hf --generate 16
+    # the NNX side's Pallas kernels (flash attention, a fused RMSNorm) against SDPA
+    python -m compare --twin examples/llama/twin.py:llama_kernels --jax-set model.kernel=pallas \
+        --backend jax,torch --activations
 """
 
 import dataclasses
@@ -123,3 +126,25 @@ llama_table_misported = dataclasses.replace(llama_tiny, nnx="nnx_llama.py:llama_
 # HF's Llama as it ships against a port whose rotary base is one more: float64 with the model's
 # float32 casts widened (train.float32_casts=widen, the default) names layers.0.attn
 llama_hf_rope_base_off = dataclasses.replace(llama_hf, nnx="nnx_llama.py:llama_rope_base_off")
+
+# the NNX side's Pallas kernels (kernels.py: jax's flash attention, an own fused RMSNorm) against
+# Hugging Face's Llama with SDPA: `kernel` is the switch, "reference" on both sides by default, so
+# the same twin runs both ways; --jax-set model.kernel=pallas runs the kernels, judged against SDPA
+# and by their own noise floor (--torchax-set model.kernel=pallas: torchax calls the same kernel)
+llama_kernels = dataclasses.replace(
+    llama_hf,
+    torch="hf_llama.py:llama_sdpa",
+    hparams={**HPARAMS, "kernel": "reference"},
+    kernel_arg="kernel",
+    decode={},
+    train=dataclasses.replace(llama_tiny.train, steps=5),
+)
+# kernel mis-ports (nnx_llama.py): the kernel's own default scale, a causal mask one key block
+# ahead, epsilon outside the root (only float64 resolves it)
+llama_kernels_unscaled = dataclasses.replace(llama_kernels, nnx="nnx_llama.py:llama_flash_unscaled")
+llama_kernels_block_ahead = dataclasses.replace(
+    llama_kernels, nnx="nnx_llama.py:llama_flash_block_ahead"
+)
+llama_kernels_eps_outside = dataclasses.replace(
+    llama_kernels, nnx="nnx_llama.py:llama_rms_eps_outside"
+)
