@@ -14,6 +14,7 @@ from compare.judge.tensor_error import BORDERLINE, passes_with_words
 from compare.reporting.cells import fmt as _fmt
 from compare.reporting.check_tables import ops_tables, start_state_tables
 from compare.reporting.generation_tables import generation_tables
+from compare.reporting.kernel_tables import kernel_tables
 from compare.reporting.program_tables import profile_tables, program_tables
 
 # how a tensor row was judged when not element by element in full (its kind column says it)
@@ -381,6 +382,7 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         ("ops", ops_tables, report.get("ops")),
         ("parity", parity_tables, report.get("parity")),
         ("generation", generation_tables, report.get("generation")),
+        ("kernels", kernel_tables, report.get("kernels")),
         ("backends", backend_tables, True),
         ("compiled step", lambda r: program_tables(r["backends"], _apart(r)), True),
         ("profile", lambda r: profile_tables(r["backends"]), True),

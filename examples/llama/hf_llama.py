@@ -65,6 +65,6 @@ def llama_sdpa(*args, kernel: str = "reference", **hparams) -> LlamaForCausalLM:
         return model
     if kernel != "pallas":
         raise ValueError(f"kernel {kernel!r}: the torch side has 'reference' (SDPA) and 'pallas'")
-    AttentionInterface.register("pallas_flash", _pallas_attention)
-    model.set_attn_implementation("pallas_flash")
+    AttentionInterface.register("jax_pallas", _pallas_attention)
+    model.set_attn_implementation("jax_pallas")
     return model
