@@ -545,6 +545,13 @@ def report_checks(opts: CompareOptions, plan: Plan, outcome, seeds: list, policy
     return checks
 
 
+def statistical_seeds(spec, judging) -> list[int]:
+    """The seeds the statistical mode runs (the run's own first), none in the other modes."""
+    if judging.parity_mode != ParityMode.STATISTICAL:
+        return []
+    return [spec.train.seed + i for i in range(judging.seeds)]
+
+
 def compare(opts: CompareOptions, entered: float) -> int:
     names = list(opts.names)
     refuse_bad_paths(opts)
@@ -586,11 +593,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
             step.stop()
         raise
     main_started = time.time()
-    seeds = (
-        [spec.train.seed + i for i in range(judging.seeds)]
-        if judging.parity_mode == ParityMode.STATISTICAL
-        else []
-    )
+    seeds = statistical_seeds(spec, judging)
     floors = floor_policy(spec.train.dtype, judging.bf16, judging.fp32)  # the spec's dtype's policy
     with LiveProgress(not (opts.output.quiet or opts.output.json), spec.train.steps) as live:
         outcome = run_all(plan, live)

@@ -20,7 +20,7 @@ def test_benchmark_measures_every_figure(tmp_path):
         "--presets",
         "mlp-tiny",
         "--rounds",
-        "3",
+        "2",
         "--repeats",
         "1",
         "--out",
@@ -40,10 +40,10 @@ def test_benchmark_measures_every_figure(tmp_path):
     for r in [*overhead.values(), *twin.values()]:
         assert r["compiles_while_timed"] == 0  # every candidate was compiled before the clock
         for name in ("toolkit_over_minimal", "instrumented_over_uninstrumented"):
-            # a sanity bound (a candidate that skipped its work reads ~0), not the target: three
+            # a sanity bound (a candidate that skipped its work reads ~0), not the target: a few
             # rounds on two shared cores read 0.39 once for eager torch's mlp-tiny while another
             # process ran (1.06 alone)
-            assert 0.1 < r["ratios"][name]["median"] < 10 and r["ratios"][name]["n"] == 3
+            assert 0.1 < r["ratios"][name]["median"] < 10 and r["ratios"][name]["n"] == 2
     assert set(overhead["torch_xla"]["step_ms"]) == {"minimal", "toolkit", "uninstrumented"}
     (modes,) = result["trace_mode_steps"]
     assert (
