@@ -262,5 +262,6 @@ def _keep_capture(record: RunRecord, tensors: dict, capture: Capture) -> None:
     tensors["activations"], record.extra.activations_skipped = capture.arrays, capture.skipped
     record.extra.activations_more_inputs = capture.more_inputs
     record.extra.activations_more_outputs = capture.more_outputs
+    record.extra.activations_replicas_differ = capture.replicas_differ or None
     tensors["activation_grads"] = capture.grads
     tensors[decisions.GROUP], record.extra.decisions = decisions.to_tensors(capture.decisions)

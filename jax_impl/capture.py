@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 
 import jax
+import numpy as np
 from flax import nnx
 
 from common.capture.activations import (
@@ -171,6 +172,9 @@ def capture_activations(
 
         grads, kept = jax.jit(jax.grad(probed_loss, has_aux=True))(floating, state, inputs)
     capture.decisions = decisions_of(kept, facts)
+    capture.replicas_differ = {
+        k: apart for k in layouts if not k.endswith(":in") and (apart := replicas_apart(kept[k]))
+    }
     tracker = LayoutTracker(initial_layout)
     for key, layout in layouts.items():
         tracker.keep(capture, key, kept_float(kept[key]), layout)
@@ -178,6 +182,27 @@ def capture_activations(
         if key in grads:
             tracker.keep_grad(capture, key, kept_float(grads[key]), layout)
     return capture
+
+
+def replicas_apart(value) -> dict | None:
+    """{devices, max_abs} of an array whose replicas differ: the devices whose copy of a part of it
+    differs from the first device holding that part (in device order); None when every replica
+    agrees or it has none."""
+    if not isinstance(value, jax.Array) or len(value.addressable_shards) < 2:
+        return None
+    parts: dict = {}
+    for shard in value.addressable_shards:
+        where = tuple((s.start, s.stop) for s in shard.index)
+        parts.setdefault(where, []).append(shard)
+    devices, worst = [], 0.0
+    for shards in parts.values():
+        first = np.asarray(shards[0].data, np.float64)
+        for shard in shards[1:]:
+            here = np.asarray(shard.data, np.float64)
+            if not np.array_equal(first, here, equal_nan=True):
+                devices.append(shard.device.id)
+                worst = max(worst, float(np.nanmax(np.abs(here - first))))
+    return {"devices": sorted(devices), "max_abs": worst} if devices else None
 
 
 def _probed_forward(

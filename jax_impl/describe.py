@@ -161,11 +161,13 @@ def main(argv=None) -> int:
 
         from jax_impl.convert import to_canonical
         from jax_impl.models import build_model
-        from jax_impl.sharding import check_platform, set_cpu_device_count
+        from jax_impl.sharding import check_platform, make_mesh, set_cpu_device_count
 
         # as its run sets it, before JAX initialises: the run this
         set_cpu_device_count(spec.mesh.device_count)
         check_platform()  # process may go on to make (driver/describe_sides.py) cannot set it after
+        if twin_of(spec.model).nnx_mesh_arg:  # its forward runs its regions on the run's mesh
+            make_mesh(spec.mesh)
         model = build_model(spec.model, seed=spec.train.seed)
         user_decode(twin_of(spec.model), "nnx")  # a declared decode path that is not one: refused
         params = to_canonical(nnx.state(model, nnx.Param))

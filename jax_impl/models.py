@@ -208,6 +208,10 @@ def build_model(
     factory = resolve(twin.nnx, twin.base_dir)
     use_forward_kwargs(forward_kwargs_of(twin, "nnx"))
     kwargs = hparams_of(spec)
+    if twin.nnx_mesh_arg:  # the run's mesh (None where a model is built to read its tree alone)
+        from jax_impl import sharding
+
+        kwargs[twin.nnx_mesh_arg] = sharding.MESH
     if twin.nnx_dtype_arg:
         kwargs[twin.nnx_dtype_arg] = compute_dtype
     # (float64 needs none: modules without a dtype follow their inputs')

@@ -176,7 +176,12 @@ def make_mesh(mesh: MeshSpec) -> Mesh:
             f"devices; this platform has {len(devices)} ({devices[0].platform}); change --mesh"
         )
     grid = np.array(devices).reshape(mesh.data, mesh.fsdp, mesh.tensor)
-    return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
+    global MESH
+    MESH = Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
+    return MESH
+
+
+MESH: Mesh | None = None  # the run's mesh, once made: what a twin's nnx_mesh_arg is given
 
 
 def param_shardings(model: ModelSpec, mesh_spec: MeshSpec, mesh: Mesh) -> dict[str, NamedSharding]:

@@ -30,6 +30,7 @@ from common.files.record import (
     package_versions,
     precision_numerics,
 )
+from common.sharding import param_partition_specs
 from common.spec import RunSpec
 from common.twin import twin_of, user_loss
 from common.twin.outputs import array_outputs, forward, logits_of, loss_batch
@@ -228,13 +229,29 @@ class JaxTrainer(JittedTrainer):
                     "optimizer state)",
                     "mesh_strategy": spec.mesh.strategy,
                     "nnx_input_axes": list(nnx_input_axes(spec)),
-                }
+                },
+                shards=placed_shards(spec),
             ),
         )
 
     def to_canonical(self, tree, group: str = "") -> dict:
         """{canonical name: host array, or its summary or shards (JittedTrainer.kept)}."""
         return self.kept(convert.to_canonical(tree), group)
+
+
+def placed_shards(spec: RunSpec) -> dict | None:
+    """How the parameters were placed on a mesh of more than one device (RunExtra.shards)."""
+    if spec.mesh.device_count == 1:
+        return None
+    specs = param_partition_specs(spec.model, spec.mesh)
+    return {
+        "mesh": spec.mesh.shape,
+        "params": {
+            name: [list(a) if isinstance(a, tuple) else a for a in p]
+            for name, p in specs.items()
+            if any(a is not None for a in p)
+        },
+    }
 
 
 def make_trainer(spec: RunSpec, options: RunOptions, monitor: CompileMonitor) -> JaxTrainer:

@@ -22,19 +22,22 @@ if importlib.util.find_spec("torch") is None:
 
 
 def train(spec, options, progress):
+    from common.twin import twin_of
     from driver import harness
     from torch_impl import distributed
     from torch_impl.train import make_trainer
 
     # a capture (compare's --activations-only: one example from the start weights) computes alike on
-    # one device
+    # one device; so does a twin whose NNX side takes the mesh for its shard_map regions: its torch
+    # side is the per-rank code, every rank run on one process
+    per_rank = twin_of(spec.model).nnx_mesh_arg is not None
     if spec.mesh.device_count > 1 and options.own.num_processes <= 1 and options.train:
-        raise SpecError(
-            f"the torch backend runs eagerly on one device; mesh {spec.mesh.strategy} needs "
-            f"{spec.mesh.device_count}: drop --mesh for it, run it data parallel as processes "
-            "(compare "
-            "--processes N), or compare the mesh on jax, torch_xla or torchax"
-        )
+        if not per_rank:
+            raise SpecError(
+                f"the torch backend runs eagerly on one device; mesh {spec.mesh.strategy} needs "
+                f"{spec.mesh.device_count}: drop --mesh for it, run it data parallel as processes "
+                "(compare --processes N), or compare the mesh on jax, torch_xla or torchax"
+            )
     # its place among several processes (compare --processes N)
     group = distributed.join(spec, options)
     try:

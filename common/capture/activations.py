@@ -146,6 +146,10 @@ class Capture:
     more_outputs: dict = field(default_factory=dict)
     # its top-k, argmax and sort calls (common/capture/decisions.py)
     decisions: list = field(default_factory=list)
+    # {module: {"devices": [...], "max_abs": x}}: an output whose replicas (the devices that hold
+    # the same part of it) hold other values than the first: a collective left out or over the
+    # wrong axis inside a shard_map region (jax_impl/capture.py)
+    replicas_differ: dict = field(default_factory=dict)
 
 
 def other_fields(out, is_array) -> dict:

@@ -14,6 +14,7 @@ Batches are `Batch(inputs, targets)`:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -47,18 +48,21 @@ def activation_inputs(spec: RunSpec, inputs, at: tuple[int, int] = (0, 0)):
     `at[0]` on (the last two where fewer are left); of a language model that row's sequence up to
     token `at[1]`, at least its first 64 tokens (it is causal: a prefix is computed as in the whole
     sequence). compare asks for the row and token where the two sides' step-0 logits differ most
-    (compare/runs/capture_runs.py)."""
+    (compare/runs/capture_runs.py). On a mesh that splits the batch (data x fsdp), as many rows
+    as it splits it into (a multiple of them): a shard_map region takes its rows over those axes."""
     row, token = at
+    count = 1 if spec.is_language_model and not isinstance(inputs, dict) else ACTIVATION_ROWS
+    count = math.lcm(count, spec.mesh.batch_replicas)
 
     def rows(v):
-        start = max(0, min(row, len(v) - ACTIVATION_ROWS))
-        return np.ascontiguousarray(v[start : start + ACTIVATION_ROWS])
+        start = max(0, min(row, len(v) - count))
+        return np.ascontiguousarray(v[start : start + count])
 
     # a twin's own batch (common/data/batches.py): each named array's rows
     if isinstance(inputs, dict):
         return {k: rows(v) for k, v in inputs.items()}
     if spec.is_language_model:
-        return np.ascontiguousarray(inputs[row : row + 1, : max(ACTIVATION_TOKENS, token + 1)])
+        return np.ascontiguousarray(rows(inputs)[:, : max(ACTIVATION_TOKENS, token + 1)])
     return rows(inputs)
 
 

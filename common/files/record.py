@@ -95,6 +95,12 @@ class RunExtra:
     activations_skipped: dict | None = None
     activations_more_inputs: dict | None = None
     activations_more_outputs: dict | None = None
+    # {module: {devices, max_abs}}: a captured output whose copies on the devices that should hold
+    # the same values (its replicas) differ (jax_impl/capture.py)
+    activations_replicas_differ: dict | None = None
+    # how a run on a mesh placed its parameters: {"mesh": {axis: size}, "params": {canonical name:
+    # its partition spec, an axis, a list of axes or None a dimension}}, the sharded ones alone
+    shards: dict | None = None
     # step 0's top-k / argmax / sort choices (common/capture/decisions.py)
     decisions: list | None = None
     # where the weights came from and what loading them cost (common.weights.start_info)

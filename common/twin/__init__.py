@@ -92,6 +92,12 @@ class Twin:
     partition_rules: tuple = ()
     # the NNX factory's keyword for the compute dtype; None: float32 only
     nnx_dtype_arg: str | None = None
+    # the NNX factory's keyword for the run's device mesh (a jax.sharding.Mesh over the axes data,
+    # fsdp and tensor), for a port with `jax.shard_map` regions; None: the factory takes none
+    nnx_mesh_arg: str | None = None
+    # the mesh the twin runs on unless --mesh says otherwise, e.g. {"tensor": 4} (fake CPU devices
+    # are made to match on the CPU); empty: one device
+    mesh: Mapping = field(default_factory=dict)
     # the transpose the NNX side's inputs take before its forward, e.g. (0, 2, 3, 1): NCHW images
     # fed to an NHWC port; empty: both sides take the batch as the task makes it (README, "What each
     # side is fed")
@@ -437,5 +443,9 @@ def twin_run_spec(ref: str, timeout_s: float | None = None) -> RunSpec:
         twin=canonical_ref(ref), task=twin.task, hparams=dict(twin.hparams), io=dict(twin.io)
     )
     return RunSpec(
-        model=model, train=twin.train, mesh=MeshSpec(), data=twin.data or default_data, name=name
+        model=model,
+        train=twin.train,
+        mesh=MeshSpec(**twin.mesh),
+        data=twin.data or default_data,
+        name=name,
     )

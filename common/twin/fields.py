@@ -310,6 +310,26 @@ def _check_custom(twin, ref: str) -> None:
             )
 
 
+def _check_mesh(twin, ref: str) -> None:
+    mesh = _check_mapping(twin, "mesh", ref, '{"tensor": 4}')
+    bad = [
+        f"{k}={v!r}"
+        for k, v in mesh.items()
+        if k not in AXES or not isinstance(v, int) or isinstance(v, bool) or v < 1
+    ]
+    if bad:
+        raise TwinError(
+            f"twin {ref!r}: mesh {bad[0]}: the mesh maps axes of {', '.join(AXES)} to device "
+            'counts (positive ints), e.g. mesh={"tensor": 4}'
+        )
+    arg = twin.nnx_mesh_arg
+    if arg is not None and not (isinstance(arg, str) and arg.isidentifier()):
+        raise TwinError(
+            f"twin {ref!r}: nnx_mesh_arg={arg!r} must be the name of the NNX factory's mesh "
+            "keyword (e.g. 'mesh'), or None"
+        )
+
+
 def _check_kernel_arg(twin, ref: str) -> None:
     arg = twin.kernel_arg
     if arg is None:
@@ -357,6 +377,7 @@ def check_fields(twin, ref: str) -> None:
             "compute-dtype keyword (e.g. 'dtype'), or None"
         )
     _check_kernel_arg(twin, ref)
+    _check_mesh(twin, ref)
     _check_input_axes(twin, ref)
     _check_input_axes(
         dataclasses.replace(twin, nnx_input_axes=twin.nnx_output_axes, task=""),

@@ -8,6 +8,7 @@ from common.twin.modules import ROOT_MODULE
 from compare.judge.curves import curves_words
 from compare.judge.decided import decisions_cell, later_words
 from compare.judge.extra_inputs import entered_words
+from compare.judge.shards import replica_words
 from compare.judge.tensor_error import BORDERLINE, passes_with_words
 
 
@@ -93,6 +94,11 @@ def failure_message(name: str, parity: dict) -> str:
         )
     elif backward and backward["module"]:  # the forwards agree: where the backward passes part
         where += f", first divergent module in the backward pass {backward['module']}"
+    devices = parity.get("devices") or {}
+    if devices.get("first_divergent_device") is not None:
+        where += f", first divergent device {devices['first_divergent_device']}"
+    if devices.get("replicas_differ"):
+        where += f" ({replica_words(devices)})"
     where += _after_training_words(parity, step)
     if parity.get("by_module"):
         used = module.get("input_used") or 0

@@ -18,6 +18,7 @@ from compare.judge.islands import before_first_island, islands_of
 from compare.judge.noise_floor import Floors, loss_sensitivity
 from compare.judge.own_loss import mark_loss_value, mark_own_loss
 from compare.judge.sensitivity import group_sensitivity
+from compare.judge.shards import device_check
 from compare.judge.tensor_error import (
     by_summary,
     module_error,
@@ -473,6 +474,8 @@ def check_parity(
     activation_pass = confirm_locations(forward, backward, ref_tensors, other_tensors)
     fixed = floors is None and str(ref.numerics.get("dtype")) in ("float32", "float64")
     by_module = passed and _module_parts(forward, fixed)
+    devices = device_check(ref, other, ref_tensors, other_tensors, tensors)
+    passed = passed and not (devices or {}).get("replicas_differ")
     result = {
         "checked": True,
         "comparable": comparable,
@@ -484,6 +487,7 @@ def check_parity(
         "tensors": tensors,
         "first_divergent_module": forward,
         "first_divergent_module_backward": backward,
+        "devices": devices,
         "worst": worst_tensors(tensors),
         "passed": passed and not by_module,
         "by_module": by_module,

@@ -10,6 +10,7 @@ from common.vocab import BF16_MODE_WORDS, Bf16Mode
 from compare.judge.decided import decisions_cell, later_words
 from compare.judge.extra_inputs import entered_words
 from compare.judge.sensitivity import sensitivity_line
+from compare.judge.shards import replica_words
 from compare.judge.tensor_error import BORDERLINE, passes_with_words
 from compare.reporting.cells import fmt as _fmt
 from compare.reporting.check_tables import ops_tables, start_state_tables
@@ -206,6 +207,11 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             for n in others
         ],
         *(
+            [["first divergent device (mesh)"] + [_device_cell(parity[n]) for n in others]]
+            if any(parity[n].get("devices") for n in others)
+            else []
+        ),
+        *(
             [
                 ["step-0 decisions (top-k, argmax, sort)"]
                 + [decisions_cell(parity[n]) for n in others]
@@ -369,6 +375,18 @@ def statistical_tables(report: dict) -> list[tuple[str, list[str], list[list[str
             )
         )
     return out
+
+
+def _device_cell(parity: dict) -> str:
+    """Where a pair on a mesh parts by device: the first device whose shard of a step-0 gradient
+    leaves its bound, and the modules whose replicas differ (compare/judge/shards.py)."""
+    devices = parity.get("devices")
+    if not devices:
+        return "-"
+    first = devices.get("first_divergent_device")
+    cell = f"device {first}" if first is not None else "every shard within"
+    replicas = replica_words(devices)
+    return f"{cell}; {replicas}" if replicas else cell
 
 
 def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:

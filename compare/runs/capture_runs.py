@@ -102,7 +102,12 @@ def capture(
 
 # what a record says of its step-0 capture besides the arrays (common.capture.activations.Capture),
 # by extra key
-CAPTURE_FACTS = ("activations_skipped", "activations_more_inputs", "activations_more_outputs")
+CAPTURE_FACTS = (
+    "activations_skipped",
+    "activations_more_inputs",
+    "activations_more_outputs",
+    "activations_replicas_differ",
+)
 
 
 # <backend>/activations/imposed: the capture with the reference's choices imposed
