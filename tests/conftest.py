@@ -86,6 +86,7 @@ LONGEST = (
     "test_the_fused_rms_norm_runs_in_float64_and_flash_attention_is_said_not_to",
     "test_flash_attention_in_bfloat16_is_judged_by_its_floor_and_a_missing_scale_named",
     "test_flash_attention_passes_in_float32_and_a_mask_one_block_ahead_is_named",
+    "test_a_psum_left_out_over_the_wrong_axis_or_from_the_wrong_rank_is_named",
 )
 
 

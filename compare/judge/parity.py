@@ -370,6 +370,15 @@ def _holds(module: str, inner: str) -> bool:
     return module == ROOT_MODULE or inner.startswith(f"{module}.")
 
 
+def unexplained_differences(differences: list[str], intended: list[str]) -> list[str]:
+    """The setting differences no one-sided override explains. A twin's hyperparameter is set as
+    model.NAME (--jax-set model.rope_theta=...) and recorded as model.hparams.NAME."""
+    said = {
+        k.replace("model.", "model.hparams.", 1) for k in intended if k.startswith("model.")
+    } | set(intended)
+    return [d for d in differences if d.split(":")[0] not in said]
+
+
 def check_parity(
     ref: RunRecord,
     other: RunRecord,
@@ -383,12 +392,7 @@ def check_parity(
     with `floors` (bfloat16: each run's own float32 run), tensors and losses bounded by their noise
     floor."""
     differences = setting_differences(ref, other)
-    # a twin's hyperparameter is set as model.NAME (--jax-set model.rope_theta=...) and
-    # recorded as model.hparams.NAME
-    said = {
-        k.replace("model.", "model.hparams.", 1) for k in intended if k.startswith("model.")
-    } | set(intended)
-    unexplained = [d for d in differences if d.split(":")[0] not in said]
+    unexplained = unexplained_differences(differences, intended)
     names = (ref.backend, other.backend)
     tensors = compare_tensors(ref_tensors, other_tensors, policy, names)
     unreached = unreached_params(

@@ -206,19 +206,7 @@ def parity_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             )
             for n in others
         ],
-        *(
-            [["first divergent device (mesh)"] + [_device_cell(parity[n]) for n in others]]
-            if any(parity[n].get("devices") for n in others)
-            else []
-        ),
-        *(
-            [
-                ["step-0 decisions (top-k, argmax, sort)"]
-                + [decisions_cell(parity[n]) for n in others]
-            ]
-            if any(parity[n].get("decisions") for n in others)
-            else []
-        ),
+        *_where_else_rows(parity, others),
         *(
             [
                 ["decisions where the runs part"]
@@ -375,6 +363,18 @@ def statistical_tables(report: dict) -> list[tuple[str, list[str], list[list[str
             )
         )
     return out
+
+
+def _where_else_rows(parity: dict, others: list[str]) -> list[list[str]]:
+    """The rows of where a pair parts besides its modules, where a pair has one: by device on a
+    mesh, by its step-0 choices."""
+    rows = []
+    if any(parity[n].get("devices") for n in others):
+        rows.append(["first divergent device (mesh)"] + [_device_cell(parity[n]) for n in others])
+    if any(parity[n].get("decisions") for n in others):
+        cells = [decisions_cell(parity[n]) for n in others]
+        rows.append(["step-0 decisions (top-k, argmax, sort)"] + cells)
+    return rows
 
 
 def _device_cell(parity: dict) -> str:

@@ -1,0 +1,94 @@
+"""shard_map twins (Twin.nnx_mesh_arg, Twin.mesh, compare/judge/shards.py): a Megatron-style
+tensor-parallel decoder, torch's per-rank code against `jax.shard_map` regions on 4 fake CPU devices
+(examples/tensor_parallel); a psum left out, over the wrong axis, and a column shard taken from
+the wrong rank, each named at its module with the devices that part."""
+
+import json
+
+import numpy as np
+import pytest
+
+from common.twin import Twin, TwinError
+from common.twin.fields import check_fields
+from compare.judge.shards import device_coordinates, devices_outside, shard_of
+from tests.helpers import run_cli
+
+TP = "examples/tensor_parallel/twin.py"
+
+
+def test_each_device_holds_the_block_its_partition_spec_gives_it():
+    mesh = {"data": 2, "fsdp": 1, "tensor": 2}
+    assert device_coordinates(mesh)[3] == {"data": 1, "fsdp": 0, "tensor": 1}
+    # a column-parallel kernel (in, out): device 3 holds the second half of the columns
+    assert shard_of((4, 8), [None, "tensor"], mesh, device_coordinates(mesh)[3]) == (
+        slice(0, 4),
+        slice(4, 8),
+    )
+    # a dimension over two axes: data-major blocks
+    assert shard_of((8,), [["data", "tensor"]], mesh, device_coordinates(mesh)[2]) == (slice(4, 6),)
+    ref = np.zeros((4, 8))
+    other = ref.copy()
+    other[:, 5] = 1.0  # inside the tensor-1 columns: devices 1 and 3 hold it
+    assert devices_outside(ref, other, [None, "tensor"], mesh, 0.5) == [1, 3]
+    assert devices_outside(ref, other, [None, "tensor"], mesh, 2.0) == []
+
+
+def test_a_twins_mesh_names_known_axes_and_its_mesh_keyword_an_identifier():
+    base = {"torch": "t.py:m", "nnx": "n.py:m"}
+    check_fields(Twin(**base, mesh={"tensor": 4}, nnx_mesh_arg="mesh"), "t")
+    for bad in ({"model": 2}, {"tensor": 0}, {"tensor": True}):
+        with pytest.raises(TwinError, match="the mesh maps axes of data, fsdp, tensor"):
+            check_fields(Twin(**base, mesh=bad), "t")
+    with pytest.raises(TwinError, match="nnx_mesh_arg='a mesh' must be the name"):
+        check_fields(Twin(**base, nnx_mesh_arg="a mesh"), "t")
+
+
+def compare(tmp_path, twin: str, *args):
+    out = tmp_path / twin
+    result = run_cli(
+        "compare", "--twin", f"{TP}:{twin}", "--out", str(out), "--quiet", *args, timeout=900
+    )
+    return result, json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_tensor_parallel_decoder_passes_on_every_runtime_on_four_devices(tmp_path):
+    result, report = compare(tmp_path, "tp_decoder", "--backend", "all")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert all(p["passed"] and p["devices"] is None for p in report["parity"].values())
+    record = json.loads((tmp_path / "tp_decoder" / "jax" / "record.json").read_text())
+    # the twin's mesh: four devices, each parameter placed as the regions' in_specs take it
+    assert record["extra"]["shards"]["mesh"] == {"data": 1, "fsdp": 1, "tensor": 4}
+    placed = record["extra"]["shards"]["params"]
+    assert placed["layers.0.mlp.fc1.kernel"] == [None, "tensor"]
+    assert placed["layers.0.attn.o_proj.kernel"] == ["tensor", None]
+
+
+@pytest.mark.slow
+def test_a_psum_left_out_over_the_wrong_axis_or_from_the_wrong_rank_is_named(tmp_path):
+    args = ("--backend", "jax,torch", "--activations")
+    result, report = compare(tmp_path, "tp_missing_psum", *args)
+    assert result.returncode == 1
+    parity = report["parity"]["torch"]
+    assert parity["first_divergent_module"]["module"] == "layers.0.mlp"
+    replicas = parity["devices"]["replicas_differ"]["jax"]
+    assert next(iter(replicas)) == "layers.0.mlp"  # the first, in the order modules finished
+    assert replicas["layers.0.mlp"]["devices"] == [1, 2, 3]
+    assert "attn" not in " ".join(replicas)  # the attention's psum is there
+    assert "jax's layers.0.mlp holds other values on devices 1, 2, 3" in report["message"]
+
+    # on data=2, tensor=2: a sum over the batch's halves, each tensor rank its own partial
+    result, report = compare(tmp_path, "tp_psum_over_data", *args)
+    assert result.returncode == 1
+    replicas = report["parity"]["torch"]["devices"]["replicas_differ"]["jax"]
+    assert replicas["layers.0.mlp"]["devices"] == [1, 3]
+
+    # every replica agrees (the psum is there) while the sum is of the wrong shards
+    result, report = compare(tmp_path, "tp_wrong_rank", *args)
+    assert result.returncode == 1
+    parity = report["parity"]["torch"]
+    assert parity["first_divergent_module"]["module"] == "layers.0.mlp"
+    devices = parity["devices"]
+    assert devices["replicas_differ"] == {} and devices["first_divergent_device"] == 0
+    assert devices["tensors"]["grads/layers.0.mlp.fc1.kernel"] == [0, 1, 2, 3]
+    assert "first divergent module layers.0.mlp, first divergent device 0" in report["message"]
