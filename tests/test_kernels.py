@@ -129,16 +129,16 @@ def test_flash_attention_passes_in_float32_and_a_mask_one_block_ahead_is_named(t
 
 @pytest.mark.slow
 def test_flash_attention_in_bfloat16_is_judged_by_its_floor_and_a_missing_scale_named(tmp_path):
-    result, report, run = compare(tmp_path, "llama_kernels", "pallas", "--dtype", "bfloat16")
+    # the pair by the fixed bfloat16 bounds: the kernel's own floor is what this test is about
+    bf16 = ("--dtype", "bfloat16", "--bf16-tolerance", "fixed")
+    result, report, run = compare(tmp_path, "llama_kernels", "pallas", *bf16)
     assert result.returncode == 0, result.stderr[-2000:]
     judged = report["kernels"]["jax"]
     assert judged["passed"] and judged["losses"]["first_outside_step"] is None
     # bfloat16 rounding: errors far over float32's that the floor measured, not assumed
     assert judged["tensors"]["outputs/logits"]["reference_error"] > 1e-4
 
-    result, report, run = compare(
-        tmp_path, "llama_kernels_unscaled", "pallas", "--dtype", "bfloat16"
-    )
+    result, report, run = compare(tmp_path, "llama_kernels_unscaled", "pallas", *bf16)
     assert result.returncode == 1
     judged = report["kernels"]["jax"]
     assert not judged["passed"] and judged["first_module"] == "layers.0.attn"
@@ -168,3 +168,34 @@ def test_the_fused_rms_norm_runs_in_float64_and_flash_attention_is_said_not_to(t
     assert report["kernels"]["jax"]["float64"] == "unsupported"
     assert "jax's kernel 'pallas' does not run in float64" in report["message"]
     assert (run / "kernels" / "jax" / "reference" / "record.json").exists()
+
+
+@pytest.mark.slow
+def test_the_experts_grouped_matmul_is_proven_in_float64_against_their_dense_dispatch(tmp_path):
+    """Mixtral's NNX experts as one `jax.lax.ragged_dot` a projection (kernel "ragged_dot") against
+    the port's dense dispatch, in float64, beside Hugging Face's Mixtral with its experts run one by
+    one (grouped_mm has no float64 kernel)."""
+    out = tmp_path / "moe"
+    result = run_cli(
+        "compare",
+        "--twin",
+        "examples/mixtral/twin.py:mixtral_kernels",
+        "--jax-set",
+        "model.kernel=ragged_dot",
+        "--backend",
+        "jax,torch",
+        "--dtype",
+        "float64",
+        "--activations",
+        "--out",
+        str(out),
+        "--quiet",
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    judged = report["kernels"]["jax"]
+    assert judged["passed"] and judged["float64"] == "ran" and judged["kernel"] == "ragged_dot"
+    experts = judged["tensors"]["activations/layers.0.moe.experts"]
+    assert experts["error"] < 1e-12 < experts["bound"]
+    assert report["parity"]["torch"]["passed"]

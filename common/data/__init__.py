@@ -30,7 +30,7 @@ from common.data.batch import (
     seeded_rng,
 )
 from common.files.fsutil import require_regular_file
-from common.spec import MLPSpec, RunSpec
+from common.spec import MLPSpec, RunSpec, TwinSpec
 from common.weights import widened
 
 
@@ -48,11 +48,12 @@ def activation_inputs(spec: RunSpec, inputs, at: tuple[int, int] = (0, 0)):
     `at[0]` on (the last two where fewer are left); of a language model that row's sequence up to
     token `at[1]`, at least its first 64 tokens (it is causal: a prefix is computed as in the whole
     sequence). compare asks for the row and token where the two sides' step-0 logits differ most
-    (compare/runs/capture_runs.py). On a mesh that splits the batch (data x fsdp), as many rows
-    as it splits it into (a multiple of them): a shard_map region takes its rows over those axes."""
+    (compare/runs/capture_runs.py). A twin whose shard_map regions split the batch over the mesh
+    (its NNX side takes the mesh: Twin.nnx_mesh_arg) gets a multiple of the ways its mesh splits
+    it (data x fsdp): a region takes its rows over those axes."""
     row, token = at
     count = 1 if spec.is_language_model and not isinstance(inputs, dict) else ACTIVATION_ROWS
-    count = math.lcm(count, spec.mesh.batch_replicas)
+    count = math.lcm(count, _region_split(spec))
 
     def rows(v):
         start = max(0, min(row, len(v) - count))
@@ -64,6 +65,15 @@ def activation_inputs(spec: RunSpec, inputs, at: tuple[int, int] = (0, 0)):
     if spec.is_language_model:
         return np.ascontiguousarray(rows(inputs)[:, : max(ACTIVATION_TOKENS, token + 1)])
     return rows(inputs)
+
+
+def _region_split(spec: RunSpec) -> int:
+    """How many ways a twin's shard_map regions split a batch: its mesh's data x fsdp where its NNX
+    side takes the mesh, else 1 (GSPMD shards any rows)."""
+    from common.twin import twin_of
+
+    takes_mesh = isinstance(spec.model, TwinSpec) and twin_of(spec.model).nnx_mesh_arg
+    return spec.mesh.batch_replicas if takes_mesh else 1
 
 
 def in_first_capture(language_model: bool, at: tuple[int, int]) -> bool:

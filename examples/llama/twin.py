@@ -137,7 +137,7 @@ llama_kernels = dataclasses.replace(
     hparams={**HPARAMS, "kernel": "reference"},
     kernel_arg="kernel",
     decode={},
-    train=dataclasses.replace(llama_tiny.train, steps=5),
+    train=dataclasses.replace(llama_tiny.train, steps=3),
 )
 # kernel mis-ports (nnx_llama.py): the kernel's own default scale, a causal mask one key block
 # ahead, epsilon outside the root (only float64 resolves it)

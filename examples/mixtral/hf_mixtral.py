@@ -29,7 +29,11 @@ def mixtral(
     top_k: int,
     rms_eps: float,
     rope_theta: float,
+    kernel: str = "reference",
 ) -> MixtralForCausalLM:
+    """Mixtral as it ships; `kernel` is the NNX side's switch (its grouped matmul), whose
+    reference is this model's own experts."""
+    del kernel
     config = MixtralConfig(
         vocab_size=vocab_size,
         hidden_size=d_model,
@@ -50,6 +54,14 @@ def mixtral(
         attn_implementation="eager",
     )
     return MixtralForCausalLM(config)
+
+
+def mixtral_eager_experts(**hparams) -> MixtralForCausalLM:
+    """Mixtral with its experts run one by one (`experts_implementation="eager"`): torch's
+    grouped_mm has no float64 kernel, so the float64 proof needs this build."""
+    model = mixtral(**hparams)
+    model.set_experts_implementation("eager")
+    return model
 
 
 def _routers(model: MixtralForCausalLM):

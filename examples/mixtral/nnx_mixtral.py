@@ -8,6 +8,11 @@ separate q/k/v projections, grouped-query, rotate-half rotary pairs; RMSNorm; an
 Parameters are float32; `dtype` is the compute dtype (bfloat16 under compare's bf16 policy: the
 twin's `nnx_dtype_arg`), the attention softmax and the router's in float32.
 
+`kernel="ragged_dot"` runs the experts as one grouped matmul a projection (`GroupedExperts`:
+`jax.lax.ragged_dot` over the tokens sorted by expert), the op a TPU's grouped-matmul kernels
+implement, where the dense dispatch is the reference (twin.py's `mixtral_kernels` names `kernel` its
+kernel switch).
+
 The factories below the model are the mis-ports `twin.py` checks: the router's softmax over the
 tokens instead of the experts (a routing mis-port that changes the choices), the top-k weights not
 renormalised (one that changes the weights, not the choices) and GELU for the experts' SiLU.
@@ -100,6 +105,24 @@ class TopKExperts(Experts):
         return jnp.einsum("nk,nkd->nd", top_k_weights, chosen)
 
 
+class GroupedExperts(TopKExperts):
+    """The same experts as one grouped matmul a projection (`jax.lax.ragged_dot`, the op a TPU's
+    grouped-matmul kernels implement): each token's k (token, expert) pairs sorted by expert, each
+    expert's rows multiplied by its weights alone, the results put back in the tokens' order."""
+
+    def __call__(self, x, top_k_index, top_k_weights):
+        n, k = top_k_index.shape
+        experts = top_k_index.reshape(-1)
+        order = jnp.argsort(experts, stable=True)
+        rows = x[order // k]  # each pair's token, grouped by expert
+        sizes = jnp.bincount(experts, length=self.gate_up.shape[0]).astype(jnp.int32)
+        gate_up = jax.lax.ragged_dot(rows, self.gate_up[...].astype(x.dtype), sizes)
+        gate, up = jnp.split(gate_up, 2, axis=-1)
+        y = jax.lax.ragged_dot(self.activation(gate) * up, self.down[...].astype(x.dtype), sizes)
+        chosen = jnp.zeros_like(y).at[order].set(y).reshape(n, k, -1)  # back in the pairs' order
+        return jnp.einsum("nk,nkd->nd", top_k_weights, chosen)
+
+
 class MoE(nnx.Module):
     def __init__(
         self,
@@ -113,13 +136,14 @@ class MoE(nnx.Module):
         activation=jax.nn.silu,
         softmax_axis=-1,
         top_k_experts=False,
+        kernel="reference",
     ):
         self.router = nnx.Linear(
             d_model, n_experts, use_bias=False, kernel_init=INIT, dtype=dtype, rngs=rngs
         )
-        self.experts = (TopKExperts if top_k_experts else Experts)(
-            n_experts, d_model, d_ff, rngs, activation
-        )
+        experts = TopKExperts if top_k_experts else Experts
+        experts = GroupedExperts if kernel == "ragged_dot" else experts
+        self.experts = experts(n_experts, d_model, d_ff, rngs, activation)
         self.n_experts, self.top_k, self.renormalise, self.softmax_axis = (
             n_experts,
             top_k,
@@ -182,12 +206,14 @@ class Mixtral(nnx.Module):
         top_k: int,
         rms_eps: float,
         rope_theta: float,
+        kernel: str = "reference",
         *,
         rngs: nnx.Rngs,
         dtype=jnp.float32,
         **moe,
     ):
         del seq_len  # positions come from the input's length
+        moe = {**moe, "kernel": kernel}
         self.embed_tokens = nnx.Embed(
             vocab_size, d_model, embedding_init=INIT, dtype=dtype, rngs=rngs
         )

@@ -98,3 +98,13 @@ mixtral_top_k_experts = dataclasses.replace(
 mixtral_top_k_not_renormalised = dataclasses.replace(
     mixtral_tiny, nnx="nnx_mixtral.py:mixtral_top_k_not_renormalised"
 )
+
+# the NNX side's experts as one grouped matmul a projection (jax.lax.ragged_dot) where the
+# reference is its dense dispatch: --jax-set model.kernel=ragged_dot, judged by its noise floor
+# (its torch side's experts run one by one, eager: float64 proves it too)
+mixtral_kernels = dataclasses.replace(
+    mixtral_tiny,
+    torch="hf_mixtral.py:mixtral_eager_experts",
+    hparams={**HPARAMS, "kernel": "reference"},
+    kernel_arg="kernel",
+)

@@ -41,7 +41,7 @@ tp_decoder = Twin(
     partition_rules=PARTITION_RULES,
     mesh={"tensor": 4},
     nnx_mesh_arg="mesh",
-    train=TrainSpec(optimizer="adamw", lr=3e-3, global_batch_size=8, steps=5),
+    train=TrainSpec(optimizer="adamw", lr=3e-3, global_batch_size=8, steps=3),
 )
 
 tp_missing_psum = dataclasses.replace(tp_decoder, nnx="nnx_tp.py:missing_psum")
