@@ -214,7 +214,7 @@ class CompareOptions:
             raise SpecError(
                 f"--generate: {name} names no NNX decode path; give "
                 "decode={'nnx': 'file.py:decode'}, decode(model, tokens, positions, mask, cache) "
-                "-> (logits, cache) (README, twin fields)"
+                "-> (logits, cache) (docs/reference/twin.md)"
             )
         if n > spec.model.seq_len - MIN_PROMPT:
             raise SpecError(

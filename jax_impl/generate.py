@@ -32,7 +32,7 @@ class NnxDecodePath:
         if "nnx" not in twin.decode:
             raise TwinError(
                 f"--generate: {twin_words(spec.model)} names no NNX decode path; give "
-                "decode={'nnx': 'file.py:decode'} (README, twin fields)"
+                "decode={'nnx': 'file.py:decode'} (docs/reference/twin.md)"
             )
         self.decode, self.twin = user_decode(twin, "nnx"), twin
         model.eval()

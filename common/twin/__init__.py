@@ -99,8 +99,8 @@ class Twin:
     # are made to match on the CPU); empty: one device
     mesh: Mapping = field(default_factory=dict)
     # the transpose the NNX side's inputs take before its forward, e.g. (0, 2, 3, 1): NCHW images
-    # fed to an NHWC port; empty: both sides take the batch as the task makes it (README, "What each
-    # side is fed")
+    # fed to an NHWC port; empty: both sides take the batch as the task makes it
+    # (docs/reference/what-each-side-is-fed.md)
     nnx_input_axes: tuple | Mapping = ()  # task custom: {batch key: axes} (the loss's keys too)
     # the transpose that brings the NNX side's forward output to the torch side's layout, e.g. (0,
     # 3, 1, 2): an NHWC port of a model that returns NCHW images; empty: both return one layout
