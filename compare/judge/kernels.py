@@ -83,8 +83,8 @@ def _scale(values) -> float:
 
 def floor_tensors(kernel: dict, reference: dict, oracle: dict, dtype: str) -> dict:
     """{group/name: {kernel_error, reference_error, bound, within}} of every tensor the three runs
-    hold whole and alike (a summary or a shape that differs is left out); non-finite kernel values
-    are outside."""
+    hold whole and alike (a summary or a shape that differs is left out: `unmeasured`); non-finite
+    kernel values are outside."""
     out = {}
     for group in GROUPS:
         k, r, o = (run.get(group, {}) for run in (kernel, reference, oracle))
@@ -177,6 +177,9 @@ def judge_side(
         tensors = floor_tensors(main[1], ref[1], oracle[1], dtype)
         losses = floor_losses(main[0].losses, ref[0].losses, oracle[0].losses, dtype)
         section.update(judged_by="noise floor", factor=FACTOR, tensors=tensors, losses=losses)
+    if not tensors:  # every tensor a summary (--tensors summary, or auto on a large model)
+        why = "no tensor was kept whole (--tensors summary or auto): rerun with --tensors full"
+        return {**section, "passed": None, "why": why}
     outside = sorted(k for k, t in tensors.items() if not t["within"])
     loss_step = (section.get("losses") or {}).get("first_outside_step")
     section.update(
@@ -216,6 +219,13 @@ def kernel_check(
     ]
     if unsupported:
         return CheckResult("kernels", ReportStatus.BACKEND_FAILED, "; ".join(unsupported), section)
+    unjudged = [
+        f"{name}'s kernel {judged['kernel']!r} was not judged: {judged['why']}"
+        for name, judged in section.items()
+        if judged["passed"] is None and "its run failed" not in judged.get("why", "")
+    ]
+    if unjudged:
+        return CheckResult("kernels", ReportStatus.NOT_COMPARABLE, "; ".join(unjudged), section)
     failures = []
     for name, judged in section.items():
         if judged["passed"] is False:
