@@ -178,6 +178,20 @@ def test_commons_rooms_import_only_the_rooms_below_them():
     assert not bad, bad
 
 
+def test_compares_judge_imports_nothing_from_the_runs_or_the_report():
+    """compare/ is layered: runs/ starts the backends, judge/ judges what they wrote, reporting/
+    builds the report from both; judging never reaches back up into them."""
+    graph = import_graph()
+    bad = [
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module.startswith("compare.judge")
+        for target in targets
+        if target.startswith(("compare.runs", "compare.reporting", "compare.__main__"))
+    ]
+    assert not bad, bad
+
+
 def test_other_runtimes_use_only_the_plain_jax_modules_of_the_jax_twin():
     graph = import_graph()
     used = {

@@ -26,7 +26,7 @@ from compare.judge.tensor_error import (
     tensor_error,
 )
 from compare.judge.unreached import mark_unreached, unreached_params
-from compare.runs.second_pass import location_keys, mark_second_pass
+from compare.judge.whole_tensors import location_keys, mark_second_pass
 
 # Record fields that must agree before numbers mean anything.
 NUMERICS_FIELDS = ("dtype", "matmul_precision")

@@ -174,14 +174,6 @@ def with_second_pass(
     return tensors
 
 
-def location_keys(found: dict | None, group: str) -> set[str]:
-    """The tensors a location found on summaries is confirmed by: its module's input and output (or
-    their gradients), in the group its search read."""
-    if not found or not found.get("module") or found.get("judged_by") != "summary":
-        return set()
-    return {f"{group}/{found['module']}", f"{group}/{found['module']}:in"}
-
-
 def activations_to_confirm(report: dict) -> dict[str, list[str]]:
     """{backend: activation keys} a confirming capture keeps whole: for every location found on
     summaries, the input and output (forward) or their gradients (backward) of its module still
@@ -204,18 +196,6 @@ def activations_to_confirm(report: dict) -> dict[str, list[str]]:
             wanted.setdefault(report["reference"], set()).update(keys)
             wanted.setdefault(name, set()).update(keys)
     return {name: sorted(keys) for name, keys in wanted.items()}
-
-
-def mark_second_pass(rows: dict[str, dict], ref: dict, other: dict) -> None:
-    """Parity's tensor rows (compare/judge/parity.py) marked: `second_pass` where both sides' whole
-    tensors were judged, and a note where a side's second pass did not reproduce its run."""
-    a, b = ref.get("second_pass", {}), other.get("second_pass", {})
-    for key in set(a.get("whole", ())) & set(b.get("whole", ())):
-        if key in rows:
-            rows[key]["second_pass"] = True
-    for key, why in {**b.get("not_reproduced", {}), **a.get("not_reproduced", {})}.items():
-        if key in rows:
-            rows[key]["note"] = "; ".join(filter(None, [rows[key].get("note"), why]))
 
 
 def tensor_mode(opts: CompareOptions) -> tuple[dict, CompareOptions]:
