@@ -78,9 +78,14 @@ def test_a_side_is_judged_against_itself_and_a_flip_at_a_near_tie_is_said_as_one
     assert pair["passed"] and len(pair["steps"]) == 4
     assert flip["step"] == 1 and flip["prompt"] == 0 and flip["token"] == second
     assert flip["within_rounding"] and flip["margin_reference"] == pytest.approx(1e-6, rel=0.1)
+    # equal logits: no KL; step 1 differs in one row by 1e-6 of a logit, its KL a float64 speck
+    assert pair["steps"][0]["kl"] == 0.0 and pair["steps"][0]["rel"] == 0.0
     # the same choice where the margin is wide is no tie
     ref["steps"][1][0][second] = ref["steps"][1][0][top] - 1.0
-    assert not pair_check(ref, other, BOUND)["first_flip"]["within_rounding"]
+    wide = pair_check(ref, other, BOUND)
+    assert not wide["first_flip"]["within_rounding"]
+    # the other side's logits a whole unit apart there: its next-token distribution moved
+    assert wide["steps"][1]["kl"] > 1e-3 and wide["steps"][1]["rel"] > 0.1
 
 
 def self_checks(port: str, model, ids: np.ndarray, seq_len: int, names: tuple) -> dict:

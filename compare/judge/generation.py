@@ -173,10 +173,13 @@ def pair_check(ref: dict, other: dict, bounds: Bounds, floors: tuple = (None, No
     steps = []
     for s, (a, b) in enumerate(zip(ref["steps"], other["steps"])):
         noises = _noises(*(_noise(r, f, "steps", s) for r, f in zip((ref, other), floors)))
+        max_abs = float(np.max(np.abs(a.astype(np.float64) - b)))
         steps.append(
             {
                 "step": s,
-                "max_abs": float(np.max(np.abs(a.astype(np.float64) - b))),
+                "max_abs": max_abs,
+                "rel": max_abs / max(float(np.max(np.abs(a))), np.finfo(np.float64).tiny),
+                "kl": mean_kl(a, b),
                 "bound": bounds.of(a, noises),
                 "top1": float(np.mean(np.argmax(a, -1) == np.argmax(b, -1))),
             }
@@ -191,6 +194,18 @@ def pair_check(ref: dict, other: dict, bounds: Bounds, floors: tuple = (None, No
         "first_flip": _first_flip(ref, other, steps),
         "passed": not parted,
     }
+
+
+def mean_kl(ref_logits, other_logits) -> float:
+    """The mean over rows of KL(softmax(ref) || softmax(other)), in float64."""
+
+    def log_softmax(x):
+        x = np.asarray(x, np.float64)
+        shifted = x - np.max(x, axis=-1, keepdims=True)
+        return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+
+    p, q = log_softmax(ref_logits), log_softmax(other_logits)
+    return float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1)))
 
 
 def _first_flip(ref: dict, other: dict, steps: list[dict]) -> dict | None:

@@ -9,7 +9,8 @@ SHOWN_STEPS = 32  # rows of the per-step table; report.json has every step
 
 
 def _cell(check: dict) -> str:
-    return f"{fmt(check['max_abs'], '.2e')} / {fmt(check['bound'], '.1e')}"
+    cell = f"{fmt(check['max_abs'], '.2e')} / {fmt(check['bound'], '.1e')}"
+    return f"{cell}, KL {fmt(check['kl'], '.1e')}" if "kl" in check else cell
 
 
 def generation_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -19,7 +20,8 @@ def generation_tables(report: dict) -> list[tuple[str, list[str], list[list[str]
     title = (
         f"Generation: {section['new_tokens']} greedy tokens after prompts of "
         f"{', '.join(map(str, section['prompt_lengths']))} tokens (left-padded), every side fed "
-        f"{ref}'s tokens: max |Δlogits| / bound against {ref}, and against the side's own forward"
+        f"{ref}'s tokens: max |Δlogits| / bound and the mean KL({ref} || side) of the next token "
+        f"against {ref}, and against the side's own forward"
         + (
             " (bounds: 3x the measured noise, each side's distance from its own float32 run)"
             if section.get("judged_by") == "noise-floor"
