@@ -80,6 +80,9 @@ def test_a_side_is_judged_against_itself_and_a_flip_at_a_near_tie_is_said_as_one
     assert flip["within_rounding"] and flip["margin_reference"] == pytest.approx(1e-6, rel=0.1)
     # equal logits: no KL; step 1 differs in one row by 1e-6 of a logit, its KL a float64 speck
     assert pair["steps"][0]["kl"] == 0.0 and pair["steps"][0]["rel"] == 0.0
+    # what every step's bound would have caught, relative to the reference's logits
+    scale = max(float(np.max(np.abs(s))) for s in ref["steps"])
+    assert pair["sensitivity"] >= BOUND.of(ref["steps"][0], (None, None)) / scale
     # the same choice where the margin is wide is no tie
     ref["steps"][1][0][second] = ref["steps"][1][0][top] - 1.0
     wide = pair_check(ref, other, BOUND)

@@ -185,6 +185,9 @@ def pair_check(ref: dict, other: dict, bounds: Bounds, floors: tuple = (None, No
             }
         )
     parted = [s["step"] for s in steps if not s["max_abs"] <= s["bound"]]
+    # the least sensitive step: the relative change of the logits its bound would have let pass
+    scales = [float(np.max(np.abs(a))) for a in ref["steps"]]
+    shares = [s["bound"] / scale for s, scale in zip(steps, scales) if scale > 0]
     if not prefill_diff <= prefill["bound"]:
         parted.insert(0, "prefill")
     return {
@@ -192,6 +195,7 @@ def pair_check(ref: dict, other: dict, bounds: Bounds, floors: tuple = (None, No
         "steps": steps,
         "first_divergent_step": parted[0] if parted else None,
         "first_flip": _first_flip(ref, other, steps),
+        "sensitivity": max(shares) if shares else None,
         "passed": not parted,
     }
 

@@ -628,8 +628,14 @@ def sensitivity_lines(report: dict) -> list[str]:
     """What each judged backend's verdict could have seen (compare/judge/sensitivity.py), one line
     each."""
     parity = report.get("parity") or {}
+    decode = ((report.get("generation") or {}).get("pairs")) or {}
     return [
         f"{name}: {sensitivity_line(p, report.get('dtype', 'float32'))}"
+        + (
+            f"; its decode path: {decode[name]['sensitivity']:.0e} in the logits at every step"
+            if (decode.get(name) or {}).get("sensitivity")
+            else ""
+        )
         for name, p in parity.items()
         if p.get("checked")
     ]
