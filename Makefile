@@ -66,13 +66,14 @@ demo-tpu: $(TPU_JAX)/.installed $(TPU_TORCH_XLA)/.installed
 	$(TPU_JAX)/bin/python -m compare --backend both --spec gpt2-small --dtype bfloat16 \
 	    --jax-python $(TPU_JAX)/bin/python --torch-xla-python $(TPU_TORCH_XLA)/bin/python
 
-# Three test processes (pytest-xdist: one per core and one more, which fills the cores while a test waits on
-# a timeout or a lock), handed one test at a time in the order tests/conftest.py sets, longest first
-# (xdist's default hands each a quarter of its share at once: the longest tests all went to one process);
-# tests/conftest.py gives every process one OpenMP thread. No test judges a timing target (python -m
-# benchmarks does, run alone).
+# One test process per core and one more (pytest-xdist; the extra one fills the cores while a test
+# waits on a timeout or a lock: 3 on the developers' 2 cores), handed one test at a time in the order
+# tests/conftest.py sets, longest first (xdist's default hands each a quarter of its share at once: the
+# longest tests all went to one process); tests/conftest.py gives every process one OpenMP thread. No
+# test judges a timing target (python -m benchmarks does, run alone). TEST_PROCESSES=N overrides.
+TEST_PROCESSES ?= $(shell python3 -c 'import os; print(len(os.sched_getaffinity(0)) + 1)')
 test: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider -n 3 --maxschedchunk 1 --durations=25
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_PROCESSES) --maxschedchunk 1 --durations=25
 
 # Two test processes: no backend runs (tests/conftest.py's guard fails the session if one starts, in either)
 test-fast: $(STAMP)
