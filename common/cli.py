@@ -16,7 +16,7 @@ from common.files.record import RecordError
 from common.presets import load_spec
 from common.protocol import error_text
 from common.provoke import Provocation, check_provocations, parse_provocation
-from common.spec import RunSpec, SpecError
+from common.spec import AXES, RunSpec, SpecError
 from common.vocab import PROVOKABLE, Bf16Mode, ExitCode, values
 from common.weights import CheckpointError
 from common.weights.checkpoint_ref import CheckpointRef
@@ -55,14 +55,15 @@ class Parser(argparse.ArgumentParser):
 
 
 def parse_mesh(text: str) -> list[str]:
-    """'data=2,tensor=4' -> ['mesh.data=2', 'mesh.tensor=4']."""
-    out = []
+    """'data=2,tensor=4' -> ['mesh.data=2', 'mesh.fsdp=1', 'mesh.tensor=4']: the whole mesh, an
+    axis not named of size 1 (a spec's or a twin's own mesh is replaced, not merged)."""
+    given = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
-        if not sep or key not in ("data", "fsdp", "tensor"):
+        if not sep or key not in AXES:
             raise SpecError(f"--mesh {text!r}: each entry must be data=N, fsdp=N or tensor=N")
-        out.append(f"mesh.{key}={value}")
-    return out
+        given[key] = value
+    return [f"mesh.{axis}={given.get(axis, 1)}" for axis in AXES]
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +82,9 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--steps", type=bounded_int(1, MOST, "steps"), help="train steps (train.steps)"
     )
-    parser.add_argument("--mesh", help="mesh axis sizes, e.g. data=2,fsdp=1,tensor=4")
+    parser.add_argument(
+        "--mesh", help="mesh axis sizes, e.g. data=2,tensor=4 (an axis not named: 1)"
+    )
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float64"), help="train.dtype")
     parser.add_argument(
         "--bf16",

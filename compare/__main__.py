@@ -47,9 +47,9 @@ from common.vocab import (  # noqa: E402
 )
 from compare.judge.determinism import determinism_check  # noqa: E402
 from compare.judge.generation import generation_check  # noqa: E402
-from compare.judge.kernels import kernel_check  # noqa: E402
+from compare.judge.kernels import KERNELS_DIR, kernel_check  # noqa: E402
 from compare.judge.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
-from compare.judge.parity import train_differences  # noqa: E402
+from compare.judge.parity import ran_differences  # noqa: E402
 from compare.judge.start_state import start_state_check  # noqa: E402
 from compare.judge.statistical import SEEDS_DIR, statistical_check  # noqa: E402
 from compare.judge.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
@@ -289,10 +289,31 @@ def parse_options(argv) -> CompareOptions:
     """The command line, read once into the run's options (compare/options.py)."""
     args = parse_args(argv)
     names = backends_of(args.backend)
+    refuse_flags_of_absent_backends(args, names)
     try:
         return CompareOptions.of(args, names, reference_of(args.reference, names))
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
+
+
+def refuse_flags_of_absent_backends(args, names: list[str]) -> None:
+    """A one-sided flag (--<backend>-set, -record, -python) given for a backend this run does not
+    run would be ignored: the run would not be the one asked for."""
+    for name in backends.names():
+        if name in names:
+            continue
+        flag = name.replace("_", "-")
+        given = [
+            f"--{flag}-{what}"
+            for what in ("set", "record")
+            if getattr(args, f"{name}_{what}", None)
+        ]
+        if given:
+            fail(
+                f"{given[0]} is given, but {name} does not run (--backend "
+                f"{','.join(names)}): add {name} to --backend or drop the flag",
+                ExitCode.USAGE,
+            )
 
 
 def both() -> list[str]:
@@ -367,7 +388,14 @@ def check_inputs(opts: CompareOptions):
                 f"(or give it as --{record.backend.replace('_', '-')}-record)",
                 ExitCode.USAGE,
             )
-        ran_otherwise = train_differences(record.spec, opts.spec_of(name))
+        ran_otherwise = ran_differences(record.spec, opts.spec_of(name))
+        if not ran_otherwise and name in kernel_sides(opts):
+            fail(
+                f"{flag}: {name} runs the kernel {kernel_sides(opts)[name].kernel!r}, judged by "
+                "floor runs made here from the same start (compare/judge/kernels.py): run "
+                f"{name} here instead",
+                ExitCode.USAGE,
+            )
         # judged under settings it never ran with (another dtype's bounds, steps it lacks)
         if ran_otherwise:
             more = f" (and {len(ran_otherwise) - 1} more)" if len(ran_otherwise) > 1 else ""
@@ -391,6 +419,7 @@ def run_entries(names: list[str]) -> list[str]:
         FLOOR_DIR,
         OPS_DIR,
         MATCHED_DIR,
+        KERNELS_DIR,
         *REPORT_FILES,
         *PLOT_FILES,
     ]
@@ -398,13 +427,10 @@ def run_entries(names: list[str]) -> list[str]:
 
 def backend_folders(launched: list[str]) -> list[str]:
     """The top-level entries of a run directory in which the backends `launched` run (each its own
-    folder, its repeat's, and the seeds', noise floor's, op checks' and behaviour-matched runs'
-    folders)."""
-    return (
-        [*launched, *(f"{n}-repeat" for n in launched), SEEDS_DIR, FLOOR_DIR, OPS_DIR, MATCHED_DIR]
-        if launched
-        else []
-    )
+    folder, its repeat's, and the seeds', noise floor's, op checks', behaviour-matched and kernel
+    floor runs' folders)."""
+    extra = [SEEDS_DIR, FLOOR_DIR, OPS_DIR, MATCHED_DIR, KERNELS_DIR]
+    return [*launched, *(f"{n}-repeat" for n in launched), *extra] if launched else []
 
 
 def prepare(opts: CompareOptions, spec) -> Prepared:

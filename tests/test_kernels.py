@@ -199,3 +199,23 @@ def test_the_experts_grouped_matmul_is_proven_in_float64_against_their_dense_dis
     experts = judged["tensors"]["activations/layers.0.moe.experts"]
     assert experts["error"] < 1e-12 < experts["bound"]
     assert report["parity"]["torch"]["passed"]
+
+
+def test_a_kernel_switch_that_changed_nothing_is_not_a_pass(tmp_path, monkeypatch):
+    """A kernel side whose run equals its reference run bit for bit (a kernel name the factory
+    ignores) is said not judged, never passed; one whose run failed is the runs' to say."""
+    from types import SimpleNamespace
+
+    from compare.judge import kernels
+
+    run = SimpleNamespace(losses=[1.0, 0.5], status="ok", message="")
+    tensors = {"grads": {"w": np.ones(3)}, "activations": {"attn": np.zeros(2)}}
+    same = kernels._same_run((run, tensors), (run, {k: dict(v) for k, v in tensors.items()}))
+    moved = {"grads": {"w": np.ones(3) + 1e-7}, "activations": tensors["activations"]}
+    assert same and not kernels._same_run((run, tensors), (run, moved))
+    side = kernels.KernelSide("kernel", "ragged-dot", "reference")
+    reads = iter([(run, tensors), (run, tensors)])  # its run, then its reference run
+    monkeypatch.setattr(kernels, "_read", lambda path, run_id: next(reads))
+    judged = kernels.judge_side(tmp_path, "jax", side, "float32", None, {}, None)
+    assert judged["passed"] is None and "changed nothing" in judged["why"]
+    assert not judged.get("runs_say")

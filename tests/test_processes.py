@@ -33,6 +33,15 @@ def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path
             ),
         ),
         (
+            "2",
+            ["--backend", "jax", "--mesh", "tensor=2"],
+            (
+                "error: --processes 2: each process feeds its own rows of the batch, and the mesh "
+                "tp splits it 1 way(s) (data x fsdp); give a --mesh whose data x fsdp 2 divides, "
+                "e.g. --mesh data=2,tensor=1"
+            ),
+        ),
+        (
             "4",
             ["--backend", "jax", "--mesh", "data=2"],
             (

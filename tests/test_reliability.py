@@ -86,6 +86,11 @@ time.sleep(600)
             ["--backend", "torch,torchax", "--reference", "jax"],
             "--reference 'jax' is not among the backends that run (torch, torchax)",
         ),
+        (
+            ["--backend", "jax,torch", "--torchax-set", "model.kernel=pallas"],
+            "--torchax-set is given, but torchax does not run (--backend jax,torch): add torchax "
+            "to --backend or drop the flag",
+        ),
         (["--spec", "gpt-huge"], "unknown spec 'gpt-huge'"),
         (["--spec", "/nonexistent/run.toml"], "cannot read spec file /nonexistent/run.toml"),
         (["--set", "model.widht=3"], "unknown key model.widht"),
@@ -113,6 +118,7 @@ time.sleep(600)
     "backend-unknown",
     "backend-twice-or-none",
     "reference-not-run",
+    "flag-of-absent-backend",
     "spec-unknown-preset",
     "spec-file-unreadable",
     "set-unknown-key",

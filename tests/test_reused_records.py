@@ -28,6 +28,11 @@ def digests(folder) -> dict[str, str]:
             ["--steps", "3", "--dtype", "bfloat16"],
             "train.dtype='float32', this run's is 'bfloat16'",
         ),
+        # another model than the record ran: judged as if it were that one
+        (
+            ["--steps", "3", "--set", "model.activation=tanh"],
+            "model.activation='relu', this run's is 'tanh'",
+        ),
     ],
 )
 def test_a_record_is_never_judged_under_settings_it_did_not_run_with(

@@ -81,6 +81,29 @@ def _scale(values) -> float:
     return float(np.max(np.abs(finite))) if finite.size else 0.0
 
 
+def _not_there(run: tuple | None, what: str) -> str:
+    """Why a floor run has nothing to judge: how it ended, or that it was not made."""
+    if run is None:
+        return f"{what} was not made"
+    return f"{what} ended {run[0].status}" + (f": {run[0].message}" if run[0].message else "")
+
+
+def _same_run(a: tuple, b: tuple) -> bool:
+    """Whether two runs' losses and whole tensors are equal bit for bit (a kernel switch that
+    changed nothing)."""
+    if list(a[0].losses) != list(b[0].losses):
+        return False
+    for group in GROUPS:
+        x, y = a[1].get(group, {}), b[1].get(group, {})
+        for name in set(x) | set(y):
+            u, v = x.get(name), y.get(name)
+            if isinstance(u, TensorSummary) or isinstance(v, TensorSummary):
+                continue
+            if u is None or v is None or not np.array_equal(u, v, equal_nan=True):
+                return False
+    return True
+
+
 def floor_tensors(kernel: dict, reference: dict, oracle: dict, dtype: str) -> dict:
     """{group/name: {kernel_error, reference_error, bound, within}} of every tensor the three runs
     hold whole and alike (a summary or a shape that differs is left out: `unmeasured`); non-finite
@@ -156,16 +179,21 @@ def judge_side(
     main, ref = _read(out / name, run_id), _read(folder / REFERENCE_RUN, run_id)
     if failed or main is None or main[0].status != BackendStatus.OK:
         why = failed or (main[0].message if main else "its run left no record")
-        if dtype == "float64":
-            return {
-                **section,
-                "passed": None,
-                "float64": "unsupported",
-                "why": why,
-            }
-        return {**section, "passed": None, "why": f"its run failed ({why})"}
+        # the kernel's own failure: its run crashed where the reference op's, the one difference,
+        # ran (an interrupt, a timeout or a crash of both are the runs' to say)
+        crashed = why.startswith(BackendStatus.FAILED) and ref is not None and bool(ref[1])
+        if dtype == "float64" and crashed:
+            return {**section, "passed": None, "float64": "unsupported", "why": why}
+        return {**section, "passed": None, "why": f"its run failed ({why})", "runs_say": True}
     if ref is None or not ref[1]:
-        return {**section, "passed": None, "why": "its reference run failed or was not made"}
+        why = _not_there(ref, "its reference run")
+        return {**section, "passed": None, "why": why, "runs_say": True}
+    if _same_run(main, ref):
+        why = (
+            f"its run computed bit for bit what its reference run did: setting {side.arg} to "
+            f"{side.kernel!r} changed nothing (does the NNX factory know that kernel?)"
+        )
+        return {**section, "passed": None, "why": why}
     order = list((main[1].get("activations") or {}).keys())
     if dtype == "float64":
         tensors = against_reference64(main[1], ref[1], policy)
@@ -173,13 +201,16 @@ def judge_side(
     else:
         oracle = _read(folder / ORACLE_RUN, run_id)
         if oracle is None or not oracle[1]:
-            return {**section, "passed": None, "why": "its float64 reference run failed"}
+            why = _not_there(oracle, "its float64 reference run")
+            return {**section, "passed": None, "why": why, "runs_say": True}
         tensors = floor_tensors(main[1], ref[1], oracle[1], dtype)
         losses = floor_losses(main[0].losses, ref[0].losses, oracle[0].losses, dtype)
         section.update(judged_by="noise floor", factor=FACTOR, tensors=tensors, losses=losses)
     if not tensors:  # every tensor a summary (--tensors summary, or auto on a large model)
         why = "no tensor was kept whole (--tensors summary or auto): rerun with --tensors full"
         return {**section, "passed": None, "why": why}
+    held = {f"{g}/{n}" for g in GROUPS for n in main[1].get(g, {})}
+    section["not_measured"] = sorted(held - set(tensors))  # kept as summaries
     outside = sorted(k for k, t in tensors.items() if not t["within"])
     loss_step = (section.get("losses") or {}).get("first_outside_step")
     section.update(
@@ -222,7 +253,7 @@ def kernel_check(
     unjudged = [
         f"{name}'s kernel {judged['kernel']!r} was not judged: {judged['why']}"
         for name, judged in section.items()
-        if judged["passed"] is None and "its run failed" not in judged.get("why", "")
+        if judged["passed"] is None and not judged.get("runs_say")
     ]
     if unjudged:
         return CheckResult("kernels", ReportStatus.NOT_COMPARABLE, "; ".join(unjudged), section)

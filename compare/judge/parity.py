@@ -60,14 +60,27 @@ def setting_differences(a: RunRecord, b: RunRecord) -> list[str]:
     ]
 
 
-def train_differences(ran: dict, asked) -> list[str]:
-    """'train.FIELD=RAN, this run's is ASKED' for each training setting a reused record ran
-    otherwise."""
-    ran, asked = ran.get("train", {}), json.loads(json.dumps(asked.to_dict()["train"]))
+def ran_differences(ran: dict, asked) -> list[str]:
+    """'SECTION.FIELD=RAN, this run's is ASKED' for each setting a reused record ran otherwise: its
+    training settings, its mesh and its model (a preset's sizes, a twin's hyperparameters: its
+    kernel switch among them; not where the twin's file lies nor its parameter tree)."""
+    asked = json.loads(json.dumps(asked.to_dict()))
+
+    def model(spec: dict) -> dict:
+        fields = {k: v for k, v in (spec.get("model") or {}).items() if k not in ("twin", "params")}
+        hparams = fields.pop("hparams", None) or {}
+        return {**fields, **{f"hparams.{k}": v for k, v in hparams.items()}}
+
+    parts = {
+        "train": (ran.get("train", {}), asked["train"]),
+        "mesh": (ran.get("mesh", {}), asked["mesh"]),
+        "model": (model(ran), model(asked)),
+    }
     return [
-        f"train.{k}={ran.get(k)!r}, this run's is {asked.get(k)!r}"
-        for k in sorted(set(ran) | set(asked))
-        if ran.get(k) != asked.get(k)
+        f"{section}.{k}={had.get(k)!r}, this run's is {wants.get(k)!r}"
+        for section, (had, wants) in parts.items()
+        for k in sorted(set(had) | set(wants))
+        if had.get(k) != wants.get(k)
     ]
 
 

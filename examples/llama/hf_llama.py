@@ -45,7 +45,17 @@ def _pallas_attention(module, query, key, value, attention_mask, scaling=None, *
     import functools
 
     import kernels
-    from torchax.interop import call_jax
+
+    try:
+        from torchax.interop import call_jax
+        from torchax.tensor import Tensor as JaxBacked
+    except ImportError:
+        JaxBacked = ()
+    if not isinstance(query, JaxBacked):
+        raise RuntimeError(
+            "kernel 'pallas' on the torch side calls the NNX side's JAX kernel through torchax: "
+            "set it on torchax alone (--torchax-set model.kernel=pallas)"
+        )
 
     repeat = query.shape[1] // key.shape[1]
     key, value = (x.repeat_interleave(repeat, dim=1) for x in (key, value))

@@ -213,6 +213,8 @@ class Mixtral(nnx.Module):
         **moe,
     ):
         del seq_len  # positions come from the input's length
+        if kernel not in ("reference", "ragged_dot"):
+            raise ValueError(f"kernel {kernel!r}: this port has 'reference' and 'ragged_dot'")
         moe = {**moe, "kernel": kernel}
         self.embed_tokens = nnx.Embed(
             vocab_size, d_model, embedding_init=INIT, dtype=dtype, rngs=rngs
