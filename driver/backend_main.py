@@ -67,6 +67,16 @@ def summary_line(record: RunRecord, out_dir: Path) -> str:
     )
 
 
+def first_words(e: Exception) -> str:
+    """An error's first line, and the line after it where the first ends announcing it with a colon
+    (jax's shard_map: "... not evenly divisible by the corresponding mesh axis sizes:" then the
+    sizes)."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+
+
 def raise_crash(backend: str, e: Exception, debug: bool) -> None:
     """One line and exit 3. The exit skips the interpreter's shutdown: after a framework raised
     mid-step its threads may never finish (seen: torch eager after a failed backward hung at exit
@@ -74,9 +84,8 @@ def raise_crash(backend: str, e: Exception, debug: bool) -> None:
     if debug:
         raise e
     print(
-        f"error: {backend} crashed: {type(e).__name__}: "
-        f"{str(e).strip().splitlines()[0] if str(e).strip() else ''} (rerun with --debug for the "
-        "traceback)",
+        f"error: {backend} crashed: {type(e).__name__}: {first_words(e)} (rerun with --debug for "
+        "the traceback)",
         file=sys.stderr,
     )
     sys.stdout.flush()
