@@ -408,6 +408,11 @@ def check_inputs(opts: CompareOptions):
     return spec, policy, opts
 
 
+# the folders of the runs compare makes besides the backends' own: the seeds', noise floors', op
+# checks', behaviour-matched and kernel floor runs
+EXTRA_RUN_DIRS = (SEEDS_DIR, FLOOR_DIR, OPS_DIR, MATCHED_DIR, KERNELS_DIR)
+
+
 def run_entries(names: list[str]) -> list[str]:
     """Every top-level entry a compare run may write in its directory (what replacing it may
     remove)."""
@@ -415,11 +420,7 @@ def run_entries(names: list[str]) -> list[str]:
         *names,
         *(f"{n}-repeat" for n in names),
         START_DIR,
-        SEEDS_DIR,
-        FLOOR_DIR,
-        OPS_DIR,
-        MATCHED_DIR,
-        KERNELS_DIR,
+        *EXTRA_RUN_DIRS,
         *REPORT_FILES,
         *PLOT_FILES,
     ]
@@ -429,8 +430,7 @@ def backend_folders(launched: list[str]) -> list[str]:
     """The top-level entries of a run directory in which the backends `launched` run (each its own
     folder, its repeat's, and the seeds', noise floor's, op checks', behaviour-matched and kernel
     floor runs' folders)."""
-    extra = [SEEDS_DIR, FLOOR_DIR, OPS_DIR, MATCHED_DIR, KERNELS_DIR]
-    return [*launched, *(f"{n}-repeat" for n in launched), *extra] if launched else []
+    return [*launched, *(f"{n}-repeat" for n in launched), *EXTRA_RUN_DIRS] if launched else []
 
 
 def prepare(opts: CompareOptions, spec) -> Prepared:

@@ -51,6 +51,9 @@ def test_a_kernel_is_within_its_floor_where_the_reference_error_bounds_it():
     assert not floor_tensors(outside, reference, oracle, "float32")["outputs/logits"]["within"]
     # bfloat16's eps widens the floor by its own rounding, not float32's
     assert floor_tensors(outside, reference, oracle, "bfloat16")["outputs/logits"]["within"]
+    # a NaN the kernel made is outside, whatever its finite values measure
+    broken = {"outputs": {"logits": np.array([np.nan, 2.0])}}
+    assert not floor_tensors(broken, reference, oracle, "float32")["outputs/logits"]["within"]
     losses = floor_losses([1.0, 1.5], [1.0 + 1e-6, 1.0], [1.0, 1.0], "float32")
     assert losses["first_outside_step"] == 1
 
@@ -219,3 +222,24 @@ def test_a_kernel_switch_that_changed_nothing_is_not_a_pass(tmp_path, monkeypatc
     judged = kernels.judge_side(tmp_path, "jax", side, "float32", None, {}, None)
     assert judged["passed"] is None and "changed nothing" in judged["why"]
     assert not judged.get("runs_say")
+
+
+def test_a_kernel_runs_floor_folder_is_the_runs_own_and_replaced_with_it(tmp_path):
+    """The kernel floor runs live in <run>/kernels/: a run lists what it wrote there, so
+    --overwrite removes them with it (a later run never holds an earlier run's floor) and leaves
+    the user's own file beside them as it was."""
+    from compare.__main__ import run_entries
+    from compare.runs import rundir
+
+    out = tmp_path / "run"
+    first = rundir.claim(out, "first", run_entries(["jax", "torch"]), False, {})
+    floor = out / "kernels" / "jax" / "float64" / "record.json"
+    floor.parent.mkdir(parents=True)
+    floor.write_text('{"run_id": "first"}')
+    (out / "notes.txt").write_text("mine")
+    first.finish("ok")
+    assert "kernels/jax/float64/record.json" in first.files()
+    rundir._lock(first._lock_fd, out, release=True)
+    second = rundir.claim(out, "second", run_entries(["jax", "torch"]), True, {})
+    assert not (out / "kernels").exists() and second.replaced["run_id"] == "first"
+    assert (out / "notes.txt").read_text() == "mine"

@@ -33,7 +33,7 @@ from common.files.record import RECORD_FILE, RecordError, read_record
 from common.files.tensor_file import read_tensors
 from common.files.tensor_summary import TensorSummary
 from common.vocab import BackendStatus, ReportStatus
-from compare.judge.noise_floor import FACTOR
+from compare.judge.noise_floor import FACTOR, max_abs
 from compare.judge.verdict import CheckResult
 
 KERNELS_DIR = "kernels"  # <run>/kernels/<backend>/<run name>: a kernel side's floor runs
@@ -66,13 +66,10 @@ def _read(path: Path, run_id: str | None) -> tuple[object, dict] | None:
         return None
 
 
-def _max_abs(a, b) -> float | None:
-    if isinstance(a, TensorSummary) or isinstance(b, TensorSummary):
-        return None
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.shape != b.shape:
-        return None
-    return float(np.max(np.abs(a - b))) if a.size else 0.0
+def _finite(values) -> bool:
+    """Every value finite (the errors are measured over the finite pairs: a kernel's NaN or
+    infinity is outside by this)."""
+    return bool(np.isfinite(np.asarray(values, np.float64)).all())
 
 
 def _scale(values) -> float:
@@ -112,16 +109,15 @@ def floor_tensors(kernel: dict, reference: dict, oracle: dict, dtype: str) -> di
     for group in GROUPS:
         k, r, o = (run.get(group, {}) for run in (kernel, reference, oracle))
         for name in sorted(set(k) & set(r) & set(o)):
-            errors = [_max_abs(run[name], o[name]) for run in (k, r)]
+            errors = [max_abs(run[name], o[name]) for run in (k, r)]
             if None in errors:
                 continue
             bound = FACTOR * errors[1] + EPS[dtype] * _scale(o[name])
-            finite = bool(np.isfinite(np.asarray(k[name], np.float64)).all())
             out[f"{group}/{name}"] = {
                 "kernel_error": errors[0],
                 "reference_error": errors[1],
                 "bound": bound,
-                "within": finite and errors[0] <= bound,
+                "within": _finite(k[name]) and errors[0] <= bound,
             }
     return out
 
@@ -161,11 +157,12 @@ def against_reference64(kernel: dict, reference: dict, policy: dict) -> dict:
     for group, kind in kinds.items():
         k, r = kernel.get(group, {}), reference.get(group, {})
         for name in sorted(set(k) & set(r)):
-            error = _max_abs(k[name], r[name])
+            error = max_abs(k[name], r[name])
             if error is None:
                 continue
             bound = policy[kind]["atol"] + policy[kind]["rtol"] * _scale(r[name])
-            out[f"{group}/{name}"] = {"error": error, "bound": bound, "within": error <= bound}
+            within = _finite(k[name]) and error <= bound
+            out[f"{group}/{name}"] = {"error": error, "bound": bound, "within": within}
     return out
 
 

@@ -69,7 +69,7 @@ def floor_policy(dtype: str, bf16_tolerance: str, fp32_tolerance: str) -> str:
     return {"bfloat16": bf16_tolerance, "float32": fp32_tolerance}.get(dtype, "fixed")
 
 
-def _max_abs(a, b) -> float | None:
+def max_abs(a, b) -> float | None:
     # a floor kept as a summary: none measured
     if isinstance(a, TensorSummary) or isinstance(b, TensorSummary):
         return None
@@ -100,7 +100,7 @@ def judge_tensors(
         if entry.get("judged_by") == "summary":
             continue
         noises = [
-            _max_abs(run[group][name], floor[group][name])
+            max_abs(run[group][name], floor[group][name])
             for run, floor in ((ref, floors.ref.tensors), (other, floors.other.tensors))
             if name in run.get(group, {}) and name in floor.get(group, {})
         ]
