@@ -10,7 +10,7 @@ import pytest
 
 from common.twin import Twin, TwinError
 from common.twin.fields import check_fields
-from compare.judge.shards import device_coordinates, devices_outside, shard_of
+from compare.judge.shards import device_check, device_coordinates, devices_outside, shard_of
 from tests.helpers import run_cli
 
 TP = "examples/tensor_parallel/twin.py"
@@ -31,6 +31,31 @@ def test_each_device_holds_the_block_its_partition_spec_gives_it():
     other[:, 5] = 1.0  # inside the tensor-1 columns: devices 1 and 3 hold it
     assert devices_outside(ref, other, [None, "tensor"], mesh, 0.5) == [1, 3]
     assert devices_outside(ref, other, [None, "tensor"], mesh, 2.0) == []
+
+
+def test_replicas_apart_by_rounding_are_not_a_missing_collective():
+    from types import SimpleNamespace
+
+    def record(backend):
+        return SimpleNamespace(backend=backend, extra=SimpleNamespace(shards=None))
+
+    apart = {
+        "layers.0.mlp": {"devices": [1, 2, 3], "max_abs": 0.05},
+        "layers.0.attn": {"devices": [1], "max_abs": 1e-9},  # a summation order's rounding
+    }
+    found = device_check(
+        record("jax"),
+        record("torch"),
+        {"activations_replicas_differ": apart},
+        {},
+        {},
+        {"atol": 1e-6, "rtol": 1e-5},
+    )
+    assert list(found["replicas_differ"]["jax"]) == ["layers.0.mlp"]
+    rounding_only = {"activations_replicas_differ": {"layers.0.attn": apart["layers.0.attn"]}}
+    assert (
+        device_check(record("jax"), record("torch"), rounding_only, {}, {}, {"atol": 1e-6}) is None
+    )
 
 
 def test_a_twins_mesh_names_known_axes_and_its_mesh_keyword_an_identifier():

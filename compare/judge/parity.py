@@ -491,7 +491,7 @@ def check_parity(
     activation_pass = confirm_locations(forward, backward, ref_tensors, other_tensors)
     fixed = floors is None and str(ref.numerics.get("dtype")) in ("float32", "float64")
     by_module = passed and _module_parts(forward, fixed)
-    devices = device_check(ref, other, ref_tensors, other_tensors, tensors)
+    devices = device_check(ref, other, ref_tensors, other_tensors, tensors, policy["forward"])
     passed = passed and not (devices or {}).get("replicas_differ")
     result = {
         "checked": True,

@@ -59,16 +59,28 @@ def devices_outside(ref, other, spec: list, mesh: dict, bound: float) -> list[in
 
 
 def device_check(
-    ref: RunRecord, other: RunRecord, ref_tensors: dict, other_tensors: dict, tensors: dict
+    ref: RunRecord,
+    other: RunRecord,
+    ref_tensors: dict,
+    other_tensors: dict,
+    tensors: dict,
+    forward: dict,
 ) -> dict | None:
     """{tensors {key: devices outside}, first_divergent_device, replicas_differ {backend: {module:
     {devices, max_abs}}}} of a pair where a side ran on a mesh; None where neither did or nothing
-    is to be said."""
+    is to be said. Replicas apart by no more than the `forward` tolerance's atol are rounding (a
+    collective's summation order), not a missing collective."""
     shards = ref.extra.shards or other.extra.shards
     replicas = {
-        record.backend: found
+        record.backend: apart
         for record, held in ((ref, ref_tensors), (other, other_tensors))
-        if (found := held.get("activations_replicas_differ"))
+        if (
+            apart := {
+                module: found
+                for module, found in (held.get("activations_replicas_differ") or {}).items()
+                if found["max_abs"] > forward["atol"]
+            }
+        )
     }
     outside = {}
     for key, row in tensors.items() if shards else ():
