@@ -34,6 +34,22 @@ def other_settings(spec: RunSpec, processes: int, process: int) -> SpecError:
     )
 
 
+def refuse_per_rank_processes(spec: RunSpec, processes: int) -> None:
+    """A twin whose torch side is per-rank code (its NNX side takes the mesh, nnx_mesh_arg) runs
+    that code as one process holding every rank or one process per device of the mesh: refused
+    otherwise, naming both."""
+    from common.twin import twin_of
+
+    devices = spec.mesh.device_count
+    if processes in (1, devices) or twin_of(spec.model).nnx_mesh_arg is None:
+        return
+    raise SpecError(
+        f"--processes {processes}: eager torch runs a twin's per-rank torch side (its NNX side "
+        f"takes the mesh, nnx_mesh_arg) as one rank per device of the mesh {spec.mesh.strategy}: "
+        f"give --processes {devices}, or none (every rank on one process)"
+    )
+
+
 def refuse_taken_port(address: str, process_id: int) -> None:
     """Process 0 serves the run's coordinator at `address` (host:port): a port another program (or
     another run) holds is one line naming it and the fix, before the framework tries and ends on its

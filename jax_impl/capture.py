@@ -33,6 +33,7 @@ from common.capture.activations import (
 )
 from common.twin.modules import ROOT_MODULE
 from common.twin.outputs import forward
+from jax_impl import sharding
 from jax_impl.decisions import PREFIX, decisions_of, watched_decisions
 
 # NNX's layers work on the last axis (a BatchNorm on another `axis` is said by `_own_layout`)
@@ -177,30 +178,33 @@ def capture_activations(
     }
     tracker = LayoutTracker(initial_layout)
     for key, layout in layouts.items():
-        tracker.keep(capture, key, kept_float(kept[key]), layout)
+        tracker.keep(capture, key, kept_float(on_host(kept[key])), layout)
     for key, layout in layouts.items():  # in the forward's order (jax returns a dict's keys sorted)
         if key in grads:
-            tracker.keep_grad(capture, key, kept_float(grads[key]), layout)
+            tracker.keep_grad(capture, key, kept_float(on_host(grads[key])), layout)
     return capture
+
+
+def on_host(value):
+    """A captured value whole on the host (gathered from every process where it spans them)."""
+    return sharding.to_host(value) if isinstance(value, jax.Array) else value
 
 
 def replicas_apart(value) -> dict | None:
     """{devices, max_abs} of an array whose replicas differ: the devices whose copy of a part of it
-    differs from the first device holding that part (in device order); None when every replica
-    agrees or it has none."""
-    if not isinstance(value, jax.Array) or len(value.addressable_shards) < 2:
+    differs from the first device holding that part (in device order, every process's); None when
+    every replica agrees or it has none."""
+    if not isinstance(value, jax.Array) or len(value.sharding.device_set) < 2:
         return None
     parts: dict = {}
-    for shard in value.addressable_shards:
-        where = tuple((s.start, s.stop) for s in shard.index)
-        parts.setdefault(where, []).append(shard)
+    for device, where, values in sharding.device_copies(value):
+        parts.setdefault(where, []).append((device, np.asarray(values, np.float64)))
     devices, worst = [], 0.0
-    for shards in parts.values():
-        first = np.asarray(shards[0].data, np.float64)
-        for shard in shards[1:]:
-            here = np.asarray(shard.data, np.float64)
+    for copies in parts.values():
+        first = copies[0][1]
+        for device, here in copies[1:]:
             if not np.array_equal(first, here, equal_nan=True):
-                devices.append(shard.device.id)
+                devices.append(device)
                 worst = max(worst, float(np.nanmax(np.abs(here - first))))
     return {"devices": sorted(devices), "max_abs": worst} if devices else None
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from common.data import Batch, process_slice
+from common.data import Batch
 from common.environment import coordinator_wait_s
 from common.files.shards import ShardedTensor
 from common.multiprocess import other_settings, refuse_taken_port, settings_digest
@@ -209,21 +209,22 @@ class StepBatch(NamedTuple):
 
 
 def put_batch(batch: Batch, mesh_spec: MeshSpec, mesh: Mesh, masks: tuple = ()) -> StepBatch:
-    """A global batch as sharded device arrays; each process supplies only its slice. Dropout masks
-    go replicated (every process draws all of them)."""
+    """A global batch as sharded device arrays. Every process holds the whole global batch (drawn
+    alike in each), so each device's shard is cut from it where the sharding places it: a process
+    whose devices share rows with another's (a mesh split over processes along "tensor") feeds the
+    same rows, by construction rather than by an assumed device order. Dropout masks go replicated
+    (every process draws all of them)."""
     masks = tuple(jax.device_put(m, replicated(mesh)) for m in masks)
     shardings = tuple(
         jax.tree.map(lambda a: batch_sharding(mesh_spec, mesh, a.ndim), part) for part in batch
     )
     if jax.process_count() == 1:
         return StepBatch(*jax.tree.map(jax.device_put, tuple(batch), shardings), masks)
-    local = process_slice(batch, jax.process_index(), jax.process_count())
     return StepBatch(
         *jax.tree.map(
-            lambda a, s, g: jax.make_array_from_process_local_data(s, a, g.shape),
-            tuple(local),
-            shardings,
+            lambda a, s: jax.make_array_from_callback(a.shape, s, lambda index: a[index]),
             tuple(batch),
+            shardings,
         ),
         masks,
     )
@@ -257,7 +258,7 @@ def whole(x):
             values = np.asarray(shard.data)
             # bfloat16: as float32
             values = values if values.dtype.kind in "biuf" else values.astype(np.float32)
-            pieces.append((tuple(s.indices(n)[:2] for s, n in zip(shard.index, x.shape)), values))
+            pieces.append((_where(shard.index, x.shape), values))
     return ShardedTensor(
         tuple(x.shape), tuple(pieces), jax.process_index(), jax.process_count(), RUN
     )
@@ -270,6 +271,35 @@ def to_host(x) -> np.ndarray:
 
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))
+
+
+def device_copies(x) -> list[tuple[int, tuple, np.ndarray]]:
+    """(device id, where its block lies, its values) for every device's copy of `x`, every
+    process's devices included: gathered (a collective every process makes) when some are
+    another process's. Blocks of unequal shapes cannot be stacked to gather: only this process's
+    devices then."""
+    shards = sorted(x.addressable_shards, key=lambda s: s.device.id)
+    mine = [(s.device.id, _where(s.index, x.shape), np.asarray(s.data)) for s in shards]
+    if x.is_fully_addressable:
+        return mine
+    placed = x.sharding.devices_indices_map(x.shape)
+    blocks = {tuple(stop - start for start, stop in _where(i, x.shape)) for i in placed.values()}
+    if len(blocks) != 1:
+        return mine
+    from jax.experimental import multihost_utils
+
+    devices = sorted(placed, key=lambda d: d.id)
+    rows = NamedSharding(Mesh(np.array(devices), ("device",)), PartitionSpec("device"))
+    stacked = jax.make_array_from_single_device_arrays(
+        (len(devices), *blocks.pop()), rows, [s.data[None] for s in shards]
+    )
+    every = np.asarray(multihost_utils.process_allgather(stacked, tiled=True))
+    return [(d.id, _where(placed[d], x.shape), every[i]) for i, d in enumerate(devices)]
+
+
+def _where(index: tuple, shape: tuple) -> tuple:
+    """A shard's index (slices) as (start, stop) per axis."""
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
 
 
 def scalar_to_host(x) -> float:

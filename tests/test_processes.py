@@ -15,7 +15,7 @@ from tests.helpers import REPO, run_cli
 @pytest.mark.error_case("processes-one-process", "processes-mesh")
 def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path):
     """--processes N: only backends whose row says they run as several processes, on a mesh N
-    divides; refused before anything runs (tests/test_jax_backend.py runs jax and torchax as two
+    divides (a per-rank twin's torch side: one process per device); refused before anything runs (tests/test_jax_backend.py runs jax and torchax as two
     processes)."""
     assert [n for n in backends.names() if backends.info(n).processes] == [
         "jax",
@@ -34,11 +34,11 @@ def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path
         ),
         (
             "2",
-            ["--backend", "jax", "--mesh", "tensor=2"],
+            ["--twin", "examples/tensor_parallel/twin.py:tp_decoder", "--backend", "jax,torch"],
             (
-                "error: --processes 2: each process feeds its own rows of the batch, and the mesh "
-                "tp splits it 1 way(s) (data x fsdp); give a --mesh whose data x fsdp 2 divides, "
-                "e.g. --mesh data=2,tensor=1"
+                "error: --processes 2: eager torch runs a twin's per-rank torch side (its NNX "
+                "side takes the mesh, nnx_mesh_arg) as one rank per device of the mesh tp: give "
+                "--processes 4, or none (every rank on one process)"
             ),
         ),
         (
@@ -155,7 +155,7 @@ def test_eager_torch_refuses_processes_where_averaged_gradients_are_not_the_batc
     from torch_impl.distributed import refuse_batch_norm, refuse_inexact
 
     # the task's cross-entropy, torch's own dropout: accepted
-    refuse_inexact(load_spec("gpt-tiny"), 2)
+    refuse_inexact(load_spec("gpt-tiny"), 2, 2)
     regressor = load_spec("", twin=f"{REPO}/tests/data/regression/twins.py:regressor")
     for spec, message in (
         (
@@ -175,7 +175,8 @@ def test_eager_torch_refuses_processes_where_averaged_gradients_are_not_the_batc
         ),
     ):
         with pytest.raises(SpecError) as caught:
-            refuse_inexact(spec, 4 if "global_batch_size=6" in message else 2)
+            processes = 4 if "global_batch_size=6" in message else 2
+            refuse_inexact(spec, processes, processes)
         assert message in str(caught.value), str(caught.value)
     stem = torch.nn.Sequential(
         OrderedDict(conv1=torch.nn.Conv2d(3, 4, 3), bn1=torch.nn.BatchNorm2d(4))

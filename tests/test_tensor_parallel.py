@@ -66,6 +66,8 @@ def test_a_twins_mesh_names_known_axes_and_its_mesh_keyword_an_identifier():
             check_fields(Twin(**base, mesh=bad), "t")
     with pytest.raises(TwinError, match="nnx_mesh_arg='a mesh' must be the name"):
         check_fields(Twin(**base, nnx_mesh_arg="a mesh"), "t")
+    with pytest.raises(TwinError, match="for a twin whose NNX side takes the mesh too"):
+        check_fields(Twin(**base, torch_mesh_arg="mesh"), "t")
 
 
 def compare(tmp_path, twin: str, *args):
@@ -90,6 +92,28 @@ def test_the_tensor_parallel_decoder_passes_on_every_runtime_on_four_devices(tmp
 
 
 @pytest.mark.slow
+def test_the_decoder_passes_per_device_against_four_gloo_ranks(tmp_path):
+    """torch's per-rank code as 4 processes (torch.distributed on gloo, its DeviceMesh given by the
+    twin's torch_mesh_arg) against the regions on 4 devices of 4 JAX processes, module by module."""
+    result, report = compare(
+        tmp_path, "tp_decoder", "--backend", "jax,torch", "--processes", "4", "--activations"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    parity = report["parity"]["torch"]
+    assert parity["passed"] and parity["devices"] is None
+    located = parity["first_divergent_module"]
+    assert located["module"] is None and located["modules_compared"] == 14
+    assert located["modules_diverging"] == 0
+    for backend in ("jax", "torch"):
+        run = json.loads((tmp_path / "tp_decoder" / backend / "record.json").read_text())
+        assert run["platform"]["process_count"] == 4
+    assert (
+        "one rank per device of the mesh tp, the rows split 1 way(s)"
+        in run["extra"]["mesh_strategy"]
+    )
+
+
+@pytest.mark.slow
 def test_a_psum_left_out_over_the_wrong_axis_or_from_the_wrong_rank_is_named(tmp_path):
     args = ("--backend", "jax,torch", "--activations")
     result, report = compare(tmp_path, "tp_missing_psum", *args)
@@ -102,11 +126,17 @@ def test_a_psum_left_out_over_the_wrong_axis_or_from_the_wrong_rank_is_named(tmp
     assert "attn" not in " ".join(replicas)  # the attention's psum is there
     assert "jax's layers.0.mlp holds other values on devices 1, 2, 3" in report["message"]
 
-    # on data=2, tensor=2: a sum over the batch's halves, each tensor rank its own partial
-    result, report = compare(tmp_path, "tp_psum_over_data", *args)
+    # on data=2, tensor=2: a sum over the batch's halves, each tensor rank its own partial; both
+    # sides as 4 processes, torch's per-rank code on 4 gloo ranks (two tensor groups of 2)
+    on_ranks = (*args, "--processes", "4")
+    result, report = compare(tmp_path, "tp_psum_over_data", *on_ranks)
     assert result.returncode == 1
     replicas = report["parity"]["torch"]["devices"]["replicas_differ"]["jax"]
     assert replicas["layers.0.mlp"]["devices"] == [1, 3]
+    torch_run = json.loads((tmp_path / "tp_psum_over_data/torch/record.json").read_text())
+    assert torch_run["platform"]["process_count"] == 4
+    assert "per-rank code on 4 processes" in torch_run["extra"]["mesh_strategy"]
+    assert "the rows split 2 way(s)" in torch_run["extra"]["mesh_strategy"]
 
     # every replica agrees (the psum is there) while the sum is of the wrong shards
     result, report = compare(tmp_path, "tp_wrong_rank", *args)

@@ -1,5 +1,6 @@
 """Eager PyTorch as several cooperating processes (compare --processes N): torch.distributed with
-gloo, data parallel over the same global batch.
+gloo, data parallel over the same global batch, or tensor parallel for a twin whose torch side is
+per-rank code.
 
 Each process trains a whole replica on its contiguous share of every global batch
 (common.data.process_slice, the rows JAX gives the same process) and the gradients are averaged over
@@ -11,6 +12,13 @@ statistics would be each process's rows; torch.nn.SyncBatchNorm runs only on GPU
 exact dropout masks (drawn for the whole batch's shape) are refused in one line rather than compared
 wrongly. A mesh's axes other than data are not split: eager torch computes the same numbers
 replicated.
+
+A twin whose NNX side takes the mesh (`nnx_mesh_arg`: shard_map regions) declares its torch side
+per-rank code. Its processes are then the mesh's devices, one rank each, numbered as Megatron
+numbers them (the tensor axis innermost: one tensor group's ranks are consecutive): a process takes
+the rows of its batch share (data x fsdp; the ranks of one tensor group the same rows) and its code
+finds its rank and group in torch.distributed. That code keeps every rank's gradient the whole one
+(Megatron's reductions), so the average over the processes is the average over the shares.
 """
 
 from __future__ import annotations
@@ -23,7 +31,12 @@ import torch
 import torch.distributed as dist
 
 from common.data import Batch, process_slice
-from common.multiprocess import other_settings, refuse_taken_port, settings_digest
+from common.multiprocess import (
+    other_settings,
+    refuse_per_rank_processes,
+    refuse_taken_port,
+    settings_digest,
+)
 from common.spec import RunSpec, SpecError
 from common.twin import twin_of
 from common.vocab import MaskSource
@@ -34,6 +47,9 @@ ONE_PROCESS = (
 )
 IGNORED = -100  # torch's cross-entropy's ignore_index
 TIMEOUT_S = 300  # a process waiting on one that died: the launcher stops them all long before
+# the run's mesh over its processes, for a per-rank twin's torch_mesh_arg (None: alone, or data
+# parallel)
+DEVICE_MESH = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +58,12 @@ class Group:
 
     rank: int
     size: int
+    shares: int  # how many ways the rows are split: one per process, or the mesh's data x fsdp
+
+    @property
+    def share(self) -> int:
+        """Which share of the rows this process takes (ranks of one tensor group alike)."""
+        return self.rank // (self.size // self.shares)
 
 
 def join(spec: RunSpec, options) -> Group | None:
@@ -59,7 +81,8 @@ def join(spec: RunSpec, options) -> Group | None:
         raise SpecError(
             f"--num-processes {size}: give --coordinator HOST:PORT, process 0's address"
         )
-    refuse_inexact(spec, size)
+    shares = row_shares(spec, size)
+    refuse_inexact(spec, size, shares)
     refuse_taken_port(coordinator, rank)
     import datetime
 
@@ -71,7 +94,23 @@ def join(spec: RunSpec, options) -> Group | None:
         timeout=datetime.timedelta(seconds=TIMEOUT_S),
     )
     check_same_settings(spec, size, rank)
-    return Group(rank, size)
+    if twin_of(spec.model).nnx_mesh_arg:  # the ranks of a per-rank twin: torch's mesh, as the run's
+        from torch.distributed.device_mesh import init_device_mesh
+
+        global DEVICE_MESH
+        DEVICE_MESH = init_device_mesh(
+            "cpu", tuple(spec.mesh.shape.values()), mesh_dim_names=tuple(spec.mesh.shape)
+        )
+    return Group(rank, size, shares)
+
+
+def row_shares(spec: RunSpec, size: int) -> int:
+    """How many ways `size` processes split the rows: one share each (data parallel), or the mesh's
+    data x fsdp when they are the ranks of a per-rank twin, one per device of its mesh."""
+    if twin_of(spec.model).nnx_mesh_arg is None:
+        return size
+    refuse_per_rank_processes(spec, size)
+    return spec.mesh.batch_replicas
 
 
 def check_same_settings(spec: RunSpec, size: int, rank: int) -> None:
@@ -86,7 +125,7 @@ def check_same_settings(spec: RunSpec, size: int, rank: int) -> None:
         raise other_settings(spec, size, rank)
 
 
-def refuse_inexact(spec: RunSpec, size: int) -> None:
+def refuse_inexact(spec: RunSpec, size: int, shares: int) -> None:
     """What averaging the processes' gradients would not make the global batch's gradient."""
     why = (
         f"eager torch on {size} processes averages each process's gradient over its share of "
@@ -104,11 +143,11 @@ def refuse_inexact(spec: RunSpec, size: int) -> None:
             f"{why}; common's exact dropout masks are drawn for the whole batch: use --parity-mode "
             f"statistical with --processes, or {ONE_PROCESS}"
         )
-    if spec.train.global_batch_size % size:
+    if spec.train.global_batch_size % shares:
         raise SpecError(
             f"{why}: train.global_batch_size={spec.train.global_batch_size} does not split evenly "
-            "over "
-            f"{size} processes; give a batch size they divide"
+            + (f"over {size} processes" if shares == size else f"into {shares} (data x fsdp)")
+            + "; give a batch size they divide"
         )
 
 
@@ -138,7 +177,7 @@ def local_rows(batch: Batch, group: Group | None) -> Batch:
             "whole "
             f"batch's; {ONE_PROCESS}"
         )
-    return process_slice(batch, group.rank, group.size)
+    return process_slice(batch, group.share, group.shares)
 
 
 def average_gradients(parameters, group: Group | None) -> None:
@@ -166,12 +205,12 @@ def mean_value(value: torch.Tensor, group: Group | None) -> torch.Tensor:
 
 
 def gather_rows(array: np.ndarray, group: Group | None) -> np.ndarray:
-    """Every process's rows of an output, in process order: the whole batch's."""
+    """Every share's rows of an output, in order: the whole batch's (one process of each share)."""
     if group is None:
         return array
     parts = [None] * group.size
     dist.all_gather_object(parts, array)
-    return np.concatenate(parts)
+    return np.concatenate(parts[:: group.size // group.shares])
 
 
 def leave(group: Group | None) -> None:

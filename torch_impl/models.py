@@ -217,6 +217,10 @@ def _built(spec: ModelSpec, seed: int) -> nn.Module:
     use_forward_kwargs(forward_kwargs_of(twin, "torch"))
     torch.manual_seed(seed)
     kwargs = hparams_of(spec)
+    if twin.torch_mesh_arg:  # its ranks' mesh over the run's processes (None: all on this one)
+        from torch_impl import distributed
+
+        kwargs[twin.torch_mesh_arg] = distributed.DEVICE_MESH
     try:
         model = factory(**kwargs)
     except Exception as e:

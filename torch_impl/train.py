@@ -151,10 +151,9 @@ class TorchTrainer:
         self.loss_fn = task_loss(spec)
         self.optimizer = make_optimizer(self.model.parameters(), spec.train)
         self.data = make_dataset(spec)
-        # dropout draws from here on: each
-        torch.manual_seed(spec.train.mask_seed + (group.rank if group else 0))
-        # process its own masks for its own rows, as one process draws
-        # different masks for different rows
+        # dropout draws from here on: each share of the rows its own masks, as one process draws
+        # different masks for different rows (the ranks of one tensor group the same)
+        torch.manual_seed(spec.train.mask_seed + (group.share if group else 0))
         self.autocast = (
             (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
             if spec.train.dtype == "bfloat16" and not spec.train.loads_bfloat16
@@ -333,17 +332,19 @@ class TorchTrainer:
         spec, device = self.spec, self.device
         kind = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         processes = self.group.size if self.group else 1
-        strategy = (
-            spec.mesh.strategy
-            if processes == 1
-            else (
+        strategy = spec.mesh.strategy
+        if self.group and self.group.shares == processes:
+            strategy = (
                 f"data parallel over {processes} processes (torch.distributed, gloo), each a "
-                "whole replica on its share "
-                f"of the rows (the run's mesh, {spec.mesh.strategy}, is the compiling backends': "
-                "eager torch splits no "
-                "other axis)"
+                f"whole replica on its share of the rows (the run's mesh, {spec.mesh.strategy}, "
+                "is the compiling backends': eager torch splits no other axis)"
             )
-        )
+        elif self.group:
+            strategy = (
+                f"the twin's per-rank code on {processes} processes (torch.distributed, gloo), one "
+                f"rank per device of the mesh {spec.mesh.strategy}, the rows split "
+                f"{self.group.shares} way(s)"
+            )
         return RunRecord(
             backend="torch",
             spec=spec.to_dict(),

@@ -95,6 +95,11 @@ class Twin:
     # the NNX factory's keyword for the run's device mesh (a jax.sharding.Mesh over the axes data,
     # fsdp and tensor), for a port with `jax.shard_map` regions; None: the factory takes none
     nnx_mesh_arg: str | None = None
+    # the torch factory's keyword for the run's torch.distributed DeviceMesh (the same axes and
+    # sizes, over the processes of compare --processes N, one rank per device: Megatron's
+    # numbering), for a per-rank torch side of a twin with nnx_mesh_arg; it gets None when every
+    # rank runs on one process. None: the factory takes none
+    torch_mesh_arg: str | None = None
     # the mesh the twin runs on unless --mesh says otherwise, e.g. {"tensor": 4} (fake CPU devices
     # are made to match on the CPU); empty: one device
     mesh: Mapping = field(default_factory=dict)

@@ -322,11 +322,17 @@ def _check_mesh(twin, ref: str) -> None:
             f"twin {ref!r}: mesh {bad[0]}: the mesh maps axes of {', '.join(AXES)} to device "
             'counts (positive ints), e.g. mesh={"tensor": 4}'
         )
-    arg = twin.nnx_mesh_arg
-    if arg is not None and not (isinstance(arg, str) and arg.isidentifier()):
+    for side in ("nnx", "torch"):
+        arg = getattr(twin, f"{side}_mesh_arg")
+        if arg is not None and not (isinstance(arg, str) and arg.isidentifier()):
+            raise TwinError(
+                f"twin {ref!r}: {side}_mesh_arg={arg!r} must be the name of the {side.upper()} "
+                "factory's mesh keyword (e.g. 'mesh'), or None"
+            )
+    if twin.torch_mesh_arg is not None and twin.nnx_mesh_arg is None:
         raise TwinError(
-            f"twin {ref!r}: nnx_mesh_arg={arg!r} must be the name of the NNX factory's mesh "
-            "keyword (e.g. 'mesh'), or None"
+            f"twin {ref!r}: torch_mesh_arg={twin.torch_mesh_arg!r} gives a per-rank torch side "
+            "its ranks' mesh, for a twin whose NNX side takes the mesh too: set nnx_mesh_arg"
         )
 
 

@@ -17,6 +17,7 @@ import sys
 
 from common import backends
 from common.cli import bounded_int
+from common.multiprocess import refuse_per_rank_processes
 from common.spec import SpecError
 from common.vocab import BackendStatus, ExitCode
 from compare.options import CompareOptions, Group
@@ -88,13 +89,8 @@ def check(opts: CompareOptions, spec) -> None:
             f"{total} "
             f"processes; give a --mesh whose device count they divide, e.g. --mesh data={total * 2}"
         )
-    if spec.mesh.batch_replicas % total:
-        raise SpecError(
-            f"{what}: each process feeds its own rows of the batch, and the mesh "
-            f"{spec.mesh.strategy} splits it {spec.mesh.batch_replicas} way(s) (data x fsdp); "
-            f"give a --mesh whose data x fsdp {total} divides, e.g. --mesh data={total},"
-            f"tensor={max(1, spec.mesh.device_count // total)}"
-        )
+    if "torch" in opts.names and "torch" not in opts.reused:
+        refuse_per_rank_processes(spec, total)
 
 
 # a run's launches each take the next port from the coordinator's (compare/runs/orchestrate.py

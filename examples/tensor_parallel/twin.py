@@ -21,7 +21,8 @@ HPARAMS = {
     "n_layers": 2,
     "n_heads": 4,
     "d_ff": 128,
-    "ranks": 4,  # the torch side's ranks; the NNX side's are the mesh's "tensor" axis
+    "ranks": 4,  # the torch side's ranks on one process; on processes, and on the NNX side, the
+    # mesh's "tensor" axis
 }
 
 # each device holds the shard its region's in_specs take (nnx_tp.py COLUMN and ROW)
@@ -41,6 +42,7 @@ tp_decoder = Twin(
     partition_rules=PARTITION_RULES,
     mesh={"tensor": 4},
     nnx_mesh_arg="mesh",
+    torch_mesh_arg="mesh",
     train=TrainSpec(optimizer="adamw", lr=3e-3, global_batch_size=8, steps=3),
 )
 
