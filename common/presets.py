@@ -154,3 +154,19 @@ def load_spec(
             f"unknown spec {spec!r}: use a preset ({', '.join(PRESETS)}) or a .toml/.json file"
         )
     return apply_overrides(base, list(overrides)).validate()
+
+
+def build_variants(values: list[str], build) -> None:
+    """A describe step's `--also-spec BACKEND=PATH`: `build(spec)` for each backend's own spec (a
+    model another backend runs with other hyperparameters); what its factory refuses is said as
+    that backend's, by the flag that set it."""
+    from common.twin import TwinError
+
+    for value in values:
+        backend, _, path = value.partition("=")
+        try:
+            build(load_spec(path))
+        except SpecError as e:
+            raise TwinError(
+                f"{e} (the model {backend} runs, as its --{backend}-set sets it)"
+            ) from None

@@ -76,6 +76,7 @@ from compare.runs.kernel_runs import kernel_runs, kernel_sides  # noqa: E402
 from compare.runs.launch import (  # noqa: E402
     describing_runs,
     main_launch,
+    model_variants,
     op_check_launches,
     seed_launch,
     side_spec,
@@ -445,6 +446,7 @@ def prepare(opts: CompareOptions, spec) -> Prepared:
             opts.describer("nnx"),
             opts.timeout_s,
             describing_runs(opts),
+            model_variants(opts, spec),
         )
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)

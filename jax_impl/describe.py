@@ -15,13 +15,14 @@ from common.cli import INPUT_ERRORS, Parser, fail
 from common.data import make_dataset, rows
 from common.data.batches import check_forward_keys
 from common.files.fsutil import write_json_atomic
-from common.presets import load_spec
+from common.presets import build_variants, load_spec
 from common.spec import RunSpec
 from common.twin import TwinError, twin_of, user_decode, user_loss
 from common.twin.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
 from common.twin.start_state import NNX_STATE, storable
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
+from driver.backend_main import first_words
 from driver.process import exit_process
 
 
@@ -37,7 +38,9 @@ def check_forward(model, spec: RunSpec) -> None:
 
     axes = nnx_input_axes(spec)
     first = make_dataset(spec).global_batch(0)
-    inputs = nnx_inputs(rows(first.inputs, 0, 1), axes)
+    # a twin's regions split the batch's rows over the mesh's data x fsdp: as many as they need
+    examples = spec.mesh.batch_replicas if twin_of(spec.model).nnx_mesh_arg else 1
+    inputs = nnx_inputs(rows(first.inputs, 0, examples), axes)
     if spec.task == "custom":
         check_forward_keys(spec, model.__call__, "NNX")
     model.eval()
@@ -46,6 +49,7 @@ def check_forward(model, spec: RunSpec) -> None:
         out = _traced(graphdef, state, inputs)
     except Exception as e:
         _refuse_channel_first(graphdef, state, inputs, axes, spec, e)
+        _refuse_mesh(inputs, spec, e)
         return
     twin = twin_of(spec.model)
     if choose(out, twin.logits) is None:
@@ -57,7 +61,7 @@ def check_forward(model, spec: RunSpec) -> None:
             graphdef,
             state,
             inputs,
-            None if first.targets is None else rows(first.targets, 0, 1),
+            None if first.targets is None else rows(first.targets, 0, examples),
             spec,
         )
 
@@ -121,6 +125,34 @@ def _refuse_channel_first(graphdef, state, inputs, axes, spec: RunSpec, error: E
     )
 
 
+def _refuse_mesh(inputs, spec: RunSpec, error: Exception) -> None:
+    """A twin's NNX forward that raised on the run's mesh but runs with its regions on one device:
+    the mesh is one its model's sizes do not divide (heads over "tensor", say). Refused naming the
+    mesh, before any side trains; any other failure is the run's."""
+    from flax import nnx
+
+    from jax_impl import sharding
+    from jax_impl.models import build_model
+
+    twin = twin_of(spec.model)
+    if not twin.nnx_mesh_arg or spec.mesh.device_count == 1:
+        return
+    with sharding.one_device_mesh():
+        try:
+            graphdef, state = nnx.split(build_model(spec.model, seed=spec.train.seed))
+            _traced(graphdef, state, inputs)
+        except Exception:
+            return
+    first = first_words(error) or type(error).__name__
+    own = ",".join(f"{k}={v}" for k, v in twin.mesh.items()) or "one device"
+    raise TwinError(
+        f"twin {spec.model.twin!r}: its NNX forward does not run on the mesh "
+        f"data={spec.mesh.data},fsdp={spec.mesh.fsdp},tensor={spec.mesh.tensor} and runs on one "
+        f"device ({type(error).__name__}: {first}): the model's sizes do not split over it; give "
+        f"a --mesh they divide (the twin's own: {own})"
+    )
+
+
 def start_state(model) -> dict:
     """Every Variable the model holds that is neither a Param, running statistics (carried apart)
     nor RNG state, as the factory built it (common/twin/start_state.py)."""
@@ -154,6 +186,7 @@ def main(argv=None) -> int:
     parser = Parser(prog="python -m jax_impl.describe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--also-spec", action="append", default=[], metavar="BACKEND=PATH")
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec)
@@ -169,6 +202,9 @@ def main(argv=None) -> int:
         if twin_of(spec.model).nnx_mesh_arg:  # its forward runs its regions on the run's mesh
             make_mesh(spec.mesh)
         model = build_model(spec.model, seed=spec.train.seed)
+        build_variants(
+            args.also_spec, lambda other: build_model(other.model, seed=other.train.seed)
+        )
         user_decode(twin_of(spec.model), "nnx")  # a declared decode path that is not one: refused
         params = to_canonical(nnx.state(model, nnx.Param))
         kinds, state = module_kinds(model), start_state(model)

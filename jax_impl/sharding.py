@@ -8,6 +8,7 @@ shardings and inserts the collectives.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import NamedTuple
 
@@ -182,6 +183,19 @@ def make_mesh(mesh: MeshSpec) -> Mesh:
 
 
 MESH: Mesh | None = None  # the run's mesh, once made: what a twin's nnx_mesh_arg is given
+
+
+@contextlib.contextmanager
+def one_device_mesh():
+    """MESH the run's axes on one device inside (a twin's regions then run whole: the probe that
+    tells a mesh its model's sizes do not divide from a forward that fails anyway)."""
+    global MESH
+    before = MESH
+    MESH = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), AXES, axis_types=(AxisType.Auto,) * 3)
+    try:
+        yield MESH
+    finally:
+        MESH = before
 
 
 def param_shardings(model: ModelSpec, mesh_spec: MeshSpec, mesh: Mesh) -> dict[str, NamedSharding]:

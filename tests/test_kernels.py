@@ -56,6 +56,10 @@ def test_a_kernel_is_within_its_floor_where_the_reference_error_bounds_it():
     assert not floor_tensors(broken, reference, oracle, "float32")["outputs/logits"]["within"]
     losses = floor_losses([1.0, 1.5], [1.0 + 1e-6, 1.0], [1.0, 1.0], "float32")
     assert losses["first_outside_step"] == 1
+    # trained parameters are the optimizer's draw, left to the pair's parity: not judged here
+    trained = {"params": {"w": np.array([0.02])}}
+    moved = {"params": {"w": np.array([0.02 + 3e-3])}}  # Adam's first step: +-lr by a sign
+    assert floor_tensors(moved, trained, trained, "float32") == {}
 
 
 def test_a_kernel_switch_must_name_a_hyperparameter_holding_the_reference():
@@ -222,6 +226,28 @@ def test_a_kernel_switch_that_changed_nothing_is_not_a_pass(tmp_path, monkeypatc
     judged = kernels.judge_side(tmp_path, "jax", side, "float32", None, {}, None)
     assert judged["passed"] is None and "changed nothing" in judged["why"]
     assert not judged.get("runs_say")
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("twin-factory-fails")
+def test_a_kernel_name_the_factory_refuses_is_refused_before_any_run_directory(tmp_path):
+    """A backend's own hyperparameters are built by its side's describe step too."""
+    result = run_cli(
+        "compare",
+        "--twin",
+        "examples/llama/twin.py:llama_kernels",
+        "--backend",
+        "jax,torch",
+        "--jax-set",
+        "model.kernel=palas",
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert result.returncode == 2 and not (tmp_path / "x").exists()
+    assert result.stderr.strip() == (
+        "error: NNX factory nnx_llama.py:Llama raised KeyError: 'palas' (the model jax runs, as "
+        "its --jax-set sets it)"
+    )
 
 
 def test_a_kernel_runs_floor_folder_is_the_runs_own_and_replaced_with_it(tmp_path):

@@ -15,8 +15,8 @@ from tests.helpers import REPO, run_cli
 @pytest.mark.error_case("processes-one-process", "processes-mesh")
 def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path):
     """--processes N: only backends whose row says they run as several processes, on a mesh N
-    divides (a per-rank twin's torch side: one process per device); refused before anything runs (tests/test_jax_backend.py runs jax and torchax as two
-    processes)."""
+    divides (a per-rank twin's torch side: one process per device); refused before anything runs
+    (tests/test_jax_backend.py runs jax and torchax as two processes)."""
     assert [n for n in backends.names() if backends.info(n).processes] == [
         "jax",
         "torch",

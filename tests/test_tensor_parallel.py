@@ -4,6 +4,7 @@ tensor-parallel decoder, torch's per-rank code against `jax.shard_map` regions o
 the wrong rank, each named at its module with the devices that part."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from common.twin import Twin, TwinError
 from common.twin.fields import check_fields
 from compare.judge.shards import device_check, device_coordinates, devices_outside, shard_of
-from tests.helpers import run_cli
+from tests.helpers import REPO, run_cli
 
 TP = "examples/tensor_parallel/twin.py"
 
@@ -68,6 +69,52 @@ def test_a_twins_mesh_names_known_axes_and_its_mesh_keyword_an_identifier():
         check_fields(Twin(**base, nnx_mesh_arg="a mesh"), "t")
     with pytest.raises(TwinError, match="for a twin whose NNX side takes the mesh too"):
         check_fields(Twin(**base, torch_mesh_arg="mesh"), "t")
+
+
+@pytest.mark.slow
+@pytest.mark.error_case("twin-mesh-indivisible", "twin-factory-fails")
+def test_a_mesh_the_model_does_not_split_over_or_a_mesh_keyword_not_named_is_refused(tmp_path):
+    """Both found while the sides describe themselves: exit 2, one line, no run directory."""
+    for mesh, words in (
+        ("tensor=3", "not evenly divisible by the corresponding mesh axis sizes"),
+        ("tensor=8", "cannot reshape array"),  # 4 heads over 8 devices
+    ):
+        out = tmp_path / mesh
+        result = run_cli(
+            "compare",
+            "--twin",
+            f"{TP}:tp_decoder",
+            "--backend",
+            "jax,torch",
+            "--mesh",
+            mesh,
+            "--out",
+            str(out),
+        )
+        assert result.returncode == 2, result.stderr[-2000:]
+        line = result.stderr.strip()
+        assert "\n" not in line and words in line and "Traceback" not in line
+        assert f"its NNX forward does not run on the mesh data=1,fsdp=1,{mesh}" in line
+        assert line.endswith("give a --mesh they divide (the twin's own: tensor=4)")
+        assert not out.exists()
+    # the twin without its mesh keyword: the factory's own error, and where the keyword comes from
+    twin = (REPO / TP).read_text().replace('    nnx_mesh_arg="mesh",\n', "")
+    twin = twin.replace('    torch_mesh_arg="mesh",\n', "")
+    folder = tmp_path / "no_mesh_arg"
+    shutil.copytree(REPO / "examples/tensor_parallel", folder)
+    (folder / "twin.py").write_text(twin)
+    result = run_cli(
+        "compare",
+        "--twin",
+        f"{folder}/twin.py:tp_decoder",
+        "--backend",
+        "jax,torch",
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert result.returncode == 2 and not (tmp_path / "x").exists()
+    assert "missing 1 required keyword-only argument: 'mesh' (it requires mesh" in result.stderr
+    assert "the twin's nnx_mesh_arg='mesh' for the run's device mesh" in result.stderr
 
 
 def compare(tmp_path, twin: str, *args):

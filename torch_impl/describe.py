@@ -19,7 +19,7 @@ from common.cli import INPUT_ERRORS, Parser, fail
 from common.data import make_dataset, rows
 from common.data.batches import check_every_step, check_forward_keys
 from common.files.fsutil import write_json_atomic
-from common.presets import load_spec
+from common.presets import build_variants, load_spec
 from common.spec import RunSpec, SpecError, TwinSpec
 from common.twin import TwinError, twin_of, user_decode, user_loss
 from common.twin.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
@@ -165,12 +165,14 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--load", metavar="FORMAT:PATH", help="start from this torch or hf checkpoint instead"
     )
+    parser.add_argument("--also-spec", action="append", default=[], metavar="BACKEND=PATH")
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec)
         from torch_impl.models import build_model
 
         model = build_model(spec.model, spec.train.seed)
+        build_variants(args.also_spec, lambda other: build_model(other.model, other.train.seed))
         user_decode(twin_of(spec.model), "torch")  # a declared decode path that is not one: refused
         shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
         buffer_shapes = {name: tuple(b.shape) for name, b in model.named_buffers()}

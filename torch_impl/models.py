@@ -224,7 +224,7 @@ def _built(spec: ModelSpec, seed: int) -> nn.Module:
     try:
         model = factory(**kwargs)
     except Exception as e:
-        raise factory_error("torch factory", twin.torch, e, kwargs) from None
+        raise factory_error("torch factory", twin.torch, e, kwargs, factory) from None
     if not isinstance(model, nn.Module):
         raise TwinError(
             f"torch factory {twin.torch} returned a {type(model).__name__}, not a torch.nn.Module"

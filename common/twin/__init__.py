@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import signal
@@ -173,11 +174,22 @@ def hparams_of(model: ModelSpec) -> dict:
     return {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name != "family"}
 
 
-def factory_error(what: str, ref: str, e: Exception, keywords) -> TwinError:
+def factory_error(what: str, ref: str, e: Exception, keywords, factory=None) -> TwinError:
     """A factory that raised, in one line; one that does not take the keywords it is called with (a
-    model class given as its own factory, say) is told which they are and what to give instead."""
+    model class given as its own factory, say) is told which they are and what to give instead, and
+    one that requires a keyword nobody gives (its signature read, not its error) is told where the
+    toolkit gives such a keyword from."""
     message = f"{what} {ref} raised {type(e).__name__}: {e}"
-    if isinstance(e, TypeError) and (
+    missing = _required_not_given(factory, keywords)
+    if missing:
+        side = "nnx" if what.startswith("NNX") else "torch"
+        dtype = ", nnx_dtype_arg for its compute dtype" if side == "nnx" else ""
+        message += (
+            f" (it requires {', '.join(missing)}, which the twin does not give: a hyperparameter "
+            f"in hparams, or the twin's {side}_mesh_arg={missing[0]!r} for the run's device "
+            f"mesh{dtype})"
+        )
+    elif isinstance(e, TypeError) and (
         "keyword argument" in str(e) or "positional argument" in str(e)
     ):
         message += (
@@ -186,6 +198,26 @@ def factory_error(what: str, ref: str, e: Exception, keywords) -> TwinError:
             "them and builds the model)"
         )
     return TwinError(message)
+
+
+def _required_not_given(factory, keywords) -> list[str]:
+    """The factory's parameters without a default that `keywords` do not give."""
+    try:
+        if inspect.isclass(factory):  # its __init__'s (a metaclass's __call__ hides them: NNX's)
+            parameters = list(inspect.signature(factory.__init__).parameters.values())[1:]
+        else:
+            parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no factory, or one without a signature Python can read
+        return []
+    if any(p.kind == p.VAR_KEYWORD for p in parameters):
+        return []
+    return [
+        p.name
+        for p in parameters
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in keywords
+    ]
 
 
 def twin_of(model: ModelSpec) -> Twin:

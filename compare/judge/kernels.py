@@ -11,10 +11,14 @@ beside the reference op's own run in that dtype against the same oracle. A tenso
 
 with all three runs on the kernel's side (same backend, start and batches; the kernel switch set to
 the reference for the two others), so the only difference between the kernel's run and the
-reference's is the kernel. Every parity tensor is judged (step-0 outputs and gradients, trained
-parameters), the loss step by step against the largest reference error up to that step, and with
---activations every captured module: the first module, in the order they finished, whose output is
-outside its floor while its input is within names the kernel's module.
+reference's is the kernel. What the kernel computes is judged: the step-0 outputs and gradients,
+the loss step by step against the largest reference error up to that step, and with --activations
+every captured module: the first module, in the order they finished, whose output is outside its
+floor while its input is within names the kernel's module. Trained parameters are not: an adaptive
+optimizer divides each gradient by its own size (Adam's first step moves a parameter by about lr
+whatever its gradient), so a gradient near zero, where rounding is large against it, moves its
+parameter by a rounding-sized draw that no factor over another run's draw bounds (a correct fused
+RMSNorm was outside by 3% after one AdamW step); the pair's parity judges them by its own bounds.
 
 In a float64 run the oracle is the reference's own float64 run, and the kernel is judged by the
 float64 bounds of the run's tolerance profile. A kernel that does not run in float64 (jax's flash
@@ -39,8 +43,8 @@ from compare.judge.verdict import CheckResult
 KERNELS_DIR = "kernels"  # <run>/kernels/<backend>/<run name>: a kernel side's floor runs
 REFERENCE_RUN = "reference"  # the reference op in the run's dtype
 ORACLE_RUN = "float64"  # the reference op in float64
-# the groups of a run's tensors the floor judges
-GROUPS = ("outputs", "grads", "params", "activations")
+# the groups of a run's tensors the floor judges (trained parameters: the pair's parity, above)
+GROUPS = ("outputs", "grads", "activations")
 EPS = {"float32": float(np.finfo(np.float32).eps), "bfloat16": 2.0**-7, "float64": 2.0**-52}
 
 
@@ -153,7 +157,7 @@ def first_module_outside(tensors: dict, order: list[str]) -> str | None:
 def against_reference64(kernel: dict, reference: dict, policy: dict) -> dict:
     """A float64 run's kernel against its reference op in float64, by the float64 bounds."""
     out = {}
-    kinds = {"outputs": "forward", "grads": "grad", "params": "params", "activations": "forward"}
+    kinds = {"outputs": "forward", "grads": "grad", "activations": "forward"}  # GROUPS
     for group, kind in kinds.items():
         k, r = kernel.get(group, {}), reference.get(group, {})
         for name in sorted(set(k) & set(r)):

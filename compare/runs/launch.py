@@ -277,3 +277,15 @@ def describing_runs(opts: CompareOptions) -> dict[str, str]:
     if runs.get("nnx") != launched[0] or own_mesh or op_check_launches(opts):
         runs.pop("nnx", None)
     return runs
+
+
+def model_variants(opts: CompareOptions, spec) -> dict[str, dict[str, object]]:
+    """{family: {backend: its spec}} for the backends to run whose model differs from the run's (a
+    kernel switch, say: `--jax-set model.kernel=pallas`): the side's describe step builds each too,
+    so a value its factory refuses is refused before any run directory exists."""
+    variants: dict[str, dict[str, object]] = {}
+    for name in opts.names:
+        if name in opts.reused or opts.spec_of(name).model == spec.model:
+            continue
+        variants.setdefault(backends.info(name).family, {})[name] = opts.spec_of(name)
+    return variants

@@ -92,12 +92,14 @@ def prepare_start(
     jax_python: str,
     timeout_s: float,
     runs: dict[str, str] | None = None,
+    variants: dict[str, dict[str, RunSpec]] | None = None,
 ) -> Prepared:
     """What every backend starts from, when it is not the built-in canonical init: a user twin's
     torch initialisation, or a torch / Hugging Face checkpoint: the spec (with a user twin's
     canonical tree), a temporary folder with `init.safetensors` and `spec.json` (None when the
     backends can read `checkpoint` as it is), and the described processes that wait to make a run
-    (`runs`: {family: backend}; the caller hands each to its run or stops it). Raises a one-line
+    (`runs`: {family: backend}; the caller hands each to its run or stops it). `variants`: {family:
+    {backend: its spec}} whose other model each side's describe step builds too. Raises a one-line
     input error and leaves nothing behind."""
     fmt, path = (checkpoint.format, checkpoint.path) if checkpoint else (None, None)
     user_twin = isinstance(spec.model, TwinSpec)
@@ -128,9 +130,12 @@ def prepare_start(
     try:
         # and leaves no describe process
         folder = Path(tempfile.mkdtemp(prefix="xla-twins-prepare-"))
-        _start_steps(spec, fmt, path, folder, torch_python, jax_python, runs or {}, steps)
+        sides = _side_flags(spec, fmt, path, folder, variants or {})
+        _start_steps(spec, sides, folder, torch_python, jax_python, runs or {}, steps)
         for step in steps:
             wait_step(step, folder, spec, timeout_s)
+        for other in folder.glob("spec-*.json"):  # read by the describe steps alone
+            other.unlink()
         prepared = _convert(spec, twin, fmt, path, folder)
     except BaseException:
         for step in steps:
@@ -145,23 +150,32 @@ def prepare_start(
     return Prepared(prepared, folder, waiting)
 
 
+def _side_flags(spec, fmt, path, folder: Path, variants: dict) -> dict[str, list[str]]:
+    """{side: its describe step's own flags}: the torch side's checkpoint to load, and each side's
+    backends' other models (`--also-spec BACKEND=PATH`, their specs written into `folder`)."""
+    flags = {"torch": []}
+    if fmt in (CheckpointFormat.TORCH, CheckpointFormat.HF):
+        flags["torch"] += ["--load", f"{fmt}:{path.resolve()}"]
+    if isinstance(spec.model, TwinSpec):
+        flags["NNX"] = []
+    for side in flags:
+        for backend, other in variants.get(FAMILY_OF_SIDE[side], {}).items():
+            write_json_atomic(folder / f"spec-{backend}.json", other.to_dict())
+            flags[side] += ["--also-spec", f"{backend}={folder / f'spec-{backend}.json'}"]
+    return flags
+
+
 def _start_steps(
-    spec, fmt, path, folder: Path, torch_python, jax_python, runs: dict[str, str], steps: list[Step]
+    spec, sides: dict, folder: Path, torch_python, jax_python, runs: dict[str, str], steps: list
 ) -> None:
-    """The describe steps, started into `steps` (each as it starts: a failed start leaves none
-    unstopped): a side that goes on to make a run (`runs`) in a process of its own; the others
-    sharing an interpreter in one."""
+    """The describe steps of `sides` ({side: its flags}), started into `steps` (each as it starts: a
+    failed start leaves none unstopped): a side that goes on to make a run (`runs`) in a process of
+    its own; the others sharing an interpreter in one."""
     write_json_atomic(folder / SPEC_FILE, spec.to_dict())
-    load = (
-        ["--load", f"{fmt}:{path.resolve()}"]
-        if fmt in (CheckpointFormat.TORCH, CheckpointFormat.HF)
-        else []
-    )
-    sides = [("torch", torch_python, load)] + [("NNX", jax_python, [])] * isinstance(
-        spec.model, TwinSpec
-    )
+    pythons = {"torch": torch_python, "NNX": jax_python}
     by_python = {}
-    for side, python, flags in sides:
+    for side, flags in sides.items():
+        python = pythons[side]
         if FAMILY_OF_SIDE[side] in runs:
             steps.append(
                 start_step(
