@@ -81,6 +81,10 @@ class BackendInfo:
     # captures one call of its decode path module by module (--capture-decode-step): where two
     # decode paths part is named at a module
     captures_decode: bool = False
+    # the modules its processes import first: compare's fork server for it imports them once, and
+    # every process of the run on that backend starts from a fork of it (preload/); none: each
+    # process imports its own
+    preload: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -120,6 +124,10 @@ DECODE_CACHE = Passthrough(
     "graph each step, its recompiles counted)",
 )
 
+# what a backend's processes import first (its fork server's, preload/)
+JAX_IMPORTS = ("numpy", "jax", "jax.numpy", "flax.nnx", "optax")
+TORCH_IMPORTS = ("numpy", "torch", "torch._dynamo", "transformers")
+
 BUILT_IN = (
     BackendInfo(
         "jax",
@@ -134,6 +142,7 @@ BUILT_IN = (
         captures_later_steps=True,
         generates=True,
         captures_decode=True,
+        preload=JAX_IMPORTS,
     ),
     BackendInfo(
         "torch",
@@ -150,6 +159,7 @@ BUILT_IN = (
         captures_later_steps=True,
         generates=True,
         captures_decode=True,
+        preload=TORCH_IMPORTS,
     ),
     BackendInfo(
         "torch_xla",
@@ -171,6 +181,20 @@ BUILT_IN = (
         float64_why="torch_xla 2.9 lowers GELU with constants rounded to float32 (4.5e-10 "
         "relative at the "
         "op, exact erf and tanh)",
+        # its environment (debug level, XLA's dump folder and flags, the CPU device count) is read
+        # when its runtime starts, not at import (measured: each set after `import torch_xla` takes
+        # effect)
+        preload=(
+            *TORCH_IMPORTS,
+            "jax",
+            "jax.numpy",
+            "torch_xla",
+            "torch_xla.core.xla_model",
+            "torch_xla.runtime",
+            "torch_xla.distributed.spmd",
+            "torch_xla.distributed.parallel_loader",
+            "torch_xla.debug.metrics",
+        ),
     ),
     # torchax runs torch_impl's models on JAX, sharing the JAX twin's plain-JAX modules
     BackendInfo(
@@ -185,6 +209,12 @@ BUILT_IN = (
         running_var="unbiased",
         checks_ops=True,
         generates=True,
+        preload=(
+            *JAX_IMPORTS,
+            *TORCH_IMPORTS,
+            "torch.fx.experimental.symbolic_shapes",
+            "torchax",
+        ),
     ),
 )
 

@@ -87,6 +87,7 @@ from compare.runs.progress import LiveProgress  # noqa: E402
 from compare.runs.rundir import START_DIR, RunDirError, claim, default_out, new_run_id  # noqa: E402
 from compare.runs.rundir import check as check_out  # noqa: E402
 from compare.runs.second_pass import tensor_mode  # noqa: E402
+from compare.runs.warm import WarmInterpreters  # noqa: E402
 
 REPORT_FILES = ("report.json", "report.md")
 MAX_SEEDS = 100  # each seed is a whole run of every backend
@@ -519,8 +520,9 @@ def main(argv=None) -> int:
         check_environment()  # every variable the toolkit reads, once (common/environment.py)
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)
-    with meeting.refusals_told(opts.hosts):  # a host that refuses the run tells host 0 why
-        return compare(opts, entered)
+    # a host that refuses the run tells host 0 why; the run's warm interpreters end with it
+    with meeting.refusals_told(opts.hosts), WarmInterpreters() as warm:
+        return compare(opts, entered, warm)
 
 
 def report_checks(opts: CompareOptions, plan: Plan, outcome, seeds: list, policy: dict) -> list:
@@ -573,6 +575,21 @@ def report_checks(opts: CompareOptions, plan: Plan, outcome, seeds: list, policy
     return checks
 
 
+def wall_times(entered: float, main_started: float, backends_done: float, warm) -> dict:
+    """report.json's `wall_time`: compare's phases, from its first line, and how many of the run's
+    processes started from a warm interpreter (compare/runs/warm.py; None: the run started none of
+    its own)."""
+    return {
+        "processes": warm,
+        "compare_imports_s": entered - STARTED_AT,
+        "prepare_s": main_started - entered,
+        "backends_s": backends_done - main_started,
+        "report_s": time.time() - backends_done,
+        "total_s": time.time() - STARTED_AT,
+        "note": "compare's own interpreter start (before its first line) is not included",
+    }
+
+
 def statistical_seeds(spec, judging) -> list[int]:
     """The seeds the statistical mode runs (the run's own first), none in the other modes."""
     if judging.parity_mode != ParityMode.STATISTICAL:
@@ -580,7 +597,7 @@ def statistical_seeds(spec, judging) -> list[int]:
     return [spec.train.seed + i for i in range(judging.seeds)]
 
 
-def compare(opts: CompareOptions, entered: float) -> int:
+def compare(opts: CompareOptions, entered: float, warm: WarmInterpreters) -> int:
     names = list(opts.names)
     refuse_bad_paths(opts)
     import_while_idle()  # the plots' import, while compare waits on its twin loader and backends
@@ -595,6 +612,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
         fail(str(e), ExitCode.USAGE)
     # before the prepared start stands in for the user's
     weights = weights_origin(spec, opts.checkpoint)
+    warm.start(opts)  # every process of the run from here on a fork of its backend's interpreter
     prepared = prepare(opts, spec)
     try:
         run_dir, opts = claim_run_dir(opts, prepared.folder)
@@ -699,14 +717,7 @@ def compare(opts: CompareOptions, entered: float) -> int:
     report["run_id"], report["replaced_run"] = run_id, run_dir.replaced
     report["compare_peak_rss_mb"] = peak_rss_mb()  # compare's own process, its backends apart
     report["hosts"] = hosts.section(opts.hosts)
-    report["wall_time"] = {
-        "compare_imports_s": entered - STARTED_AT,
-        "prepare_s": main_started - entered,
-        "backends_s": backends_done - main_started,
-        "report_s": time.time() - backends_done,
-        "total_s": time.time() - STARTED_AT,
-        "note": "compare's own interpreter start (before its first line) is not included",
-    }
+    report["wall_time"] = wall_times(entered, main_started, backends_done, warm.counts())
     write_report(report, out)
     run_dir.finish(report["status"])
     show(opts.output, report, outcome.runs)

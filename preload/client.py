@@ -165,12 +165,26 @@ def _note(line: str) -> None:
         pass
 
 
+# modules that run other modules (`python -m LAUNCHER [--FLAG...] MODULE ARGS...`): a command of one
+# no server routes goes where the first module it runs would (a twin's side described, then its run
+# made, by driver/describe_sides.py: that side's server)
+LAUNCHERS = ("driver.describe_sides",)
+
+
 def _server_for(command: list[str]) -> dict | None:
     if len(command) < 3 or command[1] not in ("-m", "-c"):
         return None
     route = command[2] if command[1] == "-m" else "-c"
+    found = _routed(command[0], route)
+    if found is None and route in LAUNCHERS:
+        first = next((arg for arg in command[3:] if not arg.startswith("-")), None)
+        found = first and _routed(command[0], first)
+    return found
+
+
+def _routed(python: str, route: str) -> dict | None:
     for server in _manifest():
-        if os.path.abspath(server["python"]) != os.path.abspath(command[0]):
+        if os.path.abspath(server["python"]) != os.path.abspath(python):
             continue
         if any(route == r or route.startswith(r + ".") for r in server["routes"]):
             return server

@@ -38,7 +38,7 @@ ALLOWED = {
     "common": {"preload"},
     "driver": {"common"},
     "analysis": {"common"},
-    "compare": {"common", "analysis"},
+    "compare": {"common", "analysis", "preload"},  # its warm interpreters (compare/runs/warm.py)
     **{r.package: {"common", "driver", "analysis", *r.frameworks} for r in BACKEND_ROWS},
 }
 # common's rooms (issue 44) and the rooms each may import from: record and tensor files and file

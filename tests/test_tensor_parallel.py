@@ -1,7 +1,8 @@
-"""shard_map twins (Twin.nnx_mesh_arg, Twin.mesh, compare/judge/shards.py): a Megatron-style
-tensor-parallel decoder, torch's per-rank code against `jax.shard_map` regions on 4 fake CPU devices
-(examples/tensor_parallel); a psum left out, over the wrong axis, and a column shard taken from
-the wrong rank, each named at its module with the devices that part."""
+"""shard_map twins (Twin.nnx_mesh_arg, Twin.torch_mesh_arg, Twin.mesh, compare/judge/shards.py): a
+Megatron-style tensor-parallel decoder, torch's per-rank code (on one process, or as 4 gloo ranks)
+against `jax.shard_map` regions on 4 CPU devices (examples/tensor_parallel); a psum left out, over
+the wrong axis, and a column shard taken from the wrong rank, each named at its module with the
+devices that part."""
 
 import json
 import shutil
@@ -162,7 +163,9 @@ def test_the_decoder_passes_per_device_against_four_gloo_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_a_psum_left_out_over_the_wrong_axis_or_from_the_wrong_rank_is_named(tmp_path):
-    args = ("--backend", "jax,torch", "--activations")
+    # both sides as 4 processes: torch's per-rank code on 4 gloo ranks, JAX's regions over 4
+    # processes' devices
+    args = ("--backend", "jax,torch", "--activations", "--processes", "4")
     result, report = compare(tmp_path, "tp_missing_psum", *args)
     assert result.returncode == 1
     parity = report["parity"]["torch"]
@@ -173,10 +176,9 @@ def test_a_psum_left_out_over_the_wrong_axis_or_from_the_wrong_rank_is_named(tmp
     assert "attn" not in " ".join(replicas)  # the attention's psum is there
     assert "jax's layers.0.mlp holds other values on devices 1, 2, 3" in report["message"]
 
-    # on data=2, tensor=2: a sum over the batch's halves, each tensor rank its own partial; both
-    # sides as 4 processes, torch's per-rank code on 4 gloo ranks (two tensor groups of 2)
-    on_ranks = (*args, "--processes", "4")
-    result, report = compare(tmp_path, "tp_psum_over_data", *on_ranks)
+    # on data=2, tensor=2: a sum over the batch's halves, each tensor rank its own partial; torch's
+    # ranks two tensor groups of 2, each its half of the rows
+    result, report = compare(tmp_path, "tp_psum_over_data", *args)
     assert result.returncode == 1
     replicas = report["parity"]["torch"]["devices"]["replicas_differ"]["jax"]
     assert replicas["layers.0.mlp"]["devices"] == [1, 3]

@@ -40,6 +40,7 @@ from common.multiprocess import (
 from common.spec import RunSpec, SpecError
 from common.twin import twin_of
 from common.vocab import MaskSource
+from torch_impl import ranks
 from torch_impl.models import at_least_float32
 
 ONE_PROCESS = (
@@ -47,9 +48,6 @@ ONE_PROCESS = (
 )
 IGNORED = -100  # torch's cross-entropy's ignore_index
 TIMEOUT_S = 300  # a process waiting on one that died: the launcher stops them all long before
-# the run's mesh over its processes, for a per-rank twin's torch_mesh_arg (None: alone, or data
-# parallel)
-DEVICE_MESH = None
 
 
 @dataclass(frozen=True)
@@ -97,8 +95,7 @@ def join(spec: RunSpec, options) -> Group | None:
     if twin_of(spec.model).nnx_mesh_arg:  # the ranks of a per-rank twin: torch's mesh, as the run's
         from torch.distributed.device_mesh import init_device_mesh
 
-        global DEVICE_MESH
-        DEVICE_MESH = init_device_mesh(
+        ranks.DEVICE_MESH = init_device_mesh(
             "cpu", tuple(spec.mesh.shape.values()), mesh_dim_names=tuple(spec.mesh.shape)
         )
     return Group(rank, size, shares)

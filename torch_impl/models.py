@@ -23,6 +23,7 @@ from torch import nn
 from common.spec import CNNSpec, MLPSpec, ModelSpec, TransformerSpec
 from common.twin import TwinError, factory_error, forward_kwargs_of, hparams_of, resolve, twin_of
 from common.twin.outputs import use_forward_kwargs
+from torch_impl import ranks
 
 
 def at_least_float32(t: torch.Tensor) -> torch.Tensor:
@@ -218,9 +219,7 @@ def _built(spec: ModelSpec, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     kwargs = hparams_of(spec)
     if twin.torch_mesh_arg:  # its ranks' mesh over the run's processes (None: all on this one)
-        from torch_impl import distributed
-
-        kwargs[twin.torch_mesh_arg] = distributed.DEVICE_MESH
+        kwargs[twin.torch_mesh_arg] = ranks.DEVICE_MESH
     try:
         model = factory(**kwargs)
     except Exception as e:

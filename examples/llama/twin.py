@@ -114,6 +114,14 @@ llama_hf = Twin(
 llama_hf_decode_position_off = dataclasses.replace(
     llama_hf, decode={"nnx": "nnx_llama.py:decode_position_off"}
 )
+# the new tokens attend to the left padding of the shorter prompts (the decode mask ignored)
+llama_hf_decode_padding_seen = dataclasses.replace(
+    llama_hf, decode={"nnx": "nnx_llama.py:decode_padding_seen"}
+)
+# the KV cache kept in bfloat16 whatever the run's dtype
+llama_hf_decode_cache_bfloat16 = dataclasses.replace(
+    llama_hf, decode={"nnx": "nnx_llama.py:decode_cache_bfloat16"}
+)
 
 llama_hf_misported = dataclasses.replace(llama_hf, nnx="nnx_llama.py:llama_interleaved", hf={})
 

@@ -1,0 +1,91 @@
+"""One warm interpreter per backend for every process of a compare run (preload/): a fork server per
+backend to launch, importing what its row says its processes import first (common/backends.py
+`preload`), started from that backend's interpreter with the environment its processes get, before
+the twin is described. Every process of the run on that backend (the describe step, the main run,
+the op check, captures, second pass, noise-floor, seed, generation and kernel floor runs) is then a
+fork of it, its framework imported once. A process the server declines (an environment that differs
+where a preloaded module reads it) or that comes while no server serves starts as a plain
+interpreter, as it would without one; a run under servers already (the test suite's) starts none.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from common import backends
+from compare.options import CompareOptions
+from compare.runs.orchestrate import backend_env
+from preload.client import MANIFEST_ENV
+from preload.servers import Servers, ServerSpec, serving
+
+# a server still importing after this serves no process: they start plain
+READY_S = 120.0
+
+
+def server_specs(opts: CompareOptions) -> list[ServerSpec]:
+    """A server for each backend this run launches whose row names its imports; each family's
+    describe step goes to the first of that family on its describer's interpreter (a describe step
+    that goes on to make its side's run, driver/describe_sides.py, goes where the first module it
+    runs goes: preload/client.py)."""
+    specs, undescribed = [], set(backends.FAMILIES)
+    for name in opts.names:
+        row = backends.info(name)
+        python = opts.side(name).python
+        if name in opts.reused or not row.preload:
+            continue
+        routes = [row.package]
+        if python == opts.describer(row.family) and row.family in undescribed:
+            undescribed.discard(row.family)
+            routes.append(f"{row_package(row.family)}.describe")
+        specs.append(ServerSpec(name, python, row.preload, tuple(routes)))
+    return specs
+
+
+def row_package(family: str) -> str:
+    """The package whose describe module describes a twin's `family` side."""
+    return {"nnx": "jax_impl", "torch": "torch_impl"}[family]
+
+
+def start_servers(opts: CompareOptions, environ: dict) -> Servers | None:
+    """The run's servers, serving (or given up on) when it returns, named in `environ`
+    (MANIFEST_ENV) for the processes compare starts; None under servers already, or with none to
+    start."""
+    specs = [] if serving() else server_specs(opts)
+    if not specs:
+        return None
+    servers = Servers(specs, backend_env())
+    environ[MANIFEST_ENV] = str(servers.manifest)
+    servers.wait_ready(min(READY_S, opts.timeout_s))
+    return servers
+
+
+class WarmInterpreters:
+    """A compare run's servers, started once its inputs are checked (`start`), ended on leaving the
+    `with` however the run ends (a signal's KeyboardInterrupt, an exit); they also end with compare
+    should it be killed (preload/server.py: they die with their parent)."""
+
+    def __init__(self):
+        self.servers: Servers | None = None
+        self.start_s = 0.0  # the servers' start: their imports, the frameworks' share of the run
+
+    def start(self, opts: CompareOptions) -> None:
+        started = time.perf_counter()
+        self.servers = start_servers(opts, os.environ)
+        self.start_s = time.perf_counter() - started
+
+    def counts(self) -> dict | None:
+        """What the servers served so far (preload/servers.py counts) and how long they took to
+        start; None without servers of this run's own."""
+        if self.servers is None:
+            return None
+        return {**self.servers.counts(), "start_s": self.start_s}
+
+    def __enter__(self) -> WarmInterpreters:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.servers is not None:
+            self.servers.stop()
+            os.environ.pop(MANIFEST_ENV, None)
+            self.servers = None
