@@ -448,6 +448,11 @@ def prepare(opts: CompareOptions, spec) -> Prepared:
             opts.timeout_s,
             describing_runs(opts),
             model_variants(opts, spec),
+            any(
+                backends.info(n).family == "nnx" and opts.spec_of(n).train.dtype == "bfloat16"
+                for n in opts.names
+                if n not in opts.reused
+            ),
         )
     except INPUT_ERRORS as e:
         fail(str(e), ExitCode.USAGE)

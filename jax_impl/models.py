@@ -19,7 +19,15 @@ from flax import nnx
 
 from common.data import input_ndim
 from common.spec import CNNSpec, MLPSpec, ModelSpec, RunSpec, TransformerSpec
-from common.twin import TwinError, factory_error, forward_kwargs_of, hparams_of, resolve, twin_of
+from common.twin import (
+    TwinError,
+    factory_error,
+    forward_kwargs_of,
+    hparams_of,
+    no_bfloat16_refusal,
+    resolve,
+    twin_of,
+)
 from common.twin.outputs import use_forward_kwargs
 
 ACTIVATIONS = {
@@ -216,10 +224,7 @@ def build_model(
         kwargs[twin.nnx_dtype_arg] = compute_dtype
     # (float64 needs none: modules without a dtype follow their inputs')
     elif compute_dtype == jnp.bfloat16:
-        raise TwinError(
-            f"twin {getattr(spec, 'twin', spec.family)} names no nnx_dtype_arg, so its NNX side "
-            "cannot compute in bfloat16; add one to the Twin or run float32"
-        )
+        raise no_bfloat16_refusal(getattr(spec, "twin", spec.family))
     try:
         rngs = lambda: nnx.Rngs(seed, dropout=seed if dropout_seed is None else dropout_seed)  # noqa: E731
         make = lambda: factory(**kwargs, rngs=rngs())  # noqa: E731  (Rngs made inside the trace)

@@ -58,6 +58,23 @@ def test_bfloat16_on_a_twin_whose_nnx_factory_takes_no_dtype_is_refused():
     )
 
 
+@pytest.mark.slow
+@pytest.mark.error_case("twin-bf16-no-dtype-arg")
+def test_compare_refuses_bfloat16_without_a_dtype_arg_before_the_torch_side_trains(tmp_path):
+    from tests.helpers import run_cli
+
+    twin = "tests/data/user_project/twins.py:net"
+    args = ("compare", "--twin", twin, "--dtype", "bfloat16", "--out", str(tmp_path / "x"))
+    proc = run_cli(*args, "--backend", "jax,torch")
+    assert proc.returncode == 2 and not (tmp_path / "x").exists()
+    assert proc.stderr.strip().endswith(
+        "net names no nnx_dtype_arg, so its NNX side cannot compute in bfloat16; add one to the "
+        "Twin or run float32"
+    )
+    # no NNX-side backend runs: the torch side alone computes in bfloat16 under autocast
+    assert run_cli(*args, "--backend", "torch", "--steps", "1").returncode == 0
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_summary_made_on_the_device_is_the_hosts_but_for_rounding_and_passes_as_its_second_pass(
     dtype,

@@ -64,7 +64,8 @@ class Twin:
     # the loss each side trains on, when not the task's own (cross-entropy of lm and classification,
     # mean squared error of regression): {"torch": "losses.py:huber", "nnx": "nnx_losses.py:huber"},
     # each called as loss(outputs, batch) -> scalar with the forward's whole output and batch =
-    # {"inputs": ..., "targets": ...} (torch_xla and torchax run the torch one); "model": the
+    # {"inputs": ..., "targets": ...} (task custom: every array of the batch by its own name);
+    # torch_xla and torchax run the torch one; "model": the
     # forward's output holds its own loss (a Hugging Face model given `labels`: its `loss`); empty:
     # the task's
     loss: Mapping | str = field(default_factory=dict)
@@ -172,6 +173,14 @@ def hparams_of(model: ModelSpec) -> dict:
     if isinstance(model, TwinSpec):
         return {k: tuple(v) if isinstance(v, list) else v for k, v in model.hparams.items()}
     return {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name != "family"}
+
+
+def no_bfloat16_refusal(ref: str) -> TwinError:
+    """A twin whose NNX factory takes no compute dtype, run in bfloat16."""
+    return TwinError(
+        f"twin {ref} names no nnx_dtype_arg, so its NNX side cannot compute in bfloat16; add one "
+        "to the Twin or run float32"
+    )
 
 
 def factory_error(what: str, ref: str, e: Exception, keywords, factory=None) -> TwinError:

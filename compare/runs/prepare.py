@@ -33,7 +33,7 @@ from safetensors.numpy import load_file
 from common.files.fsutil import write_json_atomic
 from common.files.record import SPEC_FILE
 from common.spec import RunSpec, TwinSpec
-from common.twin import TwinError, hf, load_twin, twin_of
+from common.twin import TwinError, hf, load_twin, no_bfloat16_refusal, twin_of
 from common.twin.correspond import declared_layouts, derive
 from common.twin.modules import module_map, state_names
 from common.twin.start_state import NNX_STATE, STATE_LINKS, TORCH_STATE, link_state
@@ -93,13 +93,15 @@ def prepare_start(
     timeout_s: float,
     runs: dict[str, str] | None = None,
     variants: dict[str, dict[str, RunSpec]] | None = None,
+    nnx_bfloat16: bool = False,
 ) -> Prepared:
     """What every backend starts from, when it is not the built-in canonical init: a user twin's
     torch initialisation, or a torch / Hugging Face checkpoint: the spec (with a user twin's
     canonical tree), a temporary folder with `init.safetensors` and `spec.json` (None when the
     backends can read `checkpoint` as it is), and the described processes that wait to make a run
     (`runs`: {family: backend}; the caller hands each to its run or stops it). `variants`: {family:
-    {backend: its spec}} whose other model each side's describe step builds too. Raises a one-line
+    {backend: its spec}} whose other model each side's describe step builds too; `nnx_bfloat16`: a
+    backend runs the NNX side in bfloat16 (a twin must give its compute dtype). Raises a one-line
     input error and leaves nothing behind."""
     fmt, path = (checkpoint.format, checkpoint.path) if checkpoint else (None, None)
     user_twin = isinstance(spec.model, TwinSpec)
@@ -117,6 +119,8 @@ def prepare_start(
         if user_twin
         else twin_of(spec.model)
     )
+    if user_twin and nnx_bfloat16 and not twin.nnx_dtype_arg:  # before the torch side trains
+        raise no_bfloat16_refusal(spec.model.twin)
     if user_twin and twin.init != "torch":
         raise TwinError(
             f"twin {spec.model.twin}: init={twin.init!r}; a user twin starts from its torch "
