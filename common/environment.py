@@ -36,7 +36,27 @@ def coordinator_wait_s() -> float:
     return value
 
 
-CHECKS = (coordinator_wait_s,)
+# the fork servers a process's commands go to (preload/client.py): a manifest's path (a compare
+# run's own, a test session's), or "off": every process a fresh interpreter (compare starts none)
+PRELOAD = "XLA_TWINS_PRELOAD"
+PRELOAD_OFF = "off"
+
+
+def preload_setting() -> str | None:
+    """XLA_TWINS_PRELOAD: None (unset: compare starts its own servers), "off", or a manifest that
+    exists."""
+    raw = os.environ.get(PRELOAD)
+    if raw is None or raw == PRELOAD_OFF:
+        return raw
+    if not os.path.isfile(raw):
+        raise EnvironmentVariableError(
+            f"{PRELOAD}={raw!r} names no fork servers' manifest (a file); set it to "
+            f"{PRELOAD_OFF!r} to start every process as a fresh interpreter, or unset it"
+        )
+    return raw
+
+
+CHECKS = (coordinator_wait_s, preload_setting)
 
 
 def check_environment() -> None:

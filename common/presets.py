@@ -156,17 +156,24 @@ def load_spec(
     return apply_overrides(base, list(overrides)).validate()
 
 
-def build_variants(values: list[str], build) -> None:
+def build_variants(values: list[str], build, side: str, tree, base: dict) -> None:
     """A describe step's `--also-spec BACKEND=PATH`: `build(spec)` for each backend's own spec (a
     model another backend runs with other hyperparameters); what its factory refuses is said as
-    that backend's, by the flag that set it."""
+    that backend's, by the flag that set it, and a model whose parameters (`tree(model)`: {name:
+    shape}) are not the run's (`base`) is refused as the backend would refuse it after the other
+    side trained (common/weights built_otherwise)."""
     from common.twin import TwinError
+    from common.weights import built_otherwise
 
     for value in values:
         backend, _, path = value.partition("=")
+        flag = f"--{backend.replace('_', '-')}-set"
         try:
-            build(load_spec(path))
+            built = tree(build(load_spec(path)))
         except SpecError as e:
-            raise TwinError(
-                f"{e} (the model {backend} runs, as its --{backend}-set sets it)"
-            ) from None
+            raise TwinError(f"{e} (the model {backend} runs, as its {flag} sets it)") from None
+        name = next(
+            (n for n in sorted(set(built) | set(base)) if built.get(n) != base.get(n)), None
+        )
+        if name is not None:
+            raise built_otherwise(side, name, built.get(name), base.get(name), f"its {flag}")

@@ -732,7 +732,10 @@ def compare(opts: CompareOptions, entered: float, warm: WarmInterpreters) -> int
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the backends ran (they say their own)
+        print(
+            "error: interrupted by a signal; what compare had started is stopped", file=sys.stderr
+        )
         sys.exit(ExitCode.INTERRUPTED)
     except Exception as e:  # a bug in compare itself: one line, the traceback with --debug
         if "--debug" in sys.argv:

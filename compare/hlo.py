@@ -136,7 +136,7 @@ def main(argv=None) -> int:
         a, b = program_at(args.a, args.backend), program_at(args.b, args.backend)
     except (ValueError, OSError) as e:
         fail(str(e), ExitCode.USAGE)
-    print_diff(a, b, Console(width=160))
+    print_diff(a, b, Console(width=160, markup=False))
     return ExitCode.OK
 
 

@@ -125,6 +125,10 @@ def _refuse_channel_first(graphdef, state, inputs, axes, spec: RunSpec, error: E
     )
 
 
+def shapes_of(params: dict) -> dict:
+    return {name: tuple(v.shape) for name, v in params.items()}
+
+
 def _refuse_mesh(inputs, spec: RunSpec, error: Exception) -> None:
     """A twin's NNX forward that raised on the run's mesh but runs with its regions on one device:
     the mesh is one its model's sizes do not divide (heads over "tensor", say). Refused naming the
@@ -202,11 +206,15 @@ def main(argv=None) -> int:
         if twin_of(spec.model).nnx_mesh_arg:  # its forward runs its regions on the run's mesh
             make_mesh(spec.mesh)
         model = build_model(spec.model, seed=spec.train.seed)
-        build_variants(
-            args.also_spec, lambda other: build_model(other.model, seed=other.train.seed)
-        )
         user_decode(twin_of(spec.model), "nnx")  # a declared decode path that is not one: refused
         params = to_canonical(nnx.state(model, nnx.Param))
+        build_variants(
+            args.also_spec,
+            lambda other: build_model(other.model, seed=other.train.seed),
+            "NNX",
+            lambda built: shapes_of(to_canonical(nnx.state(built, nnx.Param))),
+            shapes_of(params),
+        )
         kinds, state = module_kinds(model), start_state(model)
         if params:
             check_forward(model, spec)

@@ -232,7 +232,12 @@ def build_model(
         if isinstance(model, nnx.Module) and jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param))):
             model = make()
     except Exception as e:
-        raise factory_error("NNX factory", twin.nnx, e, [*kwargs, "rngs"], factory) from None
+        fields = {
+            getattr(twin, f): f for f in ("nnx_mesh_arg", "nnx_dtype_arg") if getattr(twin, f)
+        }
+        raise factory_error(
+            "NNX factory", twin.nnx, e, [*kwargs, "rngs"], factory, fields
+        ) from None
     if not isinstance(model, nnx.Module):
         raise TwinError(
             f"NNX factory {twin.nnx} returned a {type(model).__name__}, not a flax.nnx.Module"

@@ -17,7 +17,8 @@ import signal
 import socket
 import subprocess
 
-MANIFEST_ENV = "XLA_TWINS_PRELOAD"
+MANIFEST_ENV = "XLA_TWINS_PRELOAD"  # or "off" (common/environment.py): no server
+OFF = "off"
 
 
 def start(
@@ -146,7 +147,7 @@ class ServedProcess:
 
 def _manifest() -> list[dict]:
     path = os.environ.get(MANIFEST_ENV)
-    if not path:
+    if not path or path == OFF:
         return []
     try:
         with open(path) as f:

@@ -67,15 +67,19 @@ def main(argv: list[str] | None = None) -> Child:
     )
     parser.add_argument("--preload", default="", help="comma-separated modules to import first")
     args = parser.parse_args(argv)
+    # before the imports, which take seconds: a parent that ends while they run takes the server too
+    parent = _die_with_parent()
     for name in filter(None, args.preload.split(",")):
         importlib.import_module(name)
-    _die_with_parent()
-    return serve(args.socket)
+    return serve(args.socket, parent)
 
 
-def serve(path: str) -> Child:
-    """Serves until the parent is gone; returns only in a forked child, the process it is to
-    become."""
+def serve(path: str, parent: int | None = None) -> Child:
+    """Serves until the parent (`parent`, by default this process's now) is gone; returns only in a
+    forked child, the process it is to become."""
+    parent = os.getppid() if parent is None else parent
+    if os.getppid() != parent:  # it ended before the server could serve
+        sys.exit(0)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     staging = f"{path}.{os.getpid()}"
     listener.bind(staging)
@@ -90,7 +94,6 @@ def serve(path: str) -> Child:
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
     children: dict[int, socket.socket] = {}
-    parent = os.getppid()
     while os.getppid() == parent:
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
@@ -195,14 +198,17 @@ def _reap(children: dict[int, socket.socket]) -> None:
         conn.close()
 
 
-def _die_with_parent() -> None:
-    """SIGTERM when the process that started the server ends (Linux), however it ends."""
+def _die_with_parent() -> int:
+    """SIGTERM when the process that started the server ends (Linux), however it ends; returns that
+    process's pid (the server's parent as it starts)."""
+    parent = os.getppid()
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    return parent
 
 
 class Child:

@@ -67,6 +67,8 @@ class Servers:
                             stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL,
                             stderr=err,
+                            # a terminal's Ctrl-C is compare's to act on: it ends them
+                            start_new_session=True,
                         )
                     )
                 self.sockets.append(socket_path)
@@ -130,5 +132,6 @@ def _short_folder() -> Path:
 
 
 def serving() -> bool:
-    """Whether this process's commands already go to servers (a session's, or a compare's)."""
-    return bool(os.environ.get(MANIFEST_ENV))
+    """Whether this process's commands already go to servers (a session's, or a compare's), or to
+    none by the user's word (MANIFEST_ENV "off"): either way a compare starts none of its own."""
+    return MANIFEST_ENV in os.environ

@@ -87,6 +87,8 @@ LONGEST = (
     "test_flash_attention_in_bfloat16_is_judged_by_its_floor_and_a_missing_scale_named",
     "test_flash_attention_passes_in_float32_and_a_mask_one_block_ahead_is_named",
     "test_a_psum_left_out_over_the_wrong_axis_or_from_the_wrong_rank_is_named",
+    "test_hugging_faces_qwen2_decodes_16_tokens_as_its_nnx_port_in_float32",
+    "test_the_decoder_passes_per_device_against_four_gloo_ranks",
 )
 
 

@@ -28,7 +28,9 @@ if CACHE_HOME is None:
 
 # a test that watches processes by their command lines starts them as fresh interpreters, not as
 # children of the session's fork servers (tests/preloaded.py), whose command line is the server's
-PLAIN = {preload_client.MANIFEST_ENV: ""}
+PLAIN = {
+    preload_client.MANIFEST_ENV: preload_client.OFF
+}  # nor compare's own (compare/runs/warm.py)
 
 
 def process_env(**extra: str) -> dict[str, str]:

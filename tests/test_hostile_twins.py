@@ -533,6 +533,9 @@ def test_sigterm_while_a_twin_is_prepared_leaves_no_process_and_no_temp_folder(
             proc.wait()
     assert proc.returncode == 4, stderr[-3000:]
     assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        "error: interrupted by a signal; what compare had started is stopped"
+    )
     time.sleep(0.5)  # the guard takes down what compare could not (it never should have to)
     assert not processes_under(tmp_path), processes_under(tmp_path)
     assert not list((tmp_path / "tmp").iterdir())

@@ -47,7 +47,7 @@ def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path
             (
                 "error: --processes 4: the mesh's 2 device(s) cannot be split evenly over 4 "
                 "processes; give a --mesh "
-                "whose device count they divide, e.g. --mesh data=8"
+                "whose device count they divide, e.g. --mesh data=4"
             ),
         ),
     ):
@@ -97,7 +97,7 @@ def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path
             ["--num-hosts", "2", "--coordinator", "127.0.0.1:12355", "--backend", "jax"],
             "--processes 1 on 2 hosts: the mesh's 1 device(s) cannot be split evenly over 2 "
             "processes; give a --mesh "
-            "whose device count they divide, e.g. --mesh data=4",
+            "whose device count they divide, e.g. --mesh data=2",
         ),
     ],
 )
@@ -138,6 +138,33 @@ def test_a_process_that_fails_stops_the_others_and_says_why(tmp_path):
     assert proc.returncode == 1 and time.monotonic() - start < 30
     assert proc.stderr.strip() == "error: process 1 of 2 exited with code 1: shard 1 is missing"
     assert (tmp_path / "logs" / "process-1.log").read_text().strip() == "error: shard 1 is missing"
+
+    # process 1 leaves early with 0 (sys.exit(0) in the user's forward); process 2, waiting on it in
+    # a collective, fails after: the one that left is named, not the one that noticed
+    fake.write_text(
+        textwrap.dedent("""
+        import sys, time
+        rank = int(sys.argv[sys.argv.index("--process-id") + 1])
+        if rank == 1:
+            sys.exit(0)
+        time.sleep(1.0 if rank == 2 else 60)
+        sys.exit("error: Connection closed by peer")
+    """)
+    )
+    proc = run_cli(
+        "compare.runs.processes",
+        *("--processes", "3", "--coordinator", "127.0.0.1:1", "--logs", str(tmp_path / "logs")),
+        *("--", sys.executable, str(fake)),
+    )
+    assert proc.returncode == 1
+    said = proc.stderr.strip()
+    assert said.startswith("error: process 1 of 3 ended with code 0 ") and "\n" not in said
+    assert "before process 2 failed with code 1 (Connection closed by peer), while the others " in (
+        said
+    )
+    assert said.endswith(
+        f"leaves the others waiting on it (its output: {tmp_path}/logs/process-1.log)"
+    )
 
 
 @pytest.mark.error_case("processes-torch-inexact")

@@ -116,6 +116,23 @@ def test_a_mesh_the_model_does_not_split_over_or_a_mesh_keyword_not_named_is_ref
     assert result.returncode == 2 and not (tmp_path / "x").exists()
     assert "missing 1 required keyword-only argument: 'mesh' (it requires mesh" in result.stderr
     assert "the twin's nnx_mesh_arg='mesh' for the run's device mesh" in result.stderr
+    # a mesh keyword the factory does not take, named by the twin: the field is named
+    twin = (REPO / TP).read_text().replace('torch_mesh_arg="mesh"', 'torch_mesh_arg="device_mesh"')
+    (folder / "twin.py").write_text(twin)
+    result = run_cli(
+        "compare",
+        "--twin",
+        f"{folder}/twin.py:tp_decoder",
+        "--backend",
+        "jax,torch",
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert result.returncode == 2 and not (tmp_path / "x").exists()
+    assert result.stderr.strip().endswith(
+        "(it takes no keyword 'device_mesh', which the twin's torch_mesh_arg names: name the "
+        "factory's own keyword there)"
+    )
 
 
 def compare(tmp_path, twin: str, *args):

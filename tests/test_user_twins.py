@@ -64,8 +64,11 @@ def test_bad_twins_are_one_line_exit_2_and_leave_no_run_directory(tmp_path, twin
 @pytest.mark.error_case("twin-code-raises")
 def test_an_exception_in_a_twins_own_forward_reads_the_same_on_every_backend(tmp_path):
     out = tmp_path / "run"
-    proc = compare("--twin", f"{USER}:small_batches", "--backend", "all", "--out", str(out))
+    # the tables printed (not --quiet): they hold each backend's message
+    args = ("--twin", f"{USER}:small_batches", "--backend", "all", "--out", str(out))
+    proc = run_cli("compare", *args, timeout=900)
     assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "verdict: fail (backend_failed)" in proc.stdout  # its tables printed whole
     report = json.loads((out / "report.json").read_text())
     for name, module in (
         ("jax", "jax_impl"),
@@ -77,9 +80,13 @@ def test_an_exception_in_a_twins_own_forward_reads_the_same_on_every_backend(tmp
         backend = report["backends"][name]
         assert backend["status"] == "failed" and backend["exit_code"] == 3
         assert backend["message"] == (
-            f"{module} crashed: ValueError: the net takes at most 8 examples per batch, "
-            "got 16 (rerun with --debug for the traceback)"
+            f"{module} crashed: ValueError: [/data/batches.cc:57] the net takes at most 8 examples "
+            "per batch, got 16 (rerun with --debug for the traceback)"
         )
+    # printed as it is, on stderr and in the tables (no markup: was exit 6, a rich MarkupError)
+    assert "error: torch: failed: torch_impl crashed: ValueError: [/data/batches.cc:57]" in (
+        proc.stderr
+    )
 
 
 @pytest.mark.slow

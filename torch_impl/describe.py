@@ -172,9 +172,15 @@ def main(argv=None) -> int:
         from torch_impl.models import build_model
 
         model = build_model(spec.model, spec.train.seed)
-        build_variants(args.also_spec, lambda other: build_model(other.model, other.train.seed))
         user_decode(twin_of(spec.model), "torch")  # a declared decode path that is not one: refused
         shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        build_variants(
+            args.also_spec,
+            lambda other: build_model(other.model, other.train.seed),
+            "torch",
+            lambda built: {name: tuple(p.shape) for name, p in built.named_parameters()},
+            shapes,
+        )
         buffer_shapes = {name: tuple(b.shape) for name, b in model.named_buffers()}
         params, buffers = (
             load_torch_side(args.load, spec, shapes, buffer_shapes)

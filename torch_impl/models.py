@@ -223,7 +223,8 @@ def _built(spec: ModelSpec, seed: int) -> nn.Module:
     try:
         model = factory(**kwargs)
     except Exception as e:
-        raise factory_error("torch factory", twin.torch, e, kwargs, factory) from None
+        fields = {twin.torch_mesh_arg: "torch_mesh_arg"} if twin.torch_mesh_arg else {}
+        raise factory_error("torch factory", twin.torch, e, kwargs, factory, fields) from None
     if not isinstance(model, nn.Module):
         raise TwinError(
             f"torch factory {twin.torch} returned a {type(model).__name__}, not a torch.nn.Module"

@@ -183,14 +183,24 @@ def no_bfloat16_refusal(ref: str) -> TwinError:
     )
 
 
-def factory_error(what: str, ref: str, e: Exception, keywords, factory=None) -> TwinError:
+def factory_error(
+    what: str, ref: str, e: Exception, keywords, factory=None, fields=None
+) -> TwinError:
     """A factory that raised, in one line; one that does not take the keywords it is called with (a
     model class given as its own factory, say) is told which they are and what to give instead, and
     one that requires a keyword nobody gives (its signature read, not its error) is told where the
     toolkit gives such a keyword from."""
     message = f"{what} {ref} raised {type(e).__name__}: {e}"
     missing = _required_not_given(factory, keywords)
-    if missing:
+    taken = _parameters(factory)
+    unknown = [(k, f) for k, f in (fields or {}).items() if taken is not None and k not in taken]
+    if unknown:  # `fields`: {keyword: the twin field naming it}
+        keyword, field_name = unknown[0]
+        message += (
+            f" (it takes no keyword {keyword!r}, which the twin's {field_name} names: name the "
+            "factory's own keyword there)"
+        )
+    elif missing:
         side = "nnx" if what.startswith("NNX") else "torch"
         dtype = ", nnx_dtype_arg for its compute dtype" if side == "nnx" else ""
         message += (
@@ -209,20 +219,31 @@ def factory_error(what: str, ref: str, e: Exception, keywords, factory=None) -> 
     return TwinError(message)
 
 
-def _required_not_given(factory, keywords) -> list[str]:
-    """The factory's parameters without a default that `keywords` do not give."""
+def _signature(factory) -> list | None:
+    """The factory's parameters (a class's __init__'s: a metaclass's __call__ hides them, NNX's);
+    None where Python cannot read them or it takes any keyword (**kwargs)."""
     try:
-        if inspect.isclass(factory):  # its __init__'s (a metaclass's __call__ hides them: NNX's)
+        if inspect.isclass(factory):
             parameters = list(inspect.signature(factory.__init__).parameters.values())[1:]
         else:
-            parameters = inspect.signature(factory).parameters.values()
+            parameters = list(inspect.signature(factory).parameters.values())
     except (TypeError, ValueError):  # no factory, or one without a signature Python can read
-        return []
-    if any(p.kind == p.VAR_KEYWORD for p in parameters):
-        return []
+        return None
+    return None if any(p.kind == p.VAR_KEYWORD for p in parameters) else parameters
+
+
+def _parameters(factory) -> set[str] | None:
+    """The keywords the factory takes; None: any, or unknown."""
+    parameters = _signature(factory)
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return None if parameters is None else {p.name for p in parameters if p.kind in keyword}
+
+
+def _required_not_given(factory, keywords) -> list[str]:
+    """The factory's parameters without a default that `keywords` do not give."""
     return [
         p.name
-        for p in parameters
+        for p in _signature(factory) or ()
         if p.default is p.empty
         and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         and p.name not in keywords

@@ -147,10 +147,12 @@ def check_params(
         )
 
 
-def built_otherwise(side: str, name: str, built, start) -> CheckpointError:
+def built_otherwise(
+    side: str, name: str, built, start, override: str = "such as --jax-set"
+) -> CheckpointError:
     """A model whose parameters are not the start's: built with other hyperparameters than the start
-    was made for (a one-sided --<backend>-set that changes the tree). The run's input, not a crash
-    of the backend."""
+    was made for (a one-sided --<backend>-set that changes the tree: `override`, which, or an
+    example). The run's input, not a crash of the backend."""
     what = (
         f"has {name} of shape {tuple(built)}, the start's is {tuple(start)}"
         if built is not None and start is not None
@@ -160,8 +162,8 @@ def built_otherwise(side: str, name: str, built, start) -> CheckpointError:
     )
     return CheckpointError(
         f"the {side} model built for this run {what}: its hyperparameters build another "
-        "model than the common start was made for (an override on one side, such as "
-        "--jax-set, that changes the parameters?); set it on both sides with --set"
+        f"model than the common start was made for (an override on one side, {override}, that "
+        "changes the parameters?); set it on both sides with --set"
     )
 
 

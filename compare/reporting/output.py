@@ -59,7 +59,8 @@ def show(output: Output, report: dict, runs: dict) -> None:
         if output.json:
             print((output.out / "report.json").read_text(), end="", flush=True)
         elif not output.quiet:
-            print_tables(report, _Stdout())
+            # markup off: a backend's message ("[/pytorch/.../pair.cc:547] ...") is text, no tag
+            print_tables(report, _Stdout(markup=False))
             sys.stdout.flush()
     except BrokenPipeError:
         _reader_gone()

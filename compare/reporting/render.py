@@ -681,7 +681,7 @@ def markdown(report: dict) -> str:
 
 
 def print_tables(report: dict, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or Console(markup=False)  # text is data: "[/x.cc:1]" is no tag
     for title, header, rows in tables(report):
         table = Table(title=title, title_justify="left")
         for h in header:

@@ -19,6 +19,7 @@ from common import backends
 from common.cli import bounded_int
 from common.multiprocess import refuse_per_rank_processes
 from common.spec import SpecError
+from common.twin import twin_of
 from common.vocab import BackendStatus, ExitCode
 from compare.options import CompareOptions, Group
 
@@ -86,11 +87,21 @@ def check(opts: CompareOptions, spec) -> None:
     if spec.mesh.device_count % total:
         raise SpecError(
             f"{what}: the mesh's {spec.mesh.device_count} device(s) cannot be split evenly over "
-            f"{total} "
-            f"processes; give a --mesh whose device count they divide, e.g. --mesh data={total * 2}"
+            f"{total} processes; {mesh_hint(spec, total, opts)}"
         )
     if "torch" in opts.names and "torch" not in opts.reused:
         refuse_per_rank_processes(spec, total)
+
+
+def mesh_hint(spec, total: int, opts: CompareOptions) -> str:
+    """A way out the next check does not refuse: a per-rank twin's torch side wants one process per
+    device; otherwise a mesh of `total` data-parallel devices, with a batch they split."""
+    devices = spec.mesh.device_count
+    if "torch" in opts.names and twin_of(spec.model).nnx_mesh_arg is not None:
+        return f"give --processes {devices} (one per device of the mesh), or a --mesh of {total}"
+    batch = spec.train.global_batch_size
+    split = "" if batch % total == 0 else f" and a train.global_batch_size {total} divides"
+    return f"give a --mesh whose device count they divide, e.g. --mesh data={total}{split}"
 
 
 # a run's launches each take the next port from the coordinator's (compare/runs/orchestrate.py

@@ -112,28 +112,55 @@ def main(argv=None) -> int:
     procs = start(
         args.command, args.processes, args.first_id, args.total, args.coordinator, args.logs
     )
+    ended: dict[int, tuple[float, int]] = {}  # process index: (when it ended, its code)
     try:
         while True:
-            codes = [proc.poll() for proc, _ in procs]
-            failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
-            if failed is not None:
+            for i, (proc, _) in enumerate(procs):
+                if i not in ended and proc.poll() is not None:
+                    ended[i] = (time.monotonic(), proc.returncode)
+            failed = [i for i in sorted(ended, key=lambda i: ended[i]) if ended[i][1] != 0]
+            if failed:
                 stop(procs)
-                log = procs[failed][1]
-                if log is not None:  # process 0 said its own error on this stderr
-                    line = error_line(log.read_text(errors="replace"))
-                    print(
-                        f"error: process {args.first_id + failed} of {args.total} exited with "
-                        f"code {codes[failed]}" + (f": {line}" if line else f" (see {log})"),
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                return codes[failed] if codes[failed] > 0 else 128 - codes[failed]
-            if all(code == 0 for code in codes):
+                return said_failure(args, procs, ended, failed[0])
+            if len(ended) == len(procs):
                 return 0
             time.sleep(POLL_S)
     except BaseException:
         stop(procs)
         raise
+
+
+def said_failure(args, procs, ended: dict, failed: int) -> int:
+    """The first process to fail said on stderr (with its error line where its log holds one;
+    process 0 says its own on this stderr), or, where one had ended with 0 before it while the
+    others still ran, that one: a process that leaves early (`sys.exit(0)` in the user's code)
+    leaves the others to fail waiting on it in a collective. Returns the failed one's code (128 +
+    signal for a signal)."""
+    at, code = ended[failed]
+    log = procs[failed][1]
+    line = error_line(log.read_text(errors="replace")) if log is not None else ""
+    name = f"process {args.first_id + failed}"
+    early = sorted((i for i, (when, c) in ended.items() if c == 0 and when < at), key=ended.get)
+    if early:
+        first = early[0]
+        where = procs[first][1] or "this output"
+        print(
+            f"error: process {args.first_id + first} of {args.total} ended with code 0 "
+            f"{at - ended[first][0]:.1f} s before {name} failed with code {code}"
+            + (f" ({line})" if line else "")
+            + ", while the others still ran: a process that leaves early leaves the others "
+            f"waiting on it (its output: {where})",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif log is not None:
+        print(
+            f"error: {name} of {args.total} exited with code {code}"
+            + (f": {line}" if line else f" (see {log})"),
+            file=sys.stderr,
+            flush=True,
+        )
+    return code if code > 0 else 128 - code
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ class LiveProgress:
             MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}  {task.fields[ms]} ms/step"),
             TimeElapsedColumn(),
-            console=Console(stderr=True),
+            console=Console(stderr=True, markup=False),
             disable=not enabled,
         )
 

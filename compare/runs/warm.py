@@ -48,7 +48,7 @@ def row_package(family: str) -> str:
 
 
 def start_servers(opts: CompareOptions, environ: dict) -> Servers | None:
-    """The run's servers, serving (or given up on) when it returns, named in `environ`
+    """The run's servers, started (not yet serving: Servers.wait_ready) and named in `environ`
     (MANIFEST_ENV) for the processes compare starts; None under servers already, or with none to
     start."""
     specs = [] if serving() else server_specs(opts)
@@ -56,7 +56,6 @@ def start_servers(opts: CompareOptions, environ: dict) -> Servers | None:
         return None
     servers = Servers(specs, backend_env())
     environ[MANIFEST_ENV] = str(servers.manifest)
-    servers.wait_ready(min(READY_S, opts.timeout_s))
     return servers
 
 
@@ -70,8 +69,12 @@ class WarmInterpreters:
         self.start_s = 0.0  # the servers' start: their imports, the frameworks' share of the run
 
     def start(self, opts: CompareOptions) -> None:
+        """The servers started and, before it returns, serving (an interrupt while they import
+        finds them held here, for __exit__ to end)."""
         started = time.perf_counter()
         self.servers = start_servers(opts, os.environ)
+        if self.servers is not None:
+            self.servers.wait_ready(min(READY_S, opts.timeout_s))
         self.start_s = time.perf_counter() - started
 
     def counts(self) -> dict | None:
