@@ -58,6 +58,8 @@ def pytest_configure(config):
     )
     os.environ["XLA_TWINS_BACKEND_GUARD"] = log
     os.environ["XLA_TWINS_BACKEND_GUARD_PACKAGES"] = ",".join(backends.packages())
+    # no backend, so no warm interpreter of one either (compare/runs/warm.py)
+    os.environ[preloaded.MANIFEST_ENV] = preloaded.OFF
     config.backend_guard_log = Path(log)
 
 

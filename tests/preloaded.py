@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from common import backends
-from preload.client import MANIFEST_ENV
+from preload.client import MANIFEST_ENV, OFF  # noqa: F401  (OFF: tests/conftest.py)
 from preload.servers import Servers, ServerSpec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ import pytest
 
 from compare.__main__ import run_entries
 from compare.runs.rundir import LOCK, MARKER
-from tests.helpers import REPO, process_env, run_cli
+from tests.helpers import PLAIN, REPO, process_env, run_cli
 from tests.test_reliability import hanging_backend, one_line_error, processes_with, report_of
 
 
@@ -282,7 +282,7 @@ def test_sigkill_of_compare_leaves_no_backend_and_the_next_run_reports_it(finish
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=process_env(),
+        env=process_env(**PLAIN),  # the fake backend itself, not a warm server of it
     )
     wait_for(lambda: processes_with(f"{marker}-child"), what="the fake backend's child")
     backend_pids = [p.pid for p in processes_with(marker) if p.pid != proc.pid]
@@ -431,7 +431,7 @@ def test_sigint_is_honoured_when_the_shell_started_compare_with_it_ignored(tmp_p
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=process_env(),
+        env=process_env(**PLAIN),  # the fake backend itself, not a warm server of it
     )
     wait_for(lambda: processes_with(f"{marker}-child"), what="the fake backend's child")
     proc.send_signal(signal.SIGINT)

@@ -19,8 +19,9 @@ from compare.runs.orchestrate import backend_env
 from preload.client import MANIFEST_ENV
 from preload.servers import Servers, ServerSpec, serving
 
-# a server still importing after this serves no process: they start plain
-READY_S = 120.0
+# a server still importing after this (a loaded machine, an interpreter that is not one) serves no
+# process that comes before it is done: they start plain, as without it
+READY_S = 30.0
 
 
 def server_specs(opts: CompareOptions) -> list[ServerSpec]:
