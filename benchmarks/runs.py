@@ -63,16 +63,16 @@ def wall_over_frameworks(wall_s: float, report: dict) -> float | None:
     """The whole command's wall time over the frameworks' own share of it: every backend's start and
     imports, compiles and steps, as compare's wall breakdown reports them, and a twin's preparation
     (its sides' describe steps, which import the frameworks and build the models; the twin file's
-    import check and the numpy conversion in it, ~0.3 s, counted with them), and the start of its
-    warm interpreters (their imports). The rest is the toolkit's."""
+    import check and the numpy conversion in it, ~0.3 s, counted with them), and the time its
+    processes waited on their warm interpreters' imports. The rest is the toolkit's."""
     parts = [b.get("wall_breakdown") for b in report["backends"].values()]
     if not parts or not all(parts):
         return None
     wall = report["wall_time"]
     prepared = wall["prepare_s"] if report["spec"]["model"].get("twin") else 0.0
-    # its warm interpreters' start (compare/runs/warm.py): the frameworks' imports, made once for
-    # every process of the run (inside prepare_s for a twin)
-    warm = 0.0 if prepared else (wall.get("processes") or {}).get("start_s", 0.0)
+    # the time its processes waited on their warm interpreters' imports (compare/runs/warm.py):
+    # the frameworks', made once for every process of the run (inside prepare_s for a twin)
+    warm = 0.0 if prepared else (wall.get("processes") or {}).get("waited_s", 0.0)
     return wall_s / (
         prepared
         + warm

@@ -124,9 +124,10 @@ DECODE_CACHE = Passthrough(
     "graph each step, its recompiles counted)",
 )
 
-# what a backend's processes import first (its fork server's, preload/)
+# what a backend's processes import first whatever the model (its fork server's, preload/); a
+# Hugging Face model's transformers is added where the twin declares one (compare/runs/warm.py)
 JAX_IMPORTS = ("numpy", "jax", "jax.numpy", "flax.nnx", "optax")
-TORCH_IMPORTS = ("numpy", "torch", "torch._dynamo", "transformers")
+TORCH_IMPORTS = ("numpy", "torch", "torch._dynamo")
 
 BUILT_IN = (
     BackendInfo(

@@ -192,11 +192,28 @@ def _routed(python: str, route: str) -> dict | None:
     return None
 
 
+def _wait_for(server: dict) -> float:
+    """Until the server serves, where its manifest entry says to wait for it (`ready_by`: the epoch
+    second after which a command starts plain instead; `pid`: the server, whose end stops the wait);
+    returns the seconds waited."""
+    import time
+
+    started = time.monotonic()
+    while not os.path.exists(server["socket"]) and time.time() < server.get("ready_by", 0):
+        try:
+            os.kill(server["pid"], 0)
+        except (KeyError, OSError):
+            break
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
 def _start_served(
     server, command, stdin, stdout, stderr, env, cwd, pass_fds, session, text, errors
 ):
     # descriptors made here for the child (closed once sent), ends kept for the parent
     opened, kept = [], {}
+    waited = _wait_for(server)
 
     def child_end(spec, fd: int, reading: bool) -> int:
         if spec is None:
@@ -251,7 +268,8 @@ def _start_served(
         for fd in opened:
             os.close(fd)
     conn.settimeout(None)
-    _note(f"served {command[2] if command[1] == '-m' else '-c'}")
+    route = command[2] if command[1] == "-m" else "-c"
+    _note(f"served {route}" + (f" waited {waited:.3f}" if waited >= 0.001 else ""))
     ends = {
         fd: open(end, "r" if fd else "w", errors=errors)
         if text

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from preload.client import MANIFEST_ENV
 
-POLL_S = 0.05
 # a Unix socket's path holds at most 107 bytes; the server binds `<socket>.<pid>` first
 SOCKET_FOLDER_ROOM = 80
 
@@ -39,7 +38,11 @@ class ServerSpec:
 class Servers:
     """Started servers: `manifest` is what MANIFEST_ENV names for their clients."""
 
-    def __init__(self, specs: list[ServerSpec], env: dict, cwd: Path | None = None):
+    def __init__(
+        self, specs: list[ServerSpec], env: dict, cwd: Path | None = None, ready_s: float = 0.0
+    ):
+        """`ready_s`: how long a command for a server that does not serve yet waits for it (its
+        imports) before it starts plain; 0: it starts plain at once."""
         self.folder = _short_folder()
         self.manifest = self.folder / "servers.json"
         self.sockets, self.procs = [], []
@@ -73,22 +76,18 @@ class Servers:
                     )
                 self.sockets.append(socket_path)
                 entries.append(
-                    {"socket": str(socket_path), "python": spec.python, "routes": list(spec.routes)}
+                    {
+                        "socket": str(socket_path),
+                        "python": spec.python,
+                        "routes": list(spec.routes),
+                        "pid": self.procs[-1].pid,
+                        "ready_by": time.time() + ready_s if ready_s else 0,
+                    }
                 )
             self.manifest.write_text(json.dumps({"servers": entries}))
         except BaseException:
             self.stop()
             raise
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Until every server serves, one has ended, or `timeout_s` passed: a command started
-        before its server serves starts plain, as it would without one."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            ended = any(p.poll() is not None for p in self.procs)
-            if ended or all(s.exists() for s in self.sockets):
-                return
-            time.sleep(POLL_S)
 
     def counts(self) -> dict:
         """{served, plain, why_plain}: the processes its clients started, from their log beside the
@@ -96,10 +95,13 @@ class Servers:
         log = Path(f"{self.manifest}.log")
         lines = log.read_text().splitlines() if log.exists() else []
         plain = [ln for ln in lines if ln.startswith("plain")]
+        waits = [float(ln.rsplit(" ", 1)[-1]) for ln in lines if " waited " in ln]
         return {
             "served": len(lines) - len(plain),
             "plain": len(plain),
             "why_plain": sorted({ln.split(": ", 1)[-1] for ln in plain}),
+            # how long processes waited for a server's imports before it served them
+            "waited_s": round(sum(waits), 3),
         }
 
     def stop(self) -> str:

@@ -39,12 +39,20 @@ COMPARE_IMPORTS = (
 EXTRA_ROUTES = {"torchax": ("driver.describe_sides",)}
 
 
+# the suite's twins are mostly Hugging Face's models: transformers with torch, on every server that
+# imports torch
+WITH_TORCH = ("transformers",)
+
+
 def server_specs() -> list[ServerSpec]:
     rows = [backends.info(n) for n in backends.names()]
     return [
         *(
             ServerSpec(
-                r.name, sys.executable, r.preload, (r.package, *EXTRA_ROUTES.get(r.name, ()))
+                r.name,
+                sys.executable,
+                (*r.preload, *(WITH_TORCH if "torch" in r.preload else ())),
+                (r.package, *EXTRA_ROUTES.get(r.name, ())),
             )
             for r in rows
             if r.preload

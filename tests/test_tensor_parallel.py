@@ -98,38 +98,35 @@ def test_a_mesh_the_model_does_not_split_over_or_a_mesh_keyword_not_named_is_ref
         assert f"its NNX forward does not run on the mesh data=1,fsdp=1,{mesh}" in line
         assert line.endswith("give a --mesh they divide (the twin's own: tensor=4)")
         assert not out.exists()
-    # the twin without its mesh keyword: the factory's own error, and where the keyword comes from
-    twin = (REPO / TP).read_text().replace('    nnx_mesh_arg="mesh",\n', "")
-    twin = twin.replace('    torch_mesh_arg="mesh",\n', "")
-    folder = tmp_path / "no_mesh_arg"
+    folder = tmp_path / "edited"
     shutil.copytree(REPO / "examples/tensor_parallel", folder)
-    (folder / "twin.py").write_text(twin)
-    result = run_cli(
-        "compare",
-        "--twin",
-        f"{folder}/twin.py:tp_decoder",
-        "--backend",
-        "jax,torch",
-        "--out",
-        str(tmp_path / "x"),
-    )
-    assert result.returncode == 2 and not (tmp_path / "x").exists()
-    assert "missing 1 required keyword-only argument: 'mesh' (it requires mesh" in result.stderr
-    assert "the twin's nnx_mesh_arg='mesh' for the run's device mesh" in result.stderr
+
+    def refused_with(*edits: tuple[str, str]) -> str:
+        """The example's twin file edited, refused before any run directory: its line."""
+        twin = (REPO / TP).read_text()
+        for old, new in edits:
+            twin = twin.replace(old, new)
+        (folder / "twin.py").write_text(twin)
+        out = tmp_path / "x"
+        result = run_cli(
+            "compare",
+            "--twin",
+            f"{folder}/twin.py:tp_decoder",
+            "--backend",
+            "jax,torch",
+            "--out",
+            str(out),
+        )
+        assert result.returncode == 2 and not out.exists(), result.stderr[-2000:]
+        return result.stderr.strip()
+
+    # the twin without its mesh keywords: the factory's own error, and where the keyword comes from
+    line = refused_with(('    nnx_mesh_arg="mesh",\n', ""), ('    torch_mesh_arg="mesh",\n', ""))
+    assert "missing 1 required keyword-only argument: 'mesh' (it requires mesh" in line
+    assert "the twin's nnx_mesh_arg='mesh' for the run's device mesh" in line
     # a mesh keyword the factory does not take, named by the twin: the field is named
-    twin = (REPO / TP).read_text().replace('torch_mesh_arg="mesh"', 'torch_mesh_arg="device_mesh"')
-    (folder / "twin.py").write_text(twin)
-    result = run_cli(
-        "compare",
-        "--twin",
-        f"{folder}/twin.py:tp_decoder",
-        "--backend",
-        "jax,torch",
-        "--out",
-        str(tmp_path / "x"),
-    )
-    assert result.returncode == 2 and not (tmp_path / "x").exists()
-    assert result.stderr.strip().endswith(
+    line = refused_with(('torch_mesh_arg="mesh"', 'torch_mesh_arg="device_mesh"'))
+    assert line.endswith(
         "(it takes no keyword 'device_mesh', which the twin's torch_mesh_arg names: name the "
         "factory's own keyword there)"
     )

@@ -251,7 +251,11 @@ def _required_not_given(factory, keywords) -> list[str]:
 
 
 def twin_of(model: ModelSpec) -> Twin:
-    return load_twin(model.twin) if isinstance(model, TwinSpec) else BUILTIN[model.family]
+    """The model's Twin: a built-in one, the one compare loaded in its own subprocess (never the
+    user's file imported again in compare's process), or the file imported here (a backend)."""
+    if not isinstance(model, TwinSpec):
+        return BUILTIN[model.family]
+    return _LOADED.get(_load_key(model.twin)) or load_twin(model.twin)
 
 
 def _split_ref(ref: str, what: str) -> tuple[str, str]:
@@ -424,11 +428,17 @@ def _from_answer(reply: dict) -> Twin:
     return Twin(**fields)
 
 
-def _load_isolated(ref: str, timeout_s: float) -> Twin:
+def _load_key(ref: str) -> tuple:
+    """One load per twin file version: its reference and the file's modification time."""
     target, _ = _split_ref(ref, "twin")
     path = Path(target)
     stamp = path.stat().st_mtime_ns if target.endswith(".py") and path.is_file() else None
-    key = (canonical_ref(ref), stamp)
+    return (canonical_ref(ref), stamp)
+
+
+def _load_isolated(ref: str, timeout_s: float) -> Twin:
+    target, _ = _split_ref(ref, "twin")
+    key = _load_key(ref)
     if key in _LOADED:
         return _LOADED[key]
     env = toolkit_env()

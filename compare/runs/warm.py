@@ -11,9 +11,10 @@ interpreter, as it would without one; a run under servers already (the test suit
 from __future__ import annotations
 
 import os
-import time
 
 from common import backends
+from common.spec import TwinSpec
+from common.twin import twin_of
 from compare.options import CompareOptions
 from compare.runs.orchestrate import backend_env
 from preload.client import MANIFEST_ENV
@@ -39,8 +40,21 @@ def server_specs(opts: CompareOptions) -> list[ServerSpec]:
         if python == opts.describer(row.family) and row.family in undescribed:
             undescribed.discard(row.family)
             routes.append(f"{row_package(row.family)}.describe")
-        specs.append(ServerSpec(name, python, row.preload, tuple(routes)))
+        specs.append(ServerSpec(name, python, imports_of(row, opts), tuple(routes)))
     return specs
+
+
+# what a twin that declares a Hugging Face model (its `hf` field) imports with torch
+HF_IMPORTS = ("transformers",)
+
+
+def imports_of(row, opts: CompareOptions) -> tuple[str, ...]:
+    """The backend's own imports, and transformers beside torch where the twin declares a Hugging
+    Face model (~1-3 s of imports each of its processes would make; a plain torch.nn twin's make
+    none, so a server that made them would only slow its start)."""
+    spec = opts.spec_of(opts.names[0]) if opts.names else None
+    declared = spec is not None and isinstance(spec.model, TwinSpec) and twin_of(spec.model).hf
+    return (*row.preload, *(HF_IMPORTS if declared and "torch" in row.preload else ()))
 
 
 def row_package(family: str) -> str:
@@ -49,13 +63,12 @@ def row_package(family: str) -> str:
 
 
 def start_servers(opts: CompareOptions, environ: dict) -> Servers | None:
-    """The run's servers, started (not yet serving: Servers.wait_ready) and named in `environ`
-    (MANIFEST_ENV) for the processes compare starts; None under servers already, or with none to
-    start."""
+    """The run's servers, started (still importing) and named in `environ` (MANIFEST_ENV) for the
+    processes compare starts; None under servers already, or with none to start."""
     specs = [] if serving() else server_specs(opts)
     if not specs:
         return None
-    servers = Servers(specs, backend_env())
+    servers = Servers(specs, backend_env(), ready_s=min(READY_S, opts.timeout_s))
     environ[MANIFEST_ENV] = str(servers.manifest)
     return servers
 
@@ -67,23 +80,16 @@ class WarmInterpreters:
 
     def __init__(self):
         self.servers: Servers | None = None
-        self.start_s = 0.0  # the servers' start: their imports, the frameworks' share of the run
 
     def start(self, opts: CompareOptions) -> None:
-        """The servers started and, before it returns, serving (an interrupt while they import
-        finds them held here, for __exit__ to end)."""
-        started = time.perf_counter()
+        """The servers started, importing while compare goes on: a process for one waits for its
+        own server only (preload/client.py); held here from the start, for __exit__ to end."""
         self.servers = start_servers(opts, os.environ)
-        if self.servers is not None:
-            self.servers.wait_ready(min(READY_S, opts.timeout_s))
-        self.start_s = time.perf_counter() - started
 
     def counts(self) -> dict | None:
-        """What the servers served so far (preload/servers.py counts) and how long they took to
-        start; None without servers of this run's own."""
-        if self.servers is None:
-            return None
-        return {**self.servers.counts(), "start_s": self.start_s}
+        """What the servers served so far, and how long processes waited for their imports
+        (preload/servers.py counts); None without servers of this run's own."""
+        return None if self.servers is None else self.servers.counts()
 
     def __enter__(self) -> WarmInterpreters:
         return self
