@@ -115,7 +115,14 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
     for sig in [signal.SIGTERM, signal.SIGKILL] if grace_s > 0 else [signal.SIGKILL]:
         try:
             os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
+        except ProcessLookupError:
+            # a fork server's child killed before its setsid (preload/server.py): no group yet, the
+            # process is there (was: left running, waiting for a run, while compare waited on it)
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                break
+        except PermissionError:
             break
         if _gone_within(proc, pgid, max(grace_s, 0.05)):
             break

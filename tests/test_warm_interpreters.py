@@ -3,10 +3,11 @@ servers, a run starts one server per backend and every process of the run on tha
 of it; the numbers are those of plain interpreters, and nothing of the servers is left."""
 
 import json
-import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,50 +36,55 @@ def test_every_process_of_a_run_is_a_fork_of_its_backends_warm_interpreter(tmp_p
     """gpt-tiny on jax and eager torch with --check-determinism (each backend run twice):
     every process served by the run's own servers, none plain; the losses bit for bit those of
     plain interpreters (XLA_TWINS_PRELOAD=off); no server, socket or temporary folder left."""
-    started = time.time()
+    # a TMPDIR short enough for the servers' sockets: their folder is made there, and must go
+    tmp = Path(tempfile.mkdtemp(prefix="xw-", dir="/tmp"))
     args = ("--spec", "gpt-tiny", "--backend", "jax,torch", "--steps", "2")
     own = {k: v for k, v in process_env().items() if k != MANIFEST_ENV}  # not the session's
-    warm = compare(tmp_path / "warm", tmp_path / "tmp", own, *args, "--check-determinism")
+    warm = compare(tmp_path / "warm", tmp, own, *args, "--check-determinism")
     processes = warm["wall_time"]["processes"]
     # two main runs and their repeats, each a fork of its backend's server
     assert processes["served"] >= 4 and processes["plain"] == 0 and processes["waited_s"] >= 0
-    plain = compare(tmp_path / "plain", tmp_path / "tmp", {**own, MANIFEST_ENV: OFF}, *args)
+    plain = compare(tmp_path / "plain", tmp, {**own, MANIFEST_ENV: OFF}, *args)
     assert plain["wall_time"]["processes"] is None  # XLA_TWINS_PRELOAD=off: fresh interpreters
     for backend in ("jax", "torch"):
         losses = [read_record(tmp_path / run / backend).losses for run in ("warm", "plain")]
         assert losses[0] == losses[1] and len(losses[0]) == 2, backend
-    assert list((tmp_path / "tmp").iterdir()) == []  # every process group's folder
-    # the servers' folder: in TMPDIR, or in /tmp where a socket's path would not fit in TMPDIR
-    session = Path(os.environ.get(MANIFEST_ENV, "/none")).parent  # the test session's servers
-    left = [
-        p
-        for p in Path("/tmp").glob("xla-twins-preload-*")
-        if p != session and p.stat().st_mtime >= started
-    ]
+    left = list(tmp.iterdir())  # the servers' folder, every process group's
+    shutil.rmtree(tmp)
     assert left == [] and processes_under(tmp_path) == []
 
 
-def _servers_running() -> set[int]:
-    """The pids of live fork servers (any session's)."""
-    found = set()
+def _servers_of(parent: int) -> dict[int, Path]:
+    """{pid: its socket's folder} of the live fork servers that `parent` started."""
+    found = {}
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().split()[2]
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if "preload.server" in cmdline and state != "Z":
-            found.add(int(proc.name))
+        if "preload.server" in args and stat[0] != "Z" and int(stat[1]) == parent:
+            found[int(proc.name)] = Path(args[args.index("--socket") + 1]).parent
     return found
 
 
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            if (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                alive.add(pid)
+        except OSError:
+            pass
+    return alive
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("delay_s", [0.5, 2.0])
-def test_an_interrupt_while_the_servers_import_leaves_no_server_and_no_folder(tmp_path, delay_s):
-    """SIGINT while compare's servers still import their frameworks (before anything is described):
-    exit 4 with its line, every server gone with its folder (was: a server left running, orphaned,
-    and its folder)."""
-    before, started = _servers_running(), time.time()
+@pytest.mark.parametrize("after_s", [0.0, 1.5])
+def test_an_interrupt_while_the_servers_import_leaves_no_server_and_no_folder(tmp_path, after_s):
+    """SIGINT once compare's servers started, while they still import their frameworks (before
+    anything is described): exit 4 with its line, every server gone with its folder (was: a server
+    left running, orphaned, and its folder)."""
     own = {k: v for k, v in process_env().items() if k != MANIFEST_ENV}
     (tmp_path / "tmp").mkdir()
     proc = subprocess.Popen(
@@ -88,16 +94,18 @@ def test_an_interrupt_while_the_servers_import_leaves_no_server_and_no_folder(tm
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(delay_s)
+    deadline = time.monotonic() + 60
+    while not (servers := _servers_of(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert servers, "compare started no server"
+    time.sleep(after_s)
+    servers |= _servers_of(proc.pid)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 4 and "Traceback" not in stderr, stderr[-2000:]
+    assert stderr.strip().endswith("interrupted by a signal; what compare had started is stopped")
     time.sleep(1.0)  # a server ends when it reads its parent gone
-    assert _servers_running() - before == set()
-    session = Path(os.environ.get(MANIFEST_ENV, "/none")).parent
-    left = [
-        p
-        for p in [*Path("/tmp").glob("xla-twins-preload-*"), *(tmp_path / "tmp").iterdir()]
-        if p != session and p.stat().st_mtime >= started
-    ]
-    assert left == [] and not (tmp_path / "x").exists()
+    assert _alive(set(servers)) == set()
+    # the servers' folder (in /tmp: a socket's path would not fit in this TMPDIR), every group's
+    assert not any(folder.exists() for folder in servers.values())
+    assert list((tmp_path / "tmp").iterdir()) == [] and not (tmp_path / "x").exists()
