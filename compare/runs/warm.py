@@ -16,6 +16,7 @@ from common import backends
 from common.spec import TwinSpec
 from common.twin import twin_of
 from compare.options import CompareOptions
+from compare.runs.describe_steps import DESCRIBERS, FAMILY_OF_SIDE
 from compare.runs.orchestrate import backend_env
 from preload.client import MANIFEST_ENV
 from preload.servers import Servers, ServerSpec, serving
@@ -23,6 +24,8 @@ from preload.servers import Servers, ServerSpec, serving
 # a server still importing after this (a loaded machine, an interpreter that is not one) serves no
 # process that comes before it is done: they start plain, as without it
 READY_S = 30.0
+# the module that describes each family's side of a twin (compare/runs/describe_steps.py)
+DESCRIBER_OF_FAMILY = {FAMILY_OF_SIDE[side]: module for side, module in DESCRIBERS.items()}
 
 
 def server_specs(opts: CompareOptions) -> list[ServerSpec]:
@@ -39,7 +42,7 @@ def server_specs(opts: CompareOptions) -> list[ServerSpec]:
         routes = [row.package]
         if python == opts.describer(row.family) and row.family in undescribed:
             undescribed.discard(row.family)
-            routes.append(f"{row_package(row.family)}.describe")
+            routes.append(DESCRIBER_OF_FAMILY[row.family])
         specs.append(ServerSpec(name, python, imports_of(row, opts), tuple(routes)))
     return specs
 
@@ -55,11 +58,6 @@ def imports_of(row, opts: CompareOptions) -> tuple[str, ...]:
     spec = opts.spec_of(opts.names[0]) if opts.names else None
     declared = spec is not None and isinstance(spec.model, TwinSpec) and twin_of(spec.model).hf
     return (*row.preload, *(HF_IMPORTS if declared and "torch" in row.preload else ()))
-
-
-def row_package(family: str) -> str:
-    """The package whose describe module describes a twin's `family` side."""
-    return {"nnx": "jax_impl", "torch": "torch_impl"}[family]
 
 
 def start_servers(opts: CompareOptions, environ: dict) -> Servers | None:
