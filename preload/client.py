@@ -100,10 +100,11 @@ class ServedProcess:
     """The Popen calls compare makes (pid, poll, wait, signals, stdout) for a child of a fork
     server, whose exit status the server sends on the connection once it has reaped it."""
 
-    def __init__(self, args, pid: int, conn: socket.socket, stdin, stdout, stderr):
+    def __init__(self, args, pid: int, conn: socket.socket, stdin, stdout, stderr, said=b""):
         self.args, self.pid, self.returncode = args, pid, None
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
-        self._conn, self._said = conn, b""
+        # what the server said after `pid N` (its `exit CODE` when the child ended at once)
+        self._conn, self._said = conn, said
 
     def poll(self):
         if self.returncode is None:
@@ -247,7 +248,7 @@ def _start_served(
             body = json.dumps(request).encode()
             conn.sendall(len(body).to_bytes(4, "big") + body)
             answer = b""
-            while not answer.endswith(b"\n"):
+            while b"\n" not in answer:
                 chunk = conn.recv(256)
                 if not chunk:
                     raise OSError("the server closed the connection")
@@ -255,7 +256,9 @@ def _start_served(
         except OSError:
             conn.close()
             raise
-        word, _, rest = answer.decode().strip().partition(" ")
+        # a child that ends at once has its `exit CODE` line in the same read: kept for wait()
+        first, _, after = answer.partition(b"\n")
+        word, _, rest = first.decode().strip().partition(" ")
         if word != "pid":
             conn.close()
             raise OSError(rest)
@@ -276,4 +279,4 @@ def _start_served(
         else open(end, "rb" if fd else "wb")
         for fd, end in kept.items()
     }
-    return ServedProcess(command, int(rest), conn, ends.get(0), ends.get(1), ends.get(2))
+    return ServedProcess(command, int(rest), conn, ends.get(0), ends.get(1), ends.get(2), after)

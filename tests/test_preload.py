@@ -193,3 +193,36 @@ def test_torch_xla_served_after_its_preloaded_import_runs_as_a_fresh_interpreter
         no_dump[0] == no_dump[1] and "--xla_cpu_enable_fast_math=false" in no_dump[0]["XLA_FLAGS"]
     ), no_dump
     assert served.hlo_stats and served.hlo_stats["op_histogram"] == plain.hlo_stats["op_histogram"]
+
+
+def test_a_child_that_ends_before_its_pid_is_read_gives_its_exit_code(tmp_path, monkeypatch):
+    """The server's two lines in one read (`pid N` and `exit CODE`: the child ended at once): the
+    pid is N and the exit code the second line's, as a plain process's (was: the pid read as
+    'N\\nexit 0', an internal error ending the run)."""
+    import socket
+    import threading
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "s.sock"))
+    listener.listen(1)
+
+    def answer_both_lines_at_once():
+        conn, _ = listener.accept()
+        socket.recv_fds(conn, 1, 8)
+        size = int.from_bytes(conn.recv(4), "big")
+        while size > 0:
+            size -= len(conn.recv(size))
+        conn.sendall(b"pid 4242\nexit 3\n")
+        conn.close()
+
+    thread = threading.Thread(target=answer_both_lines_at_once)
+    thread.start()
+    manifest = tmp_path / "servers.json"
+    routes = {"socket": str(tmp_path / "s.sock"), "python": PYTHON, "routes": ["-c"]}
+    manifest.write_text(json.dumps({"servers": [routes]}))
+    monkeypatch.setenv(client.MANIFEST_ENV, str(manifest))
+    proc = client.start([PYTHON, "-c", "pass"], start_new_session=True)
+    thread.join(timeout=30)
+    listener.close()
+    assert isinstance(proc, client.ServedProcess)
+    assert (proc.pid, proc.poll(), proc.wait(timeout=1)) == (4242, 3, 3)
