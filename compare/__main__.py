@@ -47,6 +47,7 @@ from common.vocab import (  # noqa: E402
 )
 from compare.judge.determinism import determinism_check  # noqa: E402
 from compare.judge.generation import generation_check  # noqa: E402
+from compare.judge.judgement import Judgement, ReportInputs  # noqa: E402
 from compare.judge.kernels import KERNELS_DIR, kernel_check  # noqa: E402
 from compare.judge.noise_floor import FLOOR_DIR, floor_policy  # noqa: E402
 from compare.judge.parity import ran_differences  # noqa: E402
@@ -55,9 +56,10 @@ from compare.judge.statistical import SEEDS_DIR, statistical_check  # noqa: E402
 from compare.judge.tolerances import PROFILES, ToleranceError, load_policy  # noqa: E402
 from compare.options import CompareOptions  # noqa: E402
 from compare.reporting.check_tables import ops_check  # noqa: E402
+from compare.reporting.evidence import Evidence  # noqa: E402
 from compare.reporting.output import show, write_report  # noqa: E402
 from compare.reporting.plots import PLOT_FILES, import_while_idle  # noqa: E402
-from compare.reporting.report import ReportInputs, build_report, check_belongs  # noqa: E402
+from compare.reporting.report import check_belongs, judge, report_of  # noqa: E402
 from compare.runs import hosts, meeting  # noqa: E402
 from compare.runs.arg_types import positive_seconds, run_id_arg  # noqa: E402
 from compare.runs.cache import default_cache_dir, peak_cache_dir  # noqa: E402
@@ -70,6 +72,7 @@ from compare.runs.extra_runs import (  # noqa: E402
     keep_whole,
     locate_decode_divergence,
     locate_divergence,
+    mark_failed_captures,
     run_noise_floors,
 )
 from compare.runs.kernel_runs import kernel_runs, kernel_sides  # noqa: E402
@@ -602,6 +605,41 @@ def statistical_seeds(spec, judging) -> list[int]:
     return [spec.train.seed + i for i in range(judging.seeds)]
 
 
+def judged_with_extra_runs(
+    opts: CompareOptions, plan: Plan, outcome, inputs: ReportInputs, checks: tuple, floored: list
+) -> Judgement:
+    """The run judged on its runs, then again after each extra run its judging asks for
+    (compare/runs/extra_runs.py): every file read once (Evidence), the last judging the one the
+    report is built from."""
+    evidence = Evidence()
+
+    def rejudge(interrupted: bool, judged_by: ReportInputs = inputs) -> Judgement:
+        judged = judge(judged_by, outcome.runs, interrupted, checks, evidence)
+        return mark_failed_captures(judged, outcome.capture_failed)
+
+    judged = keep_whole(
+        opts, plan, outcome, floored, inputs.spec.train.dtype, rejudge(outcome.interrupted), rejudge
+    )
+    judged = locate_divergence(opts, plan, outcome, judged, rejudge)
+    judged = choices_where_parted(opts, plan, outcome, judged, rejudge)
+    judged = explain_by_behaviours(opts, plan, outcome, judged, rejudge)
+    judged = locate_decode_divergence(opts, plan, outcome, judged, rejudge)
+    judged = floor_where_needed(
+        opts,
+        plan,
+        outcome,
+        judged,
+        inputs.tensors["mode"],
+        lambda why: rejudge(
+            False, dataclasses.replace(inputs, floor_policy="noise-floor", floor_why=why)
+        ),
+    )
+    if outcome.interrupted and judged.status != ReportStatus.INTERRUPTED:
+        # a signal during an extra run: the run was interrupted, whatever the runs before said
+        judged = rejudge(True)
+    return judged
+
+
 def compare(opts: CompareOptions, entered: float, warm: WarmInterpreters) -> int:
     names = list(opts.names)
     refuse_bad_paths(opts)
@@ -694,31 +732,7 @@ def compare(opts: CompareOptions, entered: float, warm: WarmInterpreters) -> int
         weights,
     )
     checks = report_checks(opts, plan, outcome, seeds, policy)
-    build = functools.partial(build_report, inputs, outcome.runs, checks=tuple(checks))
-    report = keep_whole(
-        opts, plan, outcome, floored, spec.train.dtype, build(outcome.interrupted), build
-    )
-    report = choices_where_parted(
-        opts, plan, outcome, locate_divergence(opts, plan, outcome, report, build), build
-    )
-    report = explain_by_behaviours(opts, plan, outcome, report, build)
-    report = locate_decode_divergence(opts, plan, outcome, report, build)
-    report = floor_where_needed(
-        opts,
-        plan,
-        outcome,
-        report,
-        tensors["mode"],
-        lambda why: build_report(
-            dataclasses.replace(inputs, floor_policy="noise-floor", floor_why=why),
-            outcome.runs,
-            False,
-            tuple(checks),
-        ),
-    )
-    if outcome.interrupted and report["status"] != ReportStatus.INTERRUPTED:
-        # a signal during an extra run: the run was interrupted, whatever the runs before said
-        report = build(True)
+    report = report_of(judged_with_extra_runs(opts, plan, outcome, inputs, tuple(checks), floored))
     report["run_id"], report["replaced_run"] = run_id, run_dir.replaced
     report["compare_peak_rss_mb"] = peak_rss_mb()  # compare's own process, its backends apart
     report["hosts"] = hosts.section(opts.hosts)

@@ -123,3 +123,30 @@ def assert_summary_agrees_with_the_hosts(ours, theirs) -> None:
     assert ours.stats["sum"] == pytest.approx(theirs.stats["sum"], rel=1e-4)
     assert ours.stats["sum_sq"] == pytest.approx(theirs.stats["sum_sq"], rel=1e-5)
     assert ours.on_device and not theirs.on_device and _differs(ours, theirs) is None
+
+
+def judged_of(parity: dict, *, dtype: str = "float32", policy: str = "fixed", reference="jax"):
+    """A judgement of a run (compare/judge/judgement.py) holding the pairs `parity` alone, as an
+    extra run reads one to decide whether it runs."""
+    from common.presets import load_spec
+    from common.vocab import ExitCode, ReportStatus
+    from compare.judge.judgement import Judgement, ReportInputs
+
+    spec = load_spec("mlp-tiny", [f"train.dtype={dtype}"])
+    inputs = ReportInputs(spec, {}, [reference, *parity], reference, Path("."), None)
+    return Judgement(
+        inputs,
+        {},
+        {},
+        {},
+        {},
+        parity,
+        {"policy": policy},
+        [],
+        ReportStatus.OK,
+        ExitCode.OK,
+        "",
+        {},
+        {},
+        [],
+    )

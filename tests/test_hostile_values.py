@@ -497,7 +497,7 @@ def test_a_part_that_cannot_be_built_leaves_every_file_and_the_verdicts_code(
     assert "Not built, and why" in (tmp_path / "report.md").read_text()
     assert {"loss.png", "step_time.png"} <= {p.name for p in tmp_path.iterdir()}
     # a backend's tensors unread: no pass either
-    monkeypatch.setattr("compare.reporting.report.read_tensors", broken)
+    monkeypatch.setattr("compare.reporting.evidence.read_tensors", broken)
     report = _report(spec, runs, tmp_path)
     assert report["exit_code"] == 6 and [p["part"] for p in report["not_built"]] == [
         "backends.jax",

@@ -192,6 +192,46 @@ def test_compares_judge_imports_nothing_from_the_runs_or_the_report():
     assert not bad, bad
 
 
+def test_compare_is_layered_with_no_arrow_back_up():
+    """compare/'s rooms, lowest first: judge/ (what a run's files say), runs/ (the backends' runs,
+    and the extra runs a judgement asks for), explain/ (why they differ), reporting/ (the report);
+    no room imports one above it."""
+    layers = ["compare.judge", "compare.runs", "compare.explain", "compare.reporting"]
+
+    def layer(module: str) -> int | None:
+        return next((i for i, room in enumerate(layers) if module.startswith(room)), None)
+
+    graph = import_graph()
+    bad = [
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if layer(module) is not None
+        for target in targets
+        if layer(target) is not None and layer(target) > layer(module)
+    ]
+    assert not bad, bad
+
+
+def test_the_report_is_built_once_per_run_from_its_last_judgement():
+    """compare judges a run again after each extra run (compare/judge/judgement.py: typed), and
+    builds report.json once, from the last judgement: one call of report_of in compare's run, and
+    nothing under runs/ or judge/ reads a report."""
+    calls = []
+    for path in sorted((REPO / "compare").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "report_of":
+                calls.append(path.relative_to(REPO).as_posix())
+    assert calls == ["compare/__main__.py", "compare/reporting/report.py"]  # and build_report's
+    readers = [
+        f"{path.relative_to(REPO)}:{n}"
+        for room in ("runs", "judge")
+        for path in sorted((REPO / "compare" / room).glob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\breport(\[|\.get\(|: dict)", line)
+    ]
+    assert not readers, readers
+
+
 def test_other_runtimes_use_only_the_plain_jax_modules_of_the_jax_twin():
     graph = import_graph()
     used = {

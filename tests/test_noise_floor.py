@@ -15,7 +15,7 @@ from compare.judge.messages import failure_message
 from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FloorRun, Floors, floor_needed
 from compare.judge.parity import check_parity, compare_tensors
 from compare.judge.tolerances import load_policy
-from tests.helpers import run_cli
+from tests.helpers import judged_of, run_cli
 
 FP32 = load_policy("default", "float32")
 
@@ -296,24 +296,20 @@ def test_a_float32_pair_is_floored_only_where_fixed_bounds_fail_unexplained():
         for key, value in change.items():
             merged = isinstance(value, dict) and isinstance(parity[key], dict) and key != "tensors"
             parity[key] = {**parity[key], **value} if merged else value
-        return {
-            "dtype": "float32",
-            "tolerance_policy": {"policy": "fixed"},
-            "parity": {"torch": parity},
-        }
+        return {"torch": parity}
 
-    assert list(floor_needed(report())) == ["torch"]
-    assert floor_needed(report())["torch"].startswith(
+    assert list(floor_needed(judged_of(report()))) == ["torch"]
+    assert floor_needed(judged_of(report()))["torch"].startswith(
         "the fixed bounds failed 1 step-0 gradient or trained"
     )
-    assert floor_needed({**report(), "dtype": "bfloat16"}) == {}
-    assert floor_needed({**report(), "tolerance_policy": {"policy": "noise-floor"}}) == {}
+    assert floor_needed(judged_of(report(), dtype="bfloat16")) == {}
+    assert floor_needed(judged_of(report(), policy="noise-floor")) == {}
     later = report(
         unmeasured_noise="--fp32-tolerance noise-floor",
         first_divergent_step=4,
         tensors={"params/fc.kernel": {"within": False}, "eval/logits": {"within": False}},
     )
-    assert floor_needed(later) == {
+    assert floor_needed(judged_of(later)) == {
         "torch": "the runs parted at step 4 after a step 0 that agreed in everything "
         "(training grows rounding as it grows a port error)"
     }
@@ -329,7 +325,7 @@ def test_a_float32_pair_is_floored_only_where_fixed_bounds_fail_unexplained():
         {"passed": True},
     ]
     for change in located:
-        assert floor_needed(report(**change)) == {}, change
+        assert floor_needed(judged_of(report(**change))) == {}, change
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from common import backends
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO, judged_of, run_cli
 
 
 @pytest.mark.error_case("processes-one-process", "processes-mesh")
@@ -228,7 +228,7 @@ def test_eager_torch_captures_on_one_device_whatever_the_mesh(tmp_path):
     fails anyway says so in the report."""
     from common.files.record import read_record
     from common.files.tensor_file import read_tensors
-    from compare.runs.extra_runs import mark_failed_captures
+    from compare.runs.extra_runs import failed_captures, mark_failed_captures
     from compare.runs.orchestrate import BackendRun
 
     proc = run_cli(
@@ -251,8 +251,7 @@ def test_eager_torch_captures_on_one_device_whatever_the_mesh(tmp_path):
         and "run it data parallel as processes (compare --processes N)" in proc.stderr
     )
     failed = BackendRun("torch", tmp_path, "usage_error", 2, "boom", 1.0, [])
-    report = mark_failed_captures(
-        {"reference": "jax", "parity": {"torch": {"first_divergent_module": None}}},
-        {"torch": failed},
+    judged = mark_failed_captures(
+        judged_of({"torch": {"first_divergent_module": None}}), failed_captures({"torch": failed})
     )
-    assert report["parity"]["torch"]["capture_failed"] == "torch's capture run usage_error: boom"
+    assert judged.parity["torch"]["capture_failed"] == "torch's capture run usage_error: boom"

@@ -383,3 +383,41 @@ print(thread.is_alive(), plots._IMPORTING, "matplotlib.backends.backend_agg" in 
         (tmp_path / name).stat().st_size > 1000
         for name in ("loss.png", "loss_diff.png", "step_time.png")
     )
+
+
+def test_a_run_judged_again_reads_only_what_was_written_since_and_is_reported_once(
+    tmp_path, monkeypatch
+):
+    """compare judges a run again after each extra run (compare/reporting/evidence.py): the
+    records and tensor files it judged are not read again, one written again is, and the report
+    built from the last judging is the one a single judging of the same files builds."""
+    import shutil
+
+    from compare.reporting import evidence as evidence_module
+    from compare.reporting.report import judge
+    from compare.reporting.report import report_of as built_from
+
+    read = []
+    for reader in ("read_record", "read_tensors"):
+        real = getattr(evidence_module, reader)
+        monkeypatch.setattr(
+            evidence_module,
+            reader,
+            lambda path, *more, real=real, reader=reader: (
+                read.append((reader, path)) or real(path, *more)
+            ),
+        )
+    runs = {n: write_run(tmp_path / n, n) for n in NAMES}
+    inputs = ReportInputs(SPEC, load_policy("default", "float32"), NAMES, "jax", tmp_path, RUN_ID)
+    evidence = evidence_module.Evidence()
+    first = judge(inputs, runs, False, evidence=evidence)
+    assert first.parity["torch"]["passed"] and len(read) == 4  # 2 records, 2 tensor files
+    again = judge(inputs, runs, False, evidence=evidence)
+    assert len(read) == 4 and built_from(again) == built_from(first)
+    shutil.rmtree(tmp_path / "torch")  # an extra run's files, written over the first
+    runs["torch"] = write_run(tmp_path / "torch", "torch", broken="layers.1")
+    last = judge(inputs, runs, False, evidence=evidence)
+    assert [path.parent.name for _, path in read[4:]] == ["torch", "torch"]
+    assert not last.parity["torch"]["passed"] and last.status == ReportStatus.PARITY_FAILED
+    report = built_from(last)
+    assert report == report_of(tmp_path, runs) and report["exit_code"] == ExitCode.PARITY

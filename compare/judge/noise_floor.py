@@ -162,19 +162,16 @@ def judge_losses(
     }
 
 
-def floor_needed(report: dict) -> dict[str, str]:
+def floor_needed(judged) -> dict[str, str]:
     """{backend: why} of the float32 pairs, judged by the fixed bounds, whose failure only a
     measured floor tells from a port error: step-0 gradients or trained parameters out with every
     module compared agreeing forward and backward (none left out), the step-0 outputs and choices
     alike; or the runs parting after a step 0 that agreed in everything (`unmeasured_noise`,
     compare/judge/parity.py)."""
-    if (
-        report.get("dtype") != "float32"
-        or (report.get("tolerance_policy") or {}).get("policy") != "fixed"
-    ):
+    if judged.dtype != "float32" or judged.tolerance_policy.get("policy") != "fixed":
         return {}
     found = {}
-    for name, parity in (report.get("parity") or {}).items():
+    for name, parity in judged.pairs().items():
         failing = [k for k, t in (parity.get("tensors") or {}).items() if not t["within"]]
         if parity.get("passed") or not parity.get("comparable"):
             continue

@@ -11,28 +11,27 @@ import json
 import math
 import sys
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from common.backends import info as backend_info
-from common.files.record import RECORD_FILE, RecordError, read_record
-from common.files.tensor_file import read_tensors
+from common.files.record import RECORD_FILE, RecordError
 from common.ops import OPS_DIR, read_ops
 from common.runtime_behaviours import MATCHED_DIR, met
-from common.spec import RunSpec
 from common.twin.start_state import by_nnx_names, read_links
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
 from compare.explain.figures import backend_summary, cpu_peak, wall_breakdown
 from compare.judge.decided import IMPOSED, LATER
 from compare.judge.devices import devices_check, one_device
 from compare.judge.islands import widened_of
+from compare.judge.judgement import Judgement, ReportInputs
 from compare.judge.messages import failure_message
 from compare.judge.noise_floor import FACTOR, FLOOR_DIR, FLOOR_TWIN, FloorRun, Floors
 from compare.judge.parity import check_parity
 from compare.judge.tolerances import load_policy, pair_policy
 from compare.judge.verdict import CheckResult, decide, not_made
+from compare.reporting.evidence import Evidence
 from compare.runs.capture_runs import (
     CAPTURE_DIR,
     IMPOSED_DIR,
@@ -97,49 +96,28 @@ def strict_report(report: dict) -> dict:
     return report
 
 
-@dataclass(frozen=True)
-class ReportInputs:
-    """What a report is built from besides the runs, set once per compare run (never an argparse
-    Namespace)."""
-
-    spec: RunSpec
-    policy: dict  # compare/judge/tolerances.py's policy for the spec's dtype
-    names: list[str]  # the backends, in the order they ran
-    reference: str
-    out: Path
-    run_id: str | None  # this run's; None: any record's is judged (no run of its own)
-    tolerance_profile: str = "default"
-    compile_cache: Path | None = None
-    # the folder of the cached CPU peak (compare/runs/cache.py); None: measured
-    cpu_peak_cache: Path | None = None
-    # {backend: the spec fields its --<name>-set changed on purpose}
-    intended: dict = field(default_factory=dict)
-    parity_mode: str = ParityMode.DETERMINISTIC.value
-    debug: bool = False
-    # "noise-floor": each run judged against its noise-floor run (compare/judge/noise_floor.py)
-    floor_policy: str = "fixed"
-    # --require-same-device: backends on different devices are not comparable
-    same_device: bool = False
-    tensors: dict = field(default_factory=lambda: {"mode": "full"})  # --tensors: {mode, why}
-    weights: str = ""  # where the start weights came from (compare/runs/prepare.py weights_origin)
-    # a float32 floor measured where the fixed bounds contradicted the module checks
-    floor_why: str = ""
-
-
-def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tuple = ()) -> dict:
-    """The report of this run, built part by part: a part that cannot be built (any Exception: a bad
-    value, a bug) is left out and named in `not_built` ({part, why}) with everything else kept. The
-    verdict is made once (compare/judge/verdict.py) from the runs, the parity and `checks` ((name,
-    callable returning a CheckResult) pairs: the statistical test, determinism); a check that cannot
-    be made is an internal error (exit 6). The result is strict JSON (`strict_json`)."""
+def judge(
+    inputs: ReportInputs,
+    runs: dict,
+    interrupted: bool,
+    checks: tuple = (),
+    evidence: Evidence | None = None,
+) -> Judgement:
+    """The run judged on its evidence so far, part by part: a part that cannot be judged (any
+    Exception: a bad value, a bug) is left out and named in `not_built` ({part, why}) with
+    everything else kept. The verdict is made once per judging (compare/judge/verdict.py) from the
+    runs, the parity and `checks` ((name, callable returning a CheckResult) pairs: the statistical
+    test, determinism); a check that cannot be made is an internal error (exit 6). `evidence`: the
+    files read so far, kept between judgings of one run."""
+    evidence = evidence or Evidence()
     not_built: list[dict] = []
     attempt = functools.partial(_attempt, not_built, inputs.debug)
-    backends, records, tensors, unjudged = _entries(inputs, runs, attempt)
-    floors, tolerance_policy = noise_floors_of(inputs)
+    backends, records, tensors, unjudged = _entries(inputs, runs, attempt, evidence)
+    floors, tolerance_policy = noise_floors_of(inputs, evidence)
     links = read_links(inputs.out / START_DIR)
     for name, groups in [*tensors.items(), *((n, floor.tensors) for n, floor in floors.items())]:
         _link_buffers(name, groups, links)
-    parity = _parity(inputs, records, tensors, unjudged, attempt, floors)
+    parity = _parity(inputs, records, tensors, unjudged, attempt, evidence, floors)
     results = [
         runs_check(backends, runs, interrupted),
         parity_check(parity, unjudged, decides=inputs.parity_mode != ParityMode.STATISTICAL),
@@ -161,13 +139,41 @@ def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tu
                 ],
             )
         )
-    spec = inputs.spec
+    return Judgement(
+        inputs,
+        runs,
+        backends,
+        records,
+        tensors,
+        parity,
+        tolerance_policy,
+        results,
+        status,
+        code,
+        message,
+        (attempt("ratios", ratios, backends, inputs.reference) or {})
+        if one_device(results)
+        else {},
+        attempt("pairwise_loss", pairwise_loss, records) or {},
+        not_built,
+    )
+
+
+def report_of(judged: Judgement) -> dict:
+    """report.json's contents from the run's last judging (built once per run). The result is strict
+    JSON (`strict_json`)."""
+    inputs, spec, records, tensors = (
+        judged.inputs,
+        judged.inputs.spec,
+        judged.records,
+        judged.tensors,
+    )
     report = {
         "schema_version": REPORT_SCHEMA,
-        "verdict": "pass" if code == ExitCode.OK else "fail",
-        "status": status,
-        "exit_code": code,
-        "message": message,
+        "verdict": "pass" if judged.code == ExitCode.OK else "fail",
+        "status": judged.status,
+        "exit_code": judged.code,
+        "message": judged.message,
         "run_dir": str(inputs.out),
         "backend_names": inputs.names,
         "reference": inputs.reference,
@@ -179,27 +185,32 @@ def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tu
         "weights": inputs.weights,
         "tolerance_profile": inputs.tolerance_profile,
         "tolerances": inputs.policy,
-        "tolerance_policy": tolerance_policy,
+        "tolerance_policy": judged.tolerance_policy,
         "parity_mode": inputs.parity_mode,
-        "parity": parity,
+        "parity": judged.parity,
         "tensors": {
             **inputs.tensors,
             "second_pass": {n: t["second_pass"] for n, t in tensors.items() if "second_pass" in t},
         },
-        "backends": backends,
-        "ratios": (attempt("ratios", ratios, backends, inputs.reference) or {})
-        if one_device(results)
-        else {},
-        "pairwise_loss": attempt("pairwise_loss", pairwise_loss, records) or {},
+        "backends": judged.backends,
+        "ratios": judged.ratios,
+        "pairwise_loss": judged.pairwise_loss,
         "compile_cache": str(inputs.compile_cache) if inputs.compile_cache else None,
-        "commands": {n: r.command for n, r in runs.items() if r.command},
-        **{r.check: r.section for r in results[2:] if r.section is not None},
-        "not_built": not_built,
+        "commands": {n: r.command for n, r in judged.runs.items() if r.command},
+        **{r.check: r.section for r in judged.results[2:] if r.section is not None},
+        "not_built": judged.not_built,
     }
     return strict_report(report)
 
 
-def _entries(inputs: ReportInputs, runs: dict, attempt) -> tuple[dict, dict, dict, list]:
+def build_report(inputs: ReportInputs, runs: dict, interrupted: bool, checks: tuple = ()) -> dict:
+    """The report of runs judged once (`judge`, `report_of`): a run with no extra runs."""
+    return report_of(judge(inputs, runs, interrupted, checks))
+
+
+def _entries(
+    inputs: ReportInputs, runs: dict, attempt, evidence: Evidence
+) -> tuple[dict, dict, dict, list]:
     """Per backend: its report entry, its record and parity tensors when they can be judged; and the
     backends whose record could not be (the verdict cannot pass without them)."""
     peak = functools.lru_cache(maxsize=1)(functools.partial(cpu_peak, inputs.cpu_peak_cache))
@@ -216,6 +227,7 @@ def _entries(inputs: ReportInputs, runs: dict, attempt) -> tuple[dict, dict, dic
             len(inputs.names) > 1,
             inputs.run_id,
             attempt,
+            evidence,
         )
         if built is None:  # its record could not be judged: the verdict cannot pass without it
             unjudged.append(name)
@@ -245,19 +257,19 @@ def _link_buffers(name: str, groups: dict, links: dict[str, str]) -> None:
             groups["buffers_changed"] = [links.get(n, n) for n in groups["buffers_changed"]]
 
 
-def _extra_run(path: Path, run_id: str | None, name: str) -> tuple:
+def _extra_run(path: Path, run_id: str | None, name: str, evidence: Evidence) -> tuple:
     """(record, parity tensors) of an extra run of this compare run that finished (a noise floor's,
     a behaviour-matched one's); raises RecordError or OSError otherwise."""
-    record = read_record(path)
+    record = evidence.record(path)
     check_belongs(record, path, run_id)
     if record.status != BackendStatus.OK:
         raise RecordError(f"{record.status}: {record.message}")
-    tensors = with_second_pass(read_tensors(path, record), path.parent, record.run_id, name)
+    tensors = with_second_pass(evidence.tensors(path, record), path.parent, record.run_id, name)
     return record, {**tensors, "buffers_changed": record.extra.buffers_changed}
 
 
 def _runtime_behaviours(
-    inputs: ReportInputs, name: str, ref: tuple, policy: dict, floors
+    inputs: ReportInputs, name: str, ref: tuple, policy: dict, floors, evidence: Evidence
 ) -> dict | None:
     """The named behaviours of `name`'s runtime that its op check found the model meets
     (common/runtime_behaviours.py), and, where a behaviour-matched run was made
@@ -270,7 +282,7 @@ def _runtime_behaviours(
     if not path.exists():
         return {"met": seen}
     try:
-        record, tensors = _extra_run(path, inputs.run_id, name)
+        record, tensors = _extra_run(path, inputs.run_id, name, evidence)
         judged = check_parity(ref[0], record, ref[1], tensors, policy, intended=[], floors=floors)
     except (RecordError, OSError) as e:
         return {"met": seen, "matched": {"passed": None, "why": str(e)}}
@@ -284,7 +296,7 @@ def _runtime_behaviours(
     }
 
 
-def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
+def noise_floors_of(inputs: ReportInputs, evidence: Evidence) -> tuple[dict[str, FloorRun], dict]:
     """Each backend's noise-floor run of this compare run (compare/judge/noise_floor.py: a bfloat16
     run's float32 twin, a float32 run's twin from jittered start weights), when the policy asks, and
     what the report says of the policy, with the backends that have none (a pair without both floors
@@ -299,7 +311,7 @@ def noise_floors_of(inputs: ReportInputs) -> tuple[dict[str, FloorRun], dict]:
     for name in inputs.names:
         path = inputs.out / FLOOR_DIR / name / RECORD_FILE
         try:
-            record, tensors = _extra_run(path, inputs.run_id, name)
+            record, tensors = _extra_run(path, inputs.run_id, name, evidence)
             floors[name] = FloorRun(record.losses, tensors)
         except (RecordError, OSError) as e:
             missing[name] = (
@@ -322,6 +334,7 @@ def _parity(
     tensors: dict,
     unjudged: list,
     attempt,
+    evidence: Evidence,
     floors: dict[str, FloorRun] | None = None,
 ) -> dict | None:
     """Every backend that finished, judged against the reference, even when another one failed; None
@@ -372,6 +385,7 @@ def _parity(
                 (records[reference], tensors[reference]),
                 policy,
                 pair,
+                evidence,
             )
             if behaviours:
                 parity[n]["runtime_behaviours"] = behaviours
@@ -438,7 +452,14 @@ def _attempt(not_built: list[dict], debug: bool, part: str, build, *args, **kwar
 
 
 def _backend_entry(
-    name: str, run, out: Path, peak, want_tensors: bool, run_id: str | None, attempt
+    name: str,
+    run,
+    out: Path,
+    peak,
+    want_tensors: bool,
+    run_id: str | None,
+    attempt,
+    evidence: Evidence,
 ):
     """(report entry, record or None, parity tensors or None) of one backend; a record of another
     run than this one (`run_id`), or one shorter than its spec, is not judged. A summary that cannot
@@ -458,7 +479,7 @@ def _backend_entry(
     record_path = run_dir / RECORD_FILE
     if run is not None and record_path.exists():
         try:
-            candidate = read_record(record_path)
+            candidate = evidence.record(record_path)
             check_belongs(candidate, record_path, None if reused else run_id)
             record = candidate
             entry.update(
@@ -477,7 +498,7 @@ def _backend_entry(
             )
             if record.status == BackendStatus.OK and want_tensors:
                 tensors = with_second_pass(
-                    read_tensors(record_path, record), run_dir, record.run_id, name
+                    evidence.tensors(record_path, record), run_dir, record.run_id, name
                 )
                 tensors.update(capture_facts(record), buffers_changed=record.extra.buffers_changed)
                 # captured apart, when step 0 parted (compare/runs/capture_runs.py): the run's own

@@ -27,13 +27,13 @@ from compare.runs.orchestrate import BackendRun, run_backend
 CAPTURE_DIR = "activations"
 
 
-def parted_at_step0(report: dict, out: Path, captured: bool) -> tuple[list[str], tuple[int, int]]:
+def parted_at_step0(judged, out: Path, captured: bool) -> tuple[list[str], tuple[int, int]]:
     """(the backends whose activations locate a divergence, the (row, token) their capture starts
     at): every one whose pair parts at step 0 with no module found yet, and the reference they are
     judged against, captured where the logits differ most (`worst_example`). `captured`: the runs
     captured their own (--activations) from the batch's first rows; those pairs are captured again
     only where the logits differ most elsewhere."""
-    parity = report.get("parity") or {}
+    parity = judged.pairs()
     parted = [
         n
         for n, p in parity.items()
@@ -41,28 +41,29 @@ def parted_at_step0(report: dict, out: Path, captured: bool) -> tuple[list[str],
         and p.get("comparable")
         and (captured or p.get("first_divergent_module") is None)
     ]
-    names = [report["reference"], *parted] if parted else []
-    at = worst_example(report, out, names) if names else (0, 0)
-    if captured and in_first_capture(_task(report) == "lm", at):
+    names = [judged.reference, *parted] if parted else []
+    at = worst_example(judged, out, names) if names else (0, 0)
+    if captured and in_first_capture(_task(judged) == "lm", at):
         return [], (0, 0)
     return names, at
 
 
-def _task(report: dict) -> str:
-    model = (report.get("spec") or {}).get("model", {})
+def _task(judged) -> str:
+    model = judged.inputs.spec.to_dict().get("model", {})
     return model.get("task") or ("lm" if model.get("family") == "gpt" else "classification")
 
 
-def worst_example(report: dict, out: Path, names: list[str]) -> tuple[int, int]:
+def worst_example(judged, out: Path, names: list[str]) -> tuple[int, int]:
     """The (row, token) of step 0's batch where a parting pair's logits differ most (a language
     model's: the token too; any other task's: the row), so the capture looks where the difference
     is: a port that differs in one example only (a padded one, say) is invisible in another. (0, 0)
     when no pair's logits can be set side by side whole (kept as summaries, or of other shapes)."""
-    task = _task(report)
-    ref, worst, at = report["reference"], -1.0, (0, 0)
-    a = _logits(out / ref, report.get("run_id"))
+    task = _task(judged)
+    # any record's: the judge has checked that those it judged belong to the run
+    ref, worst, at = judged.reference, -1.0, (0, 0)
+    a = _logits(out / ref)
     for name in names:
-        b = _logits(out / name, report.get("run_id")) if name != ref else None
+        b = _logits(out / name) if name != ref else None
         if a is None or b is None or a.shape != b.shape or a.ndim < 2:
             continue
         diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
@@ -77,12 +78,10 @@ def worst_example(report: dict, out: Path, names: list[str]) -> tuple[int, int]:
     return at
 
 
-def _logits(run_dir: Path, run_id: str | None):
-    """A run's step-0 logits whole, or None (none, a summary, not this run's)."""
+def _logits(run_dir: Path):
+    """A run's step-0 logits whole, or None (none, a summary)."""
     try:
         record = read_record(run_dir / RECORD_FILE)
-        if run_id is not None and record.run_id != run_id:
-            return None
         value = read_tensors(run_dir / RECORD_FILE, record)["outputs"].get("logits")
         return np.asarray(value) if isinstance(value, np.ndarray) else None
     except (RecordError, OSError, KeyError):

@@ -87,9 +87,9 @@ def run_noise_floors(
 
 
 def floor_where_needed(
-    opts: CompareOptions, plan: Plan, outcome, report: dict, tensor_mode: str, rebuild
-) -> dict:
-    """The report, built again by `rebuild(why)` with a noise floor (compare/judge/noise_floor.py),
+    opts: CompareOptions, plan: Plan, outcome, judged, tensor_mode: str, rejudge
+):
+    """The run judged again by `rejudge(why)` with a noise floor (compare/judge/noise_floor.py),
     when a float32 pair fails its fixed bounds where only a floor tells rounding from a port error
     (`floor_needed`): the reference and those backends run once more from jittered start weights.
     Not for summarized tensors (a floor of summaries measures nothing), reused records, the
@@ -100,13 +100,13 @@ def floor_where_needed(
         or opts.judging.parity_mode == ParityMode.STATISTICAL
         or opts.hosts.hosts > 1
     ):
-        return report
-    needed = floor_needed(report)
+        return judged
+    needed = floor_needed(judged)
     names = list(needed)
-    if not names or not all(n in plan.launches for n in (report["reference"], *names)):
-        return report
+    if not names or not all(n in plan.launches for n in (judged.reference, *names)):
+        return judged
     try:
-        for name in (report["reference"], *names):
+        for name in (judged.reference, *names):
             run = run_backend(
                 name,
                 plan.pythons[name],
@@ -117,17 +117,17 @@ def floor_where_needed(
             note_failed(outcome, [run], "the noise-floor run")
     except KeyboardInterrupt:
         outcome.interrupted = True
-        return report
-    return rebuild(
+        return judged
+    return rejudge(
         "measured because, judged by the fixed float32 bounds, "
         + "; ".join(f"{name}: {why}" for name, why in needed.items())
     )
 
 
 def keep_whole(
-    opts: CompareOptions, plan: Plan, outcome, floored: list[str], dtype: str, report: dict, build
-) -> dict:
-    """The report (`report`, built from the runs), built again (`build(interrupted)`) after a second
+    opts: CompareOptions, plan: Plan, outcome, floored: list[str], dtype: str, judged, rejudge
+):
+    """The run (`judged` on its runs) judged again (`rejudge(interrupted)`) after a second
     pass of the backends whose summarized tensors left tolerance (compare/runs/second_pass.py), and
     of their noise-floor runs when they have one; unchanged when none did or the tensors were not
     summarized by `auto`. A reused record is not run again: its tensors are judged as it kept
@@ -138,10 +138,10 @@ def keep_whole(
         or opts.judging.parity_mode == ParityMode.STATISTICAL
         or opts.hosts.hosts > 1
     ):  # every host would have to run it: compare/runs/hosts.py
-        return report
-    wanted = {n: keys for n, keys in needs_whole(report).items() if n in plan.launches}
+        return judged
+    wanted = {n: keys for n, keys in needs_whole(judged).items() if n in plan.launches}
     if not wanted:
-        return report
+        return judged
     try:
         for name, keys in wanted.items():
             run_backend(
@@ -161,11 +161,11 @@ def keep_whole(
                 )
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
-    return build(outcome.interrupted)
+    return rejudge(outcome.interrupted)
 
 
-def locate_divergence(opts: CompareOptions, plan: Plan, outcome, report: dict, build) -> dict:
-    """The report, built again with the activations of the backends that part at step 0 when there
+def locate_divergence(opts: CompareOptions, plan: Plan, outcome, judged, rejudge):
+    """The run judged again with the activations of the backends that part at step 0 when there
     are any, captured now (not with --activations: the runs captured theirs), and with a location
     found on summaries confirmed whole. Not in the statistical mode: each framework draws its own
     dropout masks, so step 0 parts by design and its activations locate nothing."""
@@ -174,8 +174,8 @@ def locate_divergence(opts: CompareOptions, plan: Plan, outcome, report: dict, b
         or opts.judging.parity_mode == ParityMode.STATISTICAL
         or opts.hosts.hosts > 1
     ):  # every host would have to run it: compare/runs/hosts.py
-        return report
-    parted, at = parted_at_step0(report, plan.out, opts.capture.activations)
+        return judged
+    parted, at = parted_at_step0(judged, plan.out, opts.capture.activations)
     parted = [n for n in parted if n in plan.launches]
     try:
         if parted:
@@ -186,29 +186,28 @@ def locate_divergence(opts: CompareOptions, plan: Plan, outcome, report: dict, b
                 plan.out,
                 plan.timeout_s,
             )
-            report = mark_failed_captures(build(outcome.interrupted), runs)
+            outcome.capture_failed.update(failed_captures(runs))
+            judged = rejudge(outcome.interrupted)
         return confirm_locations(
-            opts, plan, impose_choices(opts, plan, report, build, at), build, at
+            opts, plan, impose_choices(opts, plan, judged, rejudge, at), rejudge, at
         )
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
-        return build(True)
+        return rejudge(True)
 
 
-def impose_choices(
-    opts: CompareOptions, plan: Plan, report: dict, build, at: tuple[int, int]
-) -> dict:
-    """The report built again after the capture, with the reference's top-k/argmax/sort choices
+def impose_choices(opts: CompareOptions, plan: Plan, judged, rejudge, at: tuple[int, int]):
+    """The run judged again after the capture, with the reference's top-k/argmax/sort choices
     imposed, of each backend whose choices differ from the reference's at ties only and that can
     take them (compare/judge/decided.py), into `<backend>/activations/imposed/`; unchanged when
     there is none."""
-    ref = report["reference"]
+    ref = judged.reference
     source = plan.out / ref / CAPTURE_DIR
     # a run that captured its own
     source = source if (source / RECORD_FILE).exists() else plan.out / ref
     wanted = [
         n
-        for n, p in (report.get("parity") or {}).items()
+        for n, p in judged.pairs().items()
         if needs_imposing(p) and n in plan.launches and backends.info(n).imposes_decisions
     ]
     for name in wanted:
@@ -219,27 +218,29 @@ def impose_choices(
             plan.out / name / CAPTURE_DIR / IMPOSED_DIR,
             plan.timeout_s,
         )
-    return build(False) if wanted else report
+    return rejudge(False) if wanted else judged
 
 
-def mark_failed_captures(report: dict, runs: dict) -> dict:
-    """A pair whose capture run failed says so where its location would be (`capture_failed`), not a
-    bare '-'."""
-    failed = {
+def failed_captures(runs: dict) -> dict[str, str]:
+    """{backend: why} of the capture runs that failed."""
+    return {
         n: f"{n}'s capture run {run.status}: {run.message}"
         for n, run in runs.items()
         if run.status != BackendStatus.OK
     }
-    for name, parity in (report.get("parity") or {}).items():
-        why = failed.get(name) or failed.get(report["reference"])
+
+
+def mark_failed_captures(judged, failed: dict[str, str]):
+    """A pair whose capture run failed (`failed`: {backend: why}) says so where its location would
+    be (`capture_failed`), not a bare '-'."""
+    for name, parity in judged.pairs().items():
+        why = failed.get(name) or failed.get(judged.reference)
         if why and not parity.get("first_divergent_module"):
             parity["capture_failed"] = why
-    return report
+    return judged
 
 
-def confirm_locations(
-    opts: CompareOptions, plan: Plan, report: dict, build, at: tuple[int, int]
-) -> dict:
+def confirm_locations(opts: CompareOptions, plan: Plan, judged, rejudge, at: tuple[int, int]):
     """A location found on summaries of the activations (a capture under --tensors summary|auto)
     confirmed by a capture that keeps its module's input and output whole on both sides
     (compare/runs/second_pass.py activations_to_confirm), into
@@ -249,7 +250,7 @@ def confirm_locations(
     kept: dict[str, set[str]] = {}
     for _ in range(CONFIRM_PASSES):
         wanted = {
-            n: keys for n, keys in activations_to_confirm(report).items() if n in plan.launches
+            n: keys for n, keys in activations_to_confirm(judged).items() if n in plan.launches
         }
         if not wanted:
             break
@@ -262,18 +263,18 @@ def confirm_locations(
                 plan.out / name / CAPTURE_DIR / WHOLE_DIR,
                 plan.timeout_s,
             )
-        report = build(False)
-    return report
+        judged = rejudge(False)
+    return judged
 
 
-def choices_where_parted(opts: CompareOptions, plan: Plan, outcome, report: dict, build) -> dict:
-    """The report built again with both sides' top-k/argmax/sort choices at the step where a pair's
+def choices_where_parted(opts: CompareOptions, plan: Plan, outcome, judged, rejudge):
+    """The run judged again with both sides' top-k/argmax/sort choices at the step where a pair's
     runs part after a step 0 that agreed in everything (compare/judge/decided.py
     judge_later_choices): the reference and that backend trained to that step once more and captured
     on its whole batch, into `<backend>/activations/at-step-<s>/`. Only runtimes that capture from
     the weights their steps left (captures_later_steps); not in the statistical mode or on several
     hosts; unchanged when no pair parts so."""
-    ref = report["reference"]
+    ref = judged.reference
     if (
         outcome.interrupted
         or opts.judging.parity_mode == ParityMode.STATISTICAL
@@ -281,10 +282,10 @@ def choices_where_parted(opts: CompareOptions, plan: Plan, outcome, report: dict
         or ref not in plan.launches
         or not backends.info(ref).captures_later_steps
     ):
-        return report
+        return judged
     wanted = {
         n: p["first_divergent_step"]
-        for n, p in (report.get("parity") or {}).items()
+        for n, p in judged.pairs().items()
         if n in plan.launches and backends.info(n).captures_later_steps and _parted_later(p)
     }
     try:
@@ -299,8 +300,8 @@ def choices_where_parted(opts: CompareOptions, plan: Plan, outcome, report: dict
                 )
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
-        return build(True)
-    return build(False) if wanted else report
+        return rejudge(True)
+    return rejudge(False) if wanted else judged
 
 
 def _parted_later(parity: dict) -> bool:
@@ -315,8 +316,8 @@ def _parted_later(parity: dict) -> bool:
     return not (parity.get("first_divergent_module") or {}).get("modules_compared")
 
 
-def explain_by_behaviours(opts: CompareOptions, plan: Plan, outcome, report: dict, build) -> dict:
-    """The report, built again (`build(interrupted)`) after a behaviour-matched run of each backend
+def explain_by_behaviours(opts: CompareOptions, plan: Plan, outcome, judged, rejudge):
+    """The run judged again (`rejudge(interrupted)`) after a behaviour-matched run of each backend
     whose parity failed where its op check found the model meets a named behaviour of its runtime
     (common/runtime_behaviours.py), into <out>/matched/<backend>/; unchanged when none did. Not in
     the statistical mode or across hosts."""
@@ -325,15 +326,15 @@ def explain_by_behaviours(opts: CompareOptions, plan: Plan, outcome, report: dic
         or opts.judging.parity_mode == ParityMode.STATISTICAL
         or opts.hosts.hosts > 1
     ):
-        return report
+        return judged
     wanted = {
         name: list(met(read_ops(plan.out / OPS_DIR / name)))
-        for name, parity in (report.get("parity") or {}).items()
+        for name, parity in judged.pairs().items()
         if not parity.get("passed") and name in plan.launches
     }
     wanted = {name: ids for name, ids in wanted.items() if ids}
     if not wanted:
-        return report
+        return judged
     try:
         for name, ids in wanted.items():
             run = run_backend(
@@ -346,8 +347,8 @@ def explain_by_behaviours(opts: CompareOptions, plan: Plan, outcome, report: dic
             note_failed(outcome, [run], "the behaviour-matched run")
     except KeyboardInterrupt:
         outcome.interrupted = True
-        return report
-    return build(outcome.interrupted)
+        return judged
+    return rejudge(outcome.interrupted)
 
 
 def with_record(run):
@@ -411,12 +412,12 @@ def generation_runs(opts: CompareOptions, plan: Plan, outcome) -> None:
         outcome.interrupted = True
 
 
-def locate_decode_divergence(opts: CompareOptions, plan: Plan, outcome, report: dict, build):
-    """The report built again after the decode calls where a pair's decode paths part are captured
+def locate_decode_divergence(opts: CompareOptions, plan: Plan, outcome, judged, rejudge):
+    """The run judged again after the decode calls where a pair's decode paths part are captured
     module by module (compare/judge/generation.py locate_in_step): the reference's and that
     backend's, fed the reference's tokens, into <backend>/generation/at-step-<s>/. Only runtimes
     that capture their decode path; unchanged when no pair parts."""
-    ref, section = opts.reference, report.get("generation") or {}
+    ref, section = opts.reference, judged.section("generation") or {}
     wanted = {
         name: capture_step(pair["first_divergent_step"])
         for name, pair in (section.get("pairs") or {}).items()
@@ -425,7 +426,7 @@ def locate_decode_divergence(opts: CompareOptions, plan: Plan, outcome, report: 
         and all(backends.info(n).captures_decode for n in (ref, name))
     }
     if outcome.interrupted or ref not in plan.launches or not wanted:
-        return report
+        return judged
     fed_from = plan.out / ref / GENERATION_DIR
     try:
         for step in sorted(set(wanted.values())):
@@ -437,4 +438,4 @@ def locate_decode_divergence(opts: CompareOptions, plan: Plan, outcome, report: 
                 )
     except KeyboardInterrupt:  # run_backend has taken the running one's process group down
         outcome.interrupted = True
-    return build(outcome.interrupted)
+    return rejudge(outcome.interrupted)

@@ -236,6 +236,9 @@ class Outcome:
     # (what, run) of each extra run (a noise floor's) that failed: the verdict says so
     # (compare/runs/extra_runs.py extra_runs_check)
     extra_failed: list = field(default_factory=list)
+    # {backend: why} of each step-0 capture run that failed: its pair says so where its location
+    # would be (compare/runs/extra_runs.py mark_failed_captures)
+    capture_failed: dict = field(default_factory=dict)
 
 
 def check_ops(

@@ -42,18 +42,18 @@ def default_mode(params: int) -> tuple[str, str]:
     return "full", f"the default up to {AUTO_ABOVE_PARAMS:,} parameters (this model: {params:,})"
 
 
-def needs_whole(report: dict) -> dict[str, list[str]]:
+def needs_whole(judged) -> dict[str, list[str]]:
     """{backend: tensor keys} a second pass keeps whole: every tensor judged by its summary that
     left tolerance, on the backend that left it and on the reference."""
     wanted: dict[str, set[str]] = {}
-    for name, parity in (report.get("parity") or {}).items():
+    for name, parity in judged.pairs().items():
         failing = {
             key
             for key, row in (parity.get("tensors") or {}).items()
             if row.get("judged_by") == "summary" and not row["within"]
         }
         if failing:
-            wanted.setdefault(report["reference"], set()).update(failing)
+            wanted.setdefault(judged.reference, set()).update(failing)
             wanted.setdefault(name, set()).update(failing)
     return {name: sorted(keys) for name, keys in wanted.items()}
 
@@ -174,13 +174,13 @@ def with_second_pass(
     return tensors
 
 
-def activations_to_confirm(report: dict) -> dict[str, list[str]]:
+def activations_to_confirm(judged) -> dict[str, list[str]]:
     """{backend: activation keys} a confirming capture keeps whole: for every location found on
     summaries, the input and output (forward) or their gradients (backward) of its module still
     summarized (compare/judge/parity.py confirm_locations' `to_confirm`), on that backend and the
     reference; none once every one is whole or could not be reproduced."""
     wanted: dict[str, set[str]] = {}
-    for name, parity in (report.get("parity") or {}).items():
+    for name, parity in judged.pairs().items():
         done = parity.get("activation_pass") or {}
         if done.get("failed"):  # a confirming capture that cannot be read is not asked for again
             continue
@@ -193,7 +193,7 @@ def activations_to_confirm(report: dict) -> dict[str, list[str]]:
             for k in (found or {}).get("to_confirm", ())
         } - set(done.get("not_reproduced", {}))
         if keys:
-            wanted.setdefault(report["reference"], set()).update(keys)
+            wanted.setdefault(judged.reference, set()).update(keys)
             wanted.setdefault(name, set()).update(keys)
     return {name: sorted(keys) for name, keys in wanted.items()}
 
