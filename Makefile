@@ -70,8 +70,9 @@ demo-tpu: $(TPU_JAX)/.installed $(TPU_TORCH_XLA)/.installed
 # waits on a timeout or a lock: 3 on the developers' 2 cores), handed one test at a time in the order
 # tests/conftest.py sets, longest first (xdist's default hands each a quarter of its share at once: the
 # longest tests all went to one process); tests/conftest.py gives every process one OpenMP thread. No
-# test judges a timing target (python -m benchmarks does, run alone). TEST_PROCESSES=N overrides.
-TEST_PROCESSES ?= $(shell python3 -c 'import os; print(len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2) + 1)')
+# test judges a timing target (python -m benchmarks does, run alone). Bounded by the memory available
+# (tests/workers.py: 3 GiB each). TEST_PROCESSES=N overrides.
+TEST_PROCESSES ?= $(shell python3 -m tests.workers)
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n $(TEST_PROCESSES) --maxschedchunk 1 --durations=25
 

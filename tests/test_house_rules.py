@@ -509,3 +509,16 @@ def test_every_path_to_the_checkout_is_the_checkout():
             ):
                 found.append((path.relative_to(REPO), path.resolve().parents[int(n)]))
     assert len(found) >= 2 and all(root == REPO.resolve() for _, root in found), found
+
+
+def test_make_test_runs_a_process_per_core_and_one_more_as_the_memory_holds(monkeypatch):
+    from tests import workers
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(workers, "available_gib", lambda: 64.0)
+    assert workers.count() == min(cores + 1, 64 // workers.GIB_PER_PROCESS)
+    monkeypatch.setattr(workers, "available_gib", lambda: 7.9)
+    assert workers.count() == min(cores + 1, 2)
+    monkeypatch.setattr(workers, "available_gib", lambda: 1.0)
+    assert workers.count() == 1
+    assert "TEST_PROCESSES ?= $(shell python3 -m tests.workers)" in (REPO / "Makefile").read_text()

@@ -177,9 +177,10 @@ def test_the_decoder_passes_per_device_against_four_gloo_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_a_psum_left_out_over_the_wrong_axis_or_from_the_wrong_rank_is_named(tmp_path):
-    # both sides as 4 processes: torch's per-rank code on 4 gloo ranks, JAX's regions over 4
-    # processes' devices
-    args = ("--backend", "jax,torch", "--activations", "--processes", "4")
+    """The same named module and devices whether torch's per-rank code runs on one process or as 4
+    gloo ranks (the psum over `data`: both sides as 4 processes, JAX's regions over 4 processes'
+    devices): the suite runs the other two on one process each."""
+    args = ("--backend", "jax,torch", "--activations")
     result, report = compare(tmp_path, "tp_missing_psum", *args)
     assert result.returncode == 1
     parity = report["parity"]["torch"]
@@ -192,7 +193,7 @@ def test_a_psum_left_out_over_the_wrong_axis_or_from_the_wrong_rank_is_named(tmp
 
     # on data=2, tensor=2: a sum over the batch's halves, each tensor rank its own partial; torch's
     # ranks two tensor groups of 2, each its half of the rows
-    result, report = compare(tmp_path, "tp_psum_over_data", *args)
+    result, report = compare(tmp_path, "tp_psum_over_data", *args, "--processes", "4")
     assert result.returncode == 1
     replicas = report["parity"]["torch"]["devices"]["replicas_differ"]["jax"]
     assert replicas["layers.0.mlp"]["devices"] == [1, 3]
