@@ -141,8 +141,9 @@ class ServedProcess:
             if not chunk:
                 self._said += b"exit 255\n"
             self._said += chunk
-        line = self._said.split(b"\n", 1)[0].decode()
-        self.returncode = int(line.split()[1])
+        word = self._said.split(b"\n", 1)[0].decode().split()
+        # a line cut short (the server gone mid-line) is the lost status's 255
+        self.returncode = int(word[1]) if len(word) == 2 and word[1].lstrip("-").isdigit() else 255
         self._conn.close()
 
 

@@ -11,11 +11,12 @@ from common.files.record import RECORD_FILE, RunRecord, read_record
 from common.files.tensor_file import read_tensors
 
 
-def _identity(path: Path) -> tuple:
+def _identity(path: Path) -> tuple | None:
+    """The file as stat sees it; None where it cannot (it is read, never kept)."""
     try:
         seen = os.stat(path)
     except OSError:  # read_record / read_tensors say why, in their words
-        return (str(path),)
+        return None
     return str(path), seen.st_ino, seen.st_size, seen.st_mtime_ns, seen.st_ctime_ns
 
 
@@ -30,6 +31,8 @@ class Evidence:
     def record(self, path: Path) -> RunRecord:
         path = path / RECORD_FILE if path.is_dir() else path
         key = _identity(path)
+        if key is None:
+            return read_record(path)
         if key not in self._records:
             self._records[key] = read_record(path)
         return self._records[key]
@@ -38,6 +41,8 @@ class Evidence:
         """The record's tensor groups: a dict of its own (its groups shared, read only)."""
         folder = path if path.is_dir() else path.parent
         key = _identity(folder / record.tensors) if record.tensors else None
-        if key is None or key not in self._tensors:  # none: read_tensors says what is missing
+        if key is None:  # read_tensors says what is missing
+            return read_tensors(path, record)
+        if key not in self._tensors:
             self._tensors[key] = read_tensors(path, record)
         return dict(self._tensors[key])
