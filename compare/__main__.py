@@ -617,9 +617,7 @@ def judged_with_extra_runs(
         judged = judge(judged_by, outcome.runs, interrupted, checks, evidence)
         return mark_failed_captures(judged, outcome.capture_failed)
 
-    judged = keep_whole(
-        opts, plan, outcome, floored, inputs.spec.train.dtype, rejudge(outcome.interrupted), rejudge
-    )
+    judged = keep_whole(opts, plan, outcome, floored, rejudge(outcome.interrupted), rejudge)
     judged = locate_divergence(opts, plan, outcome, judged, rejudge)
     judged = choices_where_parted(opts, plan, outcome, judged, rejudge)
     judged = explain_by_behaviours(opts, plan, outcome, judged, rejudge)
@@ -629,7 +627,6 @@ def judged_with_extra_runs(
         plan,
         outcome,
         judged,
-        inputs.tensors["mode"],
         lambda why: rejudge(
             False, dataclasses.replace(inputs, floor_policy="noise-floor", floor_why=why)
         ),

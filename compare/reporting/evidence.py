@@ -20,6 +20,15 @@ def _identity(path: Path) -> tuple | None:
     return str(path), seen.st_ino, seen.st_size, seen.st_mtime_ns, seen.st_ctime_ns
 
 
+def _kept(store: dict, key: tuple | None, read):
+    """read()'s value, kept in `store` under `key` (None: read, never kept)."""
+    if key is None:
+        return read()
+    if key not in store:
+        store[key] = read()
+    return store[key]
+
+
 class Evidence:
     """read_record and read_tensors for one compare run, each file read (and its tensor file's
     checksums streamed) once."""
@@ -30,19 +39,11 @@ class Evidence:
 
     def record(self, path: Path) -> RunRecord:
         path = path / RECORD_FILE if path.is_dir() else path
-        key = _identity(path)
-        if key is None:
-            return read_record(path)
-        if key not in self._records:
-            self._records[key] = read_record(path)
-        return self._records[key]
+        return _kept(self._records, _identity(path), lambda: read_record(path))
 
     def tensors(self, path: Path, record: RunRecord) -> dict:
         """The record's tensor groups: a dict of its own (its groups shared, read only)."""
         folder = path if path.is_dir() else path.parent
+        # none: read_tensors says what is missing
         key = _identity(folder / record.tensors) if record.tensors else None
-        if key is None:  # read_tensors says what is missing
-            return read_tensors(path, record)
-        if key not in self._tensors:
-            self._tensors[key] = read_tensors(path, record)
-        return dict(self._tensors[key])
+        return dict(_kept(self._tensors, key, lambda: read_tensors(path, record)))

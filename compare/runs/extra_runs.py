@@ -86,9 +86,7 @@ def run_noise_floors(
     return floored
 
 
-def floor_where_needed(
-    opts: CompareOptions, plan: Plan, outcome, judged, tensor_mode: str, rejudge
-):
+def floor_where_needed(opts: CompareOptions, plan: Plan, outcome, judged, rejudge):
     """The run judged again by `rejudge(why)` with a noise floor (compare/judge/noise_floor.py),
     when a float32 pair fails its fixed bounds where only a floor tells rounding from a port error
     (`floor_needed`): the reference and those backends run once more from jittered start weights.
@@ -96,7 +94,7 @@ def floor_where_needed(
     statistical mode or several hosts; unchanged otherwise."""
     if (
         outcome.interrupted
-        or tensor_mode != "full"
+        or judged.inputs.tensors["mode"] != "full"
         or opts.judging.parity_mode == ParityMode.STATISTICAL
         or opts.hosts.hosts > 1
     ):
@@ -124,9 +122,7 @@ def floor_where_needed(
     )
 
 
-def keep_whole(
-    opts: CompareOptions, plan: Plan, outcome, floored: list[str], dtype: str, judged, rejudge
-):
+def keep_whole(opts: CompareOptions, plan: Plan, outcome, floored: list[str], judged, rejudge):
     """The run (`judged` on its runs) judged again (`rejudge(interrupted)`) after a second
     pass of the backends whose summarized tensors left tolerance (compare/runs/second_pass.py), and
     of their noise-floor runs when they have one; unchanged when none did or the tensors were not
@@ -155,7 +151,7 @@ def keep_whole(
                 run_backend(
                     name,
                     plan.pythons[name],
-                    whole_launch(opts, name, keys, dtype),
+                    whole_launch(opts, name, keys, judged.dtype),
                     plan.out / FLOOR_DIR / name / WHOLE_DIR,
                     plan.timeout_s,
                 )
