@@ -1,6 +1,7 @@
 """The run records and tensor files a run is judged on, read in one place once each: judged again
 after an extra run, the judge reads only the files that run wrote (a file is known by its path and
-what stat says of it, so one written again is read again)."""
+what stat says of it, so one written again is read again). The CPU's peak, which MFU divides by,
+is measured once a run too."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from common.files.record import RECORD_FILE, RunRecord, read_record
 from common.files.tensor_file import read_tensors
+from compare.explain.figures import cpu_peak
 
 
 def _identity(path: Path) -> tuple | None:
@@ -31,11 +33,17 @@ def _kept(store: dict, key: tuple | None, read):
 
 class Evidence:
     """read_record and read_tensors for one compare run, each file read (and its tensor file's
-    checksums streamed) once."""
+    checksums streamed) once; the CPU's peak measured once."""
 
     def __init__(self):
         self._records: dict[tuple, RunRecord] = {}
         self._tensors: dict[tuple, dict] = {}
+        self._peaks: dict[tuple, tuple[float, str]] = {}
+
+    def cpu_peak(self, cache_dir: Path | None) -> tuple[float, str]:
+        """figures.cpu_peak's (flop/s, where from), looked at by the run's first judging (a run is
+        judged again after each extra run: ~0.15 s a look)."""
+        return _kept(self._peaks, (cache_dir,), lambda: cpu_peak(cache_dir))
 
     def record(self, path: Path) -> RunRecord:
         path = path / RECORD_FILE if path.is_dir() else path

@@ -21,7 +21,7 @@ from common.ops import OPS_DIR, read_ops
 from common.runtime_behaviours import MATCHED_DIR, met
 from common.twin.start_state import by_nnx_names, read_links
 from common.vocab import BackendStatus, ExitCode, ParityMode, ReportStatus
-from compare.explain.figures import backend_summary, cpu_peak, wall_breakdown
+from compare.explain.figures import backend_summary, wall_breakdown
 from compare.judge.decided import IMPOSED, LATER
 from compare.judge.devices import devices_check, one_device
 from compare.judge.islands import widened_of
@@ -213,7 +213,7 @@ def _entries(
 ) -> tuple[dict, dict, dict, list]:
     """Per backend: its report entry, its record and parity tensors when they can be judged; and the
     backends whose record could not be (the verdict cannot pass without them)."""
-    peak = functools.lru_cache(maxsize=1)(functools.partial(cpu_peak, inputs.cpu_peak_cache))
+    peak = functools.partial(evidence.cpu_peak, inputs.cpu_peak_cache)
     backends, records, tensors, unjudged = {}, {}, {}, []
     for name in inputs.names:
         run = runs.get(name)
