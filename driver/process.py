@@ -168,7 +168,8 @@ def backend_parser(backend: str) -> argparse.ArgumentParser:
         "--throughput-steps",
         type=bounded_int(0, MOST, "steps"),
         default=None,
-        help="extra steps timed pipelined (one wait at the end); default: train.steps, 0 = off",
+        help="extra steps timed pipelined (one wait at the end); default: train.steps, at most 10; "
+        "0 = off",
     )
     add_profile_flag(parser)
     add_no_hlo_flag(parser)

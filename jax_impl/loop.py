@@ -20,7 +20,7 @@ import optax
 from common.capture.activations import Capture
 from common.data import Batch, held_inputs, make_dataset
 from common.data.masks import MaskFeed, draw_masks, drawing_feed, given_feed
-from common.files.record import RunRecord, throughput_summary
+from common.files.record import RunRecord, pipelined_steps, throughput_summary
 from common.files.tensor_file import summarized
 from common.provoke import provoked_batch, python_value, with_python_value
 from common.spec import RunSpec
@@ -332,7 +332,7 @@ class JittedTrainer:
 def _pipelined_throughput(trainer: JittedTrainer, steps: int | None, value: float | None) -> dict:
     """K more steps dispatched back to back, one wait at the end (state is discarded after)."""
     spec = trainer.spec
-    steps = spec.train.steps if steps is None else steps
+    steps = pipelined_steps(spec, steps)
     if steps <= 0:
         return {}
     # data ready on device before the clock

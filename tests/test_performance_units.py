@@ -182,3 +182,17 @@ def test_exit_process_waits_for_a_thread_still_working():
         "exit_process(4)"
     )
     assert (proc.returncode, proc.stdout) == (4, "thread done\n")
+
+
+def test_the_pipelined_throughput_times_the_runs_steps_up_to_ten_unless_told():
+    """A run of 50 steps timed 50 more for its pipelined figure; 10 read it as well (measured:
+    docs/performance.md). --throughput-steps N is N whatever the run's steps, 0 none."""
+    from common.files.record import PIPELINED_STEPS, pipelined_steps
+    from common.presets import load_spec
+
+    spec = load_spec("gpt-tiny")
+    assert spec.train.steps == 50 and PIPELINED_STEPS == 10
+    assert pipelined_steps(spec, None) == 10
+    short = load_spec("gpt-tiny", ["train.steps=3"])
+    assert pipelined_steps(short, None) == 3
+    assert pipelined_steps(spec, 0) == 0 and pipelined_steps(short, 30) == 30

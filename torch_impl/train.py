@@ -24,6 +24,7 @@ from common.files.record import (
     host_platform,
     numerics_env,
     package_versions,
+    pipelined_steps,
     precision_numerics,
     throughput_summary,
 )
@@ -434,7 +435,7 @@ def _pipelined_throughput(trainer: TorchTrainer, steps: int | None) -> dict:
     """K more steps with one wait at the end (on the CPU every op already waits: equal to
     synced)."""
     spec = trainer.spec
-    steps = spec.train.steps if steps is None else steps
+    steps = pipelined_steps(spec, steps)
     if steps <= 0:
         return {}
     # on the device before the clock

@@ -47,6 +47,7 @@ from common.files.record import (
     host_platform,
     numerics_env,
     package_versions,
+    pipelined_steps,
     precision_numerics,
     throughput_summary,
 )
@@ -512,7 +513,7 @@ def _pipelined_throughput(trainer: TorchXlaTrainer, steps: int | None) -> dict:
     different graph (measured: one extra compile).
     """
     spec = trainer.spec
-    steps = spec.train.steps if steps is None else steps
+    steps = pipelined_steps(spec, steps)
     if steps <= 0:
         return {}
     batches = list(trainer.loader(spec.train.steps, steps))

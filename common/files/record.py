@@ -378,6 +378,18 @@ def read_record(path: str | Path) -> RunRecord:
     return record
 
 
+# the pipelined throughput's extra steps unless a backend is told (--throughput-steps): the run's
+# own number, at most this many. One clock over the steps dispatched back to back: a run of 50
+# steps paid 50 more for a figure 10 give (gpt-tiny's pipelined ms: see docs/performance.md)
+PIPELINED_STEPS = 10
+
+
+def pipelined_steps(spec, asked: int | None) -> int:
+    """The extra steps the pipelined throughput times: `asked` (--throughput-steps; 0: none), else
+    the run's steps up to PIPELINED_STEPS."""
+    return min(spec.train.steps, PIPELINED_STEPS) if asked is None else asked
+
+
 def throughput_summary(spec, steps: int, seconds: float) -> dict:
     """Pipelined throughput of `steps` steps of a RunSpec that took `seconds` in all."""
     examples = spec.train.global_batch_size * steps
