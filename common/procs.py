@@ -4,15 +4,18 @@ started by start_group, so its pid is its group)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 from preload import client as preload_client
 
@@ -138,3 +141,23 @@ def _gone_within(proc: subprocess.Popen, pgid: int, seconds: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a toolkit process (compare, a backend, a describe or export step) once its files are
+    written: the exit hooks run (atexit: jax.distributed's shutdown, logging's flush, temporary
+    folders' removal), then the process ends without the interpreter's teardown, which frees every
+    module's objects one by one and runs the frameworks' destructors for nothing the run needs
+    (measured on gpt-tiny: torch_xla 0.8 s, torch 0.4 s, jax 0.17 s of compare's wall time;
+    compare's own, numpy, rich and matplotlib loaded, ~0.1 s). A thread still working keeps the
+    normal exit, which waits for it."""
+    if any(
+        t.is_alive() and not t.daemon
+        for t in threading.enumerate()
+        if t is not threading.main_thread()
+    ):
+        sys.exit(code)
+    atexit._run_exitfuncs()  # noqa: SLF001  (the hooks a normal exit runs first)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

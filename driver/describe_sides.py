@@ -23,8 +23,8 @@ import os
 import runpy
 import sys
 
+from common.procs import exit_process
 from common.protocol import DESCRIBED, THEN, WAIT_FOR_RUN, read_run_request
-from driver.process import exit_process
 
 
 def steps(argv: list[str]) -> list[tuple[str, list[str]]]:

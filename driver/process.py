@@ -1,18 +1,12 @@
-"""The flags and the end of a backend process: its parser (every flag compare passes it), the flags
-of a multi-process run, and exit_process, which ends a framework process without the interpreter's
-teardown."""
+"""The flags of a backend process: its parser (every flag compare passes it) and the flags of a
+multi-process run (its end: common/procs.py exit_process)."""
 
 from __future__ import annotations
 
 import argparse
-import atexit
 import difflib
-import os
-import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 from common.cli import (
     MOST,
@@ -229,22 +223,3 @@ def add_process_flags(parser: argparse.ArgumentParser) -> type[ProcessFlags]:
     group.add_argument("--num-processes", type=bounded_int(1, 4096, "processes"), default=1)
     group.add_argument("--process-id", type=bounded_int(0, 4095, "a process"), default=0)
     return ProcessFlags
-
-
-def exit_process(code: int) -> NoReturn:
-    """End a framework process (a backend, a describe or export step) once its files are written:
-    the exit hooks run (atexit: jax.distributed's shutdown, logging's flush), then the process ends
-    without the interpreter's teardown, which frees every module's objects one by one and runs the
-    frameworks' destructors for nothing the run needs (measured on gpt-tiny: torch_xla 0.8 s, torch
-    0.4 s, jax 0.17 s of compare's wall time). A thread still working keeps the normal exit, which
-    waits for it."""
-    if any(
-        t.is_alive() and not t.daemon
-        for t in threading.enumerate()
-        if t is not threading.main_thread()
-    ):
-        sys.exit(code)
-    atexit._run_exitfuncs()  # noqa: SLF001  (the hooks a normal exit runs first)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 
 from common.cli import fail
+from common.procs import exit_process
 from common.vocab import ExitCode
 from driver import backend_main
-from driver.process import add_process_flags, exit_process
+from driver.process import add_process_flags
 
 try:  # a missing framework is a usage error with a one-line fix, not a traceback
     import flax  # noqa: F401

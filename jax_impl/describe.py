@@ -16,6 +16,7 @@ from common.data import make_dataset, rows
 from common.data.batches import check_forward_keys
 from common.files.fsutil import write_json_atomic
 from common.presets import build_variants, load_spec
+from common.procs import exit_process
 from common.spec import RunSpec
 from common.twin import TwinError, twin_of, user_decode, user_loss
 from common.twin.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
@@ -23,7 +24,6 @@ from common.twin.start_state import NNX_STATE, storable
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
 from driver.backend_main import first_words
-from driver.process import exit_process
 
 
 def check_forward(model, spec: RunSpec) -> None:

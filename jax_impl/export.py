@@ -17,9 +17,9 @@ from pathlib import Path
 from common.cli import INPUT_ERRORS, Parser, fail
 from common.data.targets import TargetWriteError, write_failed
 from common.presets import load_spec
+from common.procs import exit_process
 from common.vocab import ExitCode
 from common.weights import load_checkpoint, save_checkpoint
-from driver.process import exit_process
 from jax_impl.checkpoint_io import restore_orbax, save_orbax, stderr_fd
 
 

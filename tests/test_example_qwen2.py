@@ -52,7 +52,7 @@ def test_hugging_faces_qwen2_passes_on_every_backend_from_save_pretrained(tmp_pa
     # read, never written
     assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == users
     # every process (describe steps, backends) ended without the interpreter's teardown
-    # (common.cli.exit_process): nothing of theirs is left in the temporary directory or running,
+    # (common.procs.exit_process): nothing of theirs is left in the temporary directory or running,
     # and each record and its tensors are whole and this run's
     assert list((tmp_path / "tmp").iterdir()) == [] and not processes_under(tmp_path)
     for name in ("jax", "torch", "torch_xla", "torchax"):

@@ -7,10 +7,11 @@ import importlib.util
 import sys
 
 from common.cli import fail
+from common.procs import exit_process
 from common.spec import SpecError
 from common.vocab import ExitCode
 from driver import backend_main
-from driver.process import add_process_flags, exit_process
+from driver.process import add_process_flags
 
 if importlib.util.find_spec("torch") is None:
     fail(

@@ -20,6 +20,7 @@ from common.data import make_dataset, rows
 from common.data.batches import check_every_step, check_forward_keys
 from common.files.fsutil import write_json_atomic
 from common.presets import build_variants, load_spec
+from common.procs import exit_process
 from common.spec import RunSpec, SpecError, TwinSpec
 from common.twin import TwinError, twin_of, user_decode, user_loss
 from common.twin.outputs import NoOwnLoss, choose, forward, loss_batch, loss_refusal, refusal
@@ -27,7 +28,6 @@ from common.twin.start_state import TORCH_STATE
 from common.vocab import ExitCode
 from common.weights import save_checkpoint
 from common.weights.checkpoints import TORCH_BUFFERS
-from driver.process import exit_process
 from torch_impl.checkpoint_io import check_carried_buffers, load_torch_side
 from torch_impl.orientation import tied_names, weight_orientations
 from torch_impl.widen import widen_if_asked

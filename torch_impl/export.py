@@ -12,9 +12,9 @@ from pathlib import Path
 from common.cli import INPUT_ERRORS, Parser, fail
 from common.data.targets import TargetWriteError, file_target
 from common.presets import load_spec
+from common.procs import exit_process
 from common.vocab import ExitCode
 from common.weights import CheckpointError, load_checkpoint
-from driver.process import exit_process
 
 
 def main(argv=None) -> int:

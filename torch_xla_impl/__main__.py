@@ -6,9 +6,9 @@ import importlib.util
 import sys
 
 from common.cli import fail
+from common.procs import exit_process
 from common.vocab import ExitCode, MaskSource, TraceMode
 from driver import backend_main
-from driver.process import exit_process
 from torch_xla_impl.flags import add_flags
 
 for _module in ("torch", "torch_xla"):

@@ -7,9 +7,10 @@ import importlib.util
 import sys
 
 from common.cli import fail
+from common.procs import exit_process
 from common.vocab import ExitCode
 from driver import backend_main
-from driver.process import add_process_flags, exit_process
+from driver.process import add_process_flags
 
 for _module in ("torch", "jax", "optax", "torchax"):
     if importlib.util.find_spec(_module) is None:
