@@ -82,7 +82,6 @@ LONGEST = (
     "test_a_model_loaded_in_bfloat16_trains_in_bfloat16_and_is_judged_by_its_own_floor",
     "test_hugging_faces_llama_decodes_as_its_nnx_port_on_every_runtime",
     "test_the_unet_denoiser_passes_fed_its_own_batches",
-    "test_a_rotary_base_off_by_one_fails_in_float64_with_hugging_faces_casts_widened",
     "test_two_processes_match_one_process",
     "test_hugging_faces_gpt2_passes_from_hf_on_every_backend_with_no_layout_declared",
     "test_the_fused_rms_norm_runs_in_float64_and_flash_attention_is_said_not_to",
