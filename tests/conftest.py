@@ -122,6 +122,20 @@ def _rank(item, makes: bool, reads: bool) -> int:
     return 2 if item.get_closest_marker("slow") else 3
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_the_session_set_it():
+    """Every test starts from the session's environment. A framework a test imports in its own
+    process can set variables there (scikit-learn's and joblib's KMP_* for OpenMP, JAX's Mosaic GPU
+    paths), and every process a later test of that test process started carried them: its
+    environment then differed from the fork servers' and it started as a fresh interpreter, its
+    framework imported again (124 of the suite's 1,275 processes at stop 67)."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory):
     """`shared_runs(name, make)`: the folder in which `make(folder)` ran once for the whole session,
