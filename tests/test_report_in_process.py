@@ -421,3 +421,19 @@ def test_a_run_judged_again_reads_only_what_was_written_since_and_is_reported_on
     assert not last.parity["torch"]["passed"] and last.status == ReportStatus.PARITY_FAILED
     report = built_from(last)
     assert report == report_of(tmp_path, runs) and report["exit_code"] == ExitCode.PARITY
+
+
+def test_the_cpu_peak_is_looked_at_once_a_run_however_often_it_is_judged(tmp_path, monkeypatch):
+    """MFU's divisor on the CPU: each judging looked at the peak again (0.15 s each, a run judged
+    up to seven times); the run's Evidence looks once, a new run looks again."""
+    from compare.reporting import evidence as evidence_module
+
+    looks = []
+    monkeypatch.setattr(
+        evidence_module, "cpu_peak", lambda cache: looks.append(cache) or (2.5e11, "measured")
+    )
+    evidence = evidence_module.Evidence()
+    assert evidence.cpu_peak(tmp_path) == evidence.cpu_peak(tmp_path) == (2.5e11, "measured")
+    assert looks == [tmp_path]
+    evidence_module.Evidence().cpu_peak(tmp_path)
+    assert looks == [tmp_path, tmp_path]
