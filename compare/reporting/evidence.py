@@ -41,8 +41,8 @@ class Evidence:
         self._peaks: dict[tuple, tuple[float, str]] = {}
 
     def cpu_peak(self, cache_dir: Path | None) -> tuple[float, str]:
-        """figures.cpu_peak's (flop/s, where from), looked at by the run's first judging (a run is
-        judged again after each extra run: ~0.15 s a look)."""
+        """figures.cpu_peak's (flop/s, where from), looked at by the run's first judging only (a run
+        is judged again after each extra run, and each look runs matrix products for a while)."""
         return _kept(self._peaks, (cache_dir,), lambda: cpu_peak(cache_dir))
 
     def record(self, path: Path) -> RunRecord:
