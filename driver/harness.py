@@ -48,7 +48,7 @@ class RunOptions:
     train: bool = True
     # the start weights; None: the spec's own initialisation
     checkpoint: CheckpointRef | None = None
-    # pipelined steps after the loop; None: train.steps, 0: none
+    # pipelined steps after the loop; None: train.steps up to 10 (common/files/record.py), 0: none
     throughput_steps: int | None = None
     provocations: tuple[Provocation, ...] = ()  # recompiles provoked on purpose (common/provoke.py)
     profile_steps: int = 0  # steps under the framework's profiler after the loop

@@ -131,9 +131,8 @@ def _environment_as_the_session_set_it():
     framework imported again (124 of the suite's 1,275 processes at stop 67)."""
     before = dict(os.environ)
     yield
-    if os.environ != before:
-        os.environ.clear()
-        os.environ.update(before)
+    os.environ.clear()
+    os.environ.update(before)
 
 
 @pytest.fixture(scope="session")

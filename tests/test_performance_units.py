@@ -196,3 +196,11 @@ def test_the_pipelined_throughput_times_the_runs_steps_up_to_ten_unless_told():
     short = load_spec("gpt-tiny", ["train.steps=3"])
     assert pipelined_steps(short, None) == 3
     assert pipelined_steps(spec, 0) == 0 and pipelined_steps(short, 30) == 30
+
+
+def test_a_cpu_peak_look_times_one_product_at_least_however_short():
+    """A run's look at the peak is 0.05 s: a process paused past its end (a busy machine) timed no
+    product and read 0, and a cached peak measured while busy was then never raised."""
+    from compare.explain.figures import measured_cpu_peak
+
+    assert measured_cpu_peak(0.0) > 1e6  # flop/s: one 1024^3 product timed
