@@ -157,7 +157,23 @@ def exit_process(code: int) -> NoReturn:
         if t is not threading.main_thread()
     ):
         sys.exit(code)
+    _drop_freeing_hooks()
     atexit._run_exitfuncs()  # noqa: SLF001  (the hooks a normal exit runs first)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _drop_freeing_hooks() -> None:
+    """JAX's exit hook (jax._src.api.clean_up, registered at its import) clears every cache and
+    destroys its PJRT clients one by one, 0.05-0.15 s after a run (measured), then shuts
+    jax.distributed down: os._exit frees the memory at once. Kept in a process that joined a
+    jax.distributed run, whose shutdown the others wait on. Read from sys.modules: common imports
+    no framework."""
+    api, distributed = sys.modules.get("jax._src.api"), sys.modules.get("jax._src.distributed")
+    clean_up = getattr(api, "clean_up", None)
+    state = getattr(distributed, "global_state", None)
+    if clean_up is None or state is None:
+        return
+    if getattr(state, "client", None) is None and getattr(state, "service", None) is None:
+        atexit.unregister(clean_up)

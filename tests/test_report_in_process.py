@@ -385,6 +385,30 @@ print(thread.is_alive(), plots._IMPORTING, "matplotlib.backends.backend_agg" in 
     )
 
 
+def test_the_plots_log_axes_are_labelled_in_plain_text_and_within_a_decade_still_labelled(
+    tmp_path,
+):
+    """matplotlib typesets a log axis' labels as mathtext, most of the plots' drawing time: ours are
+    plain text (1e-05), minor ticks at 2x and 5x; an axis within a decade keeps labelled minor ticks
+    (a step-time box plot of 3-8 ms)."""
+    from compare.reporting import plots
+
+    labels = {}
+    for name, values in (("decades", [1e-7, 3e-6, 1e-3]), ("narrow", [3.1, 4.0, 7.9])):
+        fig, ax = plots._figure()
+        ax.semilogy(range(len(values)), values)
+        plots._save(fig, tmp_path / f"{name}.png")
+        low, high = ax.get_ylim()
+        shown = [*ax.get_yticklabels(), *ax.get_yticklabels(minor=True)]
+        labels[name] = [  # (matplotlib writes a minus sign, U+2212)
+            t.get_text().replace("\u2212", "-")
+            for t in shown
+            if t.get_text() and low <= t.get_position()[1] <= high
+        ]
+    assert "1e-05" in labels["decades"] and not any("$" in t for v in labels.values() for t in v)
+    assert len(labels["narrow"]) >= 2, labels
+
+
 def test_a_run_judged_again_reads_only_what_was_written_since_and_is_reported_once(
     tmp_path, monkeypatch
 ):

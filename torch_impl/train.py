@@ -120,6 +120,7 @@ class TorchTrainer:
     (driver.harness.Runtime)."""
 
     dropout_sites = ()  # step 0's dropout calls, when fed common's masks
+    step0_flops = None  # counted by the parity step (step0_tensors), when it runs
     # step-0 activations are taken before the first update, from the start weights
     captures_after_run = False
 
@@ -209,10 +210,12 @@ class TorchTrainer:
         """Parity tensors before any update: logits and loss of step 0's batch, and every gradient
         (canonical)."""
         inputs, targets = self.batch(0)
-        # an analysis step: BatchNorm's statistics stay the run's
-        with untouched_buffers(self.model):
+        # an analysis step: BatchNorm's statistics stay the run's; its matmul and convolution flops
+        # counted, the forward + backward of every step's (the record's flops_per_step)
+        with untouched_buffers(self.model), FlopCounterMode(display=False) as counter:
             loss, outputs = self.loss(inputs, targets)
             loss.backward()  # (before the statistics are put back: its graph holds them)
+        self.step0_flops = float(counter.get_total_flops())
         average_gradients(self.model.parameters(), self.group)
         grads = {name: p.grad for name, p in self.model.named_parameters()}
         out = {
@@ -315,7 +318,11 @@ class TorchTrainer:
     def analyse(self, record: RunRecord, tensors: dict) -> None:
         if record.status == RecordStatus.OK:
             # of this process's rows, as HLO's per device
-            record.flops_per_step = self.matmul_flops(*self.batch(0))
+            record.flops_per_step = (
+                self.step0_flops
+                if self.step0_flops is not None
+                else self.matmul_flops(*self.batch(0))
+            )
             record.flops_source = (
                 "torch.utils.flop_counter.FlopCounterMode over one forward + backward"
             )
