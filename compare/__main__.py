@@ -731,6 +731,7 @@ def compare(opts: CompareOptions, entered: float, warm: WarmInterpreters) -> int
     )
     checks = report_checks(opts, plan, outcome, seeds, policy)
     report = report_of(judged_with_extra_runs(opts, plan, outcome, inputs, tuple(checks), floored))
+    warm.release()  # every process of the run made
     report["run_id"], report["replaced_run"] = run_id, run_dir.replaced
     report["compare_peak_rss_mb"] = peak_rss_mb()  # compare's own process, its backends apart
     report["hosts"] = hosts.section(opts.hosts)

@@ -104,11 +104,17 @@ class Servers:
             "waited_s": round(sum(waits), 3),
         }
 
+    def terminate(self) -> None:
+        """Each server told to end (SIGTERM), not waited for: the kernel takes down a framework's
+        address space in ~0.07 s (measured), which can overlap what its owner does next."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+
     def stop(self) -> str:
         """The servers ended and their folder removed; returns what they served (one line)."""
         counts = self.counts()
-        for proc in self.procs:
-            proc.terminate()
+        self.terminate()
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)

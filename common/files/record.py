@@ -20,7 +20,6 @@ import os
 import platform
 import sys
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -414,6 +413,8 @@ def peak_rss_mb() -> float:
 
 def package_versions(*names: str) -> dict[str, str]:
     """Installed versions (python, numpy and the given distributions), without importing them."""
+    from importlib import metadata  # here: ~10 ms of the import of every process that reads this
+
     out = {"python": platform.python_version(), "numpy": np.__version__}
     for name in names:
         try:

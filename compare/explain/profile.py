@@ -23,9 +23,12 @@ import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.vocab import ProfileRange
-from compare.explain.xplane import Event, TraceError, read_events
+
+if TYPE_CHECKING:
+    from compare.explain.xplane import Event
 
 _WRAPPER = re.compile(r"^(call|while|conditional)(\.\d+)?$")  # XLA:CPU ops that only run other ops
 
@@ -80,6 +83,9 @@ def step_breakdown(
             "available": False,
             "why": f"no *.xplane.pb under {run_dir / profile.get('dir', 'profile')}",
         }
+    # here: protobuf's import is a run's with --profile only
+    from compare.explain.xplane import TraceError, read_events
+
     try:
         events = read_events(path)
     except TraceError as e:

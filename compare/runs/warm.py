@@ -89,6 +89,12 @@ class WarmInterpreters:
         (preload/servers.py counts); None without servers of this run's own."""
         return None if self.servers is None else self.servers.counts()
 
+    def release(self) -> None:
+        """The servers told to end once the run starts no process more (its extra runs made): they
+        end while compare writes its report; leaving the `with` waits for them."""
+        if self.servers is not None:
+            self.servers.terminate()
+
     def __enter__(self) -> WarmInterpreters:
         return self
 
