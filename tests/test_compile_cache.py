@@ -40,6 +40,20 @@ def test_jax_second_run_hits_for_every_compile_and_keeps_the_recompile(tmp_path)
     assert (
         warm.compile_cache["hits"] == len(warm.compile_events) and warm.compile_cache["misses"] == 0
     )
+    # a run of other steps and another lr compiles the same train step (the lr table is an input of
+    # it, jax_impl/optim.py): loaded from the cache
+    other = train(
+        "jax_impl",
+        tmp_path / "other",
+        *args[:2],
+        "--steps",
+        "9",
+        "--set",
+        "train.lr=2e-3",
+        *args[-2:],
+    )
+    steps_compiled = [e for e in other.compile_events if e.fun_name == "jit(_train_step)"]
+    assert len(steps_compiled) == 1 and steps_compiled[0].cache_hit, other.compile_events
     # the batch shape change at step 4 is a steady-state recompile in both runs, cause and all
     for rec in (cold, warm):
         steady = [e for e in rec.compile_events if e.phase == "loop" and e.step >= rec.settle_steps]
