@@ -184,6 +184,7 @@ def test_exit_process_waits_for_a_thread_still_working():
     assert (proc.returncode, proc.stdout) == (4, "thread done\n")
 
 
+@pytest.mark.slow  # two interpreters import JAX (~3 CPU-s): make test, not make test-fast
 def test_exit_process_skips_jaxs_cache_clearing_hook_unless_jax_distributed_runs():
     """JAX's exit hook clears its caches and clients (0.05-0.15 s after a run): os._exit frees them.
     A process in a jax.distributed run keeps it: its shutdown is what the other processes wait on.
