@@ -126,15 +126,16 @@ DECODE_CACHE = Passthrough(
 
 # what a backend's processes import first whatever the model (its fork server's, preload/); a
 # Hugging Face model's transformers is added where the twin declares one (compare/runs/warm.py)
-# (jaxlib's MLIR dialects: imported by JAX's first lowering, ~0.02 s of every process's, measured)
+# (jaxlib's MLIR dialects: imported by JAX's first lowering, ~0.02 s of every process's, measured;
+# internal to jaxlib, so optional, preload/server.py: another release may not have them)
 JAX_IMPORTS = (
     "numpy",
     "jax",
     "jax.numpy",
     "flax.nnx",
     "optax",
-    "jaxlib.mlir.dialects.builtin",
-    "jaxlib.mlir.dialects.mhlo",
+    "?jaxlib.mlir.dialects.builtin",
+    "?jaxlib.mlir.dialects.mhlo",
 )
 TORCH_IMPORTS = ("numpy", "torch", "torch._dynamo")
 

@@ -60,8 +60,9 @@ def scale_by_lr_table(train: TrainSpec) -> optax.GradientTransformation:
 
 
 def make_optimizer(train: TrainSpec) -> optax.GradientTransformation:
-    """Every hyperparameter passed: optax.adamw's default weight decay (1e-4) is not torch's
-    (0.01)."""
+    """torch's AdamW or SGD as optax's own chains, every hyperparameter passed from the spec
+    (optax's defaults are not torch's: adamw's weight decay 1e-4 against 0.01), the lr from the
+    table (scale_by_lr_table)."""
     parts = [clip_by_global_norm_like_torch(train.grad_clip)] if train.grad_clip > 0 else []
     mask = lambda params: jax.tree.map(lambda p: train.decays(p.ndim), params)  # noqa: E731 (TrainSpec.decays)
     if train.optimizer == "adamw":  # optax.adamw's chain, its lr from the table

@@ -56,6 +56,9 @@ MAY_DIFFER = frozenset(
 )
 MAY_DIFFER_PREFIXES = ("XLA_TWINS_", "PYTEST_")
 BASE_ENV = dict(os.environ)  # what the preloaded modules saw
+# a preloaded module so marked (`?jaxlib.mlir.dialects.mhlo`) is imported where this interpreter has
+# it: a framework's internal module that another release of it (a side's own interpreter) may not
+OPTIONAL = "?"
 
 
 def main(argv: list[str] | None = None) -> Child:
@@ -65,12 +68,20 @@ def main(argv: list[str] | None = None) -> Child:
     parser.add_argument(
         "--socket", required=True, help="the Unix socket to serve on (made atomically)"
     )
-    parser.add_argument("--preload", default="", help="comma-separated modules to import first")
+    parser.add_argument(
+        "--preload",
+        default="",
+        help="comma-separated modules to import first (?NAME: where this interpreter has it)",
+    )
     args = parser.parse_args(argv)
     # before the imports, which take seconds: a parent that ends while they run takes the server too
     parent = _die_with_parent()
     for name in filter(None, args.preload.split(",")):
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name.removeprefix(OPTIONAL))
+        except ImportError:
+            if not name.startswith(OPTIONAL):
+                raise
     return serve(args.socket, parent)
 
 

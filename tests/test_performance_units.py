@@ -161,7 +161,8 @@ def test_an_unreadable_or_stale_cached_cpu_peak_is_measured_again_and_replaced(t
 
 
 def _ended(body: str) -> subprocess.CompletedProcess:
-    """A plain Python process (no framework) that ends through common.procs.exit_process."""
+    """A plain Python process (no framework but what `body` imports) that ends through
+    common.procs.exit_process."""
     code = f"import atexit, threading, time\nfrom common.procs import exit_process\n{body}"
     return subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60

@@ -18,15 +18,33 @@ from preload import client
 from tests.helpers import REPO
 
 PYTHON = sys.executable
+MISSING = "no_module_of_xla_twins"
+
+
+def test_a_server_whose_module_is_missing_ends_unless_that_module_is_optional(tmp_path):
+    """A module a framework's release may not have is marked optional (common/backends.py: jaxlib's
+    MLIR dialects); any other that cannot be imported ends the server, whose commands then start
+    plain."""
+    proc = subprocess.run(
+        [PYTHON, "-m", "preload.server", "--socket", str(tmp_path / "s"), "--preload", MISSING],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0 and f"No module named '{MISSING}'" in proc.stderr
+    assert not (tmp_path / "s").exists()
 
 
 @pytest.fixture
 def server(tmp_path, monkeypatch):
     """A server preloading json only (no framework: this runs in `make test-fast`), routing -c and
-    json.tool."""
+    json.tool; and a module marked optional that no interpreter has (it serves without it)."""
     sock = tmp_path / "s.sock"
+    preload = f"json,?{MISSING}"
     proc = subprocess.Popen(
-        [PYTHON, "-m", "preload.server", "--socket", str(sock), "--preload", "json"],
+        [PYTHON, "-m", "preload.server", "--socket", str(sock), "--preload", preload],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )

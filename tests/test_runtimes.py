@@ -27,6 +27,10 @@ def test_eager_torch_says_it_compiles_nothing_and_counts_its_flops(tmp_path):
         == matmul_flops((tmp_path / "jax" / "train_step.hlo.txt").read_text())
         == expected
     )
+    # counted on the parity step (the same forward and backward of step 0's batch); a run without
+    # parity tensors counts one of its own after the loop: the same number
+    alone = train("torch_impl", tmp_path / "alone", "--spec", "mlp-tiny", "--steps", "2")
+    assert alone.flops_per_step == expected and alone.flops_source == rec.flops_source
     assert max_loss_diff(rec, jax) < 1e-5
     tensors, jax_tensors = (
         read_tensors(tmp_path / "torch", rec),

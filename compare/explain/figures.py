@@ -93,7 +93,7 @@ LOOK_S = 0.02
 def cpu_peak(cache_dir: Path | None) -> tuple[float, str]:
     """The measured CPU peak and where it comes from. With a cache directory, a peak measured
     earlier on this same machine (host, CPU, core count, numpy) is reused and says when it was
-    measured (the full measurement takes 0.3 s); a 0.05 s look each run (Evidence looks once a run)
+    measured (the full measurement takes 0.3 s); a 0.02 s look each run (Evidence looks once a run)
     replaces it with what it reads when that is more: the peak only rises, so a short look costs
     at most a run's MFU being read against a peak a later run raises."""
     path = cache_dir / CPU_PEAK_FILE if cache_dir else None
