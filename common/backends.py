@@ -83,7 +83,7 @@ class BackendInfo:
     captures_decode: bool = False
     # the modules its processes import first: compare's fork server for it imports them once, and
     # every process of the run on that backend starts from a fork of it (preload/); none: each
-    # process imports its own
+    # process imports its own; `?NAME`: imported where the interpreter has it
     preload: tuple[str, ...] = ()
 
     @property
