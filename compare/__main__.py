@@ -749,10 +749,7 @@ if __name__ == "__main__":
         print(
             "error: interrupted by a signal; what compare had started is stopped", file=sys.stderr
         )
-        # ended as every run ends (exit_process): a normal exit's teardown ran C++ static
-        # destructors while the plots' import thread could still be loading matplotlib's
-        # extensions ("terminate called without an active exception", exit -6: seen once under load)
-        exit_process(ExitCode.INTERRUPTED)
+        sys.exit(ExitCode.INTERRUPTED)
     except Exception as e:  # a bug in compare itself: one line, the traceback with --debug
         if "--debug" in sys.argv:
             raise
