@@ -29,7 +29,7 @@ def clip_by_global_norm_like_torch(max_norm: float) -> optax.GradientTransformat
 
 class LrTableState(NamedTuple):
     count: jax.Array  # int32: the updates made
-    table: jax.Array  # the lr of every step, its last repeated to a length of LR_TABLE_ROWS's
+    table: jax.Array  # the lr of every step, its last repeated to lr_table_rows(steps)
 
 
 def lr_table_rows(steps: int) -> int:
