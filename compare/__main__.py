@@ -749,7 +749,9 @@ if __name__ == "__main__":
         print(
             "error: interrupted by a signal; what compare had started is stopped", file=sys.stderr
         )
-        sys.exit(ExitCode.INTERRUPTED)
+        # not the interpreter's teardown: the plots' import thread may be loading matplotlib's
+        # extensions (a normal exit then aborted, 'terminate called without an active exception')
+        exit_process(ExitCode.INTERRUPTED)
     except Exception as e:  # a bug in compare itself: one line, the traceback with --debug
         if "--debug" in sys.argv:
             raise

@@ -73,9 +73,15 @@ def main(argv: list[str] | None = None) -> Child:
         default="",
         help="comma-separated modules to import first (?NAME: where this interpreter has it)",
     )
+    parser.add_argument(
+        "--parent",
+        type=int,
+        default=None,
+        help="the pid of the process that starts it (it ends at once if that one is gone already)",
+    )
     args = parser.parse_args(argv)
     # before the imports, which take seconds: a parent that ends while they run takes the server too
-    parent = _die_with_parent()
+    parent = _die_with_parent(args.parent)
     for name in filter(None, args.preload.split(",")):
         try:
             importlib.import_module(name.removeprefix(OPTIONAL))
@@ -209,16 +215,20 @@ def _reap(children: dict[int, socket.socket]) -> None:
         conn.close()
 
 
-def _die_with_parent() -> int:
+def _die_with_parent(expected: int | None) -> int:
     """SIGTERM when the process that started the server ends (Linux), however it ends; returns that
-    process's pid (the server's parent as it starts)."""
-    parent = os.getppid()
+    process's pid. `expected`: its pid as it said; one that ended before the signal was armed (the
+    interpreter's start takes a while) left this server to another parent, and it ends now (it
+    would have served that one forever)."""
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    parent = os.getppid()  # read after the signal is armed: no ending slips between the two
+    if expected is not None and parent != expected:
+        sys.exit(0)
     return parent
 
 

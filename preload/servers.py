@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +56,7 @@ class Servers:
                 # what its imports leave there (torch's own temporary folder) goes with it
                 own_tmp = self.folder / f"{spec.name}.tmp"
                 own_tmp.mkdir()
-                with open(self.folder / f"{spec.name}.err", "w") as err:
+                with open(self.folder / f"{spec.name}.err", "w") as err, _interrupt_held():
                     self.procs.append(
                         subprocess.Popen(
                             [
@@ -64,6 +67,8 @@ class Servers:
                                 str(socket_path),
                                 "--preload",
                                 ",".join(spec.imports),
+                                "--parent",
+                                str(os.getpid()),
                             ],
                             cwd=cwd,
                             env={**env, "TMPDIR": str(own_tmp)},
@@ -127,6 +132,24 @@ class Servers:
             f"preloaded interpreters served {counts['served']} processes, {counts['plain']} "
             "started plain" + (f" ({'; '.join(why)[:600]})" if why else "")
         )
+
+
+@contextmanager
+def _interrupt_held():
+    """A Ctrl-C (SIGINT) that comes while a server is started takes effect once it is held in
+    `procs` (for stop to end): one raised inside Popen, after its fork, left a server nobody
+    ends. Python-level: the server inherits no blocked signal. Main thread only (signals')."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list = []
+    before = signal.signal(signal.SIGINT, lambda *sig: held.append(sig))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if held:  # to the handler it was for
+        signal.raise_signal(signal.SIGINT)
 
 
 def _short_folder() -> Path:

@@ -37,6 +37,43 @@ def test_a_server_whose_module_is_missing_ends_unless_that_module_is_optional(tm
     assert not (tmp_path / "s").exists()
 
 
+def test_a_server_whose_starter_ended_before_it_armed_its_death_signal_ends_at_once(tmp_path):
+    """The starter's pid on the command line (preload/servers.py passes it): a starter gone before
+    the server armed its parent-death signal (here: the pid is not its parent) leaves the server to
+    another parent, and it ends before its imports instead of serving that one forever."""
+    proc = subprocess.run(
+        [PYTHON, "-m", "preload.server", "--socket", str(tmp_path / "s"), "--preload", MISSING]
+        + ["--parent", str(os.getpid() + 1_000_000)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # ended before it imported (the missing module would have failed it) and before it bound
+    assert (proc.returncode, proc.stderr) == (0, "") and not (tmp_path / "s").exists()
+
+
+def test_an_interrupt_while_a_server_starts_waits_until_the_server_is_held():
+    """SIGINT raised while a server is started (inside Popen) is delivered once the server is in
+    `procs`: stop ends it (was: a KeyboardInterrupt after the fork left a server nobody ended)."""
+    from preload import servers as servers_module
+
+    seen = []
+    own = signal.signal(
+        signal.SIGINT, signal.default_int_handler
+    )  # compare's (a worker's may differ)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with servers_module._interrupt_held():  # noqa: SLF001
+                signal.raise_signal(signal.SIGINT)
+                seen.append("after the signal")  # the body ran on
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, own)
+    assert seen == ["after the signal"]
+
+
 @pytest.fixture
 def server(tmp_path, monkeypatch):
     """A server preloading json only (no framework: this runs in `make test-fast`), routing -c and
