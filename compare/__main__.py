@@ -742,22 +742,36 @@ def compare(opts: CompareOptions, entered: float, warm: WarmInterpreters) -> int
     return report["exit_code"]
 
 
+def exit_code_of(ending: SystemExit) -> int:
+    """The code a SystemExit carries, as the interpreter ends with it (a message: printed, 1)."""
+    if ending.code is None or isinstance(ending.code, int):
+        return ending.code or 0
+    print(ending.code, file=sys.stderr)
+    return 1
+
+
 if __name__ == "__main__":
+    # Every ending through exit_process, without the interpreter's teardown: ~0.1 s of every run,
+    # and the plots' import thread (a daemon) may be loading matplotlib's extensions as it tears
+    # down (seen: exit -6, 'terminate called without an active exception', and exit -11, each after
+    # compare's own error line).
     try:
-        code = main()
-    except KeyboardInterrupt:  # before the backends ran (they say their own)
-        print(
-            "error: interrupted by a signal; what compare had started is stopped", file=sys.stderr
-        )
-        # not the interpreter's teardown: the plots' import thread may be loading matplotlib's
-        # extensions (a normal exit then aborted, 'terminate called without an active exception')
-        exit_process(ExitCode.INTERRUPTED)
-    except Exception as e:  # a bug in compare itself: one line, the traceback with --debug
-        if "--debug" in sys.argv:
-            raise
-        fail(
-            f"internal error in compare: {type(e).__name__}: {e} (rerun with --debug for the "
-            "traceback)",
-            ExitCode.INTERNAL,
-        )
-    exit_process(code)  # without the interpreter's teardown: ~0.1 s of every run
+        try:
+            code = main()
+        except KeyboardInterrupt:  # before the backends ran (they say their own)
+            print(
+                "error: interrupted by a signal; what compare had started is stopped",
+                file=sys.stderr,
+            )
+            code = ExitCode.INTERRUPTED
+        except Exception as e:  # a bug in compare itself: one line, the traceback with --debug
+            if "--debug" in sys.argv:
+                raise
+            fail(
+                f"internal error in compare: {type(e).__name__}: {e} (rerun with --debug for the "
+                "traceback)",
+                ExitCode.INTERNAL,
+            )
+    except SystemExit as ending:  # fail()'s (its line said) and argparse's
+        code = exit_code_of(ending)
+    exit_process(code)
