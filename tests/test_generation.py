@@ -160,11 +160,11 @@ def test_gemma2s_sliding_window_over_the_cache_is_checked_on_its_side_alone():
 
 @pytest.mark.slow
 def test_hugging_faces_llama_decodes_as_its_nnx_port_on_every_runtime(tmp_path):
-    """HF's LlamaForCausalLM with its own cache (DynamicCache; torch_xla a StaticCache) against the
-    port's own KV cache, in float64 (the proof; float32 agrees to 2e-7 at every step, measured in
-    docs/findings.md): left-padded prompts of four lengths, 16 greedy tokens, every step's logits
-    within float64's forward bound against jax and against the side's own forward; torch_xla's
-    decode step and jax's jitted one compile once."""
+    """HF's LlamaForCausalLM with its own cache (DynamicCache; torch_xla and torchax a StaticCache,
+    of fixed shapes) against the port's own KV cache, in float64 (the proof; float32 agrees to 2e-7
+    at every step, measured in docs/findings.md): left-padded prompts of four lengths, 16 greedy
+    tokens, every step's logits within float64's forward bound against jax and against the side's
+    own forward; torch_xla's decode step and jax's jitted one compile once."""
     proc = compare(
         tmp_path,
         "--twin",
@@ -206,6 +206,7 @@ def test_hugging_faces_llama_decodes_as_its_nnx_port_on_every_runtime(tmp_path):
         compiles = section["runtime"][name]["compiles"]
         assert compiles["first_decode_step"] >= 1 and compiles["later_decode_steps"] == 0, name
     assert section["runtime"]["jax"]["how"].startswith("jitted")
+    assert section["runtime"]["torchax"]["how"].endswith("a StaticCache (fixed shapes)")
     assert all(f["prefill_ms"] > 0 for f in section["runtime"].values())
     md = (tmp_path / "report.md").read_text()
     assert "## Generation: 16 greedy tokens after prompts of" in md and "## Generation cost" in md
