@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from rich.console import Console
 
 from benchmarks import runs, startup, tables
 from common.files.fsutil import write_json_atomic
+from preload import client as preload_client
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {
@@ -54,7 +54,8 @@ def overhead(backend: str, preset: str, rounds: int, *flags: str, label: str | N
         str(rounds),
         *flags,
     ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    # from a warm interpreter where one imported the backend's framework (the suite's), else fresh
+    proc = preload_client.run(cmd, cwd=REPO)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(

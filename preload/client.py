@@ -87,7 +87,7 @@ def run(
         )
         try:
             proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException:  # its timeout, or a Ctrl-C: the child is in a session of its own
             proc.kill()
             proc.wait()
             raise

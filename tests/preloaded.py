@@ -39,6 +39,12 @@ COMPARE_IMPORTS = (
 EXTRA_ROUTES = {"torchax": ("driver.describe_sides",)}
 
 
+def routes(row) -> tuple[str, ...]:
+    """What a backend's server serves: its package, and its step benchmark (benchmarks/: the suite's
+    benchmark test starts one per backend and model, each importing its framework again)."""
+    return (row.package, *EXTRA_ROUTES.get(row.name, ()), f"benchmarks.overhead_{row.name}")
+
+
 # the suite's twins are mostly Hugging Face's models: transformers with torch, on every server that
 # imports torch
 WITH_TORCH = ("transformers",)
@@ -52,7 +58,7 @@ def server_specs() -> list[ServerSpec]:
                 r.name,
                 sys.executable,
                 (*r.preload, *(WITH_TORCH if "torch" in r.preload else ())),
-                (r.package, *EXTRA_ROUTES.get(r.name, ())),
+                routes(r),
             )
             for r in rows
             if r.preload
