@@ -15,12 +15,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.procs import interrupts_held
 from preload.client import MANIFEST_ENV
 
 # a Unix socket's path holds at most 107 bytes; the server binds `<socket>.<pid>` first
@@ -56,7 +55,9 @@ class Servers:
                 # what its imports leave there (torch's own temporary folder) goes with it
                 own_tmp = self.folder / f"{spec.name}.tmp"
                 own_tmp.mkdir()
-                with open(self.folder / f"{spec.name}.err", "w") as err, _interrupt_held():
+                # a Ctrl-C while it starts acts once it is in `procs`, for stop to end (one raised
+                # inside Popen, after its fork, left a server nobody ended)
+                with open(self.folder / f"{spec.name}.err", "w") as err, interrupts_held() as held:
                     self.procs.append(
                         subprocess.Popen(
                             [
@@ -79,6 +80,8 @@ class Servers:
                             start_new_session=True,
                         )
                     )
+                if held:
+                    signal.raise_signal(held[0])
                 self.sockets.append(socket_path)
                 entries.append(
                     {
@@ -132,24 +135,6 @@ class Servers:
             f"preloaded interpreters served {counts['served']} processes, {counts['plain']} "
             "started plain" + (f" ({'; '.join(why)[:600]})" if why else "")
         )
-
-
-@contextmanager
-def _interrupt_held():
-    """A Ctrl-C (SIGINT) that comes while a server is started takes effect once it is held in
-    `procs` (for stop to end): one raised inside Popen, after its fork, left a server nobody
-    ends. Python-level: the server inherits no blocked signal. Main thread only (signals')."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list = []
-    before = signal.signal(signal.SIGINT, lambda *sig: held.append(sig))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
-    if held:  # to the handler it was for
-        signal.raise_signal(signal.SIGINT)
 
 
 def _short_folder() -> Path:

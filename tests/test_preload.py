@@ -54,24 +54,32 @@ def test_a_server_whose_starter_ended_before_it_armed_its_death_signal_ends_at_o
     assert (proc.returncode, proc.stderr) == (0, "") and not (tmp_path / "s").exists()
 
 
-def test_an_interrupt_while_a_server_starts_waits_until_the_server_is_held():
-    """SIGINT raised while a server is started (inside Popen) is delivered once the server is in
-    `procs`: stop ends it (was: a KeyboardInterrupt after the fork left a server nobody ended)."""
+def test_an_interrupt_while_a_server_starts_leaves_no_server(monkeypatch):
+    """A Ctrl-C that comes inside Popen, just after the server's fork, acts once the server is
+    held in `procs`: the set's stop ends it (was: the KeyboardInterrupt left it running, nobody's).
+    """
     from preload import servers as servers_module
 
-    seen = []
-    own = signal.signal(
-        signal.SIGINT, signal.default_int_handler
-    )  # compare's (a worker's may differ)
+    started = []
+    popen = subprocess.Popen
+
+    def interrupted_popen(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        signal.raise_signal(signal.SIGINT)  # the Ctrl-C, as the fork returns
+        return started[-1]
+
+    monkeypatch.setattr(servers_module.subprocess, "Popen", interrupted_popen)
+    own = signal.signal(signal.SIGINT, signal.default_int_handler)  # compare's (a worker's may not)
     try:
         with pytest.raises(KeyboardInterrupt):
-            with servers_module._interrupt_held():  # noqa: SLF001
-                signal.raise_signal(signal.SIGINT)
-                seen.append("after the signal")  # the body ran on
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            servers_module.Servers(
+                [servers_module.ServerSpec("json", PYTHON, ("json",), ("json.tool",))],
+                {**os.environ, "PYTHONPATH": str(REPO)},
+                cwd=REPO,
+            )
     finally:
         signal.signal(signal.SIGINT, own)
-    assert seen == ["after the signal"]
+    assert len(started) == 1 and started[0].poll() is not None
 
 
 @pytest.fixture
