@@ -34,9 +34,12 @@ COMPARE_IMPORTS = (
     "matplotlib.backends.backend_agg",
 )
 # the describe step of a twin whose sides share an interpreter imports both frameworks: torchax's
-# server holds both. Not preloaded: the loader of a twin file (python -c): it checks that the file
-# imports no framework, and imports none itself.
+# server holds both
 EXTRA_ROUTES = {"torchax": ("driver.describe_sides",)}
+# compare's loader of a twin file (`python -c`, common/twin/__init__.py: ~0.25 CPU-s started plain):
+# compare's server, which imports no framework, so the loader's check that the file imports none
+# sees what a plain process would
+COMPARE_ROUTES = ("compare", "-c")
 
 
 def routes(row) -> tuple[str, ...]:
@@ -63,7 +66,7 @@ def server_specs() -> list[ServerSpec]:
             for r in rows
             if r.preload
         ),
-        ServerSpec("compare", sys.executable, COMPARE_IMPORTS, ("compare",)),
+        ServerSpec("compare", sys.executable, COMPARE_IMPORTS, COMPARE_ROUTES),
     ]
 
 
