@@ -13,11 +13,11 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
 from preload import client as preload_client
+from preload.client import interrupts_held
 
 # the folder that holds our packages: a checkout's root, or the
 # site-packages a wheel was installed into
@@ -35,31 +35,6 @@ def toolkit_env(env: dict[str, str] | None = None) -> dict[str, str]:
             filter(None, [str(PACKAGES_ROOT), env.get("PYTHONPATH")])
         )
     return env
-
-
-# what ends a run (compare's handlers raise KeyboardInterrupt for each)
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@contextmanager
-def interrupts_held():
-    """Ctrl-C, SIGTERM and SIGHUP recorded, not acted on, inside the block (in the main thread,
-    where Python runs signal handlers): the list yielded holds those that came. Signals ignored on
-    entry stay ignored."""
-    pending: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield pending
-        return
-    previous = {
-        sig: signal.signal(sig, lambda signum, _frame: pending.append(signum))
-        for sig in INTERRUPTS
-        if signal.getsignal(sig) is not signal.SIG_IGN
-    }
-    try:
-        yield pending
-    finally:
-        for sig, handler in previous.items():  # None: a handler set outside Python
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def start_group(command: list[str], env: dict | None = None, on_start=None, **popen_args):

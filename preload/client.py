@@ -16,9 +16,36 @@ import select
 import signal
 import socket
 import subprocess
+import threading
+from contextlib import contextmanager
 
 MANIFEST_ENV = "XLA_TWINS_PRELOAD"  # or "off" (common/environment.py): no server
 OFF = "off"
+
+
+# what ends a run (compare's handlers raise KeyboardInterrupt for each)
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def interrupts_held():
+    """Ctrl-C, SIGTERM and SIGHUP recorded, not acted on, inside the block (in the main thread,
+    where Python runs signal handlers): the list yielded holds those that came. Signals ignored on
+    entry stay ignored."""
+    pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: pending.append(signum))
+        for sig in INTERRUPTS
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
+    try:
+        yield pending
+    finally:
+        for sig, handler in previous.items():  # None: a handler set outside Python
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def start(

@@ -19,8 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.procs import interrupts_held
-from preload.client import MANIFEST_ENV
+from preload.client import MANIFEST_ENV, interrupts_held
 
 # a Unix socket's path holds at most 107 bytes; the server binds `<socket>.<pid>` first
 SOCKET_FOLDER_ROOM = 80

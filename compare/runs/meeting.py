@@ -193,10 +193,13 @@ def _read(conn: socket.socket, seconds: float) -> dict | None:
 @contextlib.contextmanager
 def refusals_told(hosts: Group):
     """Around a host's compare: a usage error it ends on (common/cli.py fail's line) is told to host
-    0 first."""
+    0 first; not one of the meeting's own (host 0's answer, or host 0 not answering), which host 0
+    knows or cannot hear (the host went on trying to tell it, up to TELL_S, after host 0 had
+    stopped the run)."""
     try:
         yield
     except SystemExit as e:
-        if e.code == ExitCode.USAGE and getattr(e, "error", None):
+        met = isinstance(e.__context__, MeetingError)  # fail() called on the meeting's error
+        if e.code == ExitCode.USAGE and getattr(e, "error", None) and not met:
             refused(hosts, e.error)
         raise
