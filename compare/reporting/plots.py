@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import sys
 import threading
 from pathlib import Path
@@ -18,19 +17,15 @@ _IMPORTING: list[threading.Thread] = []  # matplotlib's import in idle time, whi
 
 def import_while_idle() -> None:
     """matplotlib's import and a first drawing (~0.3 s of the plots' ~0.5 s) started now, in a
-    thread at the lowest CPU priority: it runs on a core that the twin loader and the backends leave
-    idle while compare waits on them, and yields to every other process (a backend's timings are not
-    disturbed); write_plots waits for it. Linux only (a thread's own priority); elsewhere the plots
-    import matplotlib as they draw."""
-    if sys.platform != "linux" or "matplotlib.backends.backend_agg" in sys.modules:
+    thread, while compare waits on its twin loader and on its backends' starts (their imports and
+    compiles, seconds before any timed step); write_plots waits for it. At the process's own
+    priority: a thread at a lower one holds the GIL while the scheduler starves it, and compare's
+    main thread waited on it (over 1 s measured beside two busy loops, between starting a backend
+    and telling its guard, so a SIGKILL then left the backend running)."""
+    if "matplotlib.backends.backend_agg" in sys.modules:
         return
 
-    def niced_import():
-        try:
-            # this thread alone (Linux)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except OSError:
-            return
+    def import_matplotlib():
         # and one small figure drawn, which loads the font and builds the log axis' label parser
         try:
             fig, ax = _figure()
@@ -40,7 +35,9 @@ def import_while_idle() -> None:
         except Exception:  # noqa: BLE001  (write_plots imports it again and says what failed)
             pass
 
-    _IMPORTING.append(threading.Thread(target=niced_import, name="matplotlib-import", daemon=True))
+    _IMPORTING.append(
+        threading.Thread(target=import_matplotlib, name="matplotlib-import", daemon=True)
+    )
     _IMPORTING[-1].start()
 
 
