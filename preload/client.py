@@ -96,6 +96,19 @@ def start(
     )
 
 
+def start_ending_with_caller(command: list[str], *, stdin=None, stdout=None, stderr=None):
+    """`command` served in a session of its own that ends with the caller, however the caller ends
+    (the server kills the child's group when the caller's end of their connection closes: the
+    caller, not the server, is the child's keeper), or None where no server serves it."""
+    command = [os.fspath(arg) for arg in command]
+    server = _server_for(command)
+    if server is None:
+        return None
+    return _start_served(
+        server, command, stdin, stdout, stderr, None, None, (), True, False, None, True
+    )
+
+
 def run(
     command: list[str],
     *,
@@ -238,7 +251,7 @@ def _wait_for(server: dict) -> float:
 
 
 def _start_served(
-    server, command, stdin, stdout, stderr, env, cwd, pass_fds, session, text, errors
+    server, command, stdin, stdout, stderr, env, cwd, pass_fds, session, text, errors, ends=False
 ):
     # descriptors made here for the child (closed once sent), ends kept for the parent
     opened, kept = [], {}
@@ -267,6 +280,7 @@ def _start_served(
             "env": dict(os.environ if env is None else env),
             "fds": [0, 1, 2, *pass_fds],
             "session": session,
+            "ends_with_client": ends,
         }
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

@@ -115,18 +115,25 @@ def serve(path: str, parent: int | None = None) -> Child:
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
                 conn, _ = listener.accept()
-                child = _answer(conn, children, [selector, listener, wake_read, wake_write])
+                child = _answer(conn, children, selector, [listener, wake_read, wake_write])
                 if child is not None:  # in the forked child from here on
                     return child
-            else:
+            elif key.fileobj is wake_read:
                 _drain(wake_read)
-        _reap(children)
+            else:
+                _client_gone(key, selector)
+        _reap(children, selector)
     sys.exit(0)
 
 
-def _answer(conn: socket.socket, children: dict[int, socket.socket], own: list) -> Child | None:
+def _answer(
+    conn: socket.socket, children: dict[int, socket.socket], selector, own: list
+) -> Child | None:
     """Reads one request and forks its child (returned in the child); `own`: what the server holds
-    open, closed in the child before its descriptors are placed."""
+    open besides the selector, closed in the child before its descriptors are placed. A child asked
+    to end with its client (`ends_with_client`: a process whose starter is its only keeper,
+    compare/runs/processes.py) has its connection watched: when the client is gone, however it
+    ended, the child's group is killed."""
     conn.settimeout(10)
     fds: list[int] = []
     try:
@@ -147,7 +154,7 @@ def _answer(conn: socket.socket, children: dict[int, socket.socket], own: list) 
     if pid == 0:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for held in [*own, *children.values(), conn]:
+        for held in [selector, *own, *children.values(), conn]:
             os.close(held) if isinstance(held, int) else held.close()
         return Child(request, fds)
     for fd in fds:
@@ -157,7 +164,29 @@ def _answer(conn: socket.socket, children: dict[int, socket.socket], own: list) 
     except OSError:
         pass  # the client is gone; the child still runs and is reaped
     children[pid] = conn
+    if request.get("ends_with_client"):
+        conn.setblocking(False)
+        selector.register(conn, selectors.EVENT_READ, (pid, bool(request.get("session"))))
     return None
+
+
+def _client_gone(key, selector) -> None:
+    """A watched child's connection is readable: the client sends nothing after its request, so it
+    is gone (its end closed: it exited or was killed) and the child, its only keeper gone, is killed
+    with its group (its own session's) or alone."""
+    try:
+        if key.fileobj.recv(64):
+            return
+    except BlockingIOError:
+        return
+    except OSError:
+        pass
+    selector.unregister(key.fileobj)
+    pid, session = key.data
+    try:
+        os.killpg(pid, signal.SIGKILL) if session else os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def declined(request: dict) -> str:
@@ -197,7 +226,7 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _reap(children: dict[int, socket.socket]) -> None:
+def _reap(children: dict[int, socket.socket], selector) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -209,6 +238,11 @@ def _reap(children: dict[int, socket.socket]) -> None:
         if conn is None:
             continue
         try:
+            selector.unregister(conn)  # a child that was to end with its client
+        except KeyError:
+            pass
+        try:
+            conn.setblocking(True)
             conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
         except OSError:
             pass

@@ -187,6 +187,62 @@ def test_a_served_process_is_waited_on_signalled_and_killed_with_its_group(serve
     assert proc.wait(timeout=30) == -signal.SIGKILL
 
 
+def test_a_process_served_to_end_with_its_caller_ends_with_its_group_when_the_caller_is_killed(
+    server,
+):
+    """compare/runs/processes.py's backend processes: served in sessions of their own, which a kill
+    of the launcher's group does not reach, they end with their launcher however it ends (the
+    server kills the child's group when the launcher's end of their connection closes: here a
+    SIGKILL); a served process's own group, the grandchild it started, goes with it."""
+    import psutil
+
+    child = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "print('up', flush=True)\ntime.sleep(600)"
+    )
+    caller = subprocess.Popen(
+        [
+            PYTHON,
+            "-c",
+            "import subprocess, sys, time\nfrom preload import client\n"
+            f"proc = client.start_ending_with_caller([sys.executable, '-c', {child!r}], "
+            "stdout=subprocess.PIPE)\n"
+            "proc.stdout.readline()\n"
+            "print(type(proc).__name__, proc.pid, flush=True)\ntime.sleep(600)",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    kind, pid = caller.stdout.readline().split()
+    group = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == int(pid)]
+    assert kind == "ServedProcess" and len(group) == 2  # the served child and its grandchild
+    caller.kill()
+    caller.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_running(p) for p in group):
+        time.sleep(0.1)
+    assert not any(_running(p) for p in group)
+    assert started(server) == ["served -c"]
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _running(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_what_a_fresh_interpreter_would_run_otherwise_starts_plain_and_says_why(server, tmp_path):
     other = client.run(
         [PYTHON, "-c", "import os; print(os.environ['JAX_PLATFORMS'])"],

@@ -9,11 +9,18 @@ it: its stdout (progress lines) and stderr are the launcher's; process 0 of the 
 record. The others' output goes to `process-<I>.log` in the run directory. When one process fails
 the others are stopped (they would wait on it in a collective until their timeout), and the launcher
 exits with the failed one's code, its error line said on stderr. Framework-free, like compare.
+
+Each process is a fork of the backend's warm interpreter where one serves it (preload/, compare's
+own or the test suite's): in a session of its own, which compare's kill of this launcher's group
+does not reach, so the launcher stops them on SIGTERM, and the server kills each one whose launcher
+is gone however it ended (SIGKILL included). Where none serves, a plain process in this launcher's
+group.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +28,7 @@ import time
 from pathlib import Path
 
 from common.protocol import error_line
+from preload.client import ServedProcess, start_ending_with_caller
 
 POLL_S = 0.1
 GRACE_S = 5.0
@@ -62,11 +70,17 @@ def parse_args(argv):
 
 
 def start(
-    command: list[str], processes: int, first_id: int, total: int, coordinator: str, logs: Path
-) -> list[tuple[subprocess.Popen, Path | None]]:
-    """`processes` copies of the backend `command`, with ids from `first_id`, of `total`; the first
-    speaks on this launcher's output, the others each to its `process-<I>.log` in `logs`."""
-    procs = []
+    procs: list,
+    command: list[str],
+    processes: int,
+    first_id: int,
+    total: int,
+    coordinator: str,
+    logs: Path,
+) -> None:
+    """`processes` copies of the backend `command`, with ids from `first_id`, of `total`, each
+    appended to `procs` as it starts (a signal meanwhile stops those started); the first speaks on
+    this launcher's output, the others each to its `process-<I>.log` in `logs`."""
     for i in range(processes):
         command_i = [
             *command,
@@ -78,42 +92,62 @@ def start(
             str(first_id + i),
         ]
         if i == 0:  # this host's first process speaks on the launcher's output
-            procs.append((subprocess.Popen(command_i), None))
+            procs.append((_start_one(command_i), None))
             continue
         log = logs / f"process-{first_id + i}.log"
         with open(log, "w") as out:
-            procs.append(
-                (
-                    subprocess.Popen(
-                        command_i, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-                    ),
-                    log,
-                )
-            )
-    return procs
+            io = {"stdout": out, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+            procs.append((_start_one(command_i, **io), log))
+
+
+def _start_one(command: list[str], **io):
+    """Served, ending with this launcher, where a warm interpreter serves the backend; else plain,
+    in this launcher's process group."""
+    return start_ending_with_caller(command, **io) or subprocess.Popen(command, **io)
+
+
+def _signal(proc, sig: int) -> None:
+    """A served process with its whole group (its own session: what it started goes with it); a
+    plain one alone (in this launcher's group, which compare's kill reaches whole)."""
+    try:
+        if isinstance(proc, ServedProcess):
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
 
 
 def stop(procs) -> None:
     """SIGTERM to every process still running, SIGKILL to any left after the grace period."""
     for proc, _ in procs:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            _signal(proc, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
     for proc, _ in procs:
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _signal(proc, signal.SIGKILL)
             proc.wait()
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    procs = start(
-        args.command, args.processes, args.first_id, args.total, args.coordinator, args.logs
-    )
+    # compare's kill (SIGTERM to this launcher's group) reaches no served process: stopped here
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    procs: list = []
     ended: dict[int, tuple[float, int]] = {}  # process index: (when it ended, its code)
     try:
+        start(
+            procs,
+            args.command,
+            args.processes,
+            args.first_id,
+            args.total,
+            args.coordinator,
+            args.logs,
+        )
         while True:
             for i, (proc, _) in enumerate(procs):
                 if i not in ended and proc.poll() is not None:
@@ -123,6 +157,11 @@ def main(argv=None) -> int:
                 stop(procs)
                 return said_failure(args, procs, ended, failed[0])
             if len(ended) == len(procs):
+                # what the served ones left in their sessions (a plain one's: in this group, which
+                # compare takes down once this launcher exits)
+                for proc, _ in procs:
+                    if isinstance(proc, ServedProcess):
+                        _signal(proc, signal.SIGKILL)
                 return 0
             time.sleep(POLL_S)
     except BaseException:
