@@ -2,6 +2,9 @@
 launcher that never leaves a process waiting on a failed one. The run itself:
 tests/test_jax_backend.py (jax, eager torch and torchax as two processes)."""
 
+import os
+import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -10,6 +13,7 @@ import pytest
 
 from common import backends
 from tests.helpers import REPO, judged_of, run_cli
+from tests.test_preload import _running, server, started  # noqa: F401  (server: a fixture)
 
 
 @pytest.mark.error_case("processes-one-process", "processes-mesh")
@@ -255,3 +259,38 @@ def test_eager_torch_captures_on_one_device_whatever_the_mesh(tmp_path):
         judged_of({"torch": {"first_divergent_module": None}}), failed_captures({"torch": failed})
     )
     assert judged.parity["torch"]["capture_failed"] == "torch's capture run usage_error: boom"
+
+
+@pytest.mark.usefixtures("server")  # in tmp_path
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_served_processes_end_with_their_launcher_however_it_ends(tmp_path, sig):
+    """Each process a fork of its backend's warm interpreter (here a server of `-c`), in a session
+    of its own, which compare's kill of the launcher's group does not reach: on SIGTERM (compare's
+    kill) the launcher stops them; on SIGKILL (after the grace, or compare's guard) the server kills
+    each one whose launcher is gone."""
+    import psutil
+
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "compare.runs.processes", "--processes", "2"]
+        + ["--coordinator", "127.0.0.1:1", "--logs", str(tmp_path), "--"]
+        + [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    pids = [int(launcher.stdout.readline())]
+    log = tmp_path / "process-1.log"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (log.exists() and log.read_text().endswith("\n")):
+        time.sleep(0.05)
+    pids.append(int(log.read_text()))
+    assert all(os.getpgid(pid) == pid != launcher.pid for pid in pids)  # sessions of their own
+    launcher.send_signal(sig)
+    assert launcher.wait(timeout=30) == (128 + sig if sig == signal.SIGTERM else -sig)
+    procs = [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)]
+    while time.monotonic() < deadline + 30 and any(_running(p) for p in procs):
+        time.sleep(0.1)
+    assert not any(_running(p) for p in procs)
+    assert started(tmp_path) == ["served -c", "served -c"]
