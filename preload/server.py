@@ -9,7 +9,9 @@ interpreter would have) and runs the command as `__main__`, so it ends as that i
 (exit code, traceback, atexit). The server answers `pid N`, then `exit CODE` once it has reaped the
 child (a negative CODE: killed by that signal), or `decline WHY` for a request a fresh interpreter
 would run differently (another interpreter, or an environment variable the preloaded modules read at
-import differs): the client then starts a plain process.
+import differs): the client then starts a plain process. A child asked to end with its client
+(`ends_with_client`) is killed with its group should the client's end of the connection close
+first: the client, not this server, keeps it.
 """
 
 from __future__ import annotations

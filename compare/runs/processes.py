@@ -165,6 +165,7 @@ def main(argv=None) -> int:
                 return 0
             time.sleep(POLL_S)
     except BaseException:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the stop short
         stop(procs)
         raise
 
