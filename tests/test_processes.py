@@ -287,9 +287,9 @@ def test_served_processes_end_with_their_launcher_however_it_ends(tmp_path, sig)
         time.sleep(0.05)
     pids.append(int(log.read_text()))
     assert all(os.getpgid(pid) == pid != launcher.pid for pid in pids)  # sessions of their own
+    procs = [psutil.Process(pid) for pid in pids]  # held while they run: they may end at once
     launcher.send_signal(sig)
     assert launcher.wait(timeout=30) == (128 + sig if sig == signal.SIGTERM else -sig)
-    procs = [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)]
     while time.monotonic() < deadline + 30 and any(_running(p) for p in procs):
         time.sleep(0.1)
     assert not any(_running(p) for p in procs)
