@@ -105,7 +105,18 @@ def start_ending_with_caller(command: list[str], *, stdin=None, stdout=None, std
     if server is None:
         return None
     return _start_served(
-        server, command, stdin, stdout, stderr, None, None, (), True, False, None, True
+        server,
+        command,
+        stdin,
+        stdout,
+        stderr,
+        env=None,
+        cwd=None,
+        pass_fds=(),
+        session=True,
+        text=False,
+        errors=None,
+        ends=True,
     )
 
 
