@@ -125,7 +125,7 @@ DECODE_CACHE = Passthrough(
 )
 
 # what a backend's processes import first whatever the model (its fork server's, preload/); a
-# Hugging Face model's transformers is added where the twin declares one (compare/runs/warm.py)
+# Hugging Face model's HF_IMPORTS are added where the twin declares one (compare/runs/warm.py)
 # (jaxlib's MLIR dialects: imported by JAX's first lowering, ~0.02 s of every process's, measured;
 # internal to jaxlib, so optional, preload/server.py: another release may not have them)
 JAX_IMPORTS = (
@@ -138,6 +138,17 @@ JAX_IMPORTS = (
     "?jaxlib.mlir.dialects.mhlo",
 )
 TORCH_IMPORTS = ("numpy", "torch", "torch._dynamo")
+# what every process that builds a Hugging Face model imports beside torch, whichever the model:
+# transformers' lazy top level imports none of its model code, and every modeling_<name>.py imports
+# the same base (PreTrainedModel, its GenerationMixin, the layers, the model registry): ~1 CPU-s a
+# process (transformers 5.23, measured), the model's own module ~0.01-0.15 s after it
+HF_IMPORTS = (
+    "transformers",
+    "transformers.models",
+    "transformers.modeling_utils",
+    "transformers.modeling_layers",
+    "transformers.generation.utils",
+)
 
 BUILT_IN = (
     BackendInfo(

@@ -48,19 +48,16 @@ def routes(row) -> tuple[str, ...]:
     return (row.package, *EXTRA_ROUTES.get(row.name, ()), f"benchmarks.overhead_{row.name}")
 
 
-# the suite's twins are mostly Hugging Face's models: transformers with torch, on every server that
-# imports torch
-WITH_TORCH = ("transformers",)
-
-
 def server_specs() -> list[ServerSpec]:
+    """A server per backend; the suite's twins are mostly Hugging Face's models, so every server
+    that imports torch also imports transformers' model base (common/backends.py `HF_IMPORTS`)."""
     rows = [backends.info(n) for n in backends.names()]
     return [
         *(
             ServerSpec(
                 r.name,
                 sys.executable,
-                (*r.preload, *(WITH_TORCH if "torch" in r.preload else ())),
+                (*r.preload, *(backends.HF_IMPORTS if "torch" in r.preload else ())),
                 routes(r),
             )
             for r in rows

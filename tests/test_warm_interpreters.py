@@ -109,3 +109,29 @@ def test_an_interrupt_while_the_servers_import_leaves_no_server_and_no_folder(tm
     # the servers' folder (in /tmp: a socket's path would not fit in this TMPDIR), every group's
     assert not any(folder.exists() for folder in servers.values())
     assert list((tmp_path / "tmp").iterdir()) == [] and not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_a_hugging_face_model_imports_nothing_of_transformers_beyond_its_own_after_hf_imports():
+    """What a server preloads for a Hugging Face twin (common/backends.py `HF_IMPORTS`) is the
+    model base every modeling file imports: a Llama built, run and trained from its config after
+    them imports no module outside its own package (with transformers alone: ~1,500, ~1 CPU-s a
+    process)."""
+    code = (
+        "import importlib, json, sys, torch\n"
+        "from common.backends import HF_IMPORTS\n"
+        "for name in HF_IMPORTS: importlib.import_module(name)\n"
+        "before = set(sys.modules)\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,\n"
+        "    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)\n"
+        "tokens = torch.zeros(1, 8, dtype=torch.long)\n"
+        "LlamaForCausalLM(config)(tokens, labels=tokens).loss.backward()\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = json.loads(proc.stdout.splitlines()[-1])
+    assert imported and all(m.startswith("transformers.models.llama") for m in imported), imported
