@@ -138,12 +138,18 @@ JAX_IMPORTS = (
     "?jaxlib.mlir.dialects.mhlo",
 )
 TORCH_IMPORTS = ("numpy", "torch", "torch._dynamo")
-# what every process that builds a Hugging Face model imports beside torch, whichever the model:
-# transformers' lazy top level imports none of its model code, and every modeling_<name>.py imports
-# the same base (PreTrainedModel, its GenerationMixin, the layers, the model registry): ~1 CPU-s a
-# process (transformers 5.23, measured), the model's own module ~0.01-0.15 s after it
-HF_IMPORTS = (
-    "transformers",
+# what a fork server imports beside torch where the twin declares a Hugging Face model: compare's
+# own servers (compare/runs/warm.py) import transformers' lazy top level alone, their run making
+# one process per server in the common case, whose describe step waits for the server's imports
+# (the model base in the server made a `--twin` llama_tiny compare ~1 s longer, measured)
+HF_IMPORTS = ("transformers",)
+# what every process that builds a Hugging Face model imports, whichever the model: every
+# modeling_<name>.py imports the same base (PreTrainedModel, its GenerationMixin, the layers, the
+# model registry), ~1 CPU-s a process (transformers 5.23, measured); the model's own module
+# ~0.01-0.15 s after it. The suite's servers, serving ~1,500 processes, import it
+# (tests/preloaded.py)
+HF_MODEL_BASE = (
+    *HF_IMPORTS,
     "transformers.models",
     "transformers.modeling_utils",
     "transformers.modeling_layers",

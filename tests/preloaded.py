@@ -50,14 +50,15 @@ def routes(row) -> tuple[str, ...]:
 
 def server_specs() -> list[ServerSpec]:
     """A server per backend; the suite's twins are mostly Hugging Face's models, so every server
-    that imports torch also imports transformers' model base (common/backends.py `HF_IMPORTS`)."""
+    that imports torch also imports transformers' model base (common/backends.py
+    `HF_MODEL_BASE`)."""
     rows = [backends.info(n) for n in backends.names()]
     return [
         *(
             ServerSpec(
                 r.name,
                 sys.executable,
-                (*r.preload, *(backends.HF_IMPORTS if "torch" in r.preload else ())),
+                (*r.preload, *(backends.HF_MODEL_BASE if "torch" in r.preload else ())),
                 routes(r),
             )
             for r in rows

@@ -112,15 +112,15 @@ def test_an_interrupt_while_the_servers_import_leaves_no_server_and_no_folder(tm
 
 
 @pytest.mark.slow
-def test_a_hugging_face_model_imports_nothing_of_transformers_beyond_its_own_after_hf_imports():
-    """What a server preloads for a Hugging Face twin (common/backends.py `HF_IMPORTS`) is the
+def test_a_hugging_face_model_imports_nothing_of_transformers_beyond_its_own_after_its_base():
+    """What the suite's servers preload beside torch (common/backends.py `HF_MODEL_BASE`) is the
     model base every modeling file imports: a Llama built, run and trained from its config after
-    them imports no module outside its own package (with transformers alone: ~1,500, ~1 CPU-s a
+    it imports no module outside its own package (with transformers alone: ~1,500, ~1 CPU-s a
     process)."""
     code = (
         "import importlib, json, sys, torch\n"
-        "from common.backends import HF_IMPORTS\n"
-        "for name in HF_IMPORTS: importlib.import_module(name)\n"
+        "from common.backends import HF_MODEL_BASE\n"
+        "for name in HF_MODEL_BASE: importlib.import_module(name)\n"
         "before = set(sys.modules)\n"
         "from transformers import LlamaConfig, LlamaForCausalLM\n"
         "config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,\n"

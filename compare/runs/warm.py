@@ -48,9 +48,10 @@ def server_specs(opts: CompareOptions) -> list[ServerSpec]:
 
 
 def imports_of(row, opts: CompareOptions) -> tuple[str, ...]:
-    """The backend's own imports, and transformers' beside torch where the twin declares a Hugging
-    Face model (`hf`: ~1-3 s of imports each of its processes would make; a plain torch.nn twin's
-    make none, so a server that made them would only slow its start)."""
+    """The backend's own imports, and transformers beside torch where the twin declares a Hugging
+    Face model (~1-3 s of imports each of its processes would make; a plain torch.nn twin's make
+    none, so a server that made them would only slow its start; common/backends.py
+    `HF_IMPORTS`)."""
     spec = opts.spec_of(opts.names[0]) if opts.names else None
     declared = spec is not None and isinstance(spec.model, TwinSpec) and twin_of(spec.model).hf
     return (*row.preload, *(backends.HF_IMPORTS if declared and "torch" in row.preload else ()))
