@@ -4,12 +4,14 @@ PyTorch's autograd engine sizes its per-device queues at the first backward of a
 torch_xla counts XLA devices once its runtime has started. Tests in this process run backwards on
 the CPU (the Hugging Face reference, the twins) and on XLA (tests/test_torch_xla_units.py): when a
 CPU backward came first, the XLA one failed an internal assert of the engine (measured). Starting
-torch_xla's CPU runtime before any test, where torch_xla is installed, makes the order not matter.
+torch_xla's CPU runtime before any test, where torch_xla is installed and a process may run those
+tests, makes the order not matter.
 """
 
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -28,11 +30,33 @@ from tests import (
     preloaded,  # noqa: E402
 )
 
-if importlib.util.find_spec("torch_xla") is not None:
+TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
+if TORCH_XLA:
     os.environ.setdefault("PJRT_DEVICE", "CPU")
-    import torch_xla
 
-    torch_xla.device()
+
+def _may_run_torch_xla_in_process(config) -> bool:
+    """Whether this process may run tests/test_torch_xla_units.py (slow: torch_xla's runtime in the
+    test's own process): not pytest-xdist's controller, which hands the tests to its workers, nor a
+    session with the slow tests deselected. Elsewhere torch_xla's import, ~5 CPU-s, was spent for
+    nothing: first in the controller, before any worker started."""
+    controller = getattr(config.option, "numprocesses", None) and not os.environ.get(
+        "PYTEST_XDIST_WORKER"
+    )
+    return not controller and "not slow" not in (config.option.markexpr or "")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """The test modules' assertion rewrites kept beside their bytecode (tests/__pycache__, as
+    `make`'s compileall keeps the rest): pytest writes them only where bytecode may be written, and
+    the developers' and CI's machines set PYTHONDONTWRITEBYTECODE=1, so every test process rewrote
+    every test module again (~4 CPU-s of a process's collection, measured)."""
+    may_write, sys.dont_write_bytecode = sys.dont_write_bytecode, False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = may_write
 
 
 # its sitecustomize refuses backend processes
@@ -44,6 +68,10 @@ def pytest_configure(config):
     tests start imports tests/no_backends/sitecustomize.py first, which refuses to run one and notes
     it. Otherwise the session's fork servers (tests/preloaded.py) start the backend processes with
     their frameworks imported. A worker of `-n` inherits the controller's guard or servers."""
+    if TORCH_XLA and _may_run_torch_xla_in_process(config):
+        import torch_xla
+
+        torch_xla.device()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     if "not slow" not in (config.option.markexpr or ""):

@@ -106,7 +106,10 @@ def test_processes_are_refused_where_a_backend_or_the_mesh_cannot_split(tmp_path
     ],
 )
 def test_a_multi_host_run_is_refused_when_its_hosts_cannot_meet(args, message, tmp_path):
-    proc = run_cli("compare", *args, "--out", str(tmp_path / "x"))
+    # a refusing host other than 0 tries to tell host 0 why (compare/runs/meeting.py), here for 1 s
+    # of the default 30: no host 0 listens
+    wait = {"XLA_TWINS_COORDINATOR_WAIT_S": "1"}
+    proc = run_cli("compare", *args, "--out", str(tmp_path / "x"), env=wait)
     assert proc.returncode == 2 and proc.stderr.strip() == f"error: {message}", proc.stderr
     assert not (tmp_path / "x").exists()
 

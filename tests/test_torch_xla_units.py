@@ -8,6 +8,9 @@ import pytest
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 torch = pytest.importorskip("torch")
+# torch_xla's runtime in the test's own process: slow, so that `make test-fast`'s processes import
+# no torch_xla (tests/conftest.py starts it first where these tests may run)
+pytestmark = pytest.mark.slow
 
 from common.presets import load_spec  # noqa: E402
 from driver import harness  # noqa: E402
