@@ -36,14 +36,13 @@ if TORCH_XLA:
 
 
 def _may_run_torch_xla_in_process(config) -> bool:
-    """Whether this process may run tests/test_torch_xla_units.py (slow: torch_xla's runtime in the
-    test's own process): not pytest-xdist's controller, which hands the tests to its workers, nor a
-    session with the slow tests deselected. Elsewhere torch_xla's import, ~5 CPU-s, was spent for
-    nothing: first in the controller, before any worker started."""
-    controller = getattr(config.option, "numprocesses", None) and not os.environ.get(
-        "PYTEST_XDIST_WORKER"
-    )
-    return not controller and "not slow" not in (config.option.markexpr or "")
+    """Whether the session may run tests/test_torch_xla_units.py (slow: torch_xla's runtime in the
+    test's own process): not with the slow tests deselected, where torch_xla's import, ~5 CPU-s a
+    process, was spent for nothing. Otherwise every process of the session starts it, pytest-xdist's
+    controller too: its import sets variables (TF_CPP_MIN_LOG_LEVEL, GRPC_VERBOSITY) that the
+    controller's fork servers must share with the test processes, or every process those start
+    differs from its server and starts plain (measured: the whole suite then ran unserved)."""
+    return "not slow" not in (config.option.markexpr or "")
 
 
 @pytest.hookimpl(wrapper=True)
