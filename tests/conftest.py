@@ -42,7 +42,12 @@ def _may_run_torch_xla_in_process(config) -> bool:
     controller too: its import sets variables (TF_CPP_MIN_LOG_LEVEL, GRPC_VERBOSITY) that the
     controller's fork servers must share with the test processes, or every process those start
     differs from its server and starts plain (measured: the whole suite then ran unserved)."""
-    return "not slow" not in (config.option.markexpr or "")
+    return not _slow_deselected(config)
+
+
+def _slow_deselected(config) -> bool:
+    """`make test-fast`'s session: the slow tests deselected (`-m 'not slow'`)."""
+    return "not slow" in (config.option.markexpr or "")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -73,7 +78,7 @@ def pytest_configure(config):
         torch_xla.device()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    if "not slow" not in (config.option.markexpr or ""):
+    if not _slow_deselected(config):
         # 0: every process a fresh interpreter
         if os.environ.get("XLA_TWINS_TEST_PRELOAD", "1") != "0":
             config.preload_servers = preloaded.start()
