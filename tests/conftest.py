@@ -216,7 +216,12 @@ def jax_single(shared_runs):
 def pytest_sessionfinish(session, exitstatus):
     servers = getattr(session.config, "preload_servers", None)
     if servers is not None:
+        counts = servers.counts()
         print(f"\n{preloaded.stop(servers)}")
+        error = preloaded.unserved(counts)
+        if error:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            print(error)
     log = getattr(session.config, "backend_guard_log", None)
     if log is None:
         return

@@ -258,6 +258,22 @@ def test_what_a_fresh_interpreter_would_run_otherwise_starts_plain_and_says_why(
     assert started(server) == ["plain -c: environment differs: JAX_PLATFORMS"]
 
 
+def test_a_session_whose_processes_mostly_started_plain_fails_and_says_why():
+    from tests import preloaded
+
+    # stop 72's whole suite: the tests that set HOME or JAX_PLATFORMS on purpose, ~1 %
+    why = ["environment differs: HOME", "environment differs: JAX_PLATFORMS"]
+    assert preloaded.unserved({"served": 1517, "plain": 14, "why_plain": why}) is None
+    # a few such tests run alone
+    assert preloaded.unserved({"served": 0, "plain": 6, "why_plain": why}) is None
+    # servers whose environment differs from every test's
+    error = preloaded.unserved(
+        {"served": 12, "plain": 1519, "why_plain": ["environment differs: TF_CPP_MIN_LOG_LEVEL"]}
+    )
+    assert error.startswith("error: 1519 of the 1531 processes")
+    assert "(environment differs: TF_CPP_MIN_LOG_LEVEL)" in error
+
+
 @pytest.mark.slow
 def test_torch_xla_served_after_its_preloaded_import_runs_as_a_fresh_interpreter(tmp_path):
     """The suite's torch_xla server imports torch_xla before torch_xla_impl sets the environment it
