@@ -84,9 +84,14 @@ demo-tpu: $(TPU_JAX)/.installed $(TPU_TORCH_XLA)/.installed
 # test judges a timing target (python -m benchmarks does, run alone). Bounded by the memory available
 # (tests/workers.py: 3 GiB each). TEST_PROCESSES=N overrides.
 TEST_PROCESSES ?= $(shell python3 -m tests.workers)
+# The suite's compile caches (and its measured CPU peak) kept between runs in .test-cache/ (ignored
+# by git; tests/helpers.py): a second run loads the JAX programs the first compiled, 37:07 -> 25:05
+# of pytest measured at stop 73. A clean clone (CI) starts with none; TEST_CACHE= (empty): a fresh
+# cache each run, removed after it.
+TEST_CACHE ?= $(CURDIR)/.test-cache
 test: $(STAMP)
 	$(BYTECODE)
-	$(PY) -m pytest -p no:cacheprovider -n $(TEST_PROCESSES) --maxschedchunk 1 --durations=25
+	XLA_TWINS_TEST_CACHE_HOME="$(TEST_CACHE)" $(PY) -m pytest -p no:cacheprovider -n $(TEST_PROCESSES) --maxschedchunk 1 --durations=25
 
 # Two test processes: no backend runs (tests/conftest.py's guard fails the session if one starts, in either)
 test-fast: $(STAMP)
@@ -115,4 +120,4 @@ constraints-tpu: $(STAMP)
 	$(PY) -m tests.platforms tpu-torch-xla constraints-tpu-torch-xla.txt
 
 clean:
-	rm -rf $(VENV) $(GPU) $(TPU_JAX) $(TPU_TORCH_XLA) runs
+	rm -rf $(VENV) $(GPU) $(TPU_JAX) $(TPU_TORCH_XLA) runs .test-cache

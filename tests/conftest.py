@@ -78,6 +78,7 @@ def pytest_configure(config):
         torch_xla.device()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    helpers.bound_kept_cache()
     if not _slow_deselected(config):
         # 0: every process a fresh interpreter
         if os.environ.get("XLA_TWINS_TEST_PRELOAD", "1") != "0":

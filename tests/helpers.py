@@ -15,15 +15,30 @@ from preload import client as preload_client
 
 REPO = Path(__file__).resolve().parents[1]
 # compare's default compile cache lives under $XDG_CACHE_HOME: the suite gets its own, so tests
-# neither read nor fill the user's cache. The first process that imports this module makes it
-# (tests/conftest.py: pytest's, before pytest-xdist starts its test processes, which inherit it) and
-# removes it at exit; every test process shares it.
-CACHE_HOME = os.environ.get("XLA_TWINS_TEST_CACHE_HOME")
+# neither read nor fill the user's cache. `make test` names one it keeps between runs
+# (XLA_TWINS_TEST_CACHE_HOME, the checkout's .test-cache): a second run loads the JAX programs the
+# first compiled. Otherwise the first process that imports this module makes one (tests/conftest.py:
+# pytest's, before pytest-xdist starts its test processes, which inherit it) and removes it at
+# exit. Every test process shares it.
+CACHE_HOME = os.environ.get("XLA_TWINS_TEST_CACHE_HOME") or None
 if CACHE_HOME is None:
-    CACHE_HOME = os.environ["XLA_TWINS_TEST_CACHE_HOME"] = tempfile.mkdtemp(
-        prefix="xla-twins-test-cache-"
-    )
+    CACHE_HOME = tempfile.mkdtemp(prefix="xla-twins-test-cache-")
     atexit.register(shutil.rmtree, CACHE_HOME, ignore_errors=True)
+CACHE_HOME = os.environ["XLA_TWINS_TEST_CACHE_HOME"] = os.path.abspath(CACHE_HOME)
+os.makedirs(CACHE_HOME, exist_ok=True)
+# a kept cache only grows (every changed program adds its executable): emptied past this size at
+# a session's start (tests/conftest.py); the whole suite's is ~110 MB
+KEPT_CACHE_BOUND = 2 << 30
+
+
+def bound_kept_cache() -> None:
+    """The kept cache emptied if it has grown over KEPT_CACHE_BOUND bytes. Called by the session's
+    first process only, before any test process starts: one that empties it under another's run
+    would take the programs that run is loading."""
+    size = sum(f.stat().st_size for f in Path(CACHE_HOME).rglob("*") if f.is_file())
+    if size > KEPT_CACHE_BOUND:
+        shutil.rmtree(CACHE_HOME, ignore_errors=True)
+        os.makedirs(CACHE_HOME, exist_ok=True)
 
 
 # a test that watches processes by their command lines starts them as fresh interpreters, not as

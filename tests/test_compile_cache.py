@@ -198,3 +198,18 @@ def test_an_unusable_or_corrupt_cache_never_fails_a_run(tmp_path):
         entry.write_bytes(b"garbage")
     again = train("jax_impl", tmp_path / "again", *args)
     assert again.compile_cache["hits"] == 0 and again.losses == first.losses
+
+
+def test_the_suites_kept_cache_is_emptied_once_past_its_bound(tmp_path, monkeypatch):
+    from tests import helpers
+
+    kept = tmp_path / "kept"
+    (kept / "xla-twins" / "compile-cache").mkdir(parents=True)
+    (kept / "xla-twins" / "compile-cache" / "entry").write_bytes(b"x" * 100)
+    monkeypatch.setattr(helpers, "CACHE_HOME", str(kept))
+    monkeypatch.setattr(helpers, "KEPT_CACHE_BOUND", 100)
+    helpers.bound_kept_cache()  # at the bound: kept
+    assert (kept / "xla-twins" / "compile-cache" / "entry").read_bytes() == b"x" * 100
+    monkeypatch.setattr(helpers, "KEPT_CACHE_BOUND", 99)
+    helpers.bound_kept_cache()  # past it: emptied, the folder kept for the session's processes
+    assert kept.is_dir() and not list(kept.iterdir())
