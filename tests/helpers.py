@@ -25,20 +25,29 @@ if CACHE_HOME is None:
     CACHE_HOME = tempfile.mkdtemp(prefix="xla-twins-test-cache-")
     atexit.register(shutil.rmtree, CACHE_HOME, ignore_errors=True)
 CACHE_HOME = os.environ["XLA_TWINS_TEST_CACHE_HOME"] = os.path.abspath(CACHE_HOME)
+# a kept folder is the suite's only if it says so: one named by mistake (TEST_CACHE=$HOME) is
+# refused, never filled or emptied
+CACHE_MARKER = ".xla-twins-test-cache"
 os.makedirs(CACHE_HOME, exist_ok=True)
-# a kept cache only grows (every changed program adds its executable): emptied past this size at
-# a session's start (tests/conftest.py); the whole suite's is ~110 MB
+if not os.path.exists(os.path.join(CACHE_HOME, CACHE_MARKER)):
+    if os.listdir(CACHE_HOME):
+        raise SystemExit(
+            f"error: XLA_TWINS_TEST_CACHE_HOME={CACHE_HOME} holds files the suite did not write: "
+            "name a new or empty folder (make test TEST_CACHE=...)"
+        )
+    Path(CACHE_HOME, CACHE_MARKER).touch()
+# its compile caches only grow (every changed program adds its executable): emptied past this size
+# at a session's start (tests/conftest.py); the whole suite's are ~110-170 MB
 KEPT_CACHE_BOUND = 2 << 30
 
 
 def bound_kept_cache() -> None:
-    """The kept cache emptied if it has grown over KEPT_CACHE_BOUND bytes. Called by the session's
-    first process only, before any test process starts: one that empties it under another's run
-    would take the programs that run is loading."""
-    size = sum(f.stat().st_size for f in Path(CACHE_HOME).rglob("*") if f.is_file())
-    if size > KEPT_CACHE_BOUND:
-        shutil.rmtree(CACHE_HOME, ignore_errors=True)
-        os.makedirs(CACHE_HOME, exist_ok=True)
+    """The kept folder's compile caches emptied if they have grown over KEPT_CACHE_BOUND bytes.
+    Called by the session's first process only, before any test process starts: one that empties
+    them under another's run would take the programs that run is loading."""
+    caches = Path(CACHE_HOME, "xla-twins", "compile-cache")
+    if sum(f.stat().st_size for f in caches.rglob("*") if f.is_file()) > KEPT_CACHE_BOUND:
+        shutil.rmtree(caches, ignore_errors=True)
 
 
 # a test that watches processes by their command lines starts them as fresh interpreters, not as

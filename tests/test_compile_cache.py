@@ -2,12 +2,15 @@
 compile (a recompile is never hidden by a hit), and a cache that cannot serve is said to be so."""
 
 import json
+import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli, train
+from tests.helpers import REPO, run_cli, train
 
 pytestmark = pytest.mark.slow
 
@@ -200,16 +203,36 @@ def test_an_unusable_or_corrupt_cache_never_fails_a_run(tmp_path):
     assert again.compile_cache["hits"] == 0 and again.losses == first.losses
 
 
-def test_the_suites_kept_cache_is_emptied_once_past_its_bound(tmp_path, monkeypatch):
+def test_the_suites_kept_cache_is_emptied_once_past_its_bound_and_a_users_folder_refused(
+    tmp_path, monkeypatch
+):
     from tests import helpers
 
     kept = tmp_path / "kept"
-    (kept / "xla-twins" / "compile-cache").mkdir(parents=True)
-    (kept / "xla-twins" / "compile-cache" / "entry").write_bytes(b"x" * 100)
+    caches = kept / "xla-twins" / "compile-cache"
+    caches.mkdir(parents=True)
+    (caches / "entry").write_bytes(b"x" * 100)
+    (kept / "xla-twins" / "cpu_peak.json").write_text("{}")
     monkeypatch.setattr(helpers, "CACHE_HOME", str(kept))
     monkeypatch.setattr(helpers, "KEPT_CACHE_BOUND", 100)
     helpers.bound_kept_cache()  # at the bound: kept
-    assert (kept / "xla-twins" / "compile-cache" / "entry").read_bytes() == b"x" * 100
+    assert (caches / "entry").read_bytes() == b"x" * 100
     monkeypatch.setattr(helpers, "KEPT_CACHE_BOUND", 99)
-    helpers.bound_kept_cache()  # past it: emptied, the folder kept for the session's processes
-    assert kept.is_dir() and not list(kept.iterdir())
+    helpers.bound_kept_cache()  # past it: the compile caches emptied, nothing else
+    assert not caches.exists() and (kept / "xla-twins" / "cpu_peak.json").read_text() == "{}"
+    # a folder of someone's files named as the suite's cache: refused, untouched
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import tests.helpers"],
+        cwd=REPO,
+        env={**os.environ, "XLA_TWINS_TEST_CACHE_HOME": str(users)},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        f"error: XLA_TWINS_TEST_CACHE_HOME={users} holds files the suite did not write: name a "
+        "new or empty folder (make test TEST_CACHE=...)"
+    )
+    assert os.listdir(users) == ["notes.txt"] and (users / "notes.txt").read_text() == "mine"
