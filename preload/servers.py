@@ -118,8 +118,9 @@ class Servers:
             if proc.poll() is None:
                 proc.terminate()
 
-    def stop(self) -> str:
-        """The servers ended and their folder removed; returns what they served (one line)."""
+    def stop(self) -> dict:
+        """The servers ended and their folder removed; returns what they served (`counts`, read
+        before their log goes with the folder)."""
         counts = self.counts()
         self.terminate()
         for proc in self.procs:
@@ -129,11 +130,16 @@ class Servers:
                 proc.kill()
                 proc.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
-        why = counts["why_plain"]
-        return (
-            f"preloaded interpreters served {counts['served']} processes, {counts['plain']} "
-            "started plain" + (f" ({'; '.join(why)[:600]})" if why else "")
-        )
+        return counts
+
+
+def served_line(counts: dict) -> str:
+    """What a set of servers served (`Servers.counts()`), in one line."""
+    why = counts["why_plain"]
+    return (
+        f"preloaded interpreters served {counts['served']} processes, {counts['plain']} "
+        "started plain" + (f" ({'; '.join(why)[:600]})" if why else "")
+    )
 
 
 def _short_folder() -> Path:

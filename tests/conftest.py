@@ -25,6 +25,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import pytest  # noqa: E402
 
 from common import backends  # noqa: E402
+from preload.servers import served_line  # noqa: E402
 from tests import (
     helpers,  # noqa: E402, F401  (the suite's compile cache, made here for every test process)
     preloaded,  # noqa: E402
@@ -217,8 +218,8 @@ def jax_single(shared_runs):
 def pytest_sessionfinish(session, exitstatus):
     servers = getattr(session.config, "preload_servers", None)
     if servers is not None:
-        counts = servers.counts()
-        print(f"\n{preloaded.stop(servers)}")
+        counts = servers.stop()
+        print(f"\n{served_line(counts)}")
         error = preloaded.unserved(counts)
         if error:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

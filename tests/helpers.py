@@ -31,10 +31,12 @@ CACHE_MARKER = ".xla-twins-test-cache"
 os.makedirs(CACHE_HOME, exist_ok=True)
 if not os.path.exists(os.path.join(CACHE_HOME, CACHE_MARKER)):
     if os.listdir(CACHE_HOME):
-        raise SystemExit(
+        print(
             f"error: XLA_TWINS_TEST_CACHE_HOME={CACHE_HOME} holds files the suite did not write: "
-            "name a new or empty folder (make test TEST_CACHE=...)"
+            "name a new or empty folder (make test TEST_CACHE=...)",
+            file=sys.stderr,
         )
+        raise SystemExit(4)  # pytest's code for a usage error, apart from failed tests' 1
     Path(CACHE_HOME, CACHE_MARKER).touch()
 # its compile caches only grow (every changed program adds its executable): emptied past this size
 # at a session's start (tests/conftest.py); the whole suite's are ~110-170 MB

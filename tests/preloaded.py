@@ -81,11 +81,6 @@ def start() -> Servers:
     return servers
 
 
-def stop(servers: Servers) -> str:
-    """The servers ended, their folder removed; returns what they served (one line)."""
-    return servers.stop()
-
-
 # the share of the processes the tests start through the session's servers that may start plain
 # before the session fails: the tests that set HOME, JAX_PLATFORMS or JAX_NUM_CPU_DEVICES on
 # purpose start ~1 % plain (14 of 1,531 at stop 72); servers whose environment differs from the

@@ -231,7 +231,7 @@ def test_the_suites_kept_cache_is_emptied_once_past_its_bound_and_a_users_folder
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 1 and proc.stderr.strip() == (
+    assert proc.returncode == 4 and proc.stderr.strip() == (
         f"error: XLA_TWINS_TEST_CACHE_HOME={users} holds files the suite did not write: name a "
         "new or empty folder (make test TEST_CACHE=...)"
     )
